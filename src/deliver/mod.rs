@@ -1,0 +1,62 @@
+//! Delivery to the application: a bounded worker pool, one batch queue per sender with an
+//! atomic delivering state word (at most one pool thread delivers a sender's regular
+//! messages at any moment, in order), and the out-of-band path straight to the pool.
+
+mod member;
+mod pool;
+
+pub use member::{CreditSink, MemberQueue, RunOutcome};
+pub use pool::{Handler, Pool, PoolStats, Task};
+
+use bytes::Bytes;
+
+use crate::sync::SharedStr;
+
+/// A message handed to the application's handler.
+///
+/// ```
+/// # use cohort::Delivery;
+/// fn handle(d: Delivery) {
+///     println!("{} bytes from {} (seq {:?}, oob {})", d.payload().len(), d.from(), d.seq(), d.is_oob());
+/// }
+/// ```
+#[derive(Clone, Debug)]
+pub struct Delivery {
+    from: SharedStr,
+    payload: Bytes,
+    seq: Option<u64>,
+    oob: bool,
+}
+
+impl Delivery {
+    /// A delivery (used by the transport; public for tests and benches of handlers).
+    pub fn new(from: SharedStr, payload: Bytes, seq: Option<u64>, oob: bool) -> Delivery {
+        Delivery {
+            from,
+            payload,
+            seq,
+            oob,
+        }
+    }
+    /// The sending member's name.
+    pub fn from(&self) -> &str {
+        &self.from
+    }
+    /// The message bytes.
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+    /// Takes the message bytes.
+    pub fn into_payload(self) -> Bytes {
+        self.payload
+    }
+    /// The sender's sequence number for a reliable message; `None` for out-of-band and
+    /// unreliable messages.
+    pub fn seq(&self) -> Option<u64> {
+        self.seq
+    }
+    /// Whether the message was sent out of band (unordered, straight to the pool).
+    pub fn is_oob(&self) -> bool {
+        self.oob
+    }
+}

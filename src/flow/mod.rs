@@ -1,0 +1,372 @@
+//! Credit flow control: the sender's [`SendWindow`] (a byte semaphore) and the receiver's
+//! [`RecvCredit`] (bytes consumed by the application, returned in halves of the sender's
+//! window).
+//!
+//! Permits are conserved: every byte taken from a window is given back exactly once,
+//! whatever becomes of the message. At quiescence `available() == capacity()`.
+
+use std::time::{Duration, Instant};
+
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::{wait_timeout, CachePadded, Condvar, Mutex};
+
+/// Bytes of window a message costs besides its payload, so that empty messages are
+/// flow-controlled too and the window bounds the memory their bookkeeping takes.
+pub const MESSAGE_OVERHEAD: u64 = 16;
+
+/// Window bytes a message of `payload_len` bytes takes: its payload plus
+/// [`MESSAGE_OVERHEAD`]. Sender and receiver use the same rule, so credit matches permits.
+#[inline]
+pub fn cost(payload_len: usize) -> u64 {
+    payload_len as u64 + MESSAGE_OVERHEAD
+}
+
+/// Why a window acquire did not take its permits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcquireError {
+    /// The window has no room now (`try_acquire` only).
+    Full,
+    /// The deadline passed before room was made.
+    TimedOut,
+    /// The window was closed (the peer was removed or the node shut down).
+    Closed,
+    /// The request is larger than the whole window and could never succeed.
+    TooLarge,
+}
+
+/// A byte semaphore bounding what one sender may have in flight to one peer.
+///
+/// The fast path is a single compare-and-swap on `available`; a sender that finds too
+/// little room parks on a condition variable (never spins) until [`release`] makes room or
+/// the window is [`close`]d.
+///
+/// ```
+/// use cohort::flow::SendWindow;
+/// let w = SendWindow::new(100);
+/// w.try_acquire(60).unwrap();
+/// assert!(w.try_acquire(60).is_err());
+/// w.release(60);
+/// assert_eq!(w.available(), 100);
+/// ```
+///
+/// [`release`]: SendWindow::release
+/// [`close`]: SendWindow::close
+#[derive(Debug)]
+pub struct SendWindow {
+    capacity: u64,
+    available: CachePadded<AtomicU64>,
+    /// Acquirers parked (or about to park) on `cond`.
+    waiters: AtomicUsize,
+    closed: AtomicBool,
+    /// Nanoseconds senders spent parked on this window, summed.
+    blocked_nanos: AtomicU64,
+    lock: Mutex<()>,
+    cond: Condvar,
+}
+
+impl SendWindow {
+    /// A window of `capacity` bytes, all available.
+    pub fn new(capacity: u64) -> SendWindow {
+        SendWindow {
+            capacity,
+            available: CachePadded::new(AtomicU64::new(capacity)),
+            waiters: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            blocked_nanos: AtomicU64::new(0),
+            lock: Mutex::new(()),
+            cond: Condvar::new(),
+        }
+    }
+
+    /// Total bytes of the window.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// Bytes that may be acquired now.
+    pub fn available(&self) -> u64 {
+        self.available.load(Ordering::Acquire)
+    }
+
+    /// Bytes taken and not yet given back.
+    pub fn in_flight(&self) -> u64 {
+        self.capacity.saturating_sub(self.available())
+    }
+
+    /// Whether the window was closed.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Total time senders spent parked on this window.
+    pub fn blocked_time(&self) -> Duration {
+        Duration::from_nanos(self.blocked_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Takes `n` bytes if they are available now.
+    pub fn try_acquire(&self, n: u64) -> Result<(), AcquireError> {
+        if n > self.capacity {
+            return Err(AcquireError::TooLarge);
+        }
+        if self.is_closed() {
+            return Err(AcquireError::Closed);
+        }
+        if self.take(n) {
+            Ok(())
+        } else {
+            Err(AcquireError::Full)
+        }
+    }
+
+    /// Takes `n` bytes, parking until they are available or the window is closed.
+    pub fn acquire(&self, n: u64) -> Result<(), AcquireError> {
+        self.acquire_until(n, None)
+    }
+
+    /// Takes `n` bytes, parking at most `timeout`.
+    pub fn acquire_timeout(&self, n: u64, timeout: Duration) -> Result<(), AcquireError> {
+        self.acquire_until(n, Some(Instant::now() + timeout))
+    }
+
+    /// One CAS loop: takes `n` if at least `n` is available.
+    #[inline]
+    fn take(&self, n: u64) -> bool {
+        // Acquire pairs with the Release in `release`: bytes given back happen-before the
+        // acquirer that reuses them. SeqCst on success orders this against the `waiters`
+        // protocol in `acquire_until` (see `release`).
+        let mut cur = self.available.load(Ordering::Acquire);
+        loop {
+            if cur < n {
+                return false;
+            }
+            match self.available.compare_exchange_weak(
+                cur,
+                cur - n,
+                Ordering::SeqCst,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    fn acquire_until(&self, n: u64, deadline: Option<Instant>) -> Result<(), AcquireError> {
+        match self.try_acquire(n) {
+            Err(AcquireError::Full) => {}
+            other => return other,
+        }
+        let started = Instant::now();
+        let mut guard = self.lock.lock();
+        // Announce ourselves before the last check: a releaser that adds permits after this
+        // increment sees `waiters > 0` and notifies under the lock (SeqCst on both sides, a
+        // Dekker pair with `release`), so the wake-up cannot be lost.
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let result = loop {
+            if self.is_closed() {
+                break Err(AcquireError::Closed);
+            }
+            if self.take(n) {
+                break Ok(());
+            }
+            match deadline {
+                None => self.cond.wait(&mut guard),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        break Err(AcquireError::TimedOut);
+                    }
+                    wait_timeout(&self.cond, &mut guard, d - now);
+                }
+            }
+        };
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        drop(guard);
+        let waited = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        self.blocked_nanos.fetch_add(waited, Ordering::Relaxed);
+        result
+    }
+
+    /// Gives `n` bytes back and wakes parked senders.
+    ///
+    /// # Panics
+    /// In debug builds, if more is given back than was taken (a permit released twice).
+    pub fn release(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let prev = self.available.fetch_add(n, Ordering::SeqCst);
+        debug_assert!(
+            prev + n <= self.capacity,
+            "window over-released: {prev} + {n} > {}",
+            self.capacity
+        );
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            // Taking the lock orders us after a waiter's last check: it is either parked
+            // (and gets the notify) or has not yet checked (and sees the new permits).
+            let _g = self.lock.lock();
+            self.cond.notify_all();
+        }
+    }
+
+    /// Closes the window: parked and future acquirers fail with [`AcquireError::Closed`].
+    /// Releases still count, so permits stay conserved.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+        let _g = self.lock.lock();
+        self.cond.notify_all();
+    }
+
+    /// Reopens a closed window (a removed peer added again).
+    pub fn reopen(&self) {
+        self.closed.store(false, Ordering::SeqCst);
+    }
+
+    /// Senders parked now.
+    pub fn waiters(&self) -> usize {
+        self.waiters.load(Ordering::Relaxed)
+    }
+}
+
+/// Receiver side of flow control for one sender: bytes the application has consumed and
+/// that have not yet been returned as credit.
+///
+/// Pool threads add to it after the handler returns; the IO thread takes it when it writes
+/// an ack. [`consumed`](RecvCredit::consumed) says when half of the sender's window has
+/// accumulated, so credit returns in halves and never one message at a time.
+#[derive(Debug)]
+pub struct RecvCredit {
+    pending: CachePadded<AtomicU64>,
+    /// Half of the sender's window; set from its handshake.
+    half: AtomicU64,
+    /// Set while a flush request is with the IO thread, so requests are not duplicated.
+    flush_requested: AtomicBool,
+}
+
+impl Default for RecvCredit {
+    fn default() -> Self {
+        RecvCredit::new()
+    }
+}
+
+impl RecvCredit {
+    /// No credit pending; threshold unknown until [`set_window`](RecvCredit::set_window).
+    pub fn new() -> RecvCredit {
+        RecvCredit {
+            pending: CachePadded::new(AtomicU64::new(0)),
+            half: AtomicU64::new(u64::MAX),
+            flush_requested: AtomicBool::new(false),
+        }
+    }
+
+    /// Sets the sender's window (from its handshake).
+    pub fn set_window(&self, window: u64) {
+        self.half.store((window / 2).max(1), Ordering::Relaxed);
+    }
+
+    /// Records `bytes` consumed. Returns `true` when this crossed half the sender's window:
+    /// the caller should ask the IO thread to return credit now.
+    pub fn consumed(&self, bytes: u64) -> bool {
+        // AcqRel: the IO thread's `take` must see every byte added before a flush request.
+        let prev = self.pending.fetch_add(bytes, Ordering::AcqRel);
+        let half = self.half.load(Ordering::Relaxed);
+        prev < half && prev + bytes >= half
+    }
+
+    /// Bytes consumed and not yet returned.
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Acquire)
+    }
+
+    /// Marks a flush as requested; `true` if it was not already.
+    pub fn request_flush(&self) -> bool {
+        !self.flush_requested.swap(true, Ordering::AcqRel)
+    }
+
+    /// Takes all pending credit (the IO thread, writing an ack). Clears the flush request
+    /// first so a request made after this take is not lost.
+    pub fn take(&self) -> u64 {
+        self.flush_requested.store(false, Ordering::Release);
+        self.pending.swap(0, Ordering::AcqRel)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn try_acquire_and_release_conserve() {
+        let w = SendWindow::new(10);
+        assert_eq!(w.try_acquire(11), Err(AcquireError::TooLarge));
+        w.try_acquire(4).unwrap();
+        w.try_acquire(6).unwrap();
+        assert_eq!(w.try_acquire(1), Err(AcquireError::Full));
+        assert_eq!(w.in_flight(), 10);
+        w.release(10);
+        assert_eq!(w.available(), 10);
+    }
+
+    #[test]
+    fn timeout_path_times_out() {
+        let w = SendWindow::new(10);
+        w.try_acquire(10).unwrap();
+        let t = Instant::now();
+        assert_eq!(
+            w.acquire_timeout(1, Duration::from_millis(30)),
+            Err(AcquireError::TimedOut)
+        );
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        assert_eq!(w.waiters(), 0);
+        assert!(w.blocked_time() >= Duration::from_millis(30));
+    }
+
+    #[test]
+    fn release_wakes_a_parked_sender() {
+        let w = Arc::new(SendWindow::new(10));
+        w.try_acquire(10).unwrap();
+        let w2 = w.clone();
+        let t = std::thread::spawn(move || w2.acquire(7));
+        // Wait (with a deadline) until the sender is parked, then release.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while w.waiters() == 0 {
+            assert!(Instant::now() < deadline, "sender never parked");
+            std::thread::yield_now();
+        }
+        w.release(10);
+        assert_eq!(t.join().unwrap(), Ok(()));
+        assert_eq!(w.available(), 3);
+    }
+
+    #[test]
+    fn close_wakes_with_closed() {
+        let w = Arc::new(SendWindow::new(10));
+        w.try_acquire(10).unwrap();
+        let w2 = w.clone();
+        let t = std::thread::spawn(move || w2.acquire(1));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while w.waiters() == 0 {
+            assert!(Instant::now() < deadline, "sender never parked");
+            std::thread::yield_now();
+        }
+        w.close();
+        assert_eq!(t.join().unwrap(), Err(AcquireError::Closed));
+        w.release(10);
+        assert_eq!(w.available(), 10);
+    }
+
+    #[test]
+    fn credit_crosses_half_once() {
+        let c = RecvCredit::new();
+        c.set_window(100);
+        assert!(!c.consumed(30));
+        assert!(c.consumed(30));
+        assert!(!c.consumed(30));
+        assert_eq!(c.take(), 90);
+        assert!(c.request_flush());
+        assert!(!c.request_flush());
+        assert_eq!(c.take(), 0);
+        assert!(c.request_flush());
+    }
+}

@@ -1,0 +1,64 @@
+//! # cohort
+//!
+//! A cluster message transport for synchronous Rust programs: no async runtime, no
+//! futures. Named members of a cluster send each other byte messages over TCP, with
+//!
+//! - **one delivery thread per sender**: a sender's regular messages reach the handler in
+//!   its order, on at most one pool thread at a time; out-of-band messages go straight to
+//!   the pool;
+//! - **credit flow control**: a byte window per peer, refilled by the receiver in halves as
+//!   its application consumes; `send` parks, `try_send` hands the payload back;
+//! - **recovery**: a recovery descriptor per connection, a handshake that exchanges received
+//!   counts, and resend of what the peer lacks, for exactly-once in-order delivery across
+//!   reconnects.
+//!
+//! ```
+//! use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
+//! use std::time::{Duration, Instant};
+//! # fn main() -> Result<(), cohort::Error> {
+//! let got = Arc::new(AtomicUsize::new(0));
+//! let g = got.clone();
+//! let beta = cohort::Node::builder("beta")
+//!     .cluster("demo")
+//!     .on_message(move |d| { assert_eq!(d.from(), "alpha"); g.fetch_add(1, Ordering::SeqCst); })
+//!     .start()?;
+//! let alpha = cohort::Node::builder("alpha")
+//!     .cluster("demo")
+//!     .peer("beta", beta.local_addr())
+//!     .start()?;
+//! beta.add_peer("alpha", alpha.local_addr())?;
+//! for i in 0..100u32 {
+//!     alpha.send("beta", i.to_le_bytes().to_vec())?;
+//! }
+//! let deadline = Instant::now() + Duration::from_secs(10);
+//! while got.load(Ordering::SeqCst) < 100 && Instant::now() < deadline {
+//!     std::thread::yield_now();
+//! }
+//! assert_eq!(got.load(Ordering::SeqCst), 100);
+//! alpha.shutdown(Duration::from_secs(5))?;
+//! beta.shutdown(Duration::from_secs(5))?;
+//! # Ok(()) }
+//! ```
+//!
+//! The architecture is described in `docs/design.md`, the wire format in `docs/wire.md`.
+
+#![doc(test(attr(deny(warnings))))]
+#![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+
+pub mod deliver;
+pub mod flow;
+mod net;
+pub mod peer;
+pub mod proto;
+pub(crate) mod sync;
+pub mod wire;
+
+mod node;
+
+pub use bytes::Bytes;
+pub use deliver::{Delivery, PoolStats};
+pub use node::{
+    Builder, ConnStats, Error, Node, PeerStats, Sender, ShutdownReport, Stats, TrySendError,
+    UndeliveredFn,
+};
+pub use peer::PeerState;

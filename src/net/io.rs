@@ -1,0 +1,1322 @@
+//! The IO thread's event loop.
+//!
+//! One thread owns the `Poll`, the listener, every connection, every peer's recovery
+//! descriptor and every timer. It drains readiness until `WouldBlock` (bounded per
+//! connection per turn, for fairness), coalesces outgoing frames into one buffer per
+//! connection written once per turn, and never blocks: a full pool makes it stop reading
+//! (TCP back-pressure), a full socket makes it stop publishing to that peer.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, Bytes};
+use mio::net::{TcpListener, TcpStream};
+use mio::{Events, Interest, Poll, Token};
+
+use super::conn::Conn;
+use super::timer::{Backoff, TimerKind, Timers};
+use super::{
+    Command, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN, LISTENER, WAKER,
+};
+use crate::deliver::{Delivery, Pool, Task};
+use crate::flow::cost;
+use crate::peer::{Counters, Outgoing, PeerShared, PeerState};
+use crate::proto::{Descriptor, Handshake, HsEvent, LocalIdentity, PeerIdentity, Receive};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::{Arc, SharedStr};
+use crate::wire::{self, CloseCode, Frame};
+
+/// Bytes read from one connection per loop turn before others get their turn.
+const READ_BUDGET: usize = 512 * 1024;
+
+/// Node-wide connection counters.
+#[derive(Debug, Default)]
+pub(crate) struct NodeCounters {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) dialled: AtomicU64,
+    pub(crate) dial_failures: AtomicU64,
+    pub(crate) handshakes: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) refused_cluster: AtomicU64,
+    pub(crate) refused_unknown: AtomicU64,
+    pub(crate) refused_version: AtomicU64,
+    pub(crate) handshake_timeouts: AtomicU64,
+    pub(crate) tie_breaks: AtomicU64,
+    pub(crate) protocol_errors: AtomicU64,
+    pub(crate) pool_stalls: AtomicU64,
+}
+
+/// IO-thread-only state of one peer.
+struct PeerIo {
+    shared: Arc<PeerShared>,
+    addr: Option<SocketAddr>,
+    state: PeerState,
+    /// The connection that speaks for this peer: our dial in progress, or a connection that
+    /// identified as this peer (handshaking or established).
+    conn: Option<Token>,
+    desc: Descriptor,
+    /// Consecutive failed attempts (backoff exponent).
+    attempt: u32,
+    /// Reconnect timers carry this; bumping it cancels them.
+    gen: u64,
+    /// Taken from the shared outbox, not yet published (the socket buffer was full).
+    pending: VecDeque<Outgoing>,
+    /// Window bytes published and not yet credited back by the peer.
+    uncredited: u64,
+    ack_timer: bool,
+}
+
+impl PeerIo {
+    fn set_state(&mut self, next: PeerState) {
+        if self.state == next {
+            return;
+        }
+        debug_assert!(
+            self.state.can_become(next),
+            "illegal peer transition {:?} -> {:?} for '{}'",
+            self.state,
+            next,
+            self.shared.name
+        );
+        if !self.state.can_become(next) {
+            log::error!(
+                "peer '{}': illegal transition {} -> {} ignored",
+                self.shared.name,
+                self.state,
+                next
+            );
+            return;
+        }
+        self.state = next;
+        self.shared.set_state(next);
+    }
+}
+
+/// A frame read from a connection, owned so that it can be handled with the whole IO state
+/// at hand.
+enum Inbound {
+    Data {
+        flags: u8,
+        seq: Option<u64>,
+        payload: Bytes,
+    },
+    /// Any other frame, decoded again when handled.
+    Other(Bytes),
+    Bad(wire::WireError),
+}
+
+pub(crate) struct IoThread {
+    cfg: IoConfig,
+    local: LocalIdentity,
+    poll: Poll,
+    listener: TcpListener,
+    shared: Arc<IoShared>,
+    peers_map: PeerMap,
+    pool: Arc<Pool>,
+    counters: Arc<NodeCounters>,
+    undelivered: Option<UndeliveredHook>,
+    stopped: Arc<AtomicBool>,
+    max_len: usize,
+    conns: HashMap<Token, Conn>,
+    next_token: usize,
+    peers: HashMap<usize, PeerIo>,
+    by_name: HashMap<SharedStr, usize>,
+    timers: Timers,
+    backoff: Backoff,
+    /// Connections with unread input left over (budget reached, or reading paused).
+    read_pending: VecDeque<Token>,
+    /// Connections with bytes appended to their write buffer this turn.
+    dirty: Vec<Token>,
+    /// Tasks the pool refused; while any is here, no socket is read.
+    stash: VecDeque<Task>,
+    shutdown: Option<Instant>,
+    inbound: Vec<Inbound>,
+    batch: Vec<Delivery>,
+}
+
+impl IoThread {
+    pub(crate) fn new(parts: IoParts) -> IoThread {
+        let cfg = parts.config;
+        let local = LocalIdentity {
+            launch_id: cfg.launch_id,
+            window: cfg.window,
+            cluster: cfg.cluster.clone(),
+            name: cfg.name.to_string(),
+        };
+        IoThread {
+            max_len: wire::max_frame_len(cfg.max_message),
+            backoff: Backoff::new(cfg.launch_id),
+            local,
+            cfg,
+            poll: parts.poll,
+            listener: parts.listener,
+            shared: parts.shared,
+            peers_map: parts.peers,
+            pool: parts.pool,
+            counters: parts.counters,
+            undelivered: parts.undelivered,
+            stopped: parts.stopped,
+            conns: HashMap::new(),
+            next_token: FIRST_CONN,
+            peers: HashMap::new(),
+            by_name: HashMap::new(),
+            timers: Timers::default(),
+            read_pending: VecDeque::new(),
+            dirty: Vec::new(),
+            stash: VecDeque::new(),
+            shutdown: None,
+            inbound: Vec::new(),
+            batch: Vec::new(),
+        }
+    }
+
+    /// Runs the loop until shutdown completes.
+    pub(crate) fn run(mut self) {
+        let mut events = Events::with_capacity(1024);
+        loop {
+            let now = Instant::now();
+            let timeout = if !self.read_pending.is_empty() && self.stash.is_empty() {
+                Some(Duration::ZERO)
+            } else {
+                self.timers.next_in(now)
+            };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                log::error!("IO thread: poll failed, stopping: {e}");
+                break;
+            }
+            for ev in events.iter() {
+                match ev.token() {
+                    LISTENER => self.accept_all(),
+                    WAKER => {}
+                    t => {
+                        let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                        self.conn_event(t, readable, ev.is_writable() || ev.is_error());
+                    }
+                }
+            }
+            if self.shared.take_wake() {
+                self.handle_requests();
+            }
+            if self.shared.pool_space.swap(false, Ordering::AcqRel) {
+                self.unstash();
+            }
+            if self.stash.is_empty() {
+                self.process_read_pending();
+            }
+            self.fire_timers();
+            self.flush_dirty();
+            if let Some(deadline) = self.shutdown {
+                if self.shutdown_flushed() || Instant::now() >= deadline {
+                    break;
+                }
+            }
+        }
+        self.finish();
+    }
+
+    // ----- requests from other threads -------------------------------------------------
+
+    fn handle_requests(&mut self) {
+        let commands = std::mem::take(&mut *self.shared.commands.lock());
+        for c in commands {
+            self.command(c);
+        }
+        let ready = std::mem::take(&mut *self.shared.ready.lock());
+        for id in ready {
+            self.flush_peer(id);
+        }
+        let credit = std::mem::take(&mut *self.shared.credit_flush.lock());
+        for id in credit {
+            self.send_ack(id);
+        }
+    }
+
+    fn command(&mut self, c: Command) {
+        match c {
+            Command::AddPeer { peer, addr } => {
+                let id = peer.id;
+                self.by_name.insert(peer.name.clone(), id);
+                self.peers.insert(
+                    id,
+                    PeerIo {
+                        shared: peer,
+                        addr,
+                        state: PeerState::Backoff,
+                        conn: None,
+                        desc: Descriptor::new(),
+                        attempt: 0,
+                        gen: 0,
+                        pending: VecDeque::new(),
+                        uncredited: 0,
+                        ack_timer: false,
+                    },
+                );
+                if self.shutdown.is_none() {
+                    self.dial(id);
+                }
+            }
+            Command::RemovePeer { id, done } => {
+                self.remove_peer(id);
+                done.complete();
+            }
+            Command::Disconnect { id } => {
+                if let Some(t) = self.peers.get(&id).and_then(|p| p.conn) {
+                    log::info!(
+                        "{}: disconnecting '{}' on request",
+                        self.cfg.name,
+                        self.peer_name(id)
+                    );
+                    self.close_conn(t, Some((CloseCode::Other, "disconnect requested")));
+                }
+            }
+            Command::Shutdown { deadline } => self.begin_shutdown(deadline),
+        }
+    }
+
+    fn peer_name(&self, id: usize) -> SharedStr {
+        self.peers
+            .get(&id)
+            .map(|p| p.shared.name.clone())
+            .unwrap_or_else(|| "?".into())
+    }
+
+    // ----- connections -------------------------------------------------------------------
+
+    fn new_token(&mut self) -> Token {
+        let t = Token(self.next_token);
+        self.next_token += 1;
+        t
+    }
+
+    fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((mut stream, from)) => {
+                    if self.shutdown.is_some() {
+                        continue; // dropped: we are closing
+                    }
+                    configure(&self.cfg, &stream);
+                    let token = self.new_token();
+                    if let Err(e) =
+                        self.poll
+                            .registry()
+                            .register(&mut stream, token, Interest::READABLE)
+                    {
+                        log::warn!(
+                            "{}: cannot register connection from {from}: {e}",
+                            self.cfg.name
+                        );
+                        continue;
+                    }
+                    Counters::add(&self.counters.accepted, 1);
+                    log::debug!("{}: accepted connection from {from}", self.cfg.name);
+                    let mut out = Vec::new();
+                    let hs = Handshake::acceptor(self.local.clone(), &mut out);
+                    let mut conn = Conn::new(token, stream, None, hs);
+                    conn.wbuf = out;
+                    self.conns.insert(token, conn);
+                    self.dirty.push(token);
+                    self.timers.add(
+                        Instant::now() + self.cfg.handshake_timeout,
+                        TimerKind::Handshake { token },
+                    );
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and the like: log and try again on the next readiness event.
+                    log::error!("{}: accept failed: {e}", self.cfg.name);
+                    break;
+                }
+            }
+        }
+    }
+
+    fn dial(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if p.state == PeerState::Closed || p.conn.is_some() || self.shutdown.is_some() {
+            return;
+        }
+        let Some(addr) = p.addr else {
+            p.set_state(PeerState::Backoff);
+            return; // no address: it will dial us
+        };
+        match TcpStream::connect(addr) {
+            Ok(mut stream) => {
+                let token = Token(self.next_token);
+                self.next_token += 1;
+                if let Err(e) = self.poll.registry().register(
+                    &mut stream,
+                    token,
+                    Interest::READABLE | Interest::WRITABLE,
+                ) {
+                    log::warn!("{}: cannot register dial to {addr}: {e}", self.cfg.name);
+                    self.schedule_reconnect(id);
+                    return;
+                }
+                let p = self.peers.get_mut(&id).expect("peer present");
+                let hs = Handshake::dialler(self.local.clone(), p.shared.name.to_string());
+                let mut conn = Conn::new(token, stream, Some(id), hs);
+                conn.set_writable_interest(true);
+                p.conn = Some(token);
+                p.set_state(PeerState::Connecting);
+                self.conns.insert(token, conn);
+                Counters::add(&self.counters.dialled, 1);
+                self.timers.add(
+                    Instant::now() + self.cfg.handshake_timeout,
+                    TimerKind::Handshake { token },
+                );
+            }
+            Err(e) => {
+                log::debug!(
+                    "{}: dial '{}' at {addr} failed: {e}",
+                    self.cfg.name,
+                    p.shared.name
+                );
+                Counters::add(&self.counters.dial_failures, 1);
+                self.schedule_reconnect(id);
+            }
+        }
+    }
+
+    fn schedule_reconnect(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if p.state == PeerState::Closed || self.shutdown.is_some() {
+            return;
+        }
+        p.set_state(PeerState::Backoff);
+        if p.addr.is_none() {
+            return;
+        }
+        p.gen += 1;
+        let delay = self
+            .backoff
+            .delay(p.attempt, self.cfg.backoff_min, self.cfg.backoff_max);
+        p.attempt = p.attempt.saturating_add(1);
+        let gen = p.gen;
+        self.timers.add(
+            Instant::now() + delay,
+            TimerKind::Reconnect { peer: id, gen },
+        );
+    }
+
+    fn conn_event(&mut self, token: Token, readable: bool, writable: bool) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return; // stale token: a spurious event for a connection already closed
+        };
+        if conn.connecting {
+            match conn.stream.take_error() {
+                Ok(None) => {}
+                Ok(Some(e)) | Err(e) => return self.dial_failed(token, e),
+            }
+            match conn.stream.peer_addr() {
+                Ok(_) => {
+                    conn.connecting = false;
+                    configure(&self.cfg, &conn.stream);
+                    if let Some(id) = conn.dialled {
+                        if let Some(p) = self.peers.get_mut(&id) {
+                            p.set_state(PeerState::Handshaking);
+                        }
+                    }
+                    self.dirty.push(token);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return, // not yet
+                Err(e) => return self.dial_failed(token, e),
+            }
+        }
+        if writable {
+            self.write_conn(token);
+        }
+        if readable {
+            self.read_conn(token);
+        }
+    }
+
+    fn dial_failed(&mut self, token: Token, e: io::Error) {
+        Counters::add(&self.counters.dial_failures, 1);
+        if let Some(conn) = self.conns.get(&token) {
+            if let Some(id) = conn.dialled {
+                log::debug!(
+                    "{}: connect to '{}' failed: {e}",
+                    self.cfg.name,
+                    self.peer_name(id)
+                );
+            }
+        }
+        self.close_conn(token, None);
+    }
+
+    fn write_conn(&mut self, token: Token) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if conn.connecting {
+            return;
+        }
+        let result = conn.flush();
+        match result {
+            Ok(_) => {
+                let low = conn.unwritten() < self.cfg.write_high_water / 2;
+                let closing_done = conn.closing && conn.unwritten() == 0;
+                if let Err(e) = conn.update_interest(self.poll.registry()) {
+                    log::warn!("{}: reregister failed: {e}", self.cfg.name);
+                }
+                let peer = if conn.established { conn.peer } else { None };
+                if closing_done {
+                    self.close_conn(token, None);
+                } else if let (true, Some(id)) = (low, peer) {
+                    let more = self.peers.get(&id).is_some_and(|p| {
+                        !p.pending.is_empty() || !p.shared.outbox.lock().queue.is_empty()
+                    });
+                    if more {
+                        self.flush_peer(id);
+                    }
+                }
+            }
+            Err(e) => {
+                log::info!("{}: write failed, closing connection: {e}", self.cfg.name);
+                self.close_conn(token, None);
+            }
+        }
+    }
+
+    fn flush_dirty(&mut self) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for t in &dirty {
+            self.write_conn(*t);
+        }
+        let mut dirty = dirty;
+        dirty.clear();
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
+        }
+    }
+
+    fn read_conn(&mut self, token: Token) {
+        if !self.stash.is_empty() {
+            // The pool is full: leave the bytes in the kernel so TCP pushes back.
+            self.mark_read_pending(token);
+            return;
+        }
+        let max_frame = self.cfg.max_message;
+        let mut total = 0usize;
+        loop {
+            let Some(conn) = self.conns.get_mut(&token) else {
+                return;
+            };
+            if conn.closing {
+                return;
+            }
+            match conn.read_some(max_frame) {
+                Ok(0) => {
+                    self.handle_inbound(token);
+                    if self.conns.contains_key(&token) {
+                        self.close_conn(token, None);
+                    }
+                    return;
+                }
+                Ok(n) => {
+                    total += n;
+                    self.parse(token);
+                    self.handle_inbound(token);
+                    if !self.stash.is_empty() || total >= READ_BUDGET {
+                        self.mark_read_pending(token);
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::info!("{}: read failed, closing connection: {e}", self.cfg.name);
+                    self.close_conn(token, None);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn mark_read_pending(&mut self, token: Token) {
+        if let Some(c) = self.conns.get_mut(&token) {
+            if !c.read_pending {
+                c.read_pending = true;
+                self.read_pending.push_back(token);
+            }
+        }
+    }
+
+    fn process_read_pending(&mut self) {
+        for _ in 0..self.read_pending.len() {
+            if !self.stash.is_empty() {
+                return;
+            }
+            let Some(t) = self.read_pending.pop_front() else {
+                return;
+            };
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.read_pending = false;
+                self.read_conn(t);
+            }
+        }
+    }
+
+    /// Splits complete frames off the read buffer into `self.inbound`.
+    fn parse(&mut self, token: Token) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        loop {
+            let len = match wire::peek_len(&conn.rbuf, self.max_len) {
+                Ok(Some(len)) => len,
+                Ok(None) => break,
+                Err(e) => {
+                    self.inbound.push(Inbound::Bad(e));
+                    break;
+                }
+            };
+            let total = wire::LEN_BYTES + len;
+            if conn.rbuf.len() < total {
+                break;
+            }
+            let kind = conn.rbuf[wire::LEN_BYTES];
+            let flags = conn.rbuf[wire::LEN_BYTES + 1];
+            let mut frame = conn.rbuf.split_to(total);
+            if kind == wire::kind::DATA {
+                if flags & !(wire::FLAG_OOB | wire::FLAG_RELIABLE) != 0 {
+                    self.inbound.push(Inbound::Bad(wire::WireError::Malformed(
+                        "unknown data flags",
+                    )));
+                    break;
+                }
+                frame.advance(wire::HEADER_BYTES);
+                let seq = if flags & wire::FLAG_RELIABLE != 0 {
+                    if frame.len() < 8 {
+                        self.inbound
+                            .push(Inbound::Bad(wire::WireError::Malformed("sequence number")));
+                        break;
+                    }
+                    let s = frame.get_u64_le();
+                    if s == 0 {
+                        self.inbound.push(Inbound::Bad(wire::WireError::Malformed(
+                            "sequence number 0",
+                        )));
+                        break;
+                    }
+                    Some(s)
+                } else {
+                    None
+                };
+                self.inbound.push(Inbound::Data {
+                    flags,
+                    seq,
+                    payload: frame.freeze(),
+                });
+            } else {
+                self.inbound.push(Inbound::Other(frame.freeze()));
+            }
+        }
+    }
+
+    fn handle_inbound(&mut self, token: Token) {
+        let mut inbound = std::mem::take(&mut self.inbound);
+        let mut peer_of_batch = None;
+        for item in inbound.drain(..) {
+            if !self.conns.contains_key(&token) {
+                break; // closed by an earlier frame
+            }
+            match item {
+                Inbound::Data {
+                    flags,
+                    seq,
+                    payload,
+                } => {
+                    let (established, peer) = {
+                        let c = &self.conns[&token];
+                        (c.established, c.peer)
+                    };
+                    match (established, peer) {
+                        (true, Some(id)) => {
+                            peer_of_batch = Some(id);
+                            self.on_data(token, id, flags, seq, payload);
+                        }
+                        _ => {
+                            self.protocol_error(token, "data before the handshake completed".into())
+                        }
+                    }
+                }
+                Inbound::Other(bytes) => self.on_frame(token, &bytes),
+                Inbound::Bad(e) => {
+                    self.protocol_error(token, e.to_string());
+                }
+            }
+        }
+        self.inbound = inbound;
+        if let Some(id) = peer_of_batch {
+            self.push_batch(id);
+            self.after_data(id);
+        }
+    }
+
+    fn protocol_error(&mut self, token: Token, reason: String) {
+        Counters::add(&self.counters.protocol_errors, 1);
+        let who = self
+            .conns
+            .get(&token)
+            .and_then(|c| c.peer)
+            .map(|id| self.peer_name(id))
+            .unwrap_or_else(|| "an unidentified peer".into());
+        log::warn!(
+            "{}: protocol error from {who}, closing connection: {reason}",
+            self.cfg.name
+        );
+        self.close_conn(token, Some((CloseCode::Protocol, &reason)));
+    }
+
+    fn on_data(&mut self, token: Token, id: usize, flags: u8, seq: Option<u64>, payload: Bytes) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if let Some(seq) = seq {
+            match p.desc.on_data(seq) {
+                Ok(Receive::Deliver) => {}
+                Ok(Receive::Duplicate) => {
+                    Counters::add(&p.shared.counters.duplicates, 1);
+                    return;
+                }
+                Err(e) => {
+                    self.push_batch(id);
+                    return self.protocol_error(token, e.to_string());
+                }
+            }
+        }
+        Counters::add(&p.shared.counters.received, 1);
+        Counters::add(&p.shared.counters.received_bytes, payload.len() as u64);
+        let oob = flags & wire::FLAG_OOB != 0;
+        let d = Delivery::new(
+            p.shared.name.clone(),
+            payload,
+            if oob { None } else { seq },
+            oob,
+        );
+        if oob {
+            let sink = p.shared.oob_sink.clone();
+            self.submit(Task::Oob(d, sink));
+        } else {
+            self.batch.push(d);
+        }
+    }
+
+    /// Hands the regular messages parsed this turn to the sender's queue.
+    fn push_batch(&mut self, id: usize) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let Some(p) = self.peers.get(&id) else {
+            self.batch.clear();
+            return;
+        };
+        let member = p.shared.member.clone();
+        if member.push(self.batch.drain(..)) {
+            self.submit(Task::Member(member));
+        }
+    }
+
+    fn submit(&mut self, task: Task) {
+        if !self.stash.is_empty() {
+            self.stash.push_back(task);
+            return;
+        }
+        if let Err(t) = self.pool.try_submit(task) {
+            Counters::add(&self.counters.pool_stalls, 1);
+            log::debug!("{}: delivery pool full; pausing reads", self.cfg.name);
+            self.stash.push_back(t);
+        }
+    }
+
+    fn unstash(&mut self) {
+        while let Some(t) = self.stash.pop_front() {
+            if let Err(t) = self.pool.try_submit(t) {
+                self.stash.push_front(t);
+                return;
+            }
+        }
+    }
+
+    /// After data from peer `id`: ack now if enough is owed, else make sure a delayed ack is
+    /// armed.
+    fn after_data(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if p.desc.ack_due(self.cfg.ack_threshold) {
+            self.send_ack(id);
+        } else if p.desc.ack_owed() && !p.ack_timer {
+            p.ack_timer = true;
+            self.timers.add(
+                Instant::now() + self.cfg.ack_delay,
+                TimerKind::AckDelay { peer: id },
+            );
+        }
+    }
+
+    /// Writes an ack carrying the received count and all pending credit, if the peer has an
+    /// established connection.
+    fn send_ack(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let Some(token) = p.conn else { return };
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if !conn.established {
+            return;
+        }
+        let credit = p.shared.credit.take();
+        let received = p.desc.received();
+        if credit == 0 && !p.desc.ack_owed() {
+            return;
+        }
+        wire::encode_ack(&mut conn.wbuf, received, credit);
+        p.desc.ack_written(received);
+        self.dirty.push(token);
+    }
+
+    fn on_frame(&mut self, token: Token, bytes: &Bytes) {
+        let frame = match wire::decode(bytes, self.max_len) {
+            Ok(Some((f, _))) => f,
+            Ok(None) => return self.protocol_error(token, "truncated frame".into()),
+            Err(e) => return self.protocol_error(token, e.to_string()),
+        };
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if let Some(hs) = conn.hs.as_mut() {
+            match hs.on_frame(&frame) {
+                Ok(HsEvent::Identified {
+                    peer,
+                    peer_received,
+                }) => self.on_identified(token, peer, peer_received),
+                Ok(HsEvent::Established { peer_received }) => self.establish(token, peer_received),
+                Err(e) => {
+                    if e.by_peer && e.code == CloseCode::Duplicate {
+                        // The peer kept the other of two simultaneous connections.
+                        log::debug!("{}: {e}", self.cfg.name);
+                        self.close_conn(token, None);
+                    } else if e.by_peer {
+                        log::warn!("{}: {e}", self.cfg.name);
+                        self.count_refusal(e.code);
+                        self.close_conn(token, None);
+                    } else {
+                        self.refuse(token, e.code, &e.reason);
+                    }
+                }
+            }
+            return;
+        }
+        let Some(id) = conn.peer else { return };
+        match frame {
+            Frame::Ack { received, credit } => self.on_ack(token, id, received, credit),
+            Frame::Probe => {
+                // Answer with every byte of credit we hold, even below half a window.
+                if let Some(p) = self.peers.get(&id) {
+                    p.shared.credit.request_flush();
+                }
+                self.send_ack(id);
+            }
+            Frame::Heartbeat => {}
+            Frame::Close { code, reason } => {
+                log::info!(
+                    "{}: '{}' closed the connection ({code:?}): {reason}",
+                    self.cfg.name,
+                    self.peer_name(id)
+                );
+                self.close_conn(token, None);
+            }
+            Frame::Data { .. } => unreachable!("data frames take the fast path"),
+            Frame::Hello(_) | Frame::HelloReply(..) | Frame::Ready { .. } => {
+                self.protocol_error(token, "handshake frame after the handshake".into())
+            }
+        }
+    }
+
+    fn count_refusal(&self, code: CloseCode) {
+        Counters::add(&self.counters.refused, 1);
+        match code {
+            CloseCode::Cluster => Counters::add(&self.counters.refused_cluster, 1),
+            CloseCode::UnknownMember => Counters::add(&self.counters.refused_unknown, 1),
+            CloseCode::Version => Counters::add(&self.counters.refused_version, 1),
+            _ => {}
+        }
+    }
+
+    fn refuse(&mut self, token: Token, code: CloseCode, reason: &str) {
+        log::warn!(
+            "{}: refusing connection ({code:?}): {reason}",
+            self.cfg.name
+        );
+        self.count_refusal(code);
+        self.close_conn(token, Some((code, reason)));
+    }
+
+    fn on_ack(&mut self, token: Token, id: usize, received: u64, credit: u64) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if let Err(e) = p.desc.on_ack(received) {
+            return self.protocol_error(token, e.to_string());
+        }
+        if credit > 0 {
+            // Never give back more than was taken: credit beyond what is outstanding (a
+            // confused or malicious peer, or credit from before its restart) is clamped.
+            let c = credit.min(p.uncredited);
+            if c < credit {
+                log::warn!(
+                    "{}: '{}' returned {credit} bytes of credit with only {} outstanding; clamped",
+                    self.cfg.name,
+                    p.shared.name,
+                    p.uncredited
+                );
+            }
+            p.uncredited -= c;
+            p.shared.window.release(c);
+        }
+    }
+
+    /// A connection said who it is. Decide whether it may speak for that peer.
+    fn on_identified(&mut self, token: Token, peer: PeerIdentity, peer_received: Option<u64>) {
+        let accepting = peer_received.is_some();
+        let id = if accepting {
+            match self.by_name.get(peer.name.as_str()) {
+                Some(&id) => id,
+                None if self.cfg.allow_unknown && self.shutdown.is_none() => {
+                    self.add_unknown(&peer.name)
+                }
+                None => {
+                    let reason = format!("member '{}' is not configured here", peer.name);
+                    return self.refuse(token, CloseCode::UnknownMember, &reason);
+                }
+            }
+        } else {
+            match self.conns.get(&token).and_then(|c| c.dialled) {
+                Some(id) => id,
+                None => return,
+            }
+        };
+        let Some(p) = self.peers.get(&id) else {
+            return self.refuse(token, CloseCode::Removed, "member removed");
+        };
+        if p.state == PeerState::Closed || self.shutdown.is_some() {
+            return self.refuse(token, CloseCode::Shutdown, "member closed");
+        }
+        // Tie-break against the connection that speaks for this peer now, if another.
+        if let Some(other) = p.conn.filter(|&o| o != token) {
+            if let Some(oc) = self.conns.get(&other) {
+                let stale = matches!(oc.launch, Some(l) if l != peer.launch_id);
+                let keep_new = if stale {
+                    true
+                } else {
+                    let new_by_us = !accepting;
+                    let old_by_us = oc.dialled.is_some();
+                    if new_by_us == old_by_us {
+                        true // the same side dialled again: its old connection is dead to it
+                    } else {
+                        // Both dialled at once: keep the one dialled by the smaller name.
+                        let we_are_smaller = *self.cfg.name < *peer.name;
+                        new_by_us == we_are_smaller
+                    }
+                };
+                Counters::add(&self.counters.tie_breaks, 1);
+                if keep_new {
+                    log::debug!(
+                        "{}: '{}' connected again; replacing the older connection",
+                        self.cfg.name,
+                        peer.name
+                    );
+                    self.close_conn(
+                        other,
+                        Some((CloseCode::Duplicate, "replaced by a newer connection")),
+                    );
+                } else {
+                    log::debug!(
+                        "{}: simultaneous connect with '{}'; keeping ours",
+                        self.cfg.name,
+                        peer.name
+                    );
+                    return self.close_conn(
+                        token,
+                        Some((
+                            CloseCode::Duplicate,
+                            "simultaneous connect lost the tie-break",
+                        )),
+                    );
+                }
+            }
+        }
+        self.bind_incarnation(id, &peer);
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let received = p.desc.received();
+        p.conn = Some(token);
+        if p.state != PeerState::Handshaking {
+            p.set_state(PeerState::Handshaking);
+        }
+        let conn = self.conns.get_mut(&token).expect("conn present");
+        conn.peer = Some(id);
+        conn.launch = Some(peer.launch_id);
+        let hs = conn.hs.as_mut().expect("handshaking");
+        hs.accept(received, &mut conn.wbuf);
+        self.dirty.push(token);
+        if let Some(peer_received) = peer_received {
+            self.establish(token, peer_received);
+        }
+    }
+
+    /// Binds the peer's recovery descriptor to the incarnation that just identified; a
+    /// changed launch id retires the old one (its unacked messages are undelivered).
+    fn bind_incarnation(&mut self, id: usize, peer: &PeerIdentity) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        p.shared.credit.set_window(peer.window);
+        let restarted = matches!(p.desc.remote_launch(), Some(l) if l != peer.launch_id);
+        let old = p.desc.bind(peer.launch_id);
+        if !restarted {
+            return;
+        }
+        log::warn!(
+            "{}: '{}' restarted (new launch id); {} unacknowledged messages to its old incarnation are undelivered",
+            self.cfg.name,
+            peer.name,
+            old.len()
+        );
+        // Credit for the old incarnation will never come: give it all back, and drop any
+        // credit we still owed the old incarnation.
+        p.shared.window.release(p.uncredited);
+        p.uncredited = 0;
+        let _ = p.shared.credit.take();
+        Counters::add(&p.shared.counters.undelivered, old.len() as u64);
+        if !old.is_empty() {
+            if let Some(hook) = &self.undelivered {
+                hook(&peer.name, old);
+            }
+        }
+    }
+
+    /// The handshake completed on `token`: resend what the peer lacks, then new messages.
+    fn establish(&mut self, token: Token, peer_received: u64) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some(id) = conn.peer else { return };
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if p.conn != Some(token) {
+            return self.close_conn(token, Some((CloseCode::Duplicate, "superseded")));
+        }
+        conn.hs = None;
+        conn.established = true;
+        let mut resent = 0u64;
+        let resumed = match p.desc.resume(peer_received) {
+            Ok(rest) => {
+                for u in rest {
+                    wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
+                    resent += 1;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(reason) = resumed {
+            return self.protocol_error(token, reason);
+        }
+        let p = self.peers.get_mut(&id).expect("peer present");
+        Counters::add(&p.shared.counters.resent, resent);
+        Counters::add(&p.shared.counters.connects, 1);
+        Counters::add(&self.counters.handshakes, 1);
+        p.attempt = 0;
+        p.gen += 1; // cancels a pending reconnect
+        p.set_state(PeerState::Connected);
+        log::info!(
+            "{}: connected to '{}' ({} resent, {} unacked)",
+            self.cfg.name,
+            p.shared.name,
+            resent,
+            p.desc.unacked_len()
+        );
+        self.dirty.push(token);
+        // Credit and acks owed from before the reconnect go first.
+        if p.shared.credit.pending() > 0 || p.desc.ack_owed() {
+            self.send_ack(id);
+        }
+        self.flush_peer(id);
+    }
+
+    /// Publishes queued messages of peer `id` to its connection while its write buffer is
+    /// below the high-water mark. This is where a message gets its sequence number, enters
+    /// the unacked queue and counts as sent.
+    fn flush_peer(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let Some(token) = p.conn else { return };
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if !conn.established {
+            return;
+        }
+        // Clear before draining: a send that pushes after this reschedules the peer.
+        p.shared.scheduled.store(false, Ordering::Release);
+        let high = self.cfg.write_high_water;
+        let (mut n, mut bytes, mut credit_cost) = (0u64, 0u64, 0u64);
+        'outer: loop {
+            if p.pending.is_empty() {
+                let mut ob = p.shared.outbox.lock();
+                std::mem::swap(&mut ob.queue, &mut p.pending);
+            }
+            if p.pending.is_empty() {
+                break;
+            }
+            while let Some(m) = p.pending.pop_front() {
+                if conn.unwritten() >= high {
+                    p.pending.push_front(m);
+                    break 'outer;
+                }
+                let len = m.payload.len();
+                let u = p.desc.publish(m.flags | wire::FLAG_RELIABLE, m.payload);
+                wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
+                n += 1;
+                bytes += len as u64;
+                credit_cost += cost(len);
+            }
+        }
+        if n > 0 {
+            p.uncredited += credit_cost;
+            Counters::add(&p.shared.counters.sent, n);
+            Counters::add(&p.shared.counters.sent_bytes, bytes);
+            self.dirty.push(token);
+        }
+    }
+
+    /// Closes a connection (after writing `close` best-effort) and, if it spoke for a peer,
+    /// moves the peer to `Backoff` and schedules a reconnect.
+    fn close_conn(&mut self, token: Token, close: Option<(CloseCode, &str)>) {
+        let Some(mut conn) = self.conns.remove(&token) else {
+            return;
+        };
+        if let Some((code, reason)) = close {
+            wire::encode_close(&mut conn.wbuf, code, reason);
+            let _ = conn.flush(); // best effort: the socket is closed right after
+        }
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        let Some(id) = conn.peer else { return };
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if p.conn != Some(token) {
+            return;
+        }
+        p.conn = None;
+        if conn.established {
+            Counters::add(&p.shared.counters.disconnects, 1);
+            log::info!("{}: connection to '{}' lost", self.cfg.name, p.shared.name);
+        }
+        if p.state != PeerState::Closed {
+            self.schedule_reconnect(id);
+        }
+    }
+
+    fn add_unknown(&mut self, name: &str) -> usize {
+        let name: SharedStr = name.into();
+        let shared = self.shared.new_peer(name.clone(), self.cfg.window);
+        let id = shared.id;
+        self.peers_map.write().insert(name.clone(), shared.clone());
+        log::info!("{}: admitting unknown member '{name}'", self.cfg.name);
+        self.command(Command::AddPeer {
+            peer: shared,
+            addr: None,
+        });
+        id
+    }
+
+    /// Closes peer `id` for good: fails what is queued (giving back its permits), closes
+    /// its window and connection. A reconnect timer still pending finds no peer and does
+    /// nothing; a connection completing later finds no peer and is refused.
+    fn remove_peer(&mut self, id: usize) {
+        let Some(conn) = self.peers.get(&id).and_then(|p| p.conn) else {
+            self.retire_peer(id, CloseCode::Removed);
+            return;
+        };
+        self.retire_peer(id, CloseCode::Removed);
+        self.close_conn(conn, Some((CloseCode::Removed, "member removed")));
+    }
+
+    /// Terminal transition of a peer: `Closed`, outbox closed and failed, permits back.
+    fn retire_peer(&mut self, id: usize, why: CloseCode) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        p.set_state(PeerState::Closed);
+        p.gen += 1;
+        let failed = fail_queued(p);
+        let unacked = p.desc.drain_unacked();
+        p.shared.window.release(p.uncredited);
+        p.uncredited = 0;
+        p.shared.window.close();
+        let undelivered = unacked.len() as u64;
+        Counters::add(&p.shared.counters.undelivered, undelivered);
+        if failed + undelivered > 0 {
+            log::warn!(
+                "{}: '{}' closed ({why:?}): {failed} queued messages failed, {undelivered} sent but unacknowledged",
+                self.cfg.name,
+                p.shared.name
+            );
+        }
+        let name = p.shared.name.clone();
+        if why == CloseCode::Removed {
+            self.peers.remove(&id);
+            if self.by_name.get(&name) == Some(&id) {
+                self.by_name.remove(&name);
+            }
+        }
+        if !unacked.is_empty() {
+            if let Some(hook) = &self.undelivered {
+                hook(&name, unacked);
+            }
+        }
+    }
+
+    // ----- timers ------------------------------------------------------------------------
+
+    fn fire_timers(&mut self) {
+        let now = Instant::now();
+        while let Some(t) = self.timers.pop_due(now) {
+            match t {
+                TimerKind::Reconnect { peer, gen } => {
+                    if self
+                        .peers
+                        .get(&peer)
+                        .is_some_and(|p| p.gen == gen && p.conn.is_none())
+                    {
+                        self.dial(peer);
+                    }
+                }
+                TimerKind::Handshake { token } => {
+                    if self.conns.get(&token).is_some_and(|c| !c.established) {
+                        Counters::add(&self.counters.handshake_timeouts, 1);
+                        log::warn!("{}: handshake timed out; closing connection", self.cfg.name);
+                        self.close_conn(token, None);
+                    }
+                }
+                TimerKind::AckDelay { peer } => {
+                    if let Some(p) = self.peers.get_mut(&peer) {
+                        p.ack_timer = false;
+                    }
+                    self.send_ack(peer);
+                }
+                TimerKind::Deadline => {}
+            }
+        }
+    }
+
+    // ----- shutdown ----------------------------------------------------------------------
+
+    fn begin_shutdown(&mut self, deadline: Instant) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        self.shutdown = Some(deadline);
+        self.timers.add(deadline, TimerKind::Deadline);
+        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        for id in ids {
+            let p = self.peers.get_mut(&id).expect("listed");
+            p.gen += 1; // no more reconnects
+            {
+                // No new messages; what is queued is still flushed.
+                p.shared.outbox.lock().closed = true;
+            }
+            p.shared.window.close();
+            if p.conn
+                .is_some_and(|t| self.conns.get(&t).is_some_and(|c| c.established))
+            {
+                self.flush_peer(id);
+            }
+        }
+    }
+
+    /// Whether everything queued to connected peers is written and acknowledged.
+    fn shutdown_flushed(&self) -> bool {
+        self.peers.values().all(|p| {
+            let established = p
+                .conn
+                .and_then(|t| self.conns.get(&t))
+                .filter(|c| c.established);
+            match established {
+                None => true, // not connected: nothing more can be flushed
+                Some(c) => {
+                    p.pending.is_empty()
+                        && p.shared.outbox.lock().queue.is_empty()
+                        && c.unwritten() == 0
+                        && p.desc.unacked_len() == 0
+                }
+            }
+        })
+    }
+
+    fn finish(&mut self) {
+        let tokens: Vec<Token> = self.conns.keys().copied().collect();
+        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        for id in ids {
+            self.retire_peer(id, CloseCode::Shutdown);
+        }
+        for t in tokens {
+            self.close_conn(t, Some((CloseCode::Shutdown, "node shutting down")));
+        }
+        self.stopped.store(true, Ordering::Release);
+        log::debug!("{}: IO thread stopped", self.cfg.name);
+    }
+}
+
+/// Socket options for every connection, through socket2.
+fn configure(cfg: &IoConfig, stream: &TcpStream) {
+    let sock = socket2::SockRef::from(stream);
+    if let Err(e) = sock.set_tcp_nodelay(true) {
+        log::warn!("{}: cannot set TCP_NODELAY: {e}", cfg.name);
+    }
+    if let Some(n) = cfg.send_buffer {
+        if let Err(e) = sock.set_send_buffer_size(n) {
+            log::warn!("{}: cannot set SO_SNDBUF: {e}", cfg.name);
+        }
+    }
+    if let Some(n) = cfg.recv_buffer {
+        if let Err(e) = sock.set_recv_buffer_size(n) {
+            log::warn!("{}: cannot set SO_RCVBUF: {e}", cfg.name);
+        }
+    }
+}
+
+/// Fails every message of `p` not yet published, giving back its permits. Returns how many.
+fn fail_queued(p: &mut PeerIo) -> u64 {
+    let mut queued = std::mem::take(&mut p.pending);
+    {
+        let mut ob = p.shared.outbox.lock();
+        ob.closed = true;
+        queued.extend(ob.queue.drain(..));
+    }
+    let n = queued.len() as u64;
+    let permits: u64 = queued.iter().map(|m| cost(m.payload.len())).sum();
+    p.shared.window.release(permits);
+    Counters::add(&p.shared.counters.failed, n);
+    n
+}

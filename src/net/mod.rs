@@ -1,0 +1,239 @@
+//! The network layer: one IO thread owns a mio `Poll`, the listener, every connection and
+//! every timer. Application threads and pool threads talk to it through [`IoShared`]: a few
+//! mutex-guarded lists and one `Waker`, woken at most once per batch of requests.
+
+mod conn;
+mod io;
+mod timer;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+pub(crate) use io::{IoThread, NodeCounters};
+
+use crate::deliver::{CreditSink, MemberQueue, Pool};
+use crate::flow::RecvCredit;
+use crate::peer::PeerShared;
+use crate::proto::Unacked;
+use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use crate::sync::{Arc, Condvar, Mutex, RwLock, SharedStr};
+
+/// Token of the listener.
+pub(crate) const LISTENER: mio::Token = mio::Token(0);
+/// Token of the waker.
+pub(crate) const WAKER: mio::Token = mio::Token(1);
+/// First token handed to a connection.
+pub(crate) const FIRST_CONN: usize = 2;
+
+/// Settings the IO thread needs.
+#[derive(Clone, Debug)]
+pub(crate) struct IoConfig {
+    pub(crate) name: SharedStr,
+    pub(crate) cluster: String,
+    pub(crate) launch_id: u64,
+    pub(crate) window: u64,
+    pub(crate) max_message: usize,
+    pub(crate) allow_unknown: bool,
+    pub(crate) ack_threshold: u64,
+    pub(crate) ack_delay: Duration,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) write_high_water: usize,
+    pub(crate) send_buffer: Option<usize>,
+    pub(crate) recv_buffer: Option<usize>,
+}
+
+/// Requests from the node handle to the IO thread.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Start managing a peer (dial it if it has an address).
+    AddPeer {
+        peer: Arc<PeerShared>,
+        addr: Option<SocketAddr>,
+    },
+    /// Close the peer for good: fail its queued messages, drop its connections.
+    RemovePeer { id: usize, done: Arc<Completion> },
+    /// Drop the peer's connection; recovery brings it back.
+    Disconnect { id: usize },
+    /// Flush, close everything and exit by `deadline`.
+    Shutdown { deadline: Instant },
+}
+
+/// A one-shot "done" signal.
+#[derive(Debug, Default)]
+pub(crate) struct Completion {
+    done: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Completion {
+    pub(crate) fn complete(&self) {
+        *self.done.lock() = true;
+        self.cv.notify_all();
+    }
+    /// Waits until completed or `deadline`; returns whether it completed.
+    pub(crate) fn wait_until(&self, deadline: Instant) -> bool {
+        let mut d = self.done.lock();
+        while !*d {
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            crate::sync::wait_timeout(&self.cv, &mut d, deadline - now);
+        }
+        true
+    }
+}
+
+/// The peers a node knows, by name; shared by the node handle (send path) and the IO thread
+/// (which adds members that dial in when unknown members are allowed).
+pub(crate) type PeerMap = Arc<RwLock<HashMap<SharedStr, Arc<PeerShared>>>>;
+
+/// What the application receives about messages that will never be delivered.
+pub(crate) type UndeliveredHook = Arc<dyn Fn(&str, Vec<Unacked>) + Send + Sync>;
+
+/// The IO thread's inbox, shared with every other thread.
+pub(crate) struct IoShared {
+    waker: mio::Waker,
+    /// Set by the first requester after the IO thread last looked; the IO thread clears it
+    /// before taking the lists, so a request is either taken or wakes it again.
+    wake_pending: AtomicBool,
+    pub(crate) commands: Mutex<Vec<Command>>,
+    /// Peers with newly accepted messages.
+    pub(crate) ready: Mutex<Vec<usize>>,
+    /// Peers whose receive credit should be returned now.
+    pub(crate) credit_flush: Mutex<Vec<usize>>,
+    /// The pool has room again after refusing a task.
+    pub(crate) pool_space: AtomicBool,
+    next_peer: AtomicUsize,
+    /// Sends wake-ups skipped because one was already pending (a measure of batching).
+    pub(crate) wakes: crate::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for IoShared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoShared").finish_non_exhaustive()
+    }
+}
+
+impl IoShared {
+    pub(crate) fn new(waker: mio::Waker) -> IoShared {
+        IoShared {
+            waker,
+            wake_pending: AtomicBool::new(false),
+            commands: Mutex::new(Vec::new()),
+            ready: Mutex::new(Vec::new()),
+            credit_flush: Mutex::new(Vec::new()),
+            pool_space: AtomicBool::new(false),
+            next_peer: AtomicUsize::new(0),
+            wakes: crate::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Wakes the IO thread unless a wake-up is already pending.
+    pub(crate) fn wake(&self) {
+        // AcqRel: our list push (under its mutex) happens-before the IO thread's take.
+        if !self.wake_pending.swap(true, Ordering::AcqRel) {
+            self.wakes.fetch_add(1, Ordering::Relaxed);
+            if let Err(e) = self.waker.wake() {
+                log::error!("cannot wake the IO thread: {e}");
+            }
+        }
+    }
+
+    /// IO thread: whether a wake-up was requested since the last call (and clears it).
+    pub(crate) fn take_wake(&self) -> bool {
+        self.wake_pending.swap(false, Ordering::AcqRel)
+    }
+
+    pub(crate) fn command(&self, c: Command) {
+        self.commands.lock().push(c);
+        self.wake();
+    }
+
+    /// Puts peer `id` on the ready list unless it is already there.
+    #[inline]
+    pub(crate) fn schedule(&self, peer: &PeerShared) {
+        // Acquire/Release pair with the IO thread clearing `scheduled` before it drains
+        // the outbox: a push after that clear schedules the peer again.
+        if !peer.scheduled.swap(true, Ordering::AcqRel) {
+            self.ready.lock().push(peer.id);
+            self.wake();
+        }
+    }
+
+    pub(crate) fn next_peer_id(&self) -> usize {
+        self.next_peer.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Builds the shared state of a new peer, wiring its receive credit to this IO thread.
+    pub(crate) fn new_peer(self: &Arc<Self>, name: SharedStr, window: u64) -> Arc<PeerShared> {
+        let id = self.next_peer_id();
+        let credit = Arc::new(RecvCredit::new());
+        let sink = PeerCreditSink {
+            peer: id,
+            credit: credit.clone(),
+            io: self.clone(),
+        };
+        let oob_sink = Arc::new(PeerCreditSink {
+            peer: id,
+            credit: credit.clone(),
+            io: self.clone(),
+        });
+        let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink)));
+        Arc::new(PeerShared::new(id, name, window, credit, member, oob_sink))
+    }
+}
+
+/// Connects a sender's consumption to the IO thread: credit goes back when half the
+/// sender's window has been consumed, or when its queue goes idle.
+struct PeerCreditSink {
+    peer: usize,
+    credit: Arc<RecvCredit>,
+    io: Arc<IoShared>,
+}
+
+impl PeerCreditSink {
+    fn request(&self) {
+        if self.credit.request_flush() {
+            self.io.credit_flush.lock().push(self.peer);
+            self.io.wake();
+        }
+    }
+}
+
+impl CreditSink for PeerCreditSink {
+    fn consumed(&self, bytes: u64) {
+        if self.credit.consumed(bytes) {
+            self.request();
+        }
+    }
+    fn idle(&self) {
+        if self.credit.pending() > 0 {
+            self.request();
+        }
+    }
+}
+
+impl std::fmt::Debug for PeerCreditSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerCreditSink")
+            .field("peer", &self.peer)
+            .finish()
+    }
+}
+
+/// Everything the IO thread is started with.
+pub(crate) struct IoParts {
+    pub(crate) config: IoConfig,
+    pub(crate) poll: mio::Poll,
+    pub(crate) listener: mio::net::TcpListener,
+    pub(crate) shared: Arc<IoShared>,
+    pub(crate) peers: PeerMap,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) counters: Arc<NodeCounters>,
+    pub(crate) undelivered: Option<UndeliveredHook>,
+    pub(crate) stopped: Arc<AtomicBool>,
+}

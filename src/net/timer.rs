@@ -1,0 +1,121 @@
+//! Timers of the IO thread: one binary heap polled by the event loop, no thread per timer.
+//! Entries are never removed early; a fired entry whose target has moved on (a newer
+//! generation, a closed connection) is ignored, which is what makes cancellation free.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::time::{Duration, Instant};
+
+use mio::Token;
+
+/// What a timer is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum TimerKind {
+    /// Dial peer `peer` again if its reconnect generation is still `gen`.
+    Reconnect { peer: usize, gen: u64 },
+    /// Close connection `token` if it is still connecting or handshaking.
+    Handshake { token: Token },
+    /// Send an ack to `peer` if one is still owed.
+    AckDelay { peer: usize },
+    /// Shutdown's deadline.
+    Deadline,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Timers {
+    heap: BinaryHeap<Reverse<(Instant, u64, TimerKind)>>,
+    seq: u64,
+}
+
+impl Timers {
+    pub(crate) fn add(&mut self, at: Instant, kind: TimerKind) {
+        self.seq += 1;
+        self.heap.push(Reverse((at, self.seq, kind)));
+    }
+
+    /// Time until the next timer, or `None` when there is none.
+    pub(crate) fn next_in(&self, now: Instant) -> Option<Duration> {
+        self.heap
+            .peek()
+            .map(|Reverse((at, _, _))| at.saturating_duration_since(now))
+    }
+
+    /// Pops one timer due at `now`.
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<TimerKind> {
+        match self.heap.peek() {
+            Some(Reverse((at, _, _))) if *at <= now => self.heap.pop().map(|Reverse((_, _, k))| k),
+            _ => None,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.heap.len()
+    }
+}
+
+/// Jittered exponential backoff: `min · 2^attempt`, capped at `max`, then a uniform draw in
+/// `[d/2, d]` so members that lost each other at once do not redial in lockstep.
+#[derive(Debug)]
+pub(crate) struct Backoff {
+    rng: u64,
+}
+
+impl Backoff {
+    pub(crate) fn new(seed: u64) -> Backoff {
+        Backoff { rng: seed | 1 }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        // xorshift64*: plenty for jitter.
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub(crate) fn delay(&mut self, attempt: u32, min: Duration, max: Duration) -> Duration {
+        let exp = min.saturating_mul(1u32 << attempt.min(16));
+        let d = exp.min(max).max(min);
+        let half = d / 2;
+        let span = (d - half).as_nanos().max(1) as u64;
+        half + Duration::from_nanos(self.next_u64() % span)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timers_pop_in_order() {
+        let mut t = Timers::default();
+        let now = Instant::now();
+        t.add(now + Duration::from_millis(5), TimerKind::Deadline);
+        t.add(now, TimerKind::AckDelay { peer: 1 });
+        assert_eq!(t.pop_due(now), Some(TimerKind::AckDelay { peer: 1 }));
+        assert_eq!(t.pop_due(now), None);
+        assert!(t.next_in(now).unwrap() <= Duration::from_millis(5));
+        assert_eq!(
+            t.pop_due(now + Duration::from_millis(5)),
+            Some(TimerKind::Deadline)
+        );
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_and_caps() {
+        let mut b = Backoff::new(42);
+        let (min, max) = (Duration::from_millis(10), Duration::from_millis(1000));
+        for attempt in 0..30 {
+            let d = b.delay(attempt, min, max);
+            let cap = min.saturating_mul(1 << attempt.min(16)).min(max);
+            assert!(
+                d >= cap / 2 && d <= cap,
+                "attempt {attempt}: {d:?} vs cap {cap:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,295 @@
+//! [`Builder`]: every setting of a node, checked at `start`.
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::{Error, Node};
+use crate::deliver::{Delivery, Handler};
+use crate::flow::MESSAGE_OVERHEAD;
+use crate::sync::Arc;
+
+/// A callback told about messages that will never be delivered: the peer was removed or
+/// the node shut down with them unacknowledged, or the peer restarted before acknowledging
+/// them. Arguments: the peer's name and the payloads, in send order.
+pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
+
+/// Configures and starts a [`Node`].
+///
+/// ```no_run
+/// # fn main() -> Result<(), cohort::Error> {
+/// let node = cohort::Node::builder("alpha")
+///     .cluster("demo")
+///     .listen("127.0.0.1:0")
+///     .peer("beta", "127.0.0.1:7001")
+///     .window_bytes(4 << 20)
+///     .on_message(|d| println!("{} sent {} bytes", d.from(), d.payload().len()))
+///     .start()?;
+/// node.send("beta", &b"hello"[..])?;
+/// # Ok(()) }
+/// ```
+pub struct Builder {
+    pub(crate) name: String,
+    pub(crate) cluster: String,
+    pub(crate) listen: Result<SocketAddr, String>,
+    pub(crate) peers: Vec<(String, Result<SocketAddr, String>)>,
+    pub(crate) pool_threads: usize,
+    pub(crate) pool_queue: usize,
+    pub(crate) delivery_batch: usize,
+    pub(crate) window: u64,
+    pub(crate) max_message: Option<usize>,
+    pub(crate) allow_unknown: bool,
+    pub(crate) ack_threshold: u64,
+    pub(crate) ack_delay: Duration,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) write_high_water: usize,
+    pub(crate) send_buffer: Option<usize>,
+    pub(crate) recv_buffer: Option<usize>,
+    pub(crate) handler: Option<Handler>,
+    pub(crate) undelivered: Option<Arc<UndeliveredFn>>,
+}
+
+impl std::fmt::Debug for Builder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("name", &self.name)
+            .field("cluster", &self.cluster)
+            .field("listen", &self.listen)
+            .field("peers", &self.peers)
+            .field("pool_threads", &self.pool_threads)
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+fn resolve<A: ToSocketAddrs>(addr: A) -> Result<SocketAddr, String> {
+    match addr.to_socket_addrs() {
+        Ok(mut it) => it
+            .next()
+            .ok_or_else(|| "address resolved to nothing".to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl Builder {
+    pub(crate) fn new(name: &str) -> Builder {
+        Builder {
+            name: name.to_owned(),
+            cluster: "default".to_owned(),
+            listen: Ok(SocketAddr::from(([127, 0, 0, 1], 0))),
+            peers: Vec::new(),
+            pool_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            pool_queue: 64 * 1024,
+            delivery_batch: 256,
+            window: 4 << 20,
+            max_message: None,
+            allow_unknown: false,
+            ack_threshold: 1024,
+            ack_delay: Duration::from_millis(20),
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_secs(2),
+            handshake_timeout: Duration::from_secs(5),
+            write_high_water: 256 * 1024,
+            send_buffer: None,
+            recv_buffer: None,
+            handler: None,
+            undelivered: None,
+        }
+    }
+
+    /// The cluster name (default `"default"`). Members of another cluster are refused.
+    pub fn cluster(mut self, cluster: &str) -> Self {
+        self.cluster = cluster.to_owned();
+        self
+    }
+
+    /// Address to listen on (default `127.0.0.1:0`; port 0 picks an ephemeral port, see
+    /// [`Node::local_addr`]).
+    pub fn listen<A: ToSocketAddrs>(mut self, addr: A) -> Self {
+        self.listen = resolve(addr);
+        self
+    }
+
+    /// A static member: its name and the address it listens on. It is dialled at start and
+    /// redialled with jittered exponential backoff until it answers.
+    pub fn peer<A: ToSocketAddrs>(mut self, name: &str, addr: A) -> Self {
+        self.peers.push((name.to_owned(), resolve(addr)));
+        self
+    }
+
+    /// Delivery pool threads (default: available parallelism).
+    pub fn pool_threads(mut self, n: usize) -> Self {
+        self.pool_threads = n;
+        self
+    }
+
+    /// Bound of the delivery pool's task queue (default 65 536). When it is full the IO
+    /// thread stops reading sockets until the pool catches up.
+    pub fn pool_queue(mut self, n: usize) -> Self {
+        self.pool_queue = n;
+        self
+    }
+
+    /// Most messages one sender's deliverer handles before yielding its pool thread to other
+    /// senders (default 256).
+    pub fn delivery_batch(mut self, n: usize) -> Self {
+        self.delivery_batch = n;
+        self
+    }
+
+    /// Send window per peer in bytes (default 4 MiB): how much may be accepted for a peer
+    /// and not yet consumed by its application. Each message costs its length plus
+    /// [`MESSAGE_OVERHEAD`](crate::flow::MESSAGE_OVERHEAD) bytes.
+    pub fn window_bytes(mut self, bytes: u64) -> Self {
+        self.window = bytes;
+        self
+    }
+
+    /// Largest message accepted (default: the smaller of 1 MiB and half the window less the
+    /// per-message overhead). Must fit in half the window.
+    pub fn max_message(mut self, bytes: usize) -> Self {
+        self.max_message = Some(bytes);
+        self
+    }
+
+    /// Whether members not configured here may connect (default `false`: they are refused
+    /// and counted).
+    pub fn allow_unknown_members(mut self, allow: bool) -> Self {
+        self.allow_unknown = allow;
+        self
+    }
+
+    /// Acks are sent once this many messages are unacknowledged (default 1024) or after
+    /// [`ack_delay`](Builder::ack_delay), whichever comes first.
+    pub fn ack_threshold(mut self, n: u64) -> Self {
+        self.ack_threshold = n.max(1);
+        self
+    }
+
+    /// Longest an ack is held back (default 20 ms).
+    pub fn ack_delay(mut self, d: Duration) -> Self {
+        self.ack_delay = d;
+        self
+    }
+
+    /// Reconnect backoff bounds (default 20 ms to 2 s, jittered).
+    pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
+        self.backoff_min = min;
+        self.backoff_max = max.max(min);
+        self
+    }
+
+    /// A connection that has not completed its handshake by then is closed (default 5 s).
+    pub fn handshake_timeout(mut self, d: Duration) -> Self {
+        self.handshake_timeout = d;
+        self
+    }
+
+    /// Bytes buffered per connection before publishing to it pauses (default 256 KiB).
+    pub fn write_buffer(mut self, bytes: usize) -> Self {
+        self.write_high_water = bytes.max(1024);
+        self
+    }
+
+    /// `SO_SNDBUF` / `SO_RCVBUF` for every connection (default: the OS's).
+    pub fn socket_buffers(mut self, send: Option<usize>, recv: Option<usize>) -> Self {
+        self.send_buffer = send;
+        self.recv_buffer = recv;
+        self
+    }
+
+    /// The message handler, called on a pool thread. Regular messages from one sender are
+    /// handed to it one at a time, in order; different senders run in parallel. Credit
+    /// returns to the sender once it returns. A panic in it is caught, logged and counted.
+    pub fn on_message<F>(mut self, f: F) -> Self
+    where
+        F: Fn(Delivery) + Send + Sync + 'static,
+    {
+        self.handler = Some(Arc::new(f));
+        self
+    }
+
+    /// Called with messages that will never be delivered (see [`UndeliveredFn`]).
+    pub fn on_undelivered<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&str, Vec<Bytes>) + Send + Sync + 'static,
+    {
+        self.undelivered = Some(Arc::new(f));
+        self
+    }
+
+    /// The effective maximum message size.
+    pub(crate) fn effective_max_message(&self) -> usize {
+        let half = (self.window / 2).saturating_sub(MESSAGE_OVERHEAD) as usize;
+        self.max_message.unwrap_or_else(|| half.min(1 << 20))
+    }
+
+    pub(crate) fn validate(&self) -> Result<(SocketAddr, HashMap<String, SocketAddr>), Error> {
+        let name_ok = |s: &str| !s.is_empty() && s.len() <= crate::wire::MAX_NAME;
+        if !name_ok(&self.name) {
+            return Err(Error::Config(format!(
+                "member name must be 1 to 255 bytes, got {:?}",
+                self.name
+            )));
+        }
+        if !name_ok(&self.cluster) {
+            return Err(Error::Config(format!(
+                "cluster name must be 1 to 255 bytes, got {:?}",
+                self.cluster
+            )));
+        }
+        if self.window < 2 * (MESSAGE_OVERHEAD + 1) {
+            return Err(Error::Config(format!(
+                "window of {} bytes is too small",
+                self.window
+            )));
+        }
+        let max = self.effective_max_message();
+        if crate::flow::cost(max) > self.window / 2 {
+            return Err(Error::Config(format!(
+                "max_message {max} (+{MESSAGE_OVERHEAD} overhead) exceeds half the window ({} bytes): \
+                 such a message could never be sent; raise window_bytes or lower max_message",
+                self.window / 2
+            )));
+        }
+        if max > u32::MAX as usize - 64 {
+            return Err(Error::Config(format!(
+                "max_message {max} exceeds the wire format's limit"
+            )));
+        }
+        let listen = self
+            .listen
+            .clone()
+            .map_err(|e| Error::Config(format!("listen address: {e}")))?;
+        let mut peers = HashMap::new();
+        for (name, addr) in &self.peers {
+            if !name_ok(name) {
+                return Err(Error::Config(format!(
+                    "peer name must be 1 to 255 bytes, got {name:?}"
+                )));
+            }
+            if *name == self.name {
+                return Err(Error::Config(format!(
+                    "peer '{name}' has this node's own name"
+                )));
+            }
+            let addr = addr
+                .clone()
+                .map_err(|e| Error::Config(format!("address of peer '{name}': {e}")))?;
+            if peers.insert(name.clone(), addr).is_some() {
+                return Err(Error::PeerExists(name.clone()));
+            }
+        }
+        Ok((listen, peers))
+    }
+
+    /// Binds the listener, starts the IO thread and the delivery pool, and dials the
+    /// configured peers.
+    pub fn start(self) -> Result<Node, Error> {
+        Node::start(self)
+    }
+}

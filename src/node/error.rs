@@ -1,0 +1,79 @@
+//! The errors of the public surface.
+
+use std::time::Duration;
+
+/// Everything that can go wrong in the public API of a [`Node`](crate::Node).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No member of that name is configured; add it with the builder's `peer` or
+    /// `Node::add_peer`.
+    #[error("unknown peer '{0}': add it with Builder::peer or Node::add_peer first")]
+    UnknownPeer(String),
+    /// A member of that name is already configured.
+    #[error("peer '{0}' is already configured")]
+    PeerExists(String),
+    /// The node was shut down, or the peer was removed, while the message waited.
+    #[error("closed: the node is shut down or the peer was removed")]
+    Closed,
+    /// The message is larger than the node accepts.
+    #[error("message of {len} bytes exceeds the maximum of {max} bytes (raise Builder::max_message and window_bytes)")]
+    TooLarge {
+        /// The message's length.
+        len: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// The peer's send window has no room now (a `try_send` turned into an `Error`).
+    #[error("send window full: the peer is not keeping up; retry later or use send/send_timeout")]
+    Full,
+    /// `send_timeout` waited its whole timeout for room in the peer's send window: the
+    /// peer is slow or not consuming.
+    #[error("timed out after {0:?} waiting for send window")]
+    TimedOut(Duration),
+    /// The builder's settings are inconsistent.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    /// An OS-level failure (binding the listener, spawning a thread).
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    /// `shutdown` could not join every thread within its deadline; the threads named are
+    /// still running (typically a message handler that does not return).
+    #[error("shutdown deadline passed with threads still running: {0}")]
+    ShutdownTimedOut(String),
+}
+
+/// Why [`Node::try_send`](crate::Node::try_send) did not take the message. Every variant
+/// hands the payload back, so nothing is lost by trying.
+#[derive(Debug, thiserror::Error)]
+pub enum TrySendError<T> {
+    /// The peer's send window has no room now: back-pressure. Retry later.
+    #[error("send window full")]
+    Full(T),
+    /// Not sent for another reason (unknown peer, too large, closed).
+    #[error("{1}")]
+    Failed(T, Error),
+}
+
+impl<T> TrySendError<T> {
+    /// Takes the payload back.
+    pub fn into_inner(self) -> T {
+        match self {
+            TrySendError::Full(t) | TrySendError::Failed(t, _) => t,
+        }
+    }
+
+    /// Whether this is back-pressure (retry later) rather than a failure.
+    pub fn is_full(&self) -> bool {
+        matches!(self, TrySendError::Full(_))
+    }
+}
+
+impl<T> From<TrySendError<T>> for Error {
+    fn from(e: TrySendError<T>) -> Error {
+        match e {
+            TrySendError::Full(_) => Error::Full,
+            TrySendError::Failed(_, e) => e,
+        }
+    }
+}

@@ -1,0 +1,673 @@
+//! The public handle: [`Node`] (lifecycle, peers, stats) and [`Sender`] (the send
+//! variants, cloneable into handlers and other threads).
+
+mod builder;
+mod error;
+mod stats;
+
+pub use builder::{Builder, UndeliveredFn};
+pub use error::{Error, TrySendError};
+pub use stats::{ConnStats, PeerStats, Stats};
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::deliver::Pool;
+use crate::flow::{cost, AcquireError};
+use crate::net::{
+    Command, Completion, IoConfig, IoParts, IoShared, IoThread, NodeCounters, PeerMap,
+    UndeliveredHook,
+};
+use crate::peer::{Counters, Outgoing, PeerShared};
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{thread, Arc, Mutex, RwLock, SharedStr};
+use crate::wire;
+
+/// What `shutdown` left behind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Messages published but not acknowledged by their peer when the node closed.
+    pub undelivered: u64,
+    /// Messages accepted but never published (the peer was not connected).
+    pub failed: u64,
+    /// How long the shutdown took.
+    pub elapsed: Duration,
+}
+
+/// The send half of a node: cheap to clone, usable from any thread, including from inside
+/// a message handler (to reply).
+#[derive(Clone)]
+pub struct Sender {
+    core: Arc<SendCore>,
+}
+
+impl std::fmt::Debug for Sender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender")
+            .field("node", &self.core.name)
+            .finish()
+    }
+}
+
+struct SendCore {
+    name: SharedStr,
+    peers: PeerMap,
+    io: Arc<IoShared>,
+    max_message: usize,
+    stopped: Arc<AtomicBool>,
+}
+
+enum Wait {
+    No,
+    Forever,
+    For(Duration),
+}
+
+impl SendCore {
+    fn enqueue(
+        &self,
+        to: &str,
+        payload: Bytes,
+        oob: bool,
+        wait: Wait,
+    ) -> Result<(), TrySendError<Bytes>> {
+        let peer = self.peers.read().get(to).cloned();
+        let Some(peer) = peer else {
+            return Err(TrySendError::Failed(
+                payload,
+                Error::UnknownPeer(to.to_owned()),
+            ));
+        };
+        self.enqueue_to(&peer, payload, oob, wait)
+    }
+
+    fn enqueue_to(
+        &self,
+        peer: &PeerShared,
+        payload: Bytes,
+        oob: bool,
+        wait: Wait,
+    ) -> Result<(), TrySendError<Bytes>> {
+        let len = payload.len();
+        if len > self.max_message {
+            let e = Error::TooLarge {
+                len,
+                max: self.max_message,
+            };
+            return Err(TrySendError::Failed(payload, e));
+        }
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(TrySendError::Failed(payload, Error::Closed));
+        }
+        let c = cost(len);
+        let acquired = match wait {
+            Wait::No => peer.window.try_acquire(c),
+            Wait::Forever => peer.window.acquire(c),
+            Wait::For(d) => peer.window.acquire_timeout(c, d),
+        };
+        match acquired {
+            Ok(()) => {}
+            Err(AcquireError::Full) => return Err(TrySendError::Full(payload)),
+            Err(AcquireError::Closed) => return Err(TrySendError::Failed(payload, Error::Closed)),
+            Err(AcquireError::TimedOut) => {
+                let d = match wait {
+                    Wait::For(d) => d,
+                    _ => Duration::ZERO,
+                };
+                return Err(TrySendError::Failed(payload, Error::TimedOut(d)));
+            }
+            Err(AcquireError::TooLarge) => {
+                let e = Error::TooLarge {
+                    len,
+                    max: self.max_message,
+                };
+                return Err(TrySendError::Failed(payload, e));
+            }
+        }
+        let flags = if oob { wire::FLAG_OOB } else { 0 };
+        {
+            let mut ob = peer.outbox.lock();
+            if ob.closed {
+                drop(ob);
+                // The one place a permit taken here is given back without a message.
+                peer.window.release(c);
+                return Err(TrySendError::Failed(payload, Error::Closed));
+            }
+            // Counted before the IO thread can see it, so `accepted >= sent + failed`.
+            Counters::add(&peer.counters.accepted, 1);
+            Counters::add(&peer.counters.accepted_bytes, len as u64);
+            ob.queue.push_back(Outgoing { payload, flags });
+        }
+        self.io.schedule(peer);
+        Ok(())
+    }
+}
+
+impl Sender {
+    /// Sends a regular message: delivered to `to`'s handler in this sender's order, exactly
+    /// once while both processes live. Blocks (parks) while `to`'s send window is full.
+    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.core
+            .enqueue(to, payload.into(), false, Wait::Forever)
+            .map_err(Error::from)
+    }
+
+    /// Like [`send`](Sender::send) but never blocks: a full window hands the payload back
+    /// in [`TrySendError::Full`].
+    pub fn try_send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
+        self.core.enqueue(to, payload.into(), false, Wait::No)
+    }
+
+    /// Like [`send`](Sender::send) but waits at most `timeout` for room in the window, then
+    /// fails with [`Error::TimedOut`].
+    pub fn send_timeout(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.core
+            .enqueue(to, payload.into(), false, Wait::For(timeout))
+            .map_err(Error::from)
+    }
+
+    /// Sends out of band: handed straight to a pool thread at the receiver, not ordered
+    /// with the sender's other messages (still exactly once, still flow-controlled).
+    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.core
+            .enqueue(to, payload.into(), true, Wait::Forever)
+            .map_err(Error::from)
+    }
+
+    /// Sends `payload` to every peer without blocking: one result per peer. A peer whose
+    /// window is full gets [`Error::Full`] and stalls only itself; the others receive the
+    /// message.
+    pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
+        let payload = payload.into();
+        let peers: Vec<Arc<PeerShared>> = self.core.peers.read().values().cloned().collect();
+        let mut out: Vec<(String, Result<(), Error>)> = peers
+            .iter()
+            .map(|p| {
+                let r = self
+                    .core
+                    .enqueue_to(p, payload.clone(), false, Wait::No)
+                    .map_err(Error::from);
+                (p.name.to_string(), r)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// This node's member name.
+    pub fn node_name(&self) -> &str {
+        &self.core.name
+    }
+}
+
+/// A member of a cluster: a listener, one IO thread, a delivery pool, and a connection to
+/// each peer.
+///
+/// ```
+/// use std::sync::mpsc;
+/// # fn main() -> Result<(), cohort::Error> {
+/// let (tx, rx) = mpsc::channel();
+/// let tx = std::sync::Mutex::new(tx);
+/// let beta = cohort::Node::builder("beta")
+///     .on_message(move |d| { let _ = tx.lock().unwrap().send(d.payload().clone()); })
+///     .start()?;
+/// let alpha = cohort::Node::builder("alpha").peer("beta", beta.local_addr()).start()?;
+/// beta.add_peer("alpha", alpha.local_addr())?;
+/// alpha.send("beta", &b"hello"[..])?;
+/// assert_eq!(&rx.recv().unwrap()[..], b"hello");
+/// alpha.shutdown(std::time::Duration::from_secs(5))?;
+/// beta.shutdown(std::time::Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
+pub struct Node {
+    sender: Sender,
+    name: SharedStr,
+    launch_id: u64,
+    local_addr: SocketAddr,
+    window: u64,
+    io: Arc<IoShared>,
+    peers: PeerMap,
+    pool: Arc<Pool>,
+    counters: Arc<NodeCounters>,
+    io_thread: Mutex<Option<thread::JoinHandle<()>>>,
+    io_done: Arc<Completion>,
+    shut: AtomicBool,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("name", &self.name)
+            .field("local_addr", &self.local_addr)
+            .field("launch_id", &format_args!("{:016x}", self.launch_id))
+            .finish()
+    }
+}
+
+/// Marks the IO thread's end even if it panics.
+struct DoneGuard(Arc<Completion>, Arc<AtomicBool>);
+
+impl Drop for DoneGuard {
+    fn drop(&mut self) {
+        self.1.store(true, Ordering::Release);
+        self.0.complete();
+    }
+}
+
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    h.write_u128(now);
+    h.write_u32(std::process::id());
+    h.finish()
+}
+
+impl Node {
+    /// Starts configuring a member named `name`.
+    pub fn builder(name: &str) -> Builder {
+        Builder::new(name)
+    }
+
+    fn start(b: Builder) -> Result<Node, Error> {
+        let (listen, peer_addrs) = b.validate()?;
+        let max_message = b.effective_max_message();
+        let name: SharedStr = b.name.as_str().into();
+
+        let socket = socket2::Socket::new(
+            socket2::Domain::for_address(listen),
+            socket2::Type::STREAM,
+            Some(socket2::Protocol::TCP),
+        )?;
+        socket.set_reuse_address(true)?;
+        socket.bind(&listen.into())?;
+        socket.listen(1024)?;
+        socket.set_nonblocking(true)?;
+        let mut listener = mio::net::TcpListener::from_std(socket.into());
+        let local_addr = listener.local_addr()?;
+
+        let poll = mio::Poll::new()?;
+        poll.registry()
+            .register(&mut listener, crate::net::LISTENER, mio::Interest::READABLE)?;
+        let waker = mio::Waker::new(poll.registry(), crate::net::WAKER)?;
+        let io = Arc::new(IoShared::new(waker));
+
+        let handler = b.handler.clone().unwrap_or_else(|| {
+            let warned = Arc::new(AtomicBool::new(false));
+            let node = name.clone();
+            Arc::new(move |d: crate::Delivery| {
+                if !warned.swap(true, Ordering::Relaxed) {
+                    log::warn!(
+                        "{node}: message from '{}' dropped: no on_message handler was set",
+                        d.from()
+                    );
+                }
+            })
+        });
+        let io_for_pool = io.clone();
+        let pool = Arc::new(Pool::start(
+            &b.name,
+            b.pool_threads,
+            b.pool_queue,
+            b.delivery_batch,
+            handler,
+            Box::new(move || {
+                io_for_pool.pool_space.store(true, Ordering::Release);
+                io_for_pool.wake();
+            }),
+        )?);
+
+        let peers: PeerMap = Arc::new(RwLock::new(HashMap::new()));
+        for (pname, addr) in &peer_addrs {
+            let shared = io.new_peer(pname.as_str().into(), b.window);
+            peers.write().insert(shared.name.clone(), shared.clone());
+            io.command(Command::AddPeer {
+                peer: shared,
+                addr: Some(*addr),
+            });
+        }
+
+        let launch_id = random_u64();
+        let counters = Arc::new(NodeCounters::default());
+        let stopped = Arc::new(AtomicBool::new(false));
+        let undelivered: Option<UndeliveredHook> = b.undelivered.clone().map(|f| {
+            let h: UndeliveredHook =
+                Arc::new(move |peer: &str, msgs: Vec<crate::proto::Unacked>| {
+                    f(peer, msgs.into_iter().map(|u| u.payload).collect())
+                });
+            h
+        });
+        let config = IoConfig {
+            name: name.clone(),
+            cluster: b.cluster.clone(),
+            launch_id,
+            window: b.window,
+            max_message,
+            allow_unknown: b.allow_unknown,
+            ack_threshold: b.ack_threshold,
+            ack_delay: b.ack_delay,
+            backoff_min: b.backoff_min,
+            backoff_max: b.backoff_max,
+            handshake_timeout: b.handshake_timeout,
+            write_high_water: b.write_high_water,
+            send_buffer: b.send_buffer,
+            recv_buffer: b.recv_buffer,
+        };
+        let io_done = Arc::new(Completion::default());
+        let parts = IoParts {
+            config,
+            poll,
+            listener,
+            shared: io.clone(),
+            peers: peers.clone(),
+            pool: pool.clone(),
+            counters: counters.clone(),
+            undelivered,
+            stopped: stopped.clone(),
+        };
+        let guard = DoneGuard(io_done.clone(), stopped.clone());
+        let io_thread = thread::Builder::new()
+            .name(format!("{}-io", b.name))
+            .spawn(move || {
+                let _guard = guard;
+                IoThread::new(parts).run();
+            });
+        let io_thread = match io_thread {
+            Ok(h) => h,
+            Err(e) => {
+                pool.stop();
+                return Err(Error::Io(e));
+            }
+        };
+        log::info!(
+            "{name}: listening on {local_addr} (cluster '{}', {} peers)",
+            b.cluster,
+            peer_addrs.len()
+        );
+        let sender = Sender {
+            core: Arc::new(SendCore {
+                name: name.clone(),
+                peers: peers.clone(),
+                io: io.clone(),
+                max_message,
+                stopped,
+            }),
+        };
+        Ok(Node {
+            sender,
+            name,
+            launch_id,
+            local_addr,
+            window: b.window,
+            io,
+            peers,
+            pool,
+            counters,
+            io_thread: Mutex::new(Some(io_thread)),
+            io_done,
+            shut: AtomicBool::new(false),
+        })
+    }
+
+    /// This member's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The address the listener is bound to (with the real port when 0 was asked).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// This process's launch id (random per start; peers use it to detect restarts).
+    pub fn launch_id(&self) -> u64 {
+        self.launch_id
+    }
+
+    /// A cloneable send handle, for other threads and for replies from inside a handler.
+    pub fn sender(&self) -> Sender {
+        self.sender.clone()
+    }
+
+    /// Names of the configured peers, sorted.
+    pub fn peers(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.peers.read().keys().map(|k| k.to_string()).collect();
+        v.sort();
+        v
+    }
+
+    /// Adds a member at run time; it is dialled at once.
+    pub fn add_peer<A: std::net::ToSocketAddrs>(&self, name: &str, addr: A) -> Result<(), Error> {
+        if name.is_empty() || name.len() > wire::MAX_NAME || name == &*self.name {
+            return Err(Error::Config(format!("invalid peer name {name:?}")));
+        }
+        if self.shut.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let addr = addr
+            .to_socket_addrs()
+            .map_err(|e| Error::Config(format!("address of peer '{name}': {e}")))?
+            .next()
+            .ok_or_else(|| {
+                Error::Config(format!("address of peer '{name}' resolved to nothing"))
+            })?;
+        let shared = {
+            let mut map = self.peers.write();
+            if map.contains_key(name) {
+                return Err(Error::PeerExists(name.to_owned()));
+            }
+            let shared = self.io.new_peer(name.into(), self.window);
+            map.insert(shared.name.clone(), shared.clone());
+            shared
+        };
+        self.io.command(Command::AddPeer {
+            peer: shared,
+            addr: Some(addr),
+        });
+        Ok(())
+    }
+
+    /// Removes a member for good: its connection is closed, messages still queued for it
+    /// fail (their permits are given back), senders blocked on it wake with
+    /// [`Error::Closed`], and no reconnect scheduled earlier can bring it back. It can be
+    /// added again later as a new peer.
+    pub fn remove_peer(&self, name: &str) -> Result<(), Error> {
+        let Some(peer) = self.peers.write().remove(name) else {
+            return Err(Error::UnknownPeer(name.to_owned()));
+        };
+        let done = Arc::new(Completion::default());
+        self.io.command(Command::RemovePeer {
+            id: peer.id,
+            done: done.clone(),
+        });
+        peer.window.close();
+        if !done.wait_until(Instant::now() + Duration::from_secs(10))
+            && !self.io_done.wait_until(Instant::now())
+        {
+            log::warn!(
+                "{}: remove_peer('{name}') not confirmed by the IO thread within 10 s",
+                self.name
+            );
+        }
+        Ok(())
+    }
+
+    /// Drops the connection to `name`; it is re-established with backoff and recovery
+    /// resends whatever was not acknowledged.
+    pub fn disconnect(&self, name: &str) -> Result<(), Error> {
+        let Some(id) = self.peers.read().get(name).map(|p| p.id) else {
+            return Err(Error::UnknownPeer(name.to_owned()));
+        };
+        self.io.command(Command::Disconnect { id });
+        Ok(())
+    }
+
+    /// See [`Sender::send`].
+    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.sender.send(to, payload)
+    }
+
+    /// See [`Sender::try_send`].
+    pub fn try_send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
+        self.sender.try_send(to, payload)
+    }
+
+    /// See [`Sender::send_timeout`].
+    pub fn send_timeout(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.sender.send_timeout(to, payload, timeout)
+    }
+
+    /// See [`Sender::send_oob`].
+    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.sender.send_oob(to, payload)
+    }
+
+    /// See [`Sender::broadcast`].
+    pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
+        self.sender.broadcast(payload)
+    }
+
+    /// A snapshot of every counter.
+    pub fn stats(&self) -> Stats {
+        let peers: Vec<Arc<PeerShared>> = self.peers.read().values().cloned().collect();
+        let mut out: Vec<PeerStats> = peers.iter().map(|p| peer_stats(p)).collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        let c = &self.counters;
+        let g = |a: &crate::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            node: self.name.to_string(),
+            max_concurrent_deliverers: out
+                .iter()
+                .map(|p| p.max_concurrent_deliverers)
+                .max()
+                .unwrap_or(0),
+            peers: out,
+            pool: self.pool.stats(),
+            oob_delivered: self.pool.oob_delivered().0,
+            connections: ConnStats {
+                accepted: g(&c.accepted),
+                dialled: g(&c.dialled),
+                dial_failures: g(&c.dial_failures),
+                handshakes: g(&c.handshakes),
+                refused: g(&c.refused),
+                refused_cluster: g(&c.refused_cluster),
+                refused_unknown: g(&c.refused_unknown),
+                refused_version: g(&c.refused_version),
+                handshake_timeouts: g(&c.handshake_timeouts),
+                tie_breaks: g(&c.tie_breaks),
+                protocol_errors: g(&c.protocol_errors),
+                pool_stalls: g(&c.pool_stalls),
+            },
+        }
+    }
+
+    /// Stops the node within `timeout`: refuses new sends, flushes what is queued to
+    /// connected peers and waits for their acks, closes every connection, lets the pool
+    /// deliver what was received, and joins every thread. Returns what could not be
+    /// delivered; fails with [`Error::ShutdownTimedOut`] if a thread (typically a handler
+    /// that does not return) is still running at the deadline. Calling it again returns at
+    /// once. Do not call it from inside a message handler: the pool would wait for itself.
+    pub fn shutdown(&self, timeout: Duration) -> Result<ShutdownReport, Error> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        if self.shut.swap(true, Ordering::AcqRel) {
+            return Ok(ShutdownReport::default());
+        }
+        self.io.command(Command::Shutdown { deadline });
+        let mut stuck = Vec::new();
+        // The IO thread leaves its loop by the deadline; give it a moment past it to close.
+        if self
+            .io_done
+            .wait_until(deadline + Duration::from_millis(200))
+        {
+            if let Some(h) = self.io_thread.lock().take() {
+                let _ = h.join();
+            }
+        } else {
+            stuck.push(format!("{}-io", self.name));
+        }
+        self.pool.stop();
+        let left = self
+            .pool
+            .join_until(deadline.max(Instant::now() + Duration::from_millis(10)));
+        if left > 0 {
+            stuck.push(format!("{left} delivery thread(s)"));
+        }
+        let (mut undelivered, mut failed) = (0, 0);
+        for p in self.peers.read().values() {
+            undelivered += Counters::get(&p.counters.undelivered);
+            failed += Counters::get(&p.counters.failed);
+        }
+        if !stuck.is_empty() {
+            return Err(Error::ShutdownTimedOut(stuck.join(", ")));
+        }
+        log::info!(
+            "{}: shut down ({undelivered} undelivered, {failed} failed)",
+            self.name
+        );
+        Ok(ShutdownReport {
+            undelivered,
+            failed,
+            elapsed: started.elapsed(),
+        })
+    }
+}
+
+fn peer_stats(p: &PeerShared) -> PeerStats {
+    let c = &p.counters;
+    // Read sent and failed before accepted: accepted is bumped first, so queued >= 0.
+    let sent = Counters::get(&c.sent);
+    let failed = Counters::get(&c.failed);
+    let accepted = Counters::get(&c.accepted);
+    PeerStats {
+        name: p.name.to_string(),
+        state: p.state(),
+        accepted,
+        accepted_bytes: Counters::get(&c.accepted_bytes),
+        sent,
+        sent_bytes: Counters::get(&c.sent_bytes),
+        failed,
+        queued: accepted.saturating_sub(sent + failed),
+        received: Counters::get(&c.received),
+        received_bytes: Counters::get(&c.received_bytes),
+        delivered: p.member.delivered(),
+        delivered_bytes: p.member.delivered_bytes(),
+        delivery_queued_bytes: p.member.queued_bytes(),
+        duplicates: Counters::get(&c.duplicates),
+        resent: Counters::get(&c.resent),
+        connects: Counters::get(&c.connects),
+        disconnects: Counters::get(&c.disconnects),
+        undelivered: Counters::get(&c.undelivered),
+        window: p.window.capacity(),
+        available: p.window.available(),
+        in_flight: p.window.in_flight(),
+        blocked: p.window.blocked_time(),
+        max_concurrent_deliverers: p.member.max_concurrent(),
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if !self.shut.load(Ordering::Acquire) {
+            if let Err(e) = self.shutdown(Duration::from_secs(5)) {
+                log::error!("{}: shutdown on drop: {e}", self.name);
+            }
+        }
+    }
+}

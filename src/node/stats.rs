@@ -1,0 +1,187 @@
+//! Counters a user can read and check: per peer they add up
+//! (`accepted == sent + failed + queued`), and at quiescence `available == window`.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::deliver::PoolStats;
+use crate::peer::PeerState;
+
+/// One peer's counters at one instant.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PeerStats {
+    /// Member name.
+    pub name: String,
+    /// Lifecycle state.
+    pub state: PeerState,
+    /// Messages taken by `send*` (permits acquired, queued).
+    pub accepted: u64,
+    /// Their payload bytes.
+    pub accepted_bytes: u64,
+    /// Messages published to a connection (sequence number assigned).
+    pub sent: u64,
+    /// Their payload bytes.
+    pub sent_bytes: u64,
+    /// Messages that failed before publication (peer removed, node shut down).
+    pub failed: u64,
+    /// Messages accepted and not yet published: `accepted - sent - failed`.
+    pub queued: u64,
+    /// Messages received from this peer (duplicates excluded).
+    pub received: u64,
+    /// Their payload bytes.
+    pub received_bytes: u64,
+    /// Regular messages from this peer delivered to the handler.
+    pub delivered: u64,
+    /// Their payload bytes.
+    pub delivered_bytes: u64,
+    /// Payload bytes received from this peer waiting for its deliverer.
+    pub delivery_queued_bytes: u64,
+    /// Duplicate messages dropped (seen again after a reconnect).
+    pub duplicates: u64,
+    /// Messages resent after reconnects.
+    pub resent: u64,
+    /// Handshakes completed with this peer.
+    pub connects: u64,
+    /// Established connections lost.
+    pub disconnects: u64,
+    /// Messages published but never acknowledged (peer restarted, removed, or shutdown).
+    pub undelivered: u64,
+    /// Send window, bytes.
+    pub window: u64,
+    /// Window bytes available now.
+    pub available: u64,
+    /// Window bytes taken: `window - available`.
+    pub in_flight: u64,
+    /// Total time senders spent parked on this peer's window.
+    pub blocked: Duration,
+    /// The most pool threads ever seen delivering this peer's messages at once (must be
+    /// at most 1).
+    pub max_concurrent_deliverers: usize,
+}
+
+/// Node-wide connection counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConnStats {
+    /// Connections accepted by the listener.
+    pub accepted: u64,
+    /// Dials started.
+    pub dialled: u64,
+    /// Dials that failed to connect.
+    pub dial_failures: u64,
+    /// Handshakes completed.
+    pub handshakes: u64,
+    /// Handshakes refused, all reasons (by us or by the peer).
+    pub refused: u64,
+    /// ... of which for a wrong cluster name.
+    pub refused_cluster: u64,
+    /// ... of which for an unknown member.
+    pub refused_unknown: u64,
+    /// ... of which for a protocol version mismatch.
+    pub refused_version: u64,
+    /// Handshakes that did not complete in time.
+    pub handshake_timeouts: u64,
+    /// Duplicate connections resolved (simultaneous dial or reconnect).
+    pub tie_breaks: u64,
+    /// Connections closed for a malformed or unexpected frame.
+    pub protocol_errors: u64,
+    /// Times the delivery pool was full and the IO thread paused reading.
+    pub pool_stalls: u64,
+}
+
+/// A snapshot of a node's counters. `Display` prints it as a table.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// This member's name.
+    pub node: String,
+    /// Per peer, sorted by name.
+    pub peers: Vec<PeerStats>,
+    /// The delivery pool.
+    pub pool: PoolStats,
+    /// Connection counters.
+    pub connections: ConnStats,
+    /// Out-of-band messages delivered.
+    pub oob_delivered: u64,
+    /// The most pool threads ever seen delivering one sender's messages at once, over all
+    /// senders (1 when the invariant holds and anything was delivered).
+    pub max_concurrent_deliverers: usize,
+}
+
+impl Stats {
+    /// The stats of one peer.
+    pub fn peer(&self, name: &str) -> Option<&PeerStats> {
+        self.peers.iter().find(|p| p.name == name)
+    }
+}
+
+impl fmt::Display for Stats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "node {}", self.node)?;
+        writeln!(
+            f,
+            "{:<12} {:<11} {:>10} {:>10} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>9}",
+            "peer",
+            "state",
+            "accepted",
+            "sent",
+            "failed",
+            "queued",
+            "received",
+            "delivered",
+            "dups",
+            "resent",
+            "window",
+            "available",
+            "blocked"
+        )?;
+        for p in &self.peers {
+            writeln!(
+                f,
+                "{:<12} {:<11} {:>10} {:>10} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>8.1?}",
+                p.name,
+                p.state,
+                p.accepted,
+                p.sent,
+                p.failed,
+                p.queued,
+                p.received,
+                p.delivered,
+                p.duplicates,
+                p.resent,
+                p.window,
+                p.available,
+                p.blocked
+            )?;
+        }
+        writeln!(
+            f,
+            "pool: {} threads, queue {}/{}, {} busy, {} tasks run, {} OOB delivered, max concurrent deliverers per sender {}",
+            self.pool.threads,
+            self.pool.queue_depth,
+            self.pool.queue_capacity,
+            self.pool.busy,
+            self.pool.tasks_run,
+            self.oob_delivered,
+            self.max_concurrent_deliverers
+        )?;
+        let c = &self.connections;
+        write!(
+            f,
+            "connections: {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version), {} timeouts, {} tie-breaks, {} protocol errors, {} pool stalls",
+            c.accepted,
+            c.dialled,
+            c.dial_failures,
+            c.handshakes,
+            c.refused,
+            c.refused_cluster,
+            c.refused_unknown,
+            c.refused_version,
+            c.handshake_timeouts,
+            c.tie_breaks,
+            c.protocol_errors,
+            c.pool_stalls
+        )
+    }
+}

@@ -1,0 +1,9 @@
+//! Sans-IO protocol state machines: the handshake and the recovery descriptor. Driven by
+//! calls (`on_frame`, `on_ack`, `on_data`, `resume`) and appending their output to a byte
+//! buffer; no sockets, no clock, no threads, so they are tested in memory.
+
+pub mod handshake;
+pub mod recovery;
+
+pub use handshake::{Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Role};
+pub use recovery::{Descriptor, Receive, RecoveryError, Retired, Unacked};

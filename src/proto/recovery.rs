@@ -1,0 +1,385 @@
+//! The recovery descriptor: per (local member, remote member, remote launch id), the
+//! counters of reliable messages and the queue of sent-but-unacknowledged ones.
+//!
+//! Only reliable data messages are counted. Acks, credit, probes, heartbeats and handshake
+//! frames never touch these counters. Sequence numbers start at 1; a count of `n` means
+//! "messages 1..=n".
+//!
+//! Invariants (checked by the property tests below):
+//! `acked <= sent`, `acks_sent <= received`, every counter only grows, and the unacked queue
+//! holds exactly the messages `acked+1 ..= sent`, in order.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+/// A published reliable message kept until the peer acknowledges it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unacked {
+    /// Its sequence number.
+    pub seq: u64,
+    /// Data flags it was sent with.
+    pub flags: u8,
+    /// The bytes, kept for resend.
+    pub payload: Bytes,
+}
+
+/// What [`Descriptor::on_data`] decided about an incoming reliable message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Receive {
+    /// The next message in order: deliver it.
+    Deliver,
+    /// Already received (`seq <= received`): drop it, count it, still ack.
+    Duplicate,
+}
+
+/// A violation of the recovery protocol by the peer; the connection is closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecoveryError {
+    /// A reliable message skipped sequence numbers.
+    Gap {
+        /// The sequence number expected next.
+        expected: u64,
+        /// The one received.
+        got: u64,
+    },
+    /// The peer acknowledged (or claims to have received) more than was ever sent to it.
+    AckBeyondSent {
+        /// The peer's claim.
+        claimed: u64,
+        /// What was sent.
+        sent: u64,
+    },
+    /// The peer claims to have received fewer messages than it already acknowledged:
+    /// it lost state without changing its launch id.
+    AckWentBack {
+        /// The peer's claim.
+        claimed: u64,
+        /// What it had acknowledged before.
+        acked: u64,
+    },
+}
+
+impl std::fmt::Display for RecoveryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RecoveryError::Gap { expected, got } => {
+                write!(f, "sequence gap: expected {expected}, got {got}")
+            }
+            RecoveryError::AckBeyondSent { claimed, sent } => {
+                write!(
+                    f,
+                    "peer acknowledged {claimed} messages but only {sent} were sent"
+                )
+            }
+            RecoveryError::AckWentBack { claimed, acked } => {
+                write!(
+                    f,
+                    "peer claims {claimed} received after acknowledging {acked}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for RecoveryError {}
+
+/// Messages and bytes retired by an ack.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retired {
+    /// Messages removed from the unacked queue.
+    pub messages: u64,
+    /// Their payload bytes.
+    pub bytes: u64,
+}
+
+/// Counters and unacked queue for one remote incarnation. Owned by the IO thread.
+#[derive(Debug, Default)]
+pub struct Descriptor {
+    remote_launch: Option<u64>,
+    sent: u64,
+    acked: u64,
+    received: u64,
+    acks_sent: u64,
+    unacked: VecDeque<Unacked>,
+    unacked_bytes: u64,
+}
+
+impl Descriptor {
+    /// A descriptor that has not yet met any incarnation of the peer.
+    pub fn new() -> Descriptor {
+        Descriptor::default()
+    }
+
+    /// The peer incarnation these counters belong to.
+    pub fn remote_launch(&self) -> Option<u64> {
+        self.remote_launch
+    }
+
+    /// Binds the descriptor to the incarnation `launch_id`. If it belonged to another one,
+    /// every counter restarts and the old incarnation's unacknowledged messages are returned:
+    /// they were never acknowledged and must be reported as undelivered, never sent to the
+    /// new incarnation.
+    pub fn bind(&mut self, launch_id: u64) -> Vec<Unacked> {
+        match self.remote_launch {
+            Some(l) if l == launch_id => Vec::new(),
+            None => {
+                self.remote_launch = Some(launch_id);
+                Vec::new()
+            }
+            Some(_) => {
+                let old = std::mem::take(&mut self.unacked).into();
+                *self = Descriptor {
+                    remote_launch: Some(launch_id),
+                    ..Descriptor::default()
+                };
+                old
+            }
+        }
+    }
+
+    /// Reliable messages received in order from the peer (the count sent in handshakes and
+    /// acks). Zero for an incarnation not met yet.
+    pub fn received_from(&self, launch_id: u64) -> u64 {
+        if self.remote_launch == Some(launch_id) {
+            self.received
+        } else {
+            0
+        }
+    }
+
+    /// Highest sequence number published.
+    pub fn sent(&self) -> u64 {
+        self.sent
+    }
+    /// Highest sequence number the peer acknowledged.
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+    /// Highest sequence number received in order.
+    pub fn received(&self) -> u64 {
+        self.received
+    }
+    /// The received count last put in an ack.
+    pub fn acks_sent(&self) -> u64 {
+        self.acks_sent
+    }
+    /// Messages waiting for an ack.
+    pub fn unacked_len(&self) -> usize {
+        self.unacked.len()
+    }
+    /// Payload bytes waiting for an ack.
+    pub fn unacked_bytes(&self) -> u64 {
+        self.unacked_bytes
+    }
+
+    /// Publishes a reliable message: assigns its sequence number and keeps it for resend.
+    /// Returns the entry so the caller can encode it.
+    pub fn publish(&mut self, flags: u8, payload: Bytes) -> &Unacked {
+        self.sent += 1;
+        self.unacked_bytes += payload.len() as u64;
+        self.unacked.push_back(Unacked {
+            seq: self.sent,
+            flags,
+            payload,
+        });
+        self.unacked.back().expect("just pushed")
+    }
+
+    /// Applies a cumulative ack: retires every message with `seq <= received`.
+    pub fn on_ack(&mut self, received: u64) -> Result<Retired, RecoveryError> {
+        if received > self.sent {
+            return Err(RecoveryError::AckBeyondSent {
+                claimed: received,
+                sent: self.sent,
+            });
+        }
+        let mut r = Retired::default();
+        if received <= self.acked {
+            return Ok(r); // an older ack overtaken by a newer one: nothing to do
+        }
+        while let Some(front) = self.unacked.front() {
+            if front.seq > received {
+                break;
+            }
+            let m = self.unacked.pop_front().expect("front exists");
+            r.messages += 1;
+            r.bytes += m.payload.len() as u64;
+        }
+        self.unacked_bytes -= r.bytes;
+        self.acked = received;
+        Ok(r)
+    }
+
+    /// Handles an incoming reliable message's sequence number.
+    pub fn on_data(&mut self, seq: u64) -> Result<Receive, RecoveryError> {
+        if seq <= self.received {
+            Ok(Receive::Duplicate)
+        } else if seq == self.received + 1 {
+            self.received = seq;
+            Ok(Receive::Deliver)
+        } else {
+            Err(RecoveryError::Gap {
+                expected: self.received + 1,
+                got: seq,
+            })
+        }
+    }
+
+    /// Whether an ack is owed and `received - acks_sent >= threshold`.
+    pub fn ack_due(&self, threshold: u64) -> bool {
+        self.received - self.acks_sent >= threshold.max(1)
+    }
+
+    /// Whether any received message is not yet acknowledged.
+    pub fn ack_owed(&self) -> bool {
+        self.received > self.acks_sent
+    }
+
+    /// Records that an ack carrying `received` has been written to the connection.
+    pub fn ack_written(&mut self, received: u64) {
+        debug_assert!(received <= self.received);
+        self.acks_sent = self.acks_sent.max(received);
+    }
+
+    /// Handshake: the peer says it has received `peer_received` of our messages. Retires
+    /// those and returns the rest, in order, to be resent before any new message.
+    pub fn resume(
+        &mut self,
+        peer_received: u64,
+    ) -> Result<impl Iterator<Item = &Unacked>, RecoveryError> {
+        if peer_received < self.acked {
+            return Err(RecoveryError::AckWentBack {
+                claimed: peer_received,
+                acked: self.acked,
+            });
+        }
+        self.on_ack(peer_received)?;
+        Ok(self.unacked.iter())
+    }
+
+    /// Takes every unacknowledged message out (the peer was removed or the node stopped).
+    pub fn drain_unacked(&mut self) -> Vec<Unacked> {
+        self.unacked_bytes = 0;
+        std::mem::take(&mut self.unacked).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn publish_n(d: &mut Descriptor, n: u64) {
+        for i in 0..n {
+            d.publish(crate::wire::FLAG_RELIABLE, Bytes::from(vec![i as u8; 3]));
+        }
+    }
+
+    #[test]
+    fn ack_retires_in_order() {
+        let mut d = Descriptor::new();
+        d.bind(1);
+        publish_n(&mut d, 5);
+        assert_eq!(
+            d.on_ack(3).unwrap(),
+            Retired {
+                messages: 3,
+                bytes: 9
+            }
+        );
+        assert_eq!(d.unacked_len(), 2);
+        assert_eq!(
+            d.on_ack(2).unwrap(),
+            Retired::default(),
+            "stale ack is a no-op"
+        );
+        assert!(d.on_ack(6).is_err());
+        let rest: Vec<u64> = d.resume(4).unwrap().map(|u| u.seq).collect();
+        assert_eq!(rest, vec![5]);
+        assert!(matches!(
+            d.resume(2),
+            Err(RecoveryError::AckWentBack { .. })
+        ));
+    }
+
+    #[test]
+    fn duplicates_and_gaps() {
+        let mut d = Descriptor::new();
+        assert_eq!(d.on_data(1).unwrap(), Receive::Deliver);
+        assert_eq!(d.on_data(1).unwrap(), Receive::Duplicate);
+        assert!(matches!(
+            d.on_data(3),
+            Err(RecoveryError::Gap {
+                expected: 2,
+                got: 3
+            })
+        ));
+        assert_eq!(d.on_data(2).unwrap(), Receive::Deliver);
+        assert!(d.ack_due(2));
+        d.ack_written(2);
+        assert!(!d.ack_owed());
+    }
+
+    #[test]
+    fn new_incarnation_returns_old_unacked_and_resets() {
+        let mut d = Descriptor::new();
+        assert!(d.bind(1).is_empty());
+        publish_n(&mut d, 3);
+        let _ = d.on_data(1).unwrap();
+        assert!(d.bind(1).is_empty(), "same incarnation keeps state");
+        let old = d.bind(2);
+        assert_eq!(old.iter().map(|u| u.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
+        assert_eq!((d.sent(), d.received(), d.unacked_len()), (0, 0, 0));
+        assert_eq!(d.received_from(1), 0);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Publish(u8),
+        Ack(u64),
+        Data(u64),
+        AckWritten,
+        Resume(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (1u8..50).prop_map(Op::Publish),
+            (0u64..40).prop_map(Op::Ack),
+            (0u64..40).prop_map(Op::Data),
+            Just(Op::AckWritten),
+            (0u64..40).prop_map(Op::Resume),
+        ]
+    }
+
+    proptest! {
+        /// Counters never go backwards, acked <= sent, acks_sent <= received, and the unacked
+        /// queue is exactly acked+1..=sent whatever the peer sends.
+        #[test]
+        fn counters_are_monotonic(ops in proptest::collection::vec(op(), 0..200)) {
+            let mut d = Descriptor::new();
+            d.bind(7);
+            let (mut s, mut a, mut r, mut k) = (0, 0, 0, 0);
+            for o in ops {
+                match o {
+                    Op::Publish(n) => { d.publish(0, Bytes::from(vec![0; n as usize])); }
+                    Op::Ack(x) => { let _ = d.on_ack(x); }
+                    Op::Data(x) => { let _ = d.on_data(x); }
+                    Op::AckWritten => { let rc = d.received(); d.ack_written(rc); }
+                    Op::Resume(x) => { let _ = d.resume(x).map(|it| it.count()); }
+                }
+                prop_assert!(d.sent() >= s && d.acked() >= a && d.received() >= r && d.acks_sent() >= k);
+                s = d.sent(); a = d.acked(); r = d.received(); k = d.acks_sent();
+                prop_assert!(a <= s);
+                prop_assert!(k <= r);
+                let seqs: Vec<u64> = d.unacked.iter().map(|u| u.seq).collect();
+                let want: Vec<u64> = (a + 1..=s).collect();
+                prop_assert_eq!(seqs, want);
+                let bytes: u64 = d.unacked.iter().map(|u| u.payload.len() as u64).sum();
+                prop_assert_eq!(bytes, d.unacked_bytes());
+            }
+        }
+    }
+}

@@ -1,0 +1,575 @@
+//! The wire format: frame header, encode and decode of every frame kind. Sans-IO: pure
+//! functions over byte slices, no sockets, no threads. The byte-level table is in
+//! `docs/wire.md`.
+//!
+//! Every frame is `len: u32 LE` (the bytes that follow it), `kind: u8`, `flags: u8`, then a
+//! kind-specific body. Magic and version appear on handshake frames only.
+//!
+//! ```
+//! use cohort::wire::{self, Frame};
+//! let mut buf = Vec::new();
+//! wire::encode_data(&mut buf, wire::FLAG_RELIABLE, Some(7), b"hi");
+//! let (frame, used) = wire::decode(&buf, 1024).unwrap().unwrap();
+//! assert_eq!(used, buf.len());
+//! assert_eq!(frame, Frame::Data { flags: wire::FLAG_RELIABLE, seq: Some(7), payload: b"hi" });
+//! ```
+
+use std::fmt;
+
+/// Magic bytes that open every handshake identity: `"CHRT"`.
+pub const MAGIC: [u8; 4] = *b"CHRT";
+/// Protocol version carried in the handshake; peers with another version are refused.
+pub const VERSION: u16 = 1;
+/// Bytes of the length prefix.
+pub const LEN_BYTES: usize = 4;
+/// Bytes of length prefix + kind + flags.
+pub const HEADER_BYTES: usize = LEN_BYTES + 2;
+/// Longest cluster or member name, in bytes.
+pub const MAX_NAME: usize = 255;
+/// Largest handshake frame body: two names plus fixed fields, with room to spare.
+pub const MAX_HANDSHAKE_BODY: usize = 4 + 2 + 8 + 8 + 8 + 1 + MAX_NAME + 1 + MAX_NAME + 64;
+
+/// Frame kinds (the byte after the length).
+pub mod kind {
+    /// Handshake step 1: the accepting side's identity.
+    pub const HELLO: u8 = 0x01;
+    /// Handshake step 2: the dialling side's identity and how much it has received.
+    pub const HELLO_REPLY: u8 = 0x02;
+    /// Handshake step 3: the accepting side's received count; the connection is up.
+    pub const READY: u8 = 0x03;
+    /// An application message.
+    pub const DATA: u8 = 0x10;
+    /// Cumulative ack plus returned credit.
+    pub const ACK: u8 = 0x20;
+    /// Credit probe: "I am blocked, send me what credit you hold".
+    pub const PROBE: u8 = 0x21;
+    /// Liveness on an idle connection.
+    pub const HEARTBEAT: u8 = 0x22;
+    /// The sender is closing this connection, with a reason.
+    pub const CLOSE: u8 = 0x30;
+}
+
+/// Data flag: out of band (delivered straight to the pool, unordered).
+pub const FLAG_OOB: u8 = 0x01;
+/// Data flag: reliable (carries a sequence number, acked, resent across reconnects).
+pub const FLAG_RELIABLE: u8 = 0x02;
+
+/// Why a connection is being closed; sent in a [`Frame::Close`] and logged by the receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum CloseCode {
+    /// Protocol versions differ.
+    Version = 1,
+    /// The peer belongs to another cluster.
+    Cluster = 2,
+    /// The peer's member name is not configured here and unknown members are not allowed.
+    UnknownMember = 3,
+    /// Both members dialled at once; this connection lost the tie-break.
+    Duplicate = 4,
+    /// A frame broke the protocol.
+    Protocol = 5,
+    /// The node is shutting down.
+    Shutdown = 6,
+    /// The peer was removed from this node.
+    Removed = 7,
+    /// The handshake named another member than the one dialled.
+    NameMismatch = 8,
+    /// Any other reason.
+    Other = 255,
+}
+
+impl CloseCode {
+    /// Parses a code byte; unknown codes map to [`CloseCode::Other`].
+    pub fn from_u8(b: u8) -> CloseCode {
+        match b {
+            1 => CloseCode::Version,
+            2 => CloseCode::Cluster,
+            3 => CloseCode::UnknownMember,
+            4 => CloseCode::Duplicate,
+            5 => CloseCode::Protocol,
+            6 => CloseCode::Shutdown,
+            7 => CloseCode::Removed,
+            8 => CloseCode::NameMismatch,
+            _ => CloseCode::Other,
+        }
+    }
+}
+
+/// Who is at the other end of a connection, as said in the handshake.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity<'a> {
+    /// Protocol version of the sender.
+    pub version: u16,
+    /// Random per process start: a new value means the member restarted.
+    pub launch_id: u64,
+    /// The sender's send window in bytes: the receiver returns credit in halves of it.
+    pub window: u64,
+    /// Cluster name.
+    pub cluster: &'a str,
+    /// Member name.
+    pub name: &'a str,
+}
+
+/// A decoded frame, borrowing from the input buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame<'a> {
+    /// Handshake step 1 (acceptor → dialler).
+    Hello(Identity<'a>),
+    /// Handshake step 2 (dialler → acceptor): identity and the dialler's received count
+    /// from the acceptor's current incarnation.
+    HelloReply(Identity<'a>, u64),
+    /// Handshake step 3 (acceptor → dialler): the acceptor's received count.
+    Ready {
+        /// Reliable messages the acceptor has received from the dialler's incarnation.
+        received: u64,
+    },
+    /// An application message.
+    Data {
+        /// [`FLAG_OOB`] | [`FLAG_RELIABLE`].
+        flags: u8,
+        /// Sequence number, present iff reliable.
+        seq: Option<u64>,
+        /// The message bytes.
+        payload: &'a [u8],
+    },
+    /// Cumulative ack and returned credit.
+    Ack {
+        /// Reliable messages received so far from the peer's current incarnation.
+        received: u64,
+        /// Bytes of credit handed back to the peer's send window.
+        credit: u64,
+    },
+    /// Credit probe.
+    Probe,
+    /// Liveness.
+    Heartbeat,
+    /// Orderly close with a reason.
+    Close {
+        /// Machine-readable reason.
+        code: CloseCode,
+        /// Human-readable detail.
+        reason: &'a str,
+    },
+}
+
+/// A frame that cannot be decoded; the connection that sent it is closed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WireError {
+    /// The length prefix exceeds the configured maximum (checked before any allocation).
+    TooLarge {
+        /// Declared frame length.
+        len: usize,
+        /// Configured maximum.
+        max: usize,
+    },
+    /// Unknown frame kind byte.
+    UnknownKind(u8),
+    /// A frame body is shorter or longer than its kind requires, or its fields are invalid.
+    Malformed(&'static str),
+    /// Handshake magic is wrong: not a cohort peer.
+    BadMagic,
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::TooLarge { len, max } => {
+                write!(f, "frame of {len} bytes exceeds the maximum of {max}")
+            }
+            WireError::UnknownKind(k) => write!(f, "unknown frame kind 0x{k:02x}"),
+            WireError::Malformed(what) => write!(f, "malformed frame: {what}"),
+            WireError::BadMagic => write!(f, "bad handshake magic: not a cohort peer"),
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// Largest frame length (the bytes after the length prefix) for a payload limit.
+pub fn max_frame_len(max_payload: usize) -> usize {
+    // kind + flags + seq + payload; handshake frames are far below this.
+    (2 + 8 + max_payload).max(2 + MAX_HANDSHAKE_BODY)
+}
+
+/// Encoded size of a data frame.
+#[inline]
+pub fn data_frame_len(reliable: bool, payload_len: usize) -> usize {
+    HEADER_BYTES + if reliable { 8 } else { 0 } + payload_len
+}
+
+#[inline]
+fn put_header(out: &mut Vec<u8>, body_len: usize, kind: u8, flags: u8) {
+    let len = (2 + body_len) as u32;
+    out.extend_from_slice(&len.to_le_bytes());
+    out.push(kind);
+    out.push(flags);
+}
+
+/// Appends a data frame. `seq` must be `Some` iff `flags` has [`FLAG_RELIABLE`].
+#[inline]
+pub fn encode_data(out: &mut Vec<u8>, flags: u8, seq: Option<u64>, payload: &[u8]) {
+    debug_assert_eq!(seq.is_some(), flags & FLAG_RELIABLE != 0);
+    let seq_len = if seq.is_some() { 8 } else { 0 };
+    out.reserve(HEADER_BYTES + seq_len + payload.len());
+    put_header(out, seq_len + payload.len(), kind::DATA, flags);
+    if let Some(s) = seq {
+        out.extend_from_slice(&s.to_le_bytes());
+    }
+    out.extend_from_slice(payload);
+}
+
+/// Appends an ack frame.
+pub fn encode_ack(out: &mut Vec<u8>, received: u64, credit: u64) {
+    put_header(out, 16, kind::ACK, 0);
+    out.extend_from_slice(&received.to_le_bytes());
+    out.extend_from_slice(&credit.to_le_bytes());
+}
+
+/// Appends a credit probe.
+pub fn encode_probe(out: &mut Vec<u8>) {
+    put_header(out, 0, kind::PROBE, 0);
+}
+
+/// Appends a heartbeat.
+pub fn encode_heartbeat(out: &mut Vec<u8>) {
+    put_header(out, 0, kind::HEARTBEAT, 0);
+}
+
+/// Appends a close frame; `reason` is cut to 255 bytes at a char boundary.
+pub fn encode_close(out: &mut Vec<u8>, code: CloseCode, reason: &str) {
+    let mut end = reason.len().min(255);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    let reason = &reason[..end];
+    put_header(out, 1 + reason.len(), kind::CLOSE, 0);
+    out.push(code as u8);
+    out.extend_from_slice(reason.as_bytes());
+}
+
+fn identity_len(id: &Identity<'_>) -> usize {
+    4 + 2 + 8 + 8 + 1 + id.cluster.len() + 1 + id.name.len()
+}
+
+fn put_identity(out: &mut Vec<u8>, id: &Identity<'_>) {
+    debug_assert!(id.cluster.len() <= MAX_NAME && id.name.len() <= MAX_NAME);
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&id.version.to_le_bytes());
+    out.extend_from_slice(&id.launch_id.to_le_bytes());
+    out.extend_from_slice(&id.window.to_le_bytes());
+    out.push(id.cluster.len() as u8);
+    out.extend_from_slice(id.cluster.as_bytes());
+    out.push(id.name.len() as u8);
+    out.extend_from_slice(id.name.as_bytes());
+}
+
+/// Appends handshake step 1.
+pub fn encode_hello(out: &mut Vec<u8>, id: &Identity<'_>) {
+    put_header(out, identity_len(id), kind::HELLO, 0);
+    put_identity(out, id);
+}
+
+/// Appends handshake step 2.
+pub fn encode_hello_reply(out: &mut Vec<u8>, id: &Identity<'_>, received: u64) {
+    put_header(out, identity_len(id) + 8, kind::HELLO_REPLY, 0);
+    put_identity(out, id);
+    out.extend_from_slice(&received.to_le_bytes());
+}
+
+/// Appends handshake step 3.
+pub fn encode_ready(out: &mut Vec<u8>, received: u64) {
+    put_header(out, 8, kind::READY, 0);
+    out.extend_from_slice(&received.to_le_bytes());
+}
+
+/// A cursor over a frame body that never reads past its end.
+struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], WireError> {
+        if self.buf.len() < n {
+            return Err(WireError::Malformed(what));
+        }
+        let (head, tail) = self.buf.split_at(n);
+        self.buf = tail;
+        Ok(head)
+    }
+    fn u8(&mut self, what: &'static str) -> Result<u8, WireError> {
+        Ok(self.take(1, what)?[0])
+    }
+    fn u16(&mut self, what: &'static str) -> Result<u16, WireError> {
+        let b = self.take(2, what)?;
+        Ok(u16::from_le_bytes([b[0], b[1]]))
+    }
+    fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
+        let b = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn name(&mut self, what: &'static str) -> Result<&'a str, WireError> {
+        let n = self.u8(what)? as usize;
+        let b = self.take(n, what)?;
+        std::str::from_utf8(b).map_err(|_| WireError::Malformed("name is not UTF-8"))
+    }
+    fn end(&self) -> Result<(), WireError> {
+        if self.buf.is_empty() {
+            Ok(())
+        } else {
+            Err(WireError::Malformed("trailing bytes in frame"))
+        }
+    }
+}
+
+fn identity<'a>(r: &mut Reader<'a>) -> Result<Identity<'a>, WireError> {
+    if r.take(4, "handshake magic")? != MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    Ok(Identity {
+        version: r.u16("version")?,
+        launch_id: r.u64("launch id")?,
+        window: r.u64("window")?,
+        cluster: r.name("cluster name")?,
+        name: r.name("member name")?,
+    })
+}
+
+/// Reads the length prefix of the frame at the start of `buf`, if complete, checking it
+/// against `max_len` (the bytes after the prefix) before anything is allocated for it.
+#[inline]
+pub fn peek_len(buf: &[u8], max_len: usize) -> Result<Option<usize>, WireError> {
+    if buf.len() < LEN_BYTES {
+        return Ok(None);
+    }
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    if len > max_len {
+        return Err(WireError::TooLarge { len, max: max_len });
+    }
+    if len < 2 {
+        return Err(WireError::Malformed("frame shorter than its header"));
+    }
+    Ok(Some(len))
+}
+
+/// Decodes the frame at the start of `buf`. Returns `Ok(None)` when `buf` holds only part
+/// of a frame, or `Ok(Some((frame, bytes_used)))`. `max_len` bounds the length prefix.
+pub fn decode(buf: &[u8], max_len: usize) -> Result<Option<(Frame<'_>, usize)>, WireError> {
+    let Some(len) = peek_len(buf, max_len)? else {
+        return Ok(None);
+    };
+    let total = LEN_BYTES + len;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    let frame = decode_body(
+        buf[LEN_BYTES],
+        buf[LEN_BYTES + 1],
+        &buf[HEADER_BYTES..total],
+    )?;
+    Ok(Some((frame, total)))
+}
+
+/// Decodes one frame body (what follows kind and flags).
+pub fn decode_body(kind: u8, flags: u8, body: &[u8]) -> Result<Frame<'_>, WireError> {
+    let mut r = Reader { buf: body };
+    let frame = match kind {
+        kind::DATA => {
+            if flags & !(FLAG_OOB | FLAG_RELIABLE) != 0 {
+                return Err(WireError::Malformed("unknown data flags"));
+            }
+            let seq = if flags & FLAG_RELIABLE != 0 {
+                let s = r.u64("sequence number")?;
+                if s == 0 {
+                    return Err(WireError::Malformed("sequence number 0"));
+                }
+                Some(s)
+            } else {
+                None
+            };
+            return Ok(Frame::Data {
+                flags,
+                seq,
+                payload: r.buf,
+            });
+        }
+        kind::ACK => Frame::Ack {
+            received: r.u64("ack received")?,
+            credit: r.u64("ack credit")?,
+        },
+        kind::PROBE => Frame::Probe,
+        kind::HEARTBEAT => Frame::Heartbeat,
+        kind::CLOSE => {
+            let code = CloseCode::from_u8(r.u8("close code")?);
+            let reason = std::str::from_utf8(r.buf)
+                .map_err(|_| WireError::Malformed("close reason is not UTF-8"))?;
+            return Ok(Frame::Close { code, reason });
+        }
+        kind::HELLO => Frame::Hello(identity(&mut r)?),
+        kind::HELLO_REPLY => {
+            let id = identity(&mut r)?;
+            Frame::HelloReply(id, r.u64("received count")?)
+        }
+        kind::READY => Frame::Ready {
+            received: r.u64("received count")?,
+        },
+        other => return Err(WireError::UnknownKind(other)),
+    };
+    if flags != 0 {
+        return Err(WireError::Malformed("flags on a control frame"));
+    }
+    r.end()?;
+    Ok(frame)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn roundtrip(buf: &[u8]) -> Frame<'_> {
+        let (f, used) = decode(buf, 1 << 20).unwrap().unwrap();
+        assert_eq!(used, buf.len());
+        f
+    }
+
+    #[test]
+    fn every_kind_roundtrips() {
+        let id = Identity {
+            version: VERSION,
+            launch_id: 42,
+            window: 1 << 20,
+            cluster: "demo",
+            name: "alpha",
+        };
+        let mut b = Vec::new();
+        encode_hello(&mut b, &id);
+        assert_eq!(roundtrip(&b), Frame::Hello(id.clone()));
+        b.clear();
+        encode_hello_reply(&mut b, &id, 9);
+        assert_eq!(roundtrip(&b), Frame::HelloReply(id, 9));
+        b.clear();
+        encode_ready(&mut b, 3);
+        assert_eq!(roundtrip(&b), Frame::Ready { received: 3 });
+        b.clear();
+        encode_ack(&mut b, 5, 77);
+        assert_eq!(
+            roundtrip(&b),
+            Frame::Ack {
+                received: 5,
+                credit: 77
+            }
+        );
+        b.clear();
+        encode_probe(&mut b);
+        assert_eq!(roundtrip(&b), Frame::Probe);
+        b.clear();
+        encode_heartbeat(&mut b);
+        assert_eq!(roundtrip(&b), Frame::Heartbeat);
+        b.clear();
+        encode_close(&mut b, CloseCode::Cluster, "wrong cluster");
+        assert_eq!(
+            roundtrip(&b),
+            Frame::Close {
+                code: CloseCode::Cluster,
+                reason: "wrong cluster"
+            }
+        );
+    }
+
+    #[test]
+    fn partial_frames_wait_for_more() {
+        let mut b = Vec::new();
+        encode_data(&mut b, FLAG_RELIABLE, Some(1), b"hello");
+        for cut in 0..b.len() {
+            assert_eq!(decode(&b[..cut], 1024).unwrap(), None, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn oversized_length_is_refused_before_allocation() {
+        let b = (u32::MAX).to_le_bytes();
+        assert_eq!(
+            decode(&b, 1024),
+            Err(WireError::TooLarge {
+                len: u32::MAX as usize,
+                max: 1024
+            })
+        );
+    }
+
+    #[test]
+    fn bad_input_is_an_error_not_a_panic() {
+        // Unknown kind.
+        assert_eq!(
+            decode(&[2, 0, 0, 0, 0x7f, 0], 64),
+            Err(WireError::UnknownKind(0x7f))
+        );
+        // Ack too short.
+        assert!(matches!(
+            decode(&[3, 0, 0, 0, kind::ACK, 0, 1], 64),
+            Err(WireError::Malformed(_))
+        ));
+        // Reliable data without a seq.
+        assert!(matches!(
+            decode(&[2, 0, 0, 0, kind::DATA, FLAG_RELIABLE], 64),
+            Err(WireError::Malformed(_))
+        ));
+        // Hello with bad magic.
+        let mut b = Vec::new();
+        encode_hello(
+            &mut b,
+            &Identity {
+                version: 1,
+                launch_id: 1,
+                window: 1,
+                cluster: "c",
+                name: "n",
+            },
+        );
+        b[HEADER_BYTES] = b'X';
+        assert_eq!(decode(&b, 1024), Err(WireError::BadMagic));
+        // Length below the header.
+        assert!(matches!(
+            decode(&[1, 0, 0, 0, 0], 64),
+            Err(WireError::Malformed(_))
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn data_roundtrips(payload in proptest::collection::vec(any::<u8>(), 0..2048),
+                           seq in 1u64.., oob in any::<bool>(), reliable in any::<bool>()) {
+            let flags = if oob { FLAG_OOB } else { 0 } | if reliable { FLAG_RELIABLE } else { 0 };
+            let seq = reliable.then_some(seq);
+            let mut b = Vec::new();
+            encode_data(&mut b, flags, seq, &payload);
+            prop_assert_eq!(b.len(), data_frame_len(reliable, payload.len()));
+            let (f, used) = decode(&b, max_frame_len(4096)).unwrap().unwrap();
+            prop_assert_eq!(used, b.len());
+            prop_assert_eq!(f, Frame::Data { flags, seq, payload: &payload });
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let _ = decode(&bytes, 256);
+        }
+
+        #[test]
+        fn frames_concatenate(a in proptest::collection::vec(any::<u8>(), 0..100),
+                              b in proptest::collection::vec(any::<u8>(), 0..100)) {
+            let mut buf = Vec::new();
+            encode_data(&mut buf, 0, None, &a);
+            encode_ack(&mut buf, 1, 2);
+            encode_data(&mut buf, FLAG_OOB, None, &b);
+            let (f1, n1) = decode(&buf, 4096).unwrap().unwrap();
+            prop_assert_eq!(f1, Frame::Data { flags: 0, seq: None, payload: &a });
+            let (f2, n2) = decode(&buf[n1..], 4096).unwrap().unwrap();
+            prop_assert_eq!(f2, Frame::Ack { received: 1, credit: 2 });
+            let (f3, n3) = decode(&buf[n1 + n2..], 4096).unwrap().unwrap();
+            prop_assert_eq!(f3, Frame::Data { flags: FLAG_OOB, seq: None, payload: &b });
+            prop_assert_eq!(n1 + n2 + n3, buf.len());
+        }
+    }
+}
