@@ -46,6 +46,10 @@ pub(crate) struct NodeCounters {
     pub(crate) tie_breaks: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
     pub(crate) pool_stalls: AtomicU64,
+    /// Connections open now (any state).
+    pub(crate) open: AtomicU64,
+    /// Connections established now.
+    pub(crate) established: AtomicU64,
 }
 
 /// IO-thread-only state of one peer.
@@ -287,6 +291,16 @@ impl IoThread {
 
     // ----- connections -------------------------------------------------------------------
 
+    /// Publishes the connection gauges after the connection set changed.
+    fn update_gauges(&self) {
+        // Relaxed: gauges for stats only.
+        self.counters
+            .open
+            .store(self.conns.len() as u64, Ordering::Relaxed);
+        let est = self.conns.values().filter(|c| c.established).count() as u64;
+        self.counters.established.store(est, Ordering::Relaxed);
+    }
+
     fn new_token(&mut self) -> Token {
         let t = Token(self.next_token);
         self.next_token += 1;
@@ -320,6 +334,7 @@ impl IoThread {
                     let mut conn = Conn::new(token, stream, None, hs);
                     conn.wbuf = out;
                     self.conns.insert(token, conn);
+                    self.update_gauges();
                     self.dirty.push(token);
                     self.timers.add(
                         Instant::now() + self.cfg.handshake_timeout,
@@ -368,6 +383,7 @@ impl IoThread {
                 p.conn = Some(token);
                 p.set_state(PeerState::Connecting);
                 self.conns.insert(token, conn);
+                self.update_gauges();
                 Counters::add(&self.counters.dialled, 1);
                 self.timers.add(
                     Instant::now() + self.cfg.handshake_timeout,
@@ -1026,6 +1042,13 @@ impl IoThread {
         }
         conn.hs = None;
         conn.established = true;
+        self.update_gauges();
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
         let mut resent = 0u64;
         let resumed = match p.desc.resume(peer_received) {
             Ok(rest) => {
@@ -1120,6 +1143,7 @@ impl IoThread {
             let _ = conn.flush(); // best effort: the socket is closed right after
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
+        self.update_gauges();
         let Some(id) = conn.peer else { return };
         let Some(p) = self.peers.get_mut(&id) else {
             return;

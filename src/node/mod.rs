@@ -573,6 +573,8 @@ impl Node {
                 tie_breaks: g(&c.tie_breaks),
                 protocol_errors: g(&c.protocol_errors),
                 pool_stalls: g(&c.pool_stalls),
+                open: g(&c.open),
+                established: g(&c.established),
             },
         }
     }

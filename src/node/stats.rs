@@ -88,6 +88,10 @@ pub struct ConnStats {
     pub protocol_errors: u64,
     /// Times the delivery pool was full and the IO thread paused reading.
     pub pool_stalls: u64,
+    /// Connections open now, in any state (steady state: one per connected peer).
+    pub open: u64,
+    /// Connections established now (handshake done).
+    pub established: u64,
 }
 
 /// A snapshot of a node's counters. `Display` prints it as a table.
@@ -169,7 +173,9 @@ impl fmt::Display for Stats {
         let c = &self.connections;
         write!(
             f,
-            "connections: {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version), {} timeouts, {} tie-breaks, {} protocol errors, {} pool stalls",
+            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version), {} timeouts, {} tie-breaks, {} protocol errors, {} pool stalls",
+            c.open,
+            c.established,
             c.accepted,
             c.dialled,
             c.dial_failures,
