@@ -89,7 +89,33 @@ impl Completion {
 
 /// The peers a node knows, by name; shared by the node handle (send path) and the IO thread
 /// (which adds members that dial in when unknown members are allowed).
-pub(crate) type PeerMap = Arc<RwLock<HashMap<SharedStr, Arc<PeerShared>>>>;
+pub(crate) type PeerMap = Arc<RwLock<HashMap<SharedStr, Arc<PeerShared>, NameHash>>>;
+
+/// FNV-1a: member names are short and come from configuration or authenticated handshakes,
+/// so a fast non-keyed hash fits the send path's lookup.
+pub(crate) type NameHash = std::hash::BuildHasherDefault<Fnv>;
+
+/// FNV-1a 64-bit hasher.
+#[derive(Debug)]
+pub(crate) struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl std::hash::Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
 
 /// What the application receives about messages that will never be delivered.
 pub(crate) type UndeliveredHook = Arc<dyn Fn(&str, Vec<Unacked>) + Send + Sync>;
@@ -156,9 +182,11 @@ impl IoShared {
     /// Puts peer `id` on the ready list unless it is already there.
     #[inline]
     pub(crate) fn schedule(&self, peer: &PeerShared) {
-        // Acquire/Release pair with the IO thread clearing `scheduled` before it drains
-        // the outbox: a push after that clear schedules the peer again.
-        if !peer.scheduled.swap(true, Ordering::AcqRel) {
+        // The IO thread clears `scheduled` before it locks the outbox to drain it. Our push
+        // went through that same lock, so either the drain sees our message, or the clear is
+        // ordered before our push and the load below sees `false`. Loading first keeps the
+        // common case (IO thread busy, flag already set) free of a contended write.
+        if !peer.scheduled.load(Ordering::Acquire) && !peer.scheduled.swap(true, Ordering::AcqRel) {
             self.ready.lock().push(peer.id);
             self.wake();
         }

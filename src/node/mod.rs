@@ -75,14 +75,26 @@ impl SendCore {
         oob: bool,
         wait: Wait,
     ) -> Result<(), TrySendError<Bytes>> {
-        let peer = self.peers.read().get(to).cloned();
-        let Some(peer) = peer else {
+        let peers = self.peers.read();
+        let Some(peer) = peers.get(to) else {
             return Err(TrySendError::Failed(
                 payload,
                 Error::UnknownPeer(to.to_owned()),
             ));
         };
-        self.enqueue_to(&peer, payload, oob, wait)
+        if let Wait::No = wait {
+            return self.enqueue_to(peer, payload, oob, wait);
+        }
+        // Never park while holding the map's read lock: a blocked sender would stall
+        // add_peer/remove_peer. Try without waiting first; wait only on our own clone.
+        match self.enqueue_to(peer, payload, oob, Wait::No) {
+            Err(TrySendError::Full(payload)) => {
+                let peer = peer.clone();
+                drop(peers);
+                self.enqueue_to(&peer, payload, oob, wait)
+            }
+            other => other,
+        }
     }
 
     fn enqueue_to(
@@ -328,7 +340,7 @@ impl Node {
             }),
         )?);
 
-        let peers: PeerMap = Arc::new(RwLock::new(HashMap::new()));
+        let peers: PeerMap = Arc::new(RwLock::new(HashMap::default()));
         for (pname, addr) in &peer_addrs {
             let shared = io.new_peer(pname.as_str().into(), b.window);
             peers.write().insert(shared.name.clone(), shared.clone());

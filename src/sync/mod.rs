@@ -40,7 +40,9 @@ mod imp {
 
 #[cfg(loom)]
 mod imp {
-    pub(crate) use loom::sync::Arc;
+    // std's `Arc` even under loom: loom's `Arc` cannot coerce to `Arc<dyn Trait>` nor be a
+    // `self` receiver, and the shared state inside is loom's (atomics, locks) either way.
+    pub(crate) use std::sync::Arc;
 
     /// Atomics (loom's under `cfg(loom)`).
     pub(crate) mod atomic {
@@ -55,7 +57,7 @@ mod imp {
     }
 
     /// loom's `Mutex` with parking_lot's API.
-    #[derive(Debug)]
+    #[derive(Debug, Default)]
     pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
 
     /// Guard of [`Mutex`]; an `Option` so that `Condvar::wait(&mut guard)` can move the
@@ -89,7 +91,7 @@ mod imp {
     }
 
     /// loom's `Condvar` with parking_lot's API.
-    #[derive(Debug)]
+    #[derive(Debug, Default)]
     pub(crate) struct Condvar(loom::sync::Condvar);
 
     impl Condvar {
