@@ -32,8 +32,6 @@ pub(crate) struct Conn {
     writable_interest: bool,
     /// Queued in the IO thread's read-pending list (readable, not drained).
     pub(crate) read_pending: bool,
-    /// Peer sent EOF or we decided to close after flushing `wbuf`.
-    pub(crate) closing: bool,
     /// The peer's launch id (from the handshake).
     pub(crate) launch: Option<u64>,
 }
@@ -58,7 +56,6 @@ impl Conn {
             wpos: 0,
             writable_interest: false,
             read_pending: false,
-            closing: false,
             launch: None,
         }
     }

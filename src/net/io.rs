@@ -482,14 +482,11 @@ impl IoThread {
         match result {
             Ok(_) => {
                 let low = conn.unwritten() < self.cfg.write_high_water / 2;
-                let closing_done = conn.closing && conn.unwritten() == 0;
                 if let Err(e) = conn.update_interest(self.poll.registry()) {
                     log::warn!("{}: reregister failed: {e}", self.cfg.name);
                 }
                 let peer = if conn.established { conn.peer } else { None };
-                if closing_done {
-                    self.close_conn(token, None);
-                } else if let (true, Some(id)) = (low, peer) {
+                if let (true, Some(id)) = (low, peer) {
                     let more = self.peers.get(&id).is_some_and(|p| {
                         !p.pending.is_empty() || !p.shared.outbox.lock().queue.is_empty()
                     });
@@ -529,9 +526,6 @@ impl IoThread {
             let Some(conn) = self.conns.get_mut(&token) else {
                 return;
             };
-            if conn.closing {
-                return;
-            }
             match conn.read_some(max_frame) {
                 Ok(0) => {
                     self.handle_inbound(token);
@@ -1339,8 +1333,11 @@ fn fail_queued(p: &mut PeerIo) -> u64 {
         queued.extend(ob.queue.drain(..));
     }
     let n = queued.len() as u64;
-    let permits: u64 = queued.iter().map(|m| cost(m.payload.len())).sum();
-    p.shared.window.release(permits);
+    let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
+    p.shared
+        .window
+        .release(bytes + n * crate::flow::MESSAGE_OVERHEAD);
+    Counters::add(&p.shared.counters.failed_bytes, bytes);
     Counters::add(&p.shared.counters.failed, n);
     n
 }

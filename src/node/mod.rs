@@ -649,15 +649,20 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
     let sent = Counters::get(&c.sent);
     let failed = Counters::get(&c.failed);
     let accepted = Counters::get(&c.accepted);
+    let sent_bytes = Counters::get(&c.sent_bytes);
+    let failed_bytes = Counters::get(&c.failed_bytes);
+    let accepted_bytes = Counters::get(&c.accepted_bytes);
     PeerStats {
         name: p.name.to_string(),
         state: p.state(),
         accepted,
-        accepted_bytes: Counters::get(&c.accepted_bytes),
+        accepted_bytes,
         sent,
-        sent_bytes: Counters::get(&c.sent_bytes),
+        sent_bytes,
         failed,
+        failed_bytes,
         queued: accepted.saturating_sub(sent + failed),
+        queued_bytes: accepted_bytes.saturating_sub(sent_bytes + failed_bytes),
         received: Counters::get(&c.received),
         received_bytes: Counters::get(&c.received_bytes),
         delivered: p.member.delivered(),

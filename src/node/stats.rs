@@ -25,8 +25,12 @@ pub struct PeerStats {
     pub sent_bytes: u64,
     /// Messages that failed before publication (peer removed, node shut down).
     pub failed: u64,
+    /// Their payload bytes.
+    pub failed_bytes: u64,
     /// Messages accepted and not yet published: `accepted - sent - failed`.
     pub queued: u64,
+    /// Their payload bytes.
+    pub queued_bytes: u64,
     /// Messages received from this peer (duplicates excluded).
     pub received: u64,
     /// Their payload bytes.

@@ -97,6 +97,7 @@ pub(crate) struct Counters {
     pub(crate) sent: AtomicU64,
     pub(crate) sent_bytes: AtomicU64,
     pub(crate) failed: AtomicU64,
+    pub(crate) failed_bytes: AtomicU64,
     pub(crate) received: AtomicU64,
     pub(crate) received_bytes: AtomicU64,
     pub(crate) duplicates: AtomicU64,
