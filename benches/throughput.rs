@@ -1,1 +1,263 @@
-fn main() {}
+//! Throughput, 1→1 and 4→1, at 64 B and 1 KiB payloads: cohort against a raw-TCP baseline
+//! in the same run, so the ratio is read off one report.
+//!
+//! - `cohort`: sender nodes (`source-0`, …) each `send` (blocking on the window) to one
+//!   `sink` node on 127.0.0.1, whose handler counts messages. 4→1 is four sender nodes, each
+//!   driven by its own thread.
+//! - `raw_tcp`: blocking `std::net::TcpStream`s with `TCP_NODELAY`, frames of a
+//!   little-endian `u32` length and the payload, a 64 KiB `BufWriter` per sender and, per
+//!   connection, a receiver thread that reads through a 64 KiB `BufReader`, parses every
+//!   frame and counts it. 4→1 is four connections, each with its own sender thread.
+//!
+//! One iteration sends a batch of messages and waits until the receiving side has counted
+//! all of them; criterion reports messages per second. Nodes and connections are set up once
+//! per benchmark function. After each group a line gives both medians and their ratio.
+//!
+//! `cargo bench --bench throughput` (add `-- 1to1_64B` to run one group);
+//! `cargo test --benches` runs each case once with small batches.
+
+mod common;
+
+use std::io::{self, BufWriter, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cohort::{Bytes, Node};
+use common::{Progress, Samples};
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+
+/// Payload sizes measured, with the label used in group names.
+const SIZES: [(usize, &str); 2] = [(64, "64B"), (1024, "1KiB")];
+
+/// Longest wait for one batch to be counted before the bench fails.
+const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Which side of the comparison a batch is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    Cohort,
+    RawTcp,
+}
+
+/// Messages per iteration: about 10–50 ms of traffic on a 2-core machine (raw TCP moves
+/// several times more per second, so it gets bigger batches); tiny in test mode, where the
+/// code is unoptimised and runs once.
+fn batch_len(size: usize, transport: Transport) -> u64 {
+    let cohort = if size <= 64 { 100_000 } else { 40_000 };
+    match (common::test_mode(), transport) {
+        (true, _) => 1_000,
+        (false, Transport::Cohort) => cohort,
+        (false, Transport::RawTcp) => 4 * cohort,
+    }
+}
+
+/// `senders` cohort nodes sending to one `sink` node that counts what its handler sees.
+struct CohortFanIn {
+    sink: Node,
+    sources: Vec<Node>,
+    received: Arc<Progress>,
+}
+
+impl CohortFanIn {
+    fn start(senders: usize) -> Result<CohortFanIn, cohort::Error> {
+        let received = Arc::new(Progress::default());
+        let counter = received.clone();
+        let sink = Node::builder("sink")
+            .cluster("bench")
+            .on_message(move |_| counter.add(1))
+            .start()?;
+        let mut sources = Vec::with_capacity(senders);
+        for i in 0..senders {
+            let source = Node::builder(&format!("source-{i}"))
+                .cluster("bench")
+                .peer("sink", sink.local_addr())
+                .start()?;
+            sink.add_peer(source.name(), source.local_addr())?;
+            sources.push(source);
+        }
+        let rig = CohortFanIn {
+            sink,
+            sources,
+            received,
+        };
+        // One message from each source: every connection is up before measuring.
+        let target = rig.received.expect(senders as u64);
+        for source in &rig.sources {
+            source.send("sink", Bytes::from_static(b"hello"))?;
+        }
+        rig.received
+            .wait_for(target, BATCH_TIMEOUT, "cohort: connecting the sources");
+        Ok(rig)
+    }
+
+    /// Sends `n` messages (split evenly over the sources) and waits until all are counted.
+    fn run_batch(&self, n: u64, payload: &Bytes) {
+        let per_source = n / self.sources.len() as u64;
+        let target = self.received.expect(per_source * self.sources.len() as u64);
+        let send_all = |source: &Node| {
+            for _ in 0..per_source {
+                source
+                    .send("sink", payload.clone())
+                    .expect("cohort: send to the sink");
+            }
+        };
+        match self.sources.as_slice() {
+            [one] => send_all(one),
+            many => thread::scope(|s| {
+                for source in many {
+                    s.spawn(move || send_all(source));
+                }
+            }),
+        }
+        self.received
+            .wait_for(target, BATCH_TIMEOUT, "cohort: sink counting a batch");
+    }
+
+    fn shutdown(self) {
+        for node in self.sources.iter().chain([&self.sink]) {
+            if let Err(e) = node.shutdown(Duration::from_secs(5)) {
+                eprintln!("{}: shutdown failed: {e}", node.name());
+            }
+        }
+    }
+}
+
+/// `senders` blocking TCP connections into one process, a counting reader thread per
+/// connection.
+struct RawFanIn {
+    writers: Vec<BufWriter<TcpStream>>,
+    readers: Vec<thread::JoinHandle<io::Result<()>>>,
+    received: Arc<Progress>,
+}
+
+impl RawFanIn {
+    fn start(senders: usize) -> io::Result<RawFanIn> {
+        let received = Arc::new(Progress::default());
+        let mut writers = Vec::with_capacity(senders);
+        let mut readers = Vec::with_capacity(senders);
+        for i in 0..senders {
+            let (client, server) = common::tcp_pair()?;
+            let counter = received.clone();
+            readers.push(
+                thread::Builder::new()
+                    .name(format!("raw-reader-{i}"))
+                    .spawn(move || common::count_frames(server, &counter))?,
+            );
+            writers.push(BufWriter::with_capacity(common::RAW_BUFFER, client));
+        }
+        Ok(RawFanIn {
+            writers,
+            readers,
+            received,
+        })
+    }
+
+    /// Writes `n` frames (split evenly over the connections), flushes, and waits until the
+    /// readers have counted them all.
+    fn run_batch(&mut self, n: u64, payload: &[u8]) {
+        let per_writer = n / self.writers.len() as u64;
+        let target = self.received.expect(per_writer * self.writers.len() as u64);
+        let write_all = |w: &mut BufWriter<TcpStream>| {
+            for _ in 0..per_writer {
+                common::write_frame(w, payload).expect("raw TCP: write");
+            }
+            w.flush().expect("raw TCP: flush");
+        };
+        match self.writers.as_mut_slice() {
+            [one] => write_all(one),
+            many => thread::scope(|s| {
+                for w in many {
+                    s.spawn(move || write_all(w));
+                }
+            }),
+        }
+        self.received
+            .wait_for(target, BATCH_TIMEOUT, "raw TCP: readers counting a batch");
+    }
+
+    /// Closes the connections and joins the readers (they stop at end of stream).
+    fn shutdown(self) {
+        drop(self.writers);
+        for reader in self.readers {
+            match reader.join() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => eprintln!("raw TCP reader failed: {e}"),
+                Err(_) => eprintln!("raw TCP reader panicked"),
+            }
+        }
+    }
+}
+
+/// Times `iters` batches with `run`, recording the call in `samples`.
+fn time_batches(iters: u64, samples: &Samples, mut run: impl FnMut()) -> Duration {
+    let started = Instant::now();
+    for _ in 0..iters {
+        run();
+    }
+    let elapsed = started.elapsed();
+    samples.record(iters, elapsed);
+    elapsed
+}
+
+fn fan_in(c: &mut Criterion, senders: usize) {
+    for (size, label) in SIZES {
+        let payload = Bytes::from(vec![0xA5; size]);
+        let name = format!("throughput_{senders}to1_{label}");
+        let mut group = c.benchmark_group(&name);
+
+        let n = batch_len(size, Transport::Cohort);
+        group.throughput(Throughput::Elements(n));
+        let cohort_samples = Samples::new(n);
+        let rig = CohortFanIn::start(senders).expect("cohort: start the nodes");
+        group.bench_function("cohort", |b| {
+            b.iter_custom(|iters| {
+                time_batches(iters, &cohort_samples, || rig.run_batch(n, &payload))
+            })
+        });
+        rig.shutdown();
+
+        let n = batch_len(size, Transport::RawTcp);
+        group.throughput(Throughput::Elements(n));
+        let raw_samples = Samples::new(n);
+        let mut raw = RawFanIn::start(senders).expect("raw TCP: connect");
+        group.bench_function("raw_tcp", |b| {
+            b.iter_custom(|iters| time_batches(iters, &raw_samples, || raw.run_batch(n, &payload)))
+        });
+        raw.shutdown();
+        group.finish();
+
+        if !common::test_mode() {
+            summarize(&name, &cohort_samples, &raw_samples);
+        }
+    }
+}
+
+/// Prints both medians (messages per second) and the cohort / raw TCP ratio.
+fn summarize(name: &str, cohort: &Samples, raw: &Samples) {
+    let (Some(c), Some(r)) = (cohort.median_rate(), raw.median_rate()) else {
+        return; // filtered out
+    };
+    println!(
+        "summary {name}: cohort {}, raw TCP {}, cohort/raw = {:.2}\n",
+        common::rate(c),
+        common::rate(r),
+        c / r
+    );
+}
+
+fn one_to_one(c: &mut Criterion) {
+    fan_in(c, 1);
+}
+
+fn four_to_one(c: &mut Criterion) {
+    fan_in(c, 4);
+}
+
+criterion_group! {
+    name = benches;
+    config = common::criterion();
+    targets = one_to_one, four_to_one
+}
+criterion_main!(benches);

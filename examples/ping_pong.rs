@@ -1,0 +1,121 @@
+//! Round-trip time between two members in one process: `ping` sends a message to `pong`,
+//! pong's handler sends it back, and ping waits for it before sending the next. After a
+//! warm-up, K round trips are timed one by one and their percentiles printed in
+//! microseconds.
+//!
+//! `cargo run --release --example ping_pong [-- --count K --size B --warmup W]`
+//! (defaults: K = 100 000 round trips of B = 64 bytes after W = 10 000 untimed ones).
+
+use std::error::Error;
+use std::process::ExitCode;
+use std::sync::{mpsc, Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use cohort::{Bytes, Node, Sender};
+
+/// Longest wait for one reply before giving up.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The value following `name` on the command line, or `default`.
+fn arg(name: &str, default: u64) -> Result<u64, Box<dyn Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    match args.iter().position(|a| a == name) {
+        None => Ok(default),
+        Some(i) => {
+            let value = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
+            Ok(value
+                .parse()
+                .map_err(|e| format!("{name} {value:?}: {e}"))?)
+        }
+    }
+}
+
+/// The value at quantile `q` (0..=1) of `sorted`, which must not be empty.
+fn quantile(sorted: &[Duration], q: f64) -> Duration {
+    let rank = (q * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank]
+}
+
+fn micros(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ping_pong: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), Box<dyn Error>> {
+    let count = arg("--count", 100_000)?.max(1) as usize;
+    let size = arg("--size", 64)? as usize;
+    let warmup = arg("--warmup", 10_000)? as usize;
+
+    // pong echoes through its own Sender, which exists only once pong has started.
+    let pong_sender: Arc<OnceLock<Sender>> = Arc::new(OnceLock::new());
+    let echo = pong_sender.clone();
+    let pong = Node::builder("pong")
+        .cluster("ping-pong")
+        .on_message(move |d| {
+            let Some(sender) = echo.get() else { return };
+            if let Err(e) = sender.send(d.from(), d.payload().clone()) {
+                eprintln!("pong: reply to {} failed: {e}", d.from());
+            }
+        })
+        .start()?;
+    pong_sender
+        .set(pong.sender())
+        .map_err(|_| "pong's sender was set twice")?;
+
+    let (replied, replies) = mpsc::channel::<Instant>();
+    let ping = Node::builder("ping")
+        .cluster("ping-pong")
+        .peer("pong", pong.local_addr())
+        .on_message(move |_| {
+            // Ends only if main has stopped waiting.
+            let _ = replied.send(Instant::now());
+        })
+        .start()?;
+    pong.add_peer("ping", ping.local_addr())?;
+
+    let payload = Bytes::from(vec![0x5A; size]);
+    let mut rtts = Vec::with_capacity(count);
+    for i in 0..warmup + count {
+        let sent = Instant::now();
+        ping.send("pong", payload.clone())?;
+        let arrived = replies
+            .recv_timeout(REPLY_TIMEOUT)
+            .map_err(|e| format!("round trip {i}: no reply within {REPLY_TIMEOUT:?} ({e})"))?;
+        if i >= warmup {
+            rtts.push(arrived - sent);
+        }
+    }
+
+    let total: Duration = rtts.iter().sum();
+    rtts.sort_unstable();
+    println!(
+        "{count} round trips of {size} B (after {warmup} warm-up), RTT in µs:\n\
+         {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n\
+         {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+        "min",
+        "p50",
+        "p99",
+        "p99.9",
+        "max",
+        "mean",
+        micros(rtts[0]),
+        micros(quantile(&rtts, 0.50)),
+        micros(quantile(&rtts, 0.99)),
+        micros(quantile(&rtts, 0.999)),
+        micros(rtts[rtts.len() - 1]),
+        micros(total) / count as f64,
+    );
+
+    ping.shutdown(Duration::from_secs(5))?;
+    pong.shutdown(Duration::from_secs(5))?;
+    Ok(())
+}
