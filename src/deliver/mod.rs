@@ -16,9 +16,10 @@ use crate::sync::SharedStr;
 ///
 /// ```
 /// # use cohort::Delivery;
-/// fn handle(d: Delivery) {
+/// let builder = cohort::Node::builder("beta").on_message(|d: Delivery| {
 ///     println!("{} bytes from {} (seq {:?}, oob {})", d.payload().len(), d.from(), d.seq(), d.is_oob());
-/// }
+/// });
+/// # let _ = builder;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Delivery {

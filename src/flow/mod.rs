@@ -60,8 +60,15 @@ pub struct SendWindow {
     closed: AtomicBool,
     /// Nanoseconds senders spent parked on this window, summed.
     blocked_nanos: AtomicU64,
-    lock: Mutex<()>,
+    lock: Mutex<Blocked>,
     cond: Condvar,
+}
+
+/// The current blocked episode: from the first sender parking to the last one leaving.
+#[derive(Debug, Default)]
+struct Blocked {
+    since: Option<Instant>,
+    episode: u64,
 }
 
 impl SendWindow {
@@ -73,7 +80,7 @@ impl SendWindow {
             waiters: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             blocked_nanos: AtomicU64::new(0),
-            lock: Mutex::new(()),
+            lock: Mutex::new(Blocked::default()),
             cond: Condvar::new(),
         }
     }
@@ -161,7 +168,10 @@ impl SendWindow {
         // Announce ourselves before the last check: a releaser that adds permits after this
         // increment sees `waiters > 0` and notifies under the lock (SeqCst on both sides, a
         // Dekker pair with `release`), so the wake-up cannot be lost.
-        self.waiters.fetch_add(1, Ordering::SeqCst);
+        if self.waiters.fetch_add(1, Ordering::SeqCst) == 0 {
+            guard.since = Some(started);
+            guard.episode += 1;
+        }
         let result = loop {
             if self.is_closed() {
                 break Err(AcquireError::Closed);
@@ -180,7 +190,9 @@ impl SendWindow {
                 }
             }
         };
-        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        if self.waiters.fetch_sub(1, Ordering::SeqCst) == 1 {
+            guard.since = None;
+        }
         drop(guard);
         let waited = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
         self.blocked_nanos.fetch_add(waited, Ordering::Relaxed);
@@ -196,11 +208,13 @@ impl SendWindow {
             return;
         }
         let prev = self.available.fetch_add(n, Ordering::SeqCst);
-        debug_assert!(
-            prev + n <= self.capacity,
-            "window over-released: {prev} + {n} > {}",
-            self.capacity
-        );
+        if cfg!(any(debug_assertions, loom)) {
+            assert!(
+                prev + n <= self.capacity,
+                "window over-released: {prev} + {n} > {}",
+                self.capacity
+            );
+        }
         if self.waiters.load(Ordering::SeqCst) > 0 {
             // Taking the lock orders us after a waiter's last check: it is either parked
             // (and gets the notify) or has not yet checked (and sees the new permits).
@@ -220,6 +234,13 @@ impl SendWindow {
     /// Reopens a closed window (a removed peer added again).
     pub fn reopen(&self) {
         self.closed.store(false, Ordering::SeqCst);
+    }
+
+    /// Since when senders have been parked without interruption, and a number that
+    /// identifies this blocked episode; `None` when no sender is parked.
+    pub fn blocked_since(&self) -> Option<(Instant, u64)> {
+        let b = self.lock.lock();
+        b.since.map(|s| (s, b.episode))
     }
 
     /// Senders parked now.

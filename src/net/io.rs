@@ -9,6 +9,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
@@ -21,8 +22,7 @@ use super::{
     Command, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN, LISTENER, WAKER,
 };
 use crate::deliver::{Delivery, Pool, Task};
-use crate::flow::cost;
-use crate::peer::{Counters, Outgoing, PeerShared, PeerState};
+use crate::peer::{Counters, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
 use crate::proto::{Descriptor, Handshake, HsEvent, LocalIdentity, PeerIdentity, Receive};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, SharedStr};
@@ -68,8 +68,14 @@ struct PeerIo {
     /// Taken from the shared outbox, not yet published (the socket buffer was full).
     pending: VecDeque<Outgoing>,
     /// Window bytes published and not yet credited back by the peer.
-    uncredited: u64,
+    ledger: Ledger,
     ack_timer: bool,
+    /// Largest payload the peer accepts (from its handshake).
+    peer_max_message: usize,
+    /// When we last sent a credit probe.
+    last_probe: Option<Instant>,
+    /// The blocked episode we last warned about.
+    warned_episode: u64,
 }
 
 impl PeerIo {
@@ -96,6 +102,19 @@ impl PeerIo {
         self.state = next;
         self.shared.set_state(next);
     }
+}
+
+/// What one `flush_peer` pass did, added to the shared counters once.
+#[derive(Default)]
+struct Tally {
+    sent: u64,
+    sent_bytes: u64,
+    filtered: u64,
+    filtered_bytes: u64,
+    failed: u64,
+    failed_bytes: u64,
+    expired: u64,
+    too_large: u64,
 }
 
 /// A frame read from a connection, owned so that it can be handled with the whole IO state
@@ -146,6 +165,7 @@ impl IoThread {
         let local = LocalIdentity {
             launch_id: cfg.launch_id,
             window: cfg.window,
+            max_message: cfg.max_message as u32,
             cluster: cfg.cluster.clone(),
             name: cfg.name.to_string(),
         };
@@ -179,6 +199,8 @@ impl IoThread {
     /// Runs the loop until shutdown completes.
     pub(crate) fn run(mut self) {
         let mut events = Events::with_capacity(1024);
+        self.timers
+            .add(Instant::now() + self.cfg.tick, TimerKind::Tick);
         loop {
             let now = Instant::now();
             let timeout = if !self.read_pending.is_empty() && self.stash.is_empty() {
@@ -256,8 +278,11 @@ impl IoThread {
                         attempt: 0,
                         gen: 0,
                         pending: VecDeque::new(),
-                        uncredited: 0,
+                        ledger: Ledger::default(),
                         ack_timer: false,
+                        peer_max_message: usize::MAX,
+                        last_probe: None,
+                        warned_episode: 0,
                     },
                 );
                 if self.shutdown.is_none() {
@@ -487,9 +512,10 @@ impl IoThread {
                 }
                 let peer = if conn.established { conn.peer } else { None };
                 if let (true, Some(id)) = (low, peer) {
-                    let more = self.peers.get(&id).is_some_and(|p| {
-                        !p.pending.is_empty() || !p.shared.outbox.lock().queue.is_empty()
-                    });
+                    let more = self
+                        .peers
+                        .get(&id)
+                        .is_some_and(|p| !p.pending.is_empty() || !p.shared.outbox.is_empty());
                     if more {
                         self.flush_peer(id);
                     }
@@ -780,6 +806,13 @@ impl IoThread {
     /// Writes an ack carrying the received count and all pending credit, if the peer has an
     /// established connection.
     fn send_ack(&mut self, id: usize) {
+        self.write_ack(id, false);
+    }
+
+    /// Writes an ack (cumulative received count and cumulative credit) even when nothing new
+    /// is owed if `force`: after a reconnect, in case the last one was lost with the old
+    /// connection.
+    fn write_ack(&mut self, id: usize, force: bool) {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
@@ -792,10 +825,11 @@ impl IoThread {
         }
         let credit = p.shared.credit.take();
         let received = p.desc.received();
-        if credit == 0 && !p.desc.ack_owed() {
+        if credit == 0 && !p.desc.ack_owed() && !force {
             return;
         }
-        wire::encode_ack(&mut conn.wbuf, received, credit);
+        let total = p.desc.return_credit(credit);
+        wire::encode_ack(&mut conn.wbuf, received, total);
         p.desc.ack_written(received);
         self.dirty.push(token);
     }
@@ -884,20 +918,20 @@ impl IoThread {
         if let Err(e) = p.desc.on_ack(received) {
             return self.protocol_error(token, e.to_string());
         }
+        let credit = p.desc.on_credit(credit);
         if credit > 0 {
             // Never give back more than was taken: credit beyond what is outstanding (a
             // confused or malicious peer, or credit from before its restart) is clamped.
-            let c = credit.min(p.uncredited);
+            let outstanding = p.ledger.uncredited();
+            let c = p.ledger.credit(credit);
             if c < credit {
                 log::warn!(
-                    "{}: '{}' returned {credit} bytes of credit with only {} outstanding; clamped",
+                    "{}: '{}' returned {credit} bytes of credit with only {outstanding} outstanding; clamped",
                     self.cfg.name,
                     p.shared.name,
-                    p.uncredited
                 );
             }
-            p.uncredited -= c;
-            p.shared.window.release(c);
+            p.shared.outbox.give_back(Return::Credited, c);
         }
     }
 
@@ -998,6 +1032,7 @@ impl IoThread {
             return;
         };
         p.shared.credit.set_window(peer.window);
+        p.peer_max_message = peer.max_message as usize;
         let restarted = matches!(p.desc.remote_launch(), Some(l) if l != peer.launch_id);
         let old = p.desc.bind(peer.launch_id);
         if !restarted {
@@ -1011,8 +1046,9 @@ impl IoThread {
         );
         // Credit for the old incarnation will never come: give it all back, and drop any
         // credit we still owed the old incarnation.
-        p.shared.window.release(p.uncredited);
-        p.uncredited = 0;
+        p.shared
+            .outbox
+            .give_back(Return::Retired, p.ledger.retire());
         let _ = p.shared.credit.take();
         Counters::add(&p.shared.counters.undelivered, old.len() as u64);
         if !old.is_empty() {
@@ -1072,16 +1108,18 @@ impl IoThread {
             p.desc.unacked_len()
         );
         self.dirty.push(token);
-        // Credit and acks owed from before the reconnect go first.
-        if p.shared.credit.pending() > 0 || p.desc.ack_owed() {
-            self.send_ack(id);
+        // Credit and acks from before the reconnect go first (the last ack may have been lost
+        // with the old connection; totals make resending it harmless).
+        if p.shared.credit.pending() > 0 || p.desc.ack_owed() || p.desc.credit_returned() > 0 {
+            self.write_ack(id, true);
         }
         self.flush_peer(id);
     }
 
     /// Publishes queued messages of peer `id` to its connection while its write buffer is
     /// below the high-water mark. This is where a message gets its sequence number, enters
-    /// the unacked queue and counts as sent.
+    /// the unacked queue and counts as sent — or is filtered, expires, or fails, giving its
+    /// permits back.
     fn flush_peer(&mut self, id: usize) {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
@@ -1096,11 +1134,14 @@ impl IoThread {
         // Clear before draining: a send that pushes after this reschedules the peer.
         p.shared.scheduled.store(false, Ordering::Release);
         let high = self.cfg.write_high_water;
-        let (mut n, mut bytes, mut credit_cost) = (0u64, 0u64, 0u64);
+        let filter = self.cfg.outbound_filter.as_deref();
+        let shared = &p.shared;
+        let info = PeerInfo::new(&shared.name, p.desc.remote_launch(), p.state);
+        let mut now: Option<Instant> = None;
+        let mut tally = Tally::default();
         'outer: loop {
             if p.pending.is_empty() {
-                let mut ob = p.shared.outbox.lock();
-                std::mem::swap(&mut ob.queue, &mut p.pending);
+                shared.outbox.take_into(&mut p.pending);
             }
             if p.pending.is_empty() {
                 break;
@@ -1111,19 +1152,156 @@ impl IoThread {
                     break 'outer;
                 }
                 let len = m.payload.len();
+                if let Some(deadline) = m.deadline {
+                    if *now.get_or_insert_with(Instant::now) >= deadline {
+                        shared.outbox.give_back(Return::Expired, m.cost());
+                        tally.expired += 1;
+                        tally.failed += 1;
+                        tally.failed_bytes += len as u64;
+                        continue;
+                    }
+                }
+                if len > p.peer_max_message {
+                    shared.outbox.give_back(Return::Failed, m.cost());
+                    tally.failed += 1;
+                    tally.failed_bytes += len as u64;
+                    tally.too_large += 1;
+                    continue;
+                }
+                if let Some(f) = filter {
+                    let keep =
+                        catch_unwind(AssertUnwindSafe(|| f(&info, &m))).unwrap_or_else(|_| {
+                            log::error!(
+                                "outbound filter panicked; dropping the message to '{}'",
+                                shared.name
+                            );
+                            false
+                        });
+                    if !keep {
+                        shared.outbox.give_back(Return::Filtered, m.cost());
+                        tally.filtered += 1;
+                        tally.filtered_bytes += len as u64;
+                        continue;
+                    }
+                }
+                let c = m.cost();
                 let u = p.desc.publish(m.flags | wire::FLAG_RELIABLE, m.payload);
                 wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
-                n += 1;
-                bytes += len as u64;
-                credit_cost += cost(len);
+                p.ledger.publish(c);
+                tally.sent += 1;
+                tally.sent_bytes += len as u64;
             }
         }
-        if n > 0 {
-            p.uncredited += credit_cost;
-            Counters::add(&p.shared.counters.sent, n);
-            Counters::add(&p.shared.counters.sent_bytes, bytes);
+        let c = &shared.counters;
+        if tally.sent > 0 {
+            Counters::add(&c.sent, tally.sent);
+            Counters::add(&c.sent_bytes, tally.sent_bytes);
             self.dirty.push(token);
         }
+        if tally.filtered > 0 {
+            Counters::add(&c.filtered, tally.filtered);
+            Counters::add(&c.filtered_bytes, tally.filtered_bytes);
+        }
+        if tally.failed > 0 {
+            Counters::add(&c.failed, tally.failed);
+            Counters::add(&c.failed_bytes, tally.failed_bytes);
+            Counters::add(&c.expired, tally.expired);
+        }
+        if tally.too_large > 0 {
+            log::warn!(
+                "{}: {} messages failed: larger than the {} bytes '{}' accepts",
+                self.cfg.name,
+                tally.too_large,
+                p.peer_max_message,
+                shared.name
+            );
+        }
+    }
+
+    /// Fails the expired messages queued for a peer that is not connected (for a connected
+    /// peer, expiry is checked at publish time).
+    fn expire_queued(&mut self, id: usize, now: Instant) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        p.shared.outbox.take_into(&mut p.pending);
+        let before = p.pending.len();
+        let shared = &p.shared;
+        let (mut n, mut bytes) = (0u64, 0u64);
+        p.pending.retain(|m| match m.deadline {
+            Some(d) if now >= d => {
+                shared.outbox.give_back(Return::Expired, m.cost());
+                n += 1;
+                bytes += m.payload.len() as u64;
+                false
+            }
+            _ => true,
+        });
+        debug_assert_eq!(before - p.pending.len(), n as usize);
+        if n > 0 {
+            Counters::add(&shared.counters.expired, n);
+            Counters::add(&shared.counters.failed, n);
+            Counters::add(&shared.counters.failed_bytes, bytes);
+            log::debug!(
+                "{}: {n} messages to '{}' expired while queued",
+                self.cfg.name,
+                shared.name
+            );
+        }
+    }
+
+    /// Periodic work: credit probes for blocked senders, a warning per long block, residual
+    /// credit once a sender's queue is idle, expiry of queued messages.
+    fn tick(&mut self) {
+        let now = Instant::now();
+        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        for id in ids {
+            let Some(p) = self.peers.get_mut(&id) else {
+                continue;
+            };
+            let established = p
+                .conn
+                .and_then(|t| self.conns.get(&t))
+                .is_some_and(|c| c.established);
+            let window = p.shared.outbox.window();
+            if let Some((since, episode)) = window.blocked_since() {
+                let blocked = now.saturating_duration_since(since);
+                let probe_due = p
+                    .last_probe
+                    .is_none_or(|t| now.saturating_duration_since(t) >= self.cfg.probe_interval);
+                if established && blocked >= self.cfg.probe_interval && probe_due {
+                    p.last_probe = Some(now);
+                    Counters::add(&p.shared.counters.probes, 1);
+                    if let Some(conn) = p.conn.and_then(|t| self.conns.get_mut(&t)) {
+                        wire::encode_probe(&mut conn.wbuf);
+                        self.dirty.push(conn.token);
+                    }
+                }
+                if blocked >= self.cfg.block_warning && p.warned_episode != episode {
+                    p.warned_episode = episode;
+                    log::warn!(
+                        "{}: senders to '{}' blocked for {:.1?}: window {} bytes, {} in flight ({} unacknowledged messages), peer {}",
+                        self.cfg.name,
+                        p.shared.name,
+                        blocked,
+                        window.capacity(),
+                        window.in_flight(),
+                        p.desc.unacked_len(),
+                        p.state
+                    );
+                }
+            }
+            let residual = self.cfg.credit_on_idle
+                && established
+                && p.shared.credit.pending() > 0
+                && !p.shared.member.is_running();
+            if residual {
+                self.send_ack(id);
+            } else if !established && p.shared.ttl_queued() {
+                self.expire_queued(id, now);
+            }
+        }
+        self.timers.add(now + self.cfg.tick, TimerKind::Tick);
     }
 
     /// Closes a connection (after writing `close` best-effort) and, if it spoke for a peer,
@@ -1189,9 +1367,10 @@ impl IoThread {
         p.gen += 1;
         let failed = fail_queued(p);
         let unacked = p.desc.drain_unacked();
-        p.shared.window.release(p.uncredited);
-        p.uncredited = 0;
-        p.shared.window.close();
+        p.shared
+            .outbox
+            .give_back(Return::Retired, p.ledger.retire());
+        p.shared.outbox.window().close();
         let undelivered = unacked.len() as u64;
         Counters::add(&p.shared.counters.undelivered, undelivered);
         if failed + undelivered > 0 {
@@ -1243,6 +1422,7 @@ impl IoThread {
                     }
                     self.send_ack(peer);
                 }
+                TimerKind::Tick => self.tick(),
                 TimerKind::Deadline => {}
             }
         }
@@ -1260,11 +1440,9 @@ impl IoThread {
         for id in ids {
             let p = self.peers.get_mut(&id).expect("listed");
             p.gen += 1; // no more reconnects
-            {
-                // No new messages; what is queued is still flushed.
-                p.shared.outbox.lock().closed = true;
-            }
-            p.shared.window.close();
+                        // No new messages; what is queued is still flushed.
+            p.shared.outbox.close_keep();
+            p.shared.outbox.window().close();
             if p.conn
                 .is_some_and(|t| self.conns.get(&t).is_some_and(|c| c.established))
             {
@@ -1284,7 +1462,7 @@ impl IoThread {
                 None => true, // not connected: nothing more can be flushed
                 Some(c) => {
                     p.pending.is_empty()
-                        && p.shared.outbox.lock().queue.is_empty()
+                        && p.shared.outbox.is_empty()
                         && c.unwritten() == 0
                         && p.desc.unacked_len() == 0
                 }
@@ -1327,16 +1505,11 @@ fn configure(cfg: &IoConfig, stream: &TcpStream) {
 /// Fails every message of `p` not yet published, giving back its permits. Returns how many.
 fn fail_queued(p: &mut PeerIo) -> u64 {
     let mut queued = std::mem::take(&mut p.pending);
-    {
-        let mut ob = p.shared.outbox.lock();
-        ob.closed = true;
-        queued.extend(ob.queue.drain(..));
-    }
+    queued.extend(p.shared.outbox.close());
     let n = queued.len() as u64;
     let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
-    p.shared
-        .window
-        .release(bytes + n * crate::flow::MESSAGE_OVERHEAD);
+    let permits: u64 = queued.iter().map(Outgoing::cost).sum();
+    p.shared.outbox.give_back(Return::Failed, permits);
     Counters::add(&p.shared.counters.failed_bytes, bytes);
     Counters::add(&p.shared.counters.failed, n);
     n

@@ -14,7 +14,7 @@ pub(crate) use io::{IoThread, NodeCounters};
 
 use crate::deliver::{CreditSink, MemberQueue, Pool};
 use crate::flow::RecvCredit;
-use crate::peer::PeerShared;
+use crate::peer::{OutboundFilter, PeerShared};
 use crate::proto::Unacked;
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::{Arc, Condvar, Mutex, RwLock, SharedStr};
@@ -27,7 +27,7 @@ pub(crate) const WAKER: mio::Token = mio::Token(1);
 pub(crate) const FIRST_CONN: usize = 2;
 
 /// Settings the IO thread needs.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct IoConfig {
     pub(crate) name: SharedStr,
     pub(crate) cluster: String,
@@ -43,6 +43,15 @@ pub(crate) struct IoConfig {
     pub(crate) write_high_water: usize,
     pub(crate) send_buffer: Option<usize>,
     pub(crate) recv_buffer: Option<usize>,
+    pub(crate) outbound_filter: Option<Arc<OutboundFilter>>,
+    /// A sender blocked this long on an empty window makes the IO thread send a probe.
+    pub(crate) probe_interval: Duration,
+    /// A sender blocked this long is logged (once per blocked episode).
+    pub(crate) block_warning: Duration,
+    /// Return residual credit (below half a window) once the sender's queue is idle.
+    pub(crate) credit_on_idle: bool,
+    /// Period of the housekeeping tick.
+    pub(crate) tick: Duration,
 }
 
 /// Requests from the node handle to the IO thread.
@@ -239,9 +248,9 @@ impl CreditSink for PeerCreditSink {
         }
     }
     fn idle(&self) {
-        if self.credit.pending() > 0 {
-            self.request();
-        }
+        // Residual credit (below half a window) goes back with the IO thread's next tick,
+        // ack or probe answer: waking the IO thread here would cost a syscall per burst
+        // (per message in a ping-pong).
     }
 }
 

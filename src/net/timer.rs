@@ -17,6 +17,8 @@ pub(crate) enum TimerKind {
     Handshake { token: Token },
     /// Send an ack to `peer` if one is still owed.
     AckDelay { peer: usize },
+    /// Periodic housekeeping: probes, block warnings, residual credit, expiry.
+    Tick,
     /// Shutdown's deadline.
     Deadline,
 }

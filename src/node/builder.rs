@@ -9,6 +9,7 @@ use bytes::Bytes;
 use super::{Error, Node};
 use crate::deliver::{Delivery, Handler};
 use crate::flow::MESSAGE_OVERHEAD;
+use crate::peer::{OutboundFilter, Outgoing, PeerInfo};
 use crate::sync::Arc;
 
 /// A callback told about messages that will never be delivered: the peer was removed or
@@ -51,6 +52,10 @@ pub struct Builder {
     pub(crate) recv_buffer: Option<usize>,
     pub(crate) handler: Option<Handler>,
     pub(crate) undelivered: Option<Arc<UndeliveredFn>>,
+    pub(crate) outbound_filter: Option<Arc<OutboundFilter>>,
+    pub(crate) probe_interval: Duration,
+    pub(crate) block_warning: Duration,
+    pub(crate) credit_on_idle: bool,
 }
 
 impl std::fmt::Debug for Builder {
@@ -98,6 +103,10 @@ impl Builder {
             recv_buffer: None,
             handler: None,
             undelivered: None,
+            outbound_filter: None,
+            probe_interval: Duration::from_millis(100),
+            block_warning: Duration::from_secs(5),
+            credit_on_idle: true,
         }
     }
 
@@ -219,6 +228,50 @@ impl Builder {
         F: Fn(&str, Vec<Bytes>) + Send + Sync + 'static,
     {
         self.undelivered = Some(Arc::new(f));
+        self
+    }
+
+    /// A filter consulted by the IO thread right before each message is published to a
+    /// peer, so it sees the peer as it is at that moment (say, a peer that announced after the
+    /// message was queued that it no longer takes some kind of message). A message it rejects
+    /// gives its window permits back, gets no sequence number, is not counted as sent and is
+    /// counted `filtered`. It must be fast and must not block; a panic in it drops the message
+    /// and is logged.
+    ///
+    /// ```
+    /// let b = cohort::Node::builder("alpha")
+    ///     .outbound_filter(|peer: &cohort::PeerInfo<'_>, msg: &cohort::Outgoing| {
+    ///         !(peer.name == "legacy" && msg.payload().starts_with(b"v2:"))
+    ///     });
+    /// # let _ = b;
+    /// ```
+    pub fn outbound_filter<F>(mut self, f: F) -> Self
+    where
+        F: Fn(&PeerInfo<'_>, &Outgoing) -> bool + Send + Sync + 'static,
+    {
+        self.outbound_filter = Some(Arc::new(f));
+        self
+    }
+
+    /// A sender parked this long on an empty window makes the IO thread send the peer a
+    /// credit probe, answered with every byte of credit it holds (default 100 ms).
+    pub fn probe_interval(mut self, d: Duration) -> Self {
+        self.probe_interval = d.max(Duration::from_millis(1));
+        self
+    }
+
+    /// A sender parked this long is logged at `warn`, once per blocked episode, with the
+    /// peer, window, bytes in flight and how long (default 5 s).
+    pub fn block_warning(mut self, d: Duration) -> Self {
+        self.block_warning = d;
+        self
+    }
+
+    /// Whether the receiver returns credit below half a window once a sender's queue has
+    /// drained (default `true`, within one housekeeping tick). With `false`, credit returns
+    /// only in halves of the window and in answer to probes, as in JGroups' UFC.
+    pub fn credit_on_idle(mut self, on: bool) -> Self {
+        self.credit_on_idle = on;
         self
     }
 

@@ -72,7 +72,7 @@ impl SendCore {
         &self,
         to: &str,
         payload: Bytes,
-        oob: bool,
+        opts: SendOptions,
         wait: Wait,
     ) -> Result<(), TrySendError<Bytes>> {
         let peers = self.peers.read();
@@ -83,25 +83,27 @@ impl SendCore {
             ));
         };
         if let Wait::No = wait {
-            return self.enqueue_to(peer, payload, oob, wait);
+            return self.enqueue_to(peer, payload, opts, wait);
         }
         // Never park while holding the map's read lock: a blocked sender would stall
         // add_peer/remove_peer. Try without waiting first; wait only on our own clone.
-        match self.enqueue_to(peer, payload, oob, Wait::No) {
+        match self.enqueue_to(peer, payload, opts, Wait::No) {
             Err(TrySendError::Full(payload)) => {
                 let peer = peer.clone();
                 drop(peers);
-                self.enqueue_to(&peer, payload, oob, wait)
+                self.enqueue_to(&peer, payload, opts, wait)
             }
             other => other,
         }
     }
 
+    /// Takes the message's permits from the peer's window (the only place they are taken)
+    /// and queues it for the IO thread.
     fn enqueue_to(
         &self,
         peer: &PeerShared,
         payload: Bytes,
-        oob: bool,
+        opts: SendOptions,
         wait: Wait,
     ) -> Result<(), TrySendError<Bytes>> {
         let len = payload.len();
@@ -116,10 +118,11 @@ impl SendCore {
             return Err(TrySendError::Failed(payload, Error::Closed));
         }
         let c = cost(len);
+        let window = peer.outbox.window();
         let acquired = match wait {
-            Wait::No => peer.window.try_acquire(c),
-            Wait::Forever => peer.window.acquire(c),
-            Wait::For(d) => peer.window.acquire_timeout(c, d),
+            Wait::No => window.try_acquire(c),
+            Wait::Forever => window.acquire(c),
+            Wait::For(d) => window.acquire_timeout(c, d),
         };
         match acquired {
             Ok(()) => {}
@@ -140,22 +143,55 @@ impl SendCore {
                 return Err(TrySendError::Failed(payload, e));
             }
         }
-        let flags = if oob { wire::FLAG_OOB } else { 0 };
-        {
-            let mut ob = peer.outbox.lock();
-            if ob.closed {
-                drop(ob);
-                // The one place a permit taken here is given back without a message.
-                peer.window.release(c);
-                return Err(TrySendError::Failed(payload, Error::Closed));
-            }
-            // Counted before the IO thread can see it, so `accepted >= sent + failed`.
+        let deadline = opts.ttl.map(|t| {
+            peer.note_ttl();
+            Instant::now() + t
+        });
+        let m = Outgoing::new(payload, opts.oob, deadline);
+        // Counted before the IO thread can see it, so `accepted >= sent + filtered + failed`.
+        let admitted = peer.outbox.admit_with(m, |_| {
             Counters::add(&peer.counters.accepted, 1);
             Counters::add(&peer.counters.accepted_bytes, len as u64);
-            ob.queue.push_back(Outgoing { payload, flags });
+        });
+        if let Err(m) = admitted {
+            // `admit_with` gave the permits back (Return::Refused).
+            return Err(TrySendError::Failed(m.payload, Error::Closed));
         }
         self.io.schedule(peer);
         Ok(())
+    }
+}
+
+/// Options of [`Sender::send_with`].
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = cohort::SendOptions::new().oob().ttl(Duration::from_millis(500));
+/// # let _ = opts;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendOptions {
+    oob: bool,
+    ttl: Option<Duration>,
+}
+
+impl SendOptions {
+    /// A regular message with no expiry (what [`Sender::send`] sends).
+    pub fn new() -> SendOptions {
+        SendOptions::default()
+    }
+
+    /// Out of band: straight to a pool thread at the receiver, unordered.
+    pub fn oob(mut self) -> SendOptions {
+        self.oob = true;
+        self
+    }
+
+    /// Fail the message (counted `failed`, permits returned) if it has not been published
+    /// within `ttl` — for instance because the peer is disconnected.
+    pub fn ttl(mut self, ttl: Duration) -> SendOptions {
+        self.ttl = Some(ttl);
+        self
     }
 }
 
@@ -164,14 +200,15 @@ impl Sender {
     /// once while both processes live. Blocks (parks) while `to`'s send window is full.
     pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
         self.core
-            .enqueue(to, payload.into(), false, Wait::Forever)
+            .enqueue(to, payload.into(), SendOptions::new(), Wait::Forever)
             .map_err(Error::from)
     }
 
     /// Like [`send`](Sender::send) but never blocks: a full window hands the payload back
     /// in [`TrySendError::Full`].
     pub fn try_send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
-        self.core.enqueue(to, payload.into(), false, Wait::No)
+        self.core
+            .enqueue(to, payload.into(), SendOptions::new(), Wait::No)
     }
 
     /// Like [`send`](Sender::send) but waits at most `timeout` for room in the window, then
@@ -183,7 +220,7 @@ impl Sender {
         timeout: Duration,
     ) -> Result<(), Error> {
         self.core
-            .enqueue(to, payload.into(), false, Wait::For(timeout))
+            .enqueue(to, payload.into(), SendOptions::new(), Wait::For(timeout))
             .map_err(Error::from)
     }
 
@@ -191,7 +228,19 @@ impl Sender {
     /// with the sender's other messages (still exactly once, still flow-controlled).
     pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
         self.core
-            .enqueue(to, payload.into(), true, Wait::Forever)
+            .enqueue(to, payload.into(), SendOptions::new().oob(), Wait::Forever)
+            .map_err(Error::from)
+    }
+
+    /// Sends with [`SendOptions`] (out of band, expiry); blocks like [`send`](Sender::send).
+    pub fn send_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        opts: SendOptions,
+    ) -> Result<(), Error> {
+        self.core
+            .enqueue(to, payload.into(), opts, Wait::Forever)
             .map_err(Error::from)
     }
 
@@ -206,7 +255,7 @@ impl Sender {
             .map(|p| {
                 let r = self
                     .core
-                    .enqueue_to(p, payload.clone(), false, Wait::No)
+                    .enqueue_to(p, payload.clone(), SendOptions::new(), Wait::No)
                     .map_err(Error::from);
                 (p.name.to_string(), r)
             })
@@ -375,6 +424,11 @@ impl Node {
             write_high_water: b.write_high_water,
             send_buffer: b.send_buffer,
             recv_buffer: b.recv_buffer,
+            outbound_filter: b.outbound_filter.clone(),
+            probe_interval: b.probe_interval,
+            block_warning: b.block_warning,
+            credit_on_idle: b.credit_on_idle,
+            tick: (b.probe_interval / 2).clamp(Duration::from_millis(5), Duration::from_millis(50)),
         };
         let io_done = Arc::new(Completion::default());
         let parts = IoParts {
@@ -503,7 +557,7 @@ impl Node {
             id: peer.id,
             done: done.clone(),
         });
-        peer.window.close();
+        peer.outbox.window().close();
         if !done.wait_until(Instant::now() + Duration::from_secs(10))
             && !self.io_done.wait_until(Instant::now())
         {
@@ -548,6 +602,16 @@ impl Node {
     /// See [`Sender::send_oob`].
     pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
         self.sender.send_oob(to, payload)
+    }
+
+    /// See [`Sender::send_with`].
+    pub fn send_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        opts: SendOptions,
+    ) -> Result<(), Error> {
+        self.sender.send_with(to, payload, opts)
     }
 
     /// See [`Sender::broadcast`].
@@ -645,11 +709,13 @@ impl Node {
 
 fn peer_stats(p: &PeerShared) -> PeerStats {
     let c = &p.counters;
-    // Read sent and failed before accepted: accepted is bumped first, so queued >= 0.
+    // Read the outcomes before accepted: accepted is bumped first, so queued >= 0.
     let sent = Counters::get(&c.sent);
+    let filtered = Counters::get(&c.filtered);
     let failed = Counters::get(&c.failed);
     let accepted = Counters::get(&c.accepted);
     let sent_bytes = Counters::get(&c.sent_bytes);
+    let filtered_bytes = Counters::get(&c.filtered_bytes);
     let failed_bytes = Counters::get(&c.failed_bytes);
     let accepted_bytes = Counters::get(&c.accepted_bytes);
     PeerStats {
@@ -659,10 +725,13 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         accepted_bytes,
         sent,
         sent_bytes,
+        filtered,
+        filtered_bytes,
         failed,
         failed_bytes,
-        queued: accepted.saturating_sub(sent + failed),
-        queued_bytes: accepted_bytes.saturating_sub(sent_bytes + failed_bytes),
+        expired: Counters::get(&c.expired),
+        queued: accepted.saturating_sub(sent + filtered + failed),
+        queued_bytes: accepted_bytes.saturating_sub(sent_bytes + filtered_bytes + failed_bytes),
         received: Counters::get(&c.received),
         received_bytes: Counters::get(&c.received_bytes),
         delivered: p.member.delivered(),
@@ -673,10 +742,11 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         connects: Counters::get(&c.connects),
         disconnects: Counters::get(&c.disconnects),
         undelivered: Counters::get(&c.undelivered),
-        window: p.window.capacity(),
-        available: p.window.available(),
-        in_flight: p.window.in_flight(),
-        blocked: p.window.blocked_time(),
+        window: p.outbox.window().capacity(),
+        available: p.outbox.window().available(),
+        in_flight: p.outbox.window().in_flight(),
+        blocked: p.outbox.window().blocked_time(),
+        probes: Counters::get(&c.probes),
         max_concurrent_deliverers: p.member.max_concurrent(),
     }
 }

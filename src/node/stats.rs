@@ -23,11 +23,19 @@ pub struct PeerStats {
     pub sent: u64,
     /// Their payload bytes.
     pub sent_bytes: u64,
-    /// Messages that failed before publication (peer removed, node shut down).
+    /// Messages dropped by the outbound filter at publish time (permits returned, never
+    /// sent).
+    pub filtered: u64,
+    /// Their payload bytes.
+    pub filtered_bytes: u64,
+    /// Messages that failed before publication (peer removed, node shut down, expired, too
+    /// large for the peer).
     pub failed: u64,
     /// Their payload bytes.
     pub failed_bytes: u64,
-    /// Messages accepted and not yet published: `accepted - sent - failed`.
+    /// ... of which expired while queued (`SendOptions::ttl`).
+    pub expired: u64,
+    /// Messages accepted and not yet published: `accepted - sent - filtered - failed`.
     pub queued: u64,
     /// Their payload bytes.
     pub queued_bytes: u64,
@@ -59,6 +67,8 @@ pub struct PeerStats {
     pub in_flight: u64,
     /// Total time senders spent parked on this peer's window.
     pub blocked: Duration,
+    /// Credit probes sent to this peer (a sender was parked for a probe interval).
+    pub probes: u64,
     /// The most pool threads ever seen delivering this peer's messages at once (must be
     /// at most 1).
     pub max_concurrent_deliverers: usize,
@@ -129,11 +139,12 @@ impl fmt::Display for Stats {
         writeln!(f, "node {}", self.node)?;
         writeln!(
             f,
-            "{:<12} {:<11} {:>10} {:>10} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>9}",
+            "{:<12} {:<11} {:>10} {:>10} {:>8} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>9}",
             "peer",
             "state",
             "accepted",
             "sent",
+            "filtered",
             "failed",
             "queued",
             "received",
@@ -147,11 +158,12 @@ impl fmt::Display for Stats {
         for p in &self.peers {
             writeln!(
                 f,
-                "{:<12} {:<11} {:>10} {:>10} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>8.1?}",
+                "{:<12} {:<11} {:>10} {:>10} {:>8} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>8.1?}",
                 p.name,
                 p.state,
                 p.accepted,
                 p.sent,
+                p.filtered,
                 p.failed,
                 p.queued,
                 p.received,

@@ -13,15 +13,16 @@
 //! timer scheduled earlier can dial again, and a connection completing after `Closed` is
 //! closed at once. Every transition goes through [`PeerState::can_become`].
 
-use std::collections::VecDeque;
+mod outbox;
+
 use std::fmt;
 
-use bytes::Bytes;
+pub use outbox::{Ledger, Outbox, Outgoing, Return};
 
 use crate::deliver::{CreditSink, MemberQueue};
-use crate::flow::{RecvCredit, SendWindow};
+use crate::flow::RecvCredit;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use crate::sync::{Arc, Mutex, SharedStr};
+use crate::sync::{Arc, SharedStr};
 
 /// Where a peer is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,15 +82,36 @@ impl fmt::Display for PeerState {
     }
 }
 
-/// A message accepted by `send*` and not yet published.
-#[derive(Debug)]
-pub(crate) struct Outgoing {
-    pub(crate) payload: Bytes,
-    pub(crate) flags: u8,
+/// What the outbound filter is told about the peer a message is about to be published to,
+/// as of that moment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PeerInfo<'a> {
+    /// Member name.
+    pub name: &'a str,
+    /// The peer's current incarnation, once it has completed a handshake.
+    pub launch_id: Option<u64>,
+    /// Its lifecycle state.
+    pub state: PeerState,
 }
 
-/// Per-peer counters. They add up: `accepted == sent + failed + queued` at every instant
-/// the stats are read (queued is derived).
+impl<'a> PeerInfo<'a> {
+    pub(crate) fn new(name: &'a str, launch_id: Option<u64>, state: PeerState) -> PeerInfo<'a> {
+        PeerInfo {
+            name,
+            launch_id,
+            state,
+        }
+    }
+}
+
+/// Decides, right before a message is published to a peer, whether it goes out (`true`) or
+/// is dropped (`false`: its permits go back, it is counted `filtered`, it gets no sequence
+/// number). Runs on the IO thread: keep it fast and non-blocking.
+pub type OutboundFilter = dyn Fn(&PeerInfo<'_>, &Outgoing) -> bool + Send + Sync;
+
+/// Per-peer counters. They add up: `accepted == sent + filtered + failed + queued` at every
+/// instant the stats are read (queued is derived).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) accepted: AtomicU64,
@@ -98,6 +120,10 @@ pub(crate) struct Counters {
     pub(crate) sent_bytes: AtomicU64,
     pub(crate) failed: AtomicU64,
     pub(crate) failed_bytes: AtomicU64,
+    pub(crate) filtered: AtomicU64,
+    pub(crate) filtered_bytes: AtomicU64,
+    pub(crate) expired: AtomicU64,
+    pub(crate) probes: AtomicU64,
     pub(crate) received: AtomicU64,
     pub(crate) received_bytes: AtomicU64,
     pub(crate) duplicates: AtomicU64,
@@ -121,13 +147,15 @@ impl Counters {
 pub(crate) struct PeerShared {
     pub(crate) id: usize,
     pub(crate) name: SharedStr,
-    pub(crate) window: SendWindow,
-    /// Accepted messages waiting for the IO thread. Closed (no more pushes) once the peer is
-    /// removed or the node shuts down; the flag lives under the same lock so a push can never
-    /// slip in after the final drain.
-    pub(crate) outbox: Mutex<Outbox>,
+    /// Send window and accepted messages waiting for the IO thread. Closed (no more pushes)
+    /// once the peer is removed or the node shuts down; the flag lives under the queue's lock
+    /// so a push can never slip in after the final drain.
+    pub(crate) outbox: Outbox,
     /// Set while the peer is in the IO thread's ready list.
     pub(crate) scheduled: AtomicBool,
+    /// Set once a message with a time-to-live was queued: the IO thread then sweeps this
+    /// peer's queue for expired messages while it is disconnected.
+    uses_ttl: AtomicBool,
     /// Lifecycle state mirrored for stats (the IO thread owns the real one).
     state: AtomicU8,
     pub(crate) credit: Arc<RecvCredit>,
@@ -135,12 +163,6 @@ pub(crate) struct PeerShared {
     /// Where out-of-band deliveries from this peer report consumption.
     pub(crate) oob_sink: Arc<dyn CreditSink>,
     pub(crate) counters: Counters,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct Outbox {
-    pub(crate) queue: VecDeque<Outgoing>,
-    pub(crate) closed: bool,
 }
 
 impl fmt::Debug for PeerShared {
@@ -165,15 +187,26 @@ impl PeerShared {
         PeerShared {
             id,
             name,
-            window: SendWindow::new(window),
-            outbox: Mutex::new(Outbox::default()),
+            outbox: Outbox::new(window),
             scheduled: AtomicBool::new(false),
+            uses_ttl: AtomicBool::new(false),
             state: AtomicU8::new(PeerState::Backoff as u8),
             credit,
             member,
             oob_sink,
             counters: Counters::default(),
         }
+    }
+
+    pub(crate) fn note_ttl(&self) {
+        // Relaxed: a hint for the IO thread's sweep; a late sweep only delays expiry.
+        if !self.uses_ttl.load(Ordering::Relaxed) {
+            self.uses_ttl.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn ttl_queued(&self) -> bool {
+        self.uses_ttl.load(Ordering::Relaxed)
     }
 
     pub(crate) fn state(&self) -> PeerState {

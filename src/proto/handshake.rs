@@ -24,6 +24,8 @@ pub struct LocalIdentity {
     pub launch_id: u64,
     /// Our send window, bytes.
     pub window: u64,
+    /// Largest message payload we accept.
+    pub max_message: u32,
     /// Cluster name.
     pub cluster: String,
     /// Our member name.
@@ -36,6 +38,7 @@ impl LocalIdentity {
             version: wire::VERSION,
             launch_id: self.launch_id,
             window: self.window,
+            max_message: self.max_message,
             cluster: &self.cluster,
             name: &self.name,
         }
@@ -51,6 +54,8 @@ pub struct PeerIdentity {
     pub launch_id: u64,
     /// The peer's send window (we return credit to it in halves of this).
     pub window: u64,
+    /// Largest message payload the peer accepts.
+    pub max_message: u32,
 }
 
 /// Which end of the connection we are.
@@ -224,6 +229,7 @@ impl Handshake {
             name: id.name.to_owned(),
             launch_id: id.launch_id,
             window: id.window,
+            max_message: id.max_message,
         })
     }
 
@@ -325,6 +331,7 @@ mod tests {
         LocalIdentity {
             launch_id: name.len() as u64 + 100,
             window: 1 << 16,
+            max_message: 1 << 15,
             cluster: cluster.into(),
             name: name.into(),
         }

@@ -104,6 +104,10 @@ pub struct Descriptor {
     acks_sent: u64,
     unacked: VecDeque<Unacked>,
     unacked_bytes: u64,
+    /// Receiver side: credit returned to the peer so far (cumulative, this incarnation).
+    credit_returned: u64,
+    /// Sender side: the highest cumulative credit the peer has reported.
+    credit_seen: u64,
 }
 
 impl Descriptor {
@@ -259,6 +263,27 @@ impl Descriptor {
         Ok(self.unacked.iter())
     }
 
+    /// Receiver side: adds `bytes` of newly consumed credit and returns the cumulative total
+    /// to put in the next ack. Acks carry totals, not deltas, so an ack lost with a broken
+    /// connection loses no credit: the next one carries it.
+    pub fn return_credit(&mut self, bytes: u64) -> u64 {
+        self.credit_returned += bytes;
+        self.credit_returned
+    }
+
+    /// Receiver side: the cumulative credit returned so far.
+    pub fn credit_returned(&self) -> u64 {
+        self.credit_returned
+    }
+
+    /// Sender side: the peer reports `total` credit returned so far; returns the new part
+    /// (zero for a stale or repeated report).
+    pub fn on_credit(&mut self, total: u64) -> u64 {
+        let delta = total.saturating_sub(self.credit_seen);
+        self.credit_seen = self.credit_seen.max(total);
+        delta
+    }
+
     /// Takes every unacknowledged message out (the peer was removed or the node stopped).
     pub fn drain_unacked(&mut self) -> Vec<Unacked> {
         self.unacked_bytes = 0;
@@ -302,6 +327,24 @@ mod tests {
             d.resume(2),
             Err(RecoveryError::AckWentBack { .. })
         ));
+    }
+
+    #[test]
+    fn credit_totals_survive_a_lost_ack() {
+        let (mut rx, mut tx) = (Descriptor::new(), Descriptor::new());
+        let first = rx.return_credit(100); // this ack is lost with its connection
+        let second = rx.return_credit(50);
+        assert_eq!((first, second), (100, 150));
+        assert_eq!(
+            tx.on_credit(second),
+            150,
+            "the later total carries the lost credit"
+        );
+        assert_eq!(tx.on_credit(first), 0, "a stale total gives nothing");
+        assert_eq!(tx.on_credit(second), 0, "a repeated total gives nothing");
+        tx.bind(1);
+        tx.bind(2);
+        assert_eq!(tx.on_credit(10), 10, "a new incarnation starts from zero");
     }
 
     #[test]

@@ -73,6 +73,7 @@ mod imp {
             // Poisoning cannot happen in a model that does not panic while holding a lock.
             MutexGuard(Some(self.0.lock().expect("loom mutex poisoned")))
         }
+        #[allow(dead_code)] // parking_lot's API; not every build calls it
         pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
             self.0.try_lock().ok().map(|g| MutexGuard(Some(g)))
         }

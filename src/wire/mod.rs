@@ -27,7 +27,7 @@ pub const HEADER_BYTES: usize = LEN_BYTES + 2;
 /// Longest cluster or member name, in bytes.
 pub const MAX_NAME: usize = 255;
 /// Largest handshake frame body: two names plus fixed fields, with room to spare.
-pub const MAX_HANDSHAKE_BODY: usize = 4 + 2 + 8 + 8 + 8 + 1 + MAX_NAME + 1 + MAX_NAME + 64;
+pub const MAX_HANDSHAKE_BODY: usize = 4 + 2 + 8 + 8 + 4 + 8 + 1 + MAX_NAME + 1 + MAX_NAME + 64;
 
 /// Frame kinds (the byte after the length).
 pub mod kind {
@@ -104,6 +104,8 @@ pub struct Identity<'a> {
     pub launch_id: u64,
     /// The sender's send window in bytes: the receiver returns credit in halves of it.
     pub window: u64,
+    /// Largest message payload the sender accepts; larger messages are never sent to it.
+    pub max_message: u32,
     /// Cluster name.
     pub cluster: &'a str,
     /// Member name.
@@ -132,11 +134,12 @@ pub enum Frame<'a> {
         /// The message bytes.
         payload: &'a [u8],
     },
-    /// Cumulative ack and returned credit.
+    /// Cumulative ack and cumulative returned credit.
     Ack {
         /// Reliable messages received so far from the peer's current incarnation.
         received: u64,
-        /// Bytes of credit handed back to the peer's send window.
+        /// Bytes of credit handed back to the peer's send window so far (cumulative over
+        /// the incarnation, so a lost ack loses nothing).
         credit: u64,
     },
     /// Credit probe.
@@ -248,7 +251,7 @@ pub fn encode_close(out: &mut Vec<u8>, code: CloseCode, reason: &str) {
 }
 
 fn identity_len(id: &Identity<'_>) -> usize {
-    4 + 2 + 8 + 8 + 1 + id.cluster.len() + 1 + id.name.len()
+    4 + 2 + 8 + 8 + 4 + 1 + id.cluster.len() + 1 + id.name.len()
 }
 
 fn put_identity(out: &mut Vec<u8>, id: &Identity<'_>) {
@@ -257,6 +260,7 @@ fn put_identity(out: &mut Vec<u8>, id: &Identity<'_>) {
     out.extend_from_slice(&id.version.to_le_bytes());
     out.extend_from_slice(&id.launch_id.to_le_bytes());
     out.extend_from_slice(&id.window.to_le_bytes());
+    out.extend_from_slice(&id.max_message.to_le_bytes());
     out.push(id.cluster.len() as u8);
     out.extend_from_slice(id.cluster.as_bytes());
     out.push(id.name.len() as u8);
@@ -303,6 +307,10 @@ impl<'a> Reader<'a> {
         let b = self.take(2, what)?;
         Ok(u16::from_le_bytes([b[0], b[1]]))
     }
+    fn u32(&mut self, what: &'static str) -> Result<u32, WireError> {
+        let b = self.take(4, what)?;
+        Ok(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+    }
     fn u64(&mut self, what: &'static str) -> Result<u64, WireError> {
         let b = self.take(8, what)?;
         let mut a = [0u8; 8];
@@ -331,6 +339,7 @@ fn identity<'a>(r: &mut Reader<'a>) -> Result<Identity<'a>, WireError> {
         version: r.u16("version")?,
         launch_id: r.u64("launch id")?,
         window: r.u64("window")?,
+        max_message: r.u32("max message")?,
         cluster: r.name("cluster name")?,
         name: r.name("member name")?,
     })
@@ -440,6 +449,7 @@ mod tests {
             version: VERSION,
             launch_id: 42,
             window: 1 << 20,
+            max_message: 1 << 19,
             cluster: "demo",
             name: "alpha",
         };
@@ -524,6 +534,7 @@ mod tests {
                 version: 1,
                 launch_id: 1,
                 window: 1,
+                max_message: 1,
                 cluster: "c",
                 name: "n",
             },
