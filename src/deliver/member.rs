@@ -169,7 +169,10 @@ impl MemberQueue {
             let mut bytes = 0u64;
             let mut cost = 0u64;
             let n = batch.len();
-            for d in batch.drain(..) {
+            for mut d in batch.drain(..) {
+                if !d.is_named() {
+                    d.name_as(&self.name);
+                }
                 let len = d.payload().len();
                 bytes += len as u64;
                 cost += crate::flow::cost(len);

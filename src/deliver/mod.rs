@@ -23,7 +23,7 @@ use crate::sync::SharedStr;
 /// ```
 #[derive(Clone, Debug)]
 pub struct Delivery {
-    from: SharedStr,
+    from: Option<SharedStr>,
     payload: Bytes,
     seq: Option<u64>,
     oob: bool,
@@ -33,15 +33,30 @@ impl Delivery {
     /// A delivery (used by the transport; public for tests and benches of handlers).
     pub fn new(from: SharedStr, payload: Bytes, seq: Option<u64>, oob: bool) -> Delivery {
         Delivery {
-            from,
+            from: Some(from),
             payload,
             seq,
             oob,
         }
     }
+    /// A regular message whose sender the [`MemberQueue`] fills in when it delivers it.
+    pub(crate) fn unnamed(payload: Bytes, seq: Option<u64>) -> Delivery {
+        Delivery {
+            from: None,
+            payload,
+            seq,
+            oob: false,
+        }
+    }
+    pub(crate) fn is_named(&self) -> bool {
+        self.from.is_some()
+    }
+    pub(crate) fn name_as(&mut self, from: &SharedStr) {
+        self.from = Some(from.clone());
+    }
     /// The sending member's name.
     pub fn from(&self) -> &str {
-        &self.from
+        self.from.as_deref().unwrap_or("")
     }
     /// The message bytes.
     pub fn payload(&self) -> &Bytes {

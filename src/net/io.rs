@@ -19,7 +19,8 @@ use mio::{Events, Interest, Poll, Token};
 use super::conn::Conn;
 use super::timer::{Backoff, TimerKind, Timers};
 use super::{
-    Command, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN, LISTENER, WAKER,
+    Command, IdHash, IoConfig, IoParts, IoShared, NameHash, PeerMap, UndeliveredHook, FIRST_CONN,
+    LISTENER, WAKER,
 };
 use crate::deliver::{Delivery, Pool, Task};
 use crate::peer::{Counters, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
@@ -142,10 +143,10 @@ pub(crate) struct IoThread {
     undelivered: Option<UndeliveredHook>,
     stopped: Arc<AtomicBool>,
     max_len: usize,
-    conns: HashMap<Token, Conn>,
+    conns: HashMap<Token, Conn, IdHash>,
     next_token: usize,
-    peers: HashMap<usize, PeerIo>,
-    by_name: HashMap<SharedStr, usize>,
+    peers: HashMap<usize, PeerIo, IdHash>,
+    by_name: HashMap<SharedStr, usize, NameHash>,
     timers: Timers,
     backoff: Backoff,
     /// Connections with unread input left over (budget reached, or reading paused).
@@ -182,10 +183,10 @@ impl IoThread {
             counters: parts.counters,
             undelivered: parts.undelivered,
             stopped: parts.stopped,
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             next_token: FIRST_CONN,
-            peers: HashMap::new(),
-            by_name: HashMap::new(),
+            peers: HashMap::default(),
+            by_name: HashMap::default(),
             timers: Timers::default(),
             read_pending: VecDeque::new(),
             dirty: Vec::new(),
@@ -661,36 +662,45 @@ impl IoThread {
         }
     }
 
+    /// Whether connection `token` is open, and if so whether it is established and for
+    /// which peer.
+    fn conn_state(&self, token: Token) -> Option<(bool, Option<usize>)> {
+        self.conns.get(&token).map(|c| (c.established, c.peer))
+    }
+
     fn handle_inbound(&mut self, token: Token) {
         let mut inbound = std::mem::take(&mut self.inbound);
         let mut peer_of_batch = None;
+        // Looked up once, and again only after a frame that may change the connection.
+        let mut state = self.conn_state(token);
         for item in inbound.drain(..) {
-            if !self.conns.contains_key(&token) {
+            let Some((established, peer)) = state else {
                 break; // closed by an earlier frame
-            }
+            };
             match item {
                 Inbound::Data {
                     flags,
                     seq,
                     payload,
-                } => {
-                    let (established, peer) = {
-                        let c = &self.conns[&token];
-                        (c.established, c.peer)
-                    };
-                    match (established, peer) {
-                        (true, Some(id)) => {
-                            peer_of_batch = Some(id);
-                            self.on_data(token, id, flags, seq, payload);
-                        }
-                        _ => {
-                            self.protocol_error(token, "data before the handshake completed".into())
+                } => match (established, peer) {
+                    (true, Some(id)) => {
+                        peer_of_batch = Some(id);
+                        if !self.on_data(token, id, flags, seq, payload) {
+                            state = None;
                         }
                     }
+                    _ => {
+                        self.protocol_error(token, "data before the handshake completed".into());
+                        state = None;
+                    }
+                },
+                Inbound::Other(bytes) => {
+                    self.on_frame(token, &bytes);
+                    state = self.conn_state(token);
                 }
-                Inbound::Other(bytes) => self.on_frame(token, &bytes),
                 Inbound::Bad(e) => {
                     self.protocol_error(token, e.to_string());
+                    state = None;
                 }
             }
         }
@@ -716,38 +726,44 @@ impl IoThread {
         self.close_conn(token, Some((CloseCode::Protocol, &reason)));
     }
 
-    fn on_data(&mut self, token: Token, id: usize, flags: u8, seq: Option<u64>, payload: Bytes) {
+    fn on_data(
+        &mut self,
+        token: Token,
+        id: usize,
+        flags: u8,
+        seq: Option<u64>,
+        payload: Bytes,
+    ) -> bool {
         let Some(p) = self.peers.get_mut(&id) else {
-            return;
+            return true;
         };
         if let Some(seq) = seq {
             match p.desc.on_data(seq) {
                 Ok(Receive::Deliver) => {}
                 Ok(Receive::Duplicate) => {
                     Counters::add(&p.shared.counters.duplicates, 1);
-                    return;
+                    return true;
                 }
                 Err(e) => {
                     self.push_batch(id);
-                    return self.protocol_error(token, e.to_string());
+                    self.protocol_error(token, e.to_string());
+                    return false;
                 }
             }
         }
         Counters::add(&p.shared.counters.received, 1);
         Counters::add(&p.shared.counters.received_bytes, payload.len() as u64);
         let oob = flags & wire::FLAG_OOB != 0;
-        let d = Delivery::new(
-            p.shared.name.clone(),
-            payload,
-            if oob { None } else { seq },
-            oob,
-        );
         if oob {
+            let d = Delivery::new(p.shared.name.clone(), payload, None, true);
             let sink = p.shared.oob_sink.clone();
             self.submit(Task::Oob(d, sink));
         } else {
-            self.batch.push(d);
+            // Named by the deliverer, on the pool thread: cloning the sender's name here and
+            // dropping it there would bounce its refcount between cores on every message.
+            self.batch.push(Delivery::unnamed(payload, seq));
         }
+        true
     }
 
     /// Hands the regular messages parsed this turn to the sender's queue.
