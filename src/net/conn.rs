@@ -65,24 +65,27 @@ impl Conn {
         self.wbuf.len() - self.wpos
     }
 
-    /// Reads once into the read buffer. `Ok(0)` is EOF.
-    pub(crate) fn read_some(&mut self, max_frame: usize) -> io::Result<usize> {
-        // Keep room for a full chunk; a partial frame at the front stays in place, and
-        // `reserve` moves or grows the buffer only when needed (bounded by one maximal frame
-        // plus a chunk, since frames are split off as soon as they are complete).
-        let want = READ_CHUNK.min(max_frame + crate::wire::LEN_BYTES + READ_CHUNK);
-        if self.rbuf.capacity() - self.rbuf.len() < want / 4 {
-            self.rbuf.reserve(want);
+    /// Reads once into the read buffer, at most [`READ_CHUNK`] bytes. Returns the bytes read
+    /// (`0` is EOF) and whether the read was short (the socket had no more to give: its
+    /// receive queue is drained, and with edge-triggered readiness new data raises a new
+    /// event).
+    pub(crate) fn read_some(&mut self) -> io::Result<(usize, bool)> {
+        // A partial frame at the front stays in place; `reserve` moves or grows the buffer
+        // only when the spare room is low (frames are split off as soon as they complete, so
+        // the buffer holds at most one partial frame plus a chunk).
+        if self.rbuf.capacity() - self.rbuf.len() < READ_CHUNK / 4 {
+            self.rbuf.reserve(READ_CHUNK);
         }
         let len = self.rbuf.len();
-        let cap = self.rbuf.capacity();
-        // Zero-fill the spare capacity once per call: the read writes into it. This keeps the
-        // code free of `unsafe`; the cost is a memset of at most one chunk per read syscall.
-        self.rbuf.resize(cap, 0);
+        let end = self.rbuf.capacity().min(len + READ_CHUNK);
+        // Zero-fill the slice the read writes into. This keeps the code free of `unsafe`;
+        // the cost is a memset of at most one chunk per read syscall.
+        self.rbuf.resize(end, 0);
+        let offered = end - len;
         match self.stream.read(&mut self.rbuf[len..]) {
             Ok(n) => {
                 self.rbuf.truncate(len + n);
-                Ok(n)
+                Ok((n, n < offered))
             }
             Err(e) => {
                 self.rbuf.truncate(len);

@@ -221,8 +221,9 @@ impl IoThread {
                     LISTENER => self.accept_all(),
                     WAKER => {}
                     t => {
-                        let readable = ev.is_readable() || ev.is_read_closed() || ev.is_error();
-                        self.conn_event(t, readable, ev.is_writable() || ev.is_error());
+                        let hup = ev.is_read_closed() || ev.is_error();
+                        let readable = ev.is_readable() || hup;
+                        self.conn_event(t, readable, hup, ev.is_writable() || ev.is_error());
                     }
                 }
             }
@@ -451,7 +452,7 @@ impl IoThread {
         );
     }
 
-    fn conn_event(&mut self, token: Token, readable: bool, writable: bool) {
+    fn conn_event(&mut self, token: Token, readable: bool, hup: bool, writable: bool) {
         let Some(conn) = self.conns.get_mut(&token) else {
             return; // stale token: a spurious event for a connection already closed
         };
@@ -479,7 +480,7 @@ impl IoThread {
             self.write_conn(token);
         }
         if readable {
-            self.read_conn(token);
+            self.read_conn(token, hup);
         }
     }
 
@@ -541,32 +542,39 @@ impl IoThread {
         }
     }
 
-    fn read_conn(&mut self, token: Token) {
+    /// Reads and handles what connection `token` has, up to the per-turn budget. `hup`: the
+    /// readiness event reported the peer's hang-up (or this is a continuation), so read until
+    /// EOF or `WouldBlock` rather than stopping at a short read.
+    fn read_conn(&mut self, token: Token, hup: bool) {
         if !self.stash.is_empty() {
             // The pool is full: leave the bytes in the kernel so TCP pushes back.
             self.mark_read_pending(token);
             return;
         }
-        let max_frame = self.cfg.max_message;
         let mut total = 0usize;
         loop {
             let Some(conn) = self.conns.get_mut(&token) else {
                 return;
             };
-            match conn.read_some(max_frame) {
-                Ok(0) => {
+            match conn.read_some() {
+                Ok((0, _)) => {
                     self.handle_inbound(token);
                     if self.conns.contains_key(&token) {
                         self.close_conn(token, None);
                     }
                     return;
                 }
-                Ok(n) => {
+                Ok((n, short)) => {
                     total += n;
                     self.parse(token);
                     self.handle_inbound(token);
                     if !self.stash.is_empty() || total >= READ_BUDGET {
                         self.mark_read_pending(token);
+                        return;
+                    }
+                    if short && !hup {
+                        // Drained: skip the read that would only say WouldBlock. Not after
+                        // a hang-up event, whose EOF the next read must see.
                         return;
                     }
                 }
@@ -600,7 +608,7 @@ impl IoThread {
             };
             if let Some(c) = self.conns.get_mut(&t) {
                 c.read_pending = false;
-                self.read_conn(t);
+                self.read_conn(t, true);
             }
         }
     }
