@@ -298,7 +298,7 @@ fn sink(addr: &str, runs: Option<u64>) -> Result<(), Box<dyn Error>> {
     let mut next_tick = Instant::now() + tick;
     let (mut last_at, mut last_messages, mut last_bytes) = (Instant::now(), 0u64, 0u64);
     let mut finished = 0u64;
-    while runs.map_or(true, |r| finished < r) {
+    while runs.is_none_or(|r| finished < r) {
         match events.recv_timeout(next_tick.saturating_duration_since(Instant::now())) {
             Ok(Event::Started { from, count, size }) => {
                 println!("sink: run from '{from}' started: {count} messages of {size} B");

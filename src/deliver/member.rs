@@ -192,8 +192,12 @@ impl MemberQueue {
             }
             done += n;
             if done >= budget {
+                self.active.fetch_sub(1, Ordering::AcqRel);
                 break RunOutcome::Yield;
             }
+            // Leave the active count before giving up RUNNING: once the state is idle the
+            // next producer may start a deliverer at once (loom caught the count reading 2).
+            self.active.fetch_sub(1, Ordering::AcqRel);
             // Go idle unless a producer notified us meanwhile.
             if self
                 .state
@@ -202,8 +206,9 @@ impl MemberQueue {
             {
                 break RunOutcome::Idle;
             }
+            let again = self.active.fetch_add(1, Ordering::AcqRel) + 1;
+            self.max_active.fetch_max(again, Ordering::AcqRel);
         };
-        self.active.fetch_sub(1, Ordering::AcqRel);
         if outcome == RunOutcome::Idle {
             self.credit.idle();
         }

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{wait_timeout, CachePadded, Condvar, Mutex};
 
 /// Bytes of window a message costs besides its payload, so that empty messages are
@@ -172,6 +172,11 @@ impl SendWindow {
             guard.since = Some(started);
             guard.episode += 1;
         }
+        // The fence pairs with the one in `release` (store `waiters` / load `available` here,
+        // store `available` / load `waiters` there): at least one side sees the other's
+        // store. SeqCst on the accesses alone is not enough under the C++ model once the
+        // `available` load is Acquire; loom found the lost wake-up.
+        fence(Ordering::SeqCst);
         let result = loop {
             if self.is_closed() {
                 break Err(AcquireError::Closed);
@@ -208,6 +213,8 @@ impl SendWindow {
             return;
         }
         let prev = self.available.fetch_add(n, Ordering::SeqCst);
+        // Pairs with the fence in `acquire_until` (see there).
+        fence(Ordering::SeqCst);
         if cfg!(any(debug_assertions, loom)) {
             assert!(
                 prev + n <= self.capacity,
@@ -307,7 +314,9 @@ impl RecvCredit {
     /// Takes all pending credit (the IO thread, writing an ack). Clears the flush request
     /// first so a request made after this take is not lost.
     pub fn take(&self) -> u64 {
-        self.flush_requested.store(false, Ordering::Release);
+        // A swap, not a store: the same meaning, but loom 0.7 mis-orders a plain store
+        // against a concurrent swap (tokio-rs/loom#254) and reports a lost request.
+        self.flush_requested.swap(false, Ordering::AcqRel);
         self.pending.swap(0, Ordering::AcqRel)
     }
 }

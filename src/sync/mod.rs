@@ -19,7 +19,7 @@ mod imp {
     /// Atomics (std outside loom).
     pub(crate) mod atomic {
         pub(crate) use std::sync::atomic::{
-            AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+            fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
         };
     }
 
@@ -47,7 +47,7 @@ mod imp {
     /// Atomics (loom's under `cfg(loom)`).
     pub(crate) mod atomic {
         pub(crate) use loom::sync::atomic::{
-            AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
+            fence, AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering,
         };
     }
 
