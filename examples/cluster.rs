@@ -5,8 +5,7 @@
 //! `cargo run --release --example cluster [-- --count N --size B]`
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cohort::Node;
@@ -35,10 +34,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let size = arg("--size", 64).max(8) as usize;
     let pool_threads = arg("--pool-threads", 2) as usize;
 
+    let expected_total = count * 6;
     // seen[receiver][sender]
     let seen: Vec<Arc<Mutex<HashMap<String, Seen>>>> =
         NAMES.iter().map(|_| Arc::default()).collect();
-    let total = Arc::new(AtomicU64::new(0));
+    // Messages delivered so far, with a condvar to wait on without polling.
+    let total = Arc::new((Mutex::new(0u64), Condvar::new()));
     let mut nodes = Vec::new();
     for (i, name) in NAMES.iter().enumerate() {
         let seen = seen[i].clone();
@@ -55,7 +56,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
                 s.next = n + 1;
                 s.delivered += 1;
-                total.fetch_add(1, Ordering::Relaxed);
+                drop(map);
+                let (count, cv) = &*total;
+                let mut n = count.lock().expect("no panics holding this lock");
+                *n += 1;
+                if *n % 1024 == 0 || *n == expected_total {
+                    cv.notify_all();
+                }
             })
             .start()?;
         nodes.push(node);
@@ -68,7 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
 
-    let expected = count * 6;
+    let expected = expected_total;
     let started = Instant::now();
     std::thread::scope(|s| {
         for node in &nodes {
@@ -89,8 +96,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     });
     let deadline = Instant::now() + Duration::from_secs(120);
-    while total.load(Ordering::Relaxed) < expected && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(5));
+    {
+        let (count, cv) = &*total;
+        let mut n = count.lock().expect("no panics holding this lock");
+        while *n < expected {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            n = cv.wait_timeout(n, deadline - now).expect("no panics holding this lock").0;
+        }
     }
     let elapsed = started.elapsed();
 
@@ -116,7 +131,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
-    let delivered = total.load(Ordering::Relaxed);
+    let delivered = *total.0.lock().expect("no panics holding this lock");
     let max_conc = nodes
         .iter()
         .map(|n| n.stats().max_concurrent_deliverers)
