@@ -104,7 +104,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             if now >= deadline {
                 break;
             }
-            n = cv.wait_timeout(n, deadline - now).expect("no panics holding this lock").0;
+            n = cv
+                .wait_timeout(n, deadline - now)
+                .expect("no panics holding this lock")
+                .0;
         }
     }
     let elapsed = started.elapsed();

@@ -105,9 +105,15 @@ impl SendWindow {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Total time senders spent parked on this window.
+    /// Total time senders spent parked on this window, including a stall still going on
+    /// (counted once however many senders share it), so a monitor sees a permanent stall
+    /// grow rather than a frozen figure.
     pub fn blocked_time(&self) -> Duration {
-        Duration::from_nanos(self.blocked_nanos.load(Ordering::Relaxed))
+        let done = Duration::from_nanos(self.blocked_nanos.load(Ordering::Relaxed));
+        match self.blocked_since() {
+            Some((since, _)) => done + since.elapsed(),
+            None => done,
+        }
     }
 
     /// Takes `n` bytes if they are available now.
