@@ -3,7 +3,7 @@
 //! warm-up, K round trips are timed one by one and their percentiles printed in
 //! microseconds.
 //!
-//! `cargo run --release --example ping_pong [-- --count K --size B --warmup W]`
+//! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S]`
 //! (defaults: K = 100 000 round trips of B = 64 bytes after W = 10 000 untimed ones).
 
 use std::error::Error;
@@ -54,12 +54,15 @@ fn run() -> Result<(), Box<dyn Error>> {
     let count = arg("--count", 100_000)?.max(1) as usize;
     let size = arg("--size", 64)? as usize;
     let warmup = arg("--warmup", 10_000)? as usize;
+    // Delivery threads spin this long before parking (Builder::pool_spin); 0 = park at once.
+    let spin = Duration::from_micros(arg("--spin-us", 0)?);
 
     // pong echoes through its own Sender, which exists only once pong has started.
     let pong_sender: Arc<OnceLock<Sender>> = Arc::new(OnceLock::new());
     let echo = pong_sender.clone();
     let pong = Node::builder("pong")
         .cluster("ping-pong")
+        .pool_spin(spin)
         .on_message(move |d| {
             let Some(sender) = echo.get() else { return };
             if let Err(e) = sender.send(d.from(), d.payload().clone()) {
@@ -74,6 +77,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let (replied, replies) = mpsc::channel::<Instant>();
     let ping = Node::builder("ping")
         .cluster("ping-pong")
+        .pool_spin(spin)
         .peer("pong", pong.local_addr())
         .on_message(move |_| {
             // Ends only if main has stopped waiting.

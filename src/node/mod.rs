@@ -389,6 +389,7 @@ impl Node {
             }),
         )?);
 
+        pool.set_spin(b.pool_spin);
         let peers: PeerMap = Arc::new(RwLock::new(HashMap::default()));
         for (pname, addr) in &peer_addrs {
             let shared = io.new_peer(pname.as_str().into(), b.window);

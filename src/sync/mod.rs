@@ -25,7 +25,7 @@ mod imp {
 
     /// Threads (std outside loom).
     pub(crate) mod thread {
-        pub(crate) use std::thread::{Builder, JoinHandle};
+        pub(crate) use std::thread::{yield_now, Builder, JoinHandle};
     }
 
     /// Waits on `cv` until woken or `timeout` elapses; returns `true` if it timed out.
@@ -53,7 +53,7 @@ mod imp {
 
     /// Threads (loom's under `cfg(loom)`).
     pub(crate) mod thread {
-        pub(crate) use loom::thread::{Builder, JoinHandle};
+        pub(crate) use loom::thread::{yield_now, Builder, JoinHandle};
     }
 
     /// loom's `Mutex` with parking_lot's API.
