@@ -1,0 +1,438 @@
+//! Lifecycle: shutdown joins every thread within its deadline (and reports a handler that
+//! never returns instead of hanging), removing a peer fails what is queued for it and wakes
+//! its blocked senders, a dropped connection recovers without losing or repeating a
+//! message, and the errors of a closed node or an unknown peer.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use cohort::flow::cost;
+use cohort::{Error, Node, PeerState, Sender, ShutdownReport, TrySendError};
+use common::*;
+
+/// Runs `node.shutdown(deadline)` on another thread and waits for its result, so that a
+/// shutdown that hangs fails the test instead of hanging it.
+fn shutdown_or_hang(node: Arc<Node>, deadline: Duration) -> Result<ShutdownReport, Error> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(node.shutdown(deadline));
+    });
+    rx.recv_timeout(deadline + PATIENCE)
+        .unwrap_or_else(|_| panic!("shutdown({deadline:?}) did not return"))
+}
+
+/// Waits until no thread whose name starts with `prefix` is left. A joined thread's
+/// `/proc` entry can outlive `pthread_join` by a moment (the kernel wakes the joiner before
+/// it reaps the task), so this waits rather than checks once.
+fn wait_threads_gone(prefix: &str) {
+    wait_until_or(
+        PATIENCE,
+        || threads_named(prefix).is_empty(),
+        || format!("threads {:?} to end", threads_named(prefix)),
+    );
+}
+
+/// Spawns a thread that calls `send` on a dry window and reports the result, and waits
+/// until that thread is parked (sleeping in the kernel), i.e. blocked on the window.
+fn blocked_sender(sender: Sender, to: &'static str, size: usize) -> JoinHandle<Result<(), Error>> {
+    let (tid_tx, tid_rx) = mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name("blocked-sender".into())
+        .spawn(move || {
+            tid_tx.send(current_tid()).expect("report tid");
+            sender.send(to, payload(u64::MAX / 2, size))
+        })
+        .expect("spawn");
+    let tid = tid_rx.recv().expect("tid");
+    wait_until("the sender to park on the dry window", PATIENCE, || {
+        handle.is_finished() || thread_state(tid) == Some('S')
+    });
+    assert!(
+        !handle.is_finished(),
+        "send on a dry window returned at once: {:?}",
+        handle.join()
+    );
+    handle
+}
+
+/// `shutdown` stops the node within its deadline and joins every thread it started: the IO
+/// thread and each delivery pool thread (seen by name in `/proc/self/task`) are gone once
+/// it returns `Ok`, and calling it again returns at once.
+#[test]
+fn shutdown_joins_every_thread() {
+    let check = OrderCheck::new();
+    let k = check.clone();
+    let a = Node::builder("ja")
+        .cluster("t-threads")
+        .pool_threads(3)
+        .on_message(move |d| k.record(&d))
+        .start()
+        .expect("start");
+    let b = Node::builder("jb")
+        .cluster("t-threads")
+        .pool_threads(2)
+        .start()
+        .expect("start");
+    a.add_peer("jb", b.local_addr()).expect("add_peer");
+    b.add_peer("ja", a.local_addr()).expect("add_peer");
+    let tx = b.sender();
+    for i in 0..1000 {
+        send_patiently(&tx, "ja", payload(i, 64));
+    }
+    wait_until("deliveries", PATIENCE, || check.total() == 1000);
+    check.assert_ok();
+
+    // A new thread names itself once it first runs; on a busy machine a pool thread that
+    // has had nothing to do may not have run yet, so wait for the names.
+    let expected = ["ja-deliver-0", "ja-deliver-1", "ja-deliver-2", "ja-io"];
+    wait_until_or(
+        PATIENCE,
+        || threads_named("ja-") == expected,
+        || format!("the threads a node runs: {:?}", threads_named("ja-")),
+    );
+    let expected = ["jb-deliver-0", "jb-deliver-1", "jb-io"];
+    wait_until_or(
+        PATIENCE,
+        || threads_named("jb-") == expected,
+        || format!("the threads a node runs: {:?}", threads_named("jb-")),
+    );
+
+    let (a, b) = (Arc::new(a), Arc::new(b));
+    let report = shutdown_or_hang(b.clone(), SHUTDOWN).expect("shutdown of jb");
+    assert_eq!((report.failed, report.undelivered), (0, 0), "{report:?}");
+    assert!(
+        report.elapsed <= SHUTDOWN + Duration::from_millis(500),
+        "{report:?}"
+    );
+    wait_threads_gone("jb-");
+    shutdown_or_hang(a.clone(), SHUTDOWN).expect("shutdown of ja");
+    wait_threads_gone("ja-");
+
+    let again = shutdown_or_hang(a, SHUTDOWN).expect("a second shutdown");
+    assert_eq!(again, ShutdownReport::default());
+}
+
+/// A handler that never returns does not make `shutdown` hang: it returns
+/// `Error::ShutdownTimedOut` naming the delivery thread once its deadline passes. The
+/// thread ends once the handler is released.
+#[test]
+fn shutdown_with_a_stuck_handler_times_out() {
+    let gate = Gate::new();
+    let entered = Arc::new(AtomicBool::new(false));
+    let (g, e) = (gate.clone(), entered.clone());
+    let rx = Node::builder("hs-rx")
+        .cluster("t-stuck")
+        .pool_threads(1)
+        .on_message(move |_| {
+            e.store(true, Ordering::SeqCst);
+            g.pass();
+        })
+        .start()
+        .expect("start");
+    let tx = Node::builder("hs-tx")
+        .cluster("t-stuck")
+        .pool_threads(1)
+        .peer("hs-rx", rx.local_addr())
+        .start()
+        .expect("start");
+    rx.add_peer("hs-tx", tx.local_addr()).expect("add_peer");
+    tx.send("hs-rx", payload(0, 8)).expect("send");
+    wait_until("the handler to be entered", PATIENCE, || {
+        entered.load(Ordering::SeqCst)
+    });
+    tx.shutdown(SHUTDOWN).expect("shutdown of the sender");
+
+    let rx = Arc::new(rx);
+    match shutdown_or_hang(rx.clone(), Duration::from_millis(300)) {
+        Err(Error::ShutdownTimedOut(what)) => {
+            assert!(what.contains("delivery"), "names the stuck thread: {what}")
+        }
+        other => panic!("expected ShutdownTimedOut, got {other:?}"),
+    }
+    assert!(
+        threads_named("hs-rx-").contains(&"hs-rx-deliver-0".to_owned()),
+        "the stuck delivery thread is still there"
+    );
+    wait_threads_gone("hs-rx-io");
+    gate.open();
+    wait_threads_gone("hs-rx-");
+    wait_threads_gone("hs-tx-");
+}
+
+/// Removing a peer (invariants 2 and 6): messages queued for a peer that is not up are
+/// counted and hold permits until then; `remove_peer` wakes a sender blocked on the peer's
+/// window with `Error::Closed`, the peer is gone (its name is unknown afterwards), and it
+/// can be added again with a whole window.
+#[test]
+fn remove_peer_fails_queued_messages_and_wakes_blocked_senders() {
+    const SIZE: usize = 1000;
+    const WINDOW: u64 = 64 * 1024;
+    let node = Node::builder("rm")
+        .cluster("t-remove")
+        .pool_threads(1)
+        .window_bytes(WINDOW)
+        .peer("ghost", reserve_addr())
+        .start()
+        .expect("start");
+    let mut queued = 0u64;
+    while node.try_send("ghost", payload(queued, SIZE)).is_ok() {
+        queued += 1;
+    }
+    assert_eq!(queued, WINDOW / cost(SIZE));
+    let p = peer_stats(&node, "ghost");
+    assert_ne!(p.state, PeerState::Connected, "{p:?}");
+    assert_eq!(
+        (p.accepted, p.queued, p.sent, p.failed),
+        (queued, queued, 0, 0),
+        "{p:?}"
+    );
+    assert_eq!(p.in_flight, queued * cost(SIZE), "{p:?}");
+
+    let blocked = blocked_sender(node.sender(), "ghost", SIZE);
+    node.remove_peer("ghost").expect("remove_peer");
+    wait_until("the blocked sender to wake", PATIENCE, || {
+        blocked.is_finished()
+    });
+    match blocked.join().expect("sender thread") {
+        Err(Error::Closed) => {}
+        other => panic!("a sender blocked on a removed peer must wake with Closed: {other:?}"),
+    }
+    assert!(node.stats().peer("ghost").is_none(), "{}", node.stats());
+    assert!(node.peers().is_empty());
+    match node.send("ghost", payload(0, SIZE)) {
+        Err(Error::UnknownPeer(name)) => assert_eq!(name, "ghost"),
+        other => panic!("expected UnknownPeer, got {other:?}"),
+    }
+    match node.remove_peer("ghost") {
+        Err(Error::UnknownPeer(_)) => {}
+        other => panic!("expected UnknownPeer, got {other:?}"),
+    }
+
+    node.add_peer("ghost", reserve_addr())
+        .expect("a removed peer can be added again");
+    let p = peer_stats(&node, "ghost");
+    assert_eq!(
+        (p.accepted, p.available),
+        (0, p.window),
+        "a fresh peer: {p:?}"
+    );
+    node.shutdown(SHUTDOWN).expect("shutdown");
+}
+
+/// Permits are conserved when messages can never be published (invariant 2): messages
+/// queued for a peer that never came up fail at shutdown, every permit comes back
+/// (`available == window`), the counters add up, a sender blocked on the window wakes with
+/// `Error::Closed`, and the report counts the failures.
+#[test]
+fn shutdown_fails_queued_messages_and_gives_back_every_permit() {
+    const SIZE: usize = 500;
+    const WINDOW: u64 = 32 * 1024;
+    let node = Node::builder("sf")
+        .cluster("t-fail")
+        .pool_threads(1)
+        .window_bytes(WINDOW)
+        .peer("never", reserve_addr())
+        .start()
+        .expect("start");
+    let mut queued = 0u64;
+    while node.try_send("never", payload(queued, SIZE)).is_ok() {
+        queued += 1;
+    }
+    assert!(queued > 0);
+    let blocked = blocked_sender(node.sender(), "never", SIZE);
+
+    let report = node.shutdown(SHUTDOWN).expect("shutdown");
+    wait_until("the blocked sender to wake", PATIENCE, || {
+        blocked.is_finished()
+    });
+    match blocked.join().expect("sender thread") {
+        Err(Error::Closed) => {}
+        other => panic!("a sender blocked at shutdown must wake with Closed: {other:?}"),
+    }
+    assert_eq!(report.failed, queued, "{report:?}");
+    assert_eq!(report.undelivered, 0, "{report:?}");
+    let p = peer_stats(&node, "never");
+    assert_eq!(p.state, PeerState::Closed, "{p:?}");
+    assert_eq!(
+        (p.accepted, p.failed, p.sent, p.queued),
+        (queued, queued, 0, 0),
+        "{p:?}"
+    );
+    assert_eq!(
+        p.accepted,
+        p.sent + p.filtered + p.failed + p.queued,
+        "{p:?}"
+    );
+    assert_eq!(p.available, p.window, "every permit given back: {p:?}");
+    assert_eq!(p.in_flight, 0, "{p:?}");
+}
+
+/// Recovery across dropped connections (invariant 5): `disconnect` drops the connection
+/// (from either side), it is re-established, and every message — sent before, during and
+/// after the disconnects — is delivered exactly once, in order, with `seq()` continuing.
+#[test]
+fn disconnect_then_more_sends_delivers_everything_exactly_once_in_order() {
+    const FIRST: u64 = 2_000;
+    const CONCURRENT: u64 = 20_000;
+    let check = OrderCheck::new();
+    let k = check.clone();
+    let a = Node::builder("rc-a")
+        .cluster("t-recover")
+        .pool_threads(1)
+        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .start()
+        .expect("start");
+    let b = Node::builder("rc-b")
+        .cluster("t-recover")
+        .pool_threads(2)
+        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .on_message(move |d| k.record(&d))
+        .start()
+        .expect("start");
+    let nodes = [a, b];
+    for (x, y) in [(&nodes[0], &nodes[1]), (&nodes[1], &nodes[0])] {
+        x.add_peer(y.name(), y.local_addr()).expect("add_peer");
+    }
+    wait_mesh_connected(&nodes);
+    let [a, b] = &nodes;
+    let connects = || peer_stats(a, "rc-b").connects;
+    // Drops the connection from `side` and waits for a new handshake.
+    let bounce = |side: &Node, peer: &str| {
+        let before = connects();
+        side.disconnect(peer).expect("disconnect");
+        wait_until_or(
+            PATIENCE,
+            || connects() > before && is_connected(a, "rc-b") && is_connected(b, "rc-a"),
+            || {
+                format!(
+                    "a reconnect after disconnect; stats:\n{}",
+                    all_stats(&nodes)
+                )
+            },
+        );
+    };
+
+    // Sent just before the disconnect: some are still being written or acknowledged.
+    let tx = a.sender();
+    for i in 0..FIRST / 2 {
+        send_patiently(&tx, "rc-b", payload(i, 32));
+    }
+    bounce(a, "rc-b");
+    for i in FIRST / 2..FIRST {
+        send_patiently(&tx, "rc-b", payload(i, 32));
+    }
+    wait_until_or(
+        PATIENCE,
+        || check.total() >= FIRST,
+        || format!("the first messages; stats:\n{}", all_stats(&nodes)),
+    );
+
+    // Sent while the connection is dropped, from both sides, again and again.
+    std::thread::scope(|s| {
+        let sender = s.spawn(|| {
+            for i in FIRST..FIRST + CONCURRENT {
+                send_patiently(&tx, "rc-b", payload(i, 32));
+            }
+        });
+        for round in 0..4 {
+            if round % 2 == 0 {
+                bounce(b, "rc-a");
+            } else {
+                bounce(a, "rc-b");
+            }
+        }
+        sender.join().expect("sender");
+    });
+
+    let total = FIRST + CONCURRENT;
+    wait_until_or(
+        PATIENCE,
+        || check.total() >= total,
+        || format!("all deliveries; stats:\n{}", all_stats(&nodes)),
+    );
+    check.assert_ok();
+    assert_eq!(check.count_from("rc-a"), total);
+    assert_eq!(check.total(), total, "nothing delivered twice");
+    wait_until_or(
+        PATIENCE,
+        || {
+            let p = peer_stats(a, "rc-b");
+            p.available == p.window
+        },
+        || format!("the window whole again; stats:\n{}", all_stats(&nodes)),
+    );
+    let tx = peer_stats(a, "rc-b");
+    let rx = peer_stats(b, "rc-a");
+    assert!(tx.connects >= 6, "{tx:?}");
+    assert!(tx.disconnects >= 5, "{tx:?}");
+    assert_eq!(tx.accepted, total, "{tx:?}");
+    assert_eq!(
+        tx.sent, total,
+        "published once each, resends counted apart: {tx:?}"
+    );
+    assert_eq!((tx.filtered, tx.failed, tx.queued), (0, 0, 0), "{tx:?}");
+    assert_eq!(rx.received, total, "{rx:?}");
+    assert_eq!(rx.delivered, total, "{rx:?}");
+    println!(
+        "recovery: {} resent, {} duplicates dropped over {} connects",
+        tx.resent, rx.duplicates, tx.connects
+    );
+    shutdown_all(&nodes);
+}
+
+/// The errors a user meets: an unknown peer (`Error::UnknownPeer`), and every send variant
+/// of a node that was shut down (`Error::Closed`, `try_send` handing the payload back), as
+/// well as `add_peer` after shutdown.
+#[test]
+fn unknown_peer_and_closed_node_errors() {
+    let node = Node::builder("err")
+        .cluster("t-errors")
+        .pool_threads(1)
+        .peer("known", reserve_addr())
+        .start()
+        .expect("start");
+    match node.send("stranger", &b"x"[..]) {
+        Err(Error::UnknownPeer(name)) => assert_eq!(name, "stranger"),
+        other => panic!("expected UnknownPeer, got {other:?}"),
+    }
+    match node.try_send("stranger", &b"x"[..]) {
+        Err(TrySendError::Failed(back, Error::UnknownPeer(_))) => assert_eq!(&back[..], b"x"),
+        other => panic!("expected Failed(_, UnknownPeer), got {other:?}"),
+    }
+    match node.disconnect("stranger") {
+        Err(Error::UnknownPeer(_)) => {}
+        other => panic!("expected UnknownPeer, got {other:?}"),
+    }
+    match node.add_peer("known", reserve_addr()) {
+        Err(Error::PeerExists(name)) => assert_eq!(name, "known"),
+        other => panic!("expected PeerExists, got {other:?}"),
+    }
+    let sender = node.sender();
+    node.shutdown(SHUTDOWN).expect("shutdown");
+
+    let closed = |what: &str, r: Result<(), Error>| match r {
+        Err(Error::Closed) => {}
+        other => panic!("{what} after shutdown: expected Closed, got {other:?}"),
+    };
+    closed("send", node.send("known", &b"x"[..]));
+    closed("send via a Sender", sender.send("known", &b"x"[..]));
+    closed(
+        "send_timeout",
+        node.send_timeout("known", &b"x"[..], Duration::from_millis(10)),
+    );
+    closed("send_oob", node.send_oob("known", &b"x"[..]));
+    closed("add_peer", node.add_peer("late", reserve_addr()));
+    match node.try_send("known", &b"y"[..]) {
+        Err(TrySendError::Failed(back, Error::Closed)) => assert_eq!(&back[..], b"y"),
+        other => panic!("try_send after shutdown: expected Failed(_, Closed), got {other:?}"),
+    }
+    for (peer, r) in node.broadcast(&b"z"[..]) {
+        closed(&format!("broadcast to {peer}"), r);
+    }
+    let p = peer_stats(&node, "known");
+    assert_eq!(p.accepted, 0, "nothing accepted after shutdown: {p:?}");
+}
