@@ -9,6 +9,9 @@ use mio::{Interest, Registry, Token};
 
 use crate::proto::Handshake;
 
+/// Written bytes at the front of the write buffer before it is compacted.
+const COMPACT_AT: usize = 64 * 1024;
+
 /// Bytes read per `read` call at most; the read buffer grows to hold one maximal frame.
 pub(crate) const READ_CHUNK: usize = 64 * 1024;
 
@@ -101,7 +104,15 @@ impl Conn {
             match self.stream.write(&self.wbuf[self.wpos..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => self.wpos += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    // Drop the written prefix once it is most of the buffer, so a socket
+                    // that never fully drains cannot make the buffer grow without bound.
+                    if self.wpos >= COMPACT_AT && self.wpos * 2 >= self.wbuf.len() {
+                        self.wbuf.drain(..self.wpos);
+                        self.wpos = 0;
+                    }
+                    return Ok(false);
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }

@@ -204,7 +204,11 @@ impl IoThread {
             .add(Instant::now() + self.cfg.tick, TimerKind::Tick);
         loop {
             let now = Instant::now();
-            let timeout = if !self.read_pending.is_empty() && self.stash.is_empty() {
+            // Don't sleep with work in hand: unread input, or bytes published after the last
+            // write pass (a drained socket's writer refilled its buffer).
+            let busy =
+                (!self.read_pending.is_empty() && self.stash.is_empty()) || !self.dirty.is_empty();
+            let timeout = if busy {
                 Some(Duration::ZERO)
             } else {
                 self.timers.next_in(now)
@@ -1155,8 +1159,6 @@ impl IoThread {
         if !conn.established {
             return;
         }
-        // Clear before draining: a send that pushes after this reschedules the peer.
-        p.shared.scheduled.store(false, Ordering::Release);
         let high = self.cfg.write_high_water;
         let filter = self.cfg.outbound_filter.as_deref();
         let shared = &p.shared;
@@ -1165,6 +1167,8 @@ impl IoThread {
         let mut tally = Tally::default();
         'outer: loop {
             if p.pending.is_empty() {
+                // Clear before taking: a send that pushes after this reschedules the peer.
+                shared.scheduled.store(false, Ordering::Release);
                 shared.outbox.take_into(&mut p.pending);
             }
             if p.pending.is_empty() {
@@ -1173,6 +1177,10 @@ impl IoThread {
             while let Some(m) = p.pending.pop_front() {
                 if conn.unwritten() >= high {
                     p.pending.push_front(m);
+                    // The socket is backed up: the writable event resumes this peer. Stay
+                    // marked scheduled so that senders do not wake the IO thread for
+                    // nothing on every message meanwhile.
+                    shared.scheduled.store(true, Ordering::Release);
                     break 'outer;
                 }
                 let len = m.payload.len();
