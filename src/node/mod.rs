@@ -148,13 +148,9 @@ impl SendCore {
             Instant::now() + t
         });
         let m = Outgoing::new(payload, opts.oob, deadline);
-        // Counted before the IO thread can see it, so `accepted >= sent + filtered + failed`.
-        let admitted = peer.outbox.admit_with(m, |_| {
-            Counters::add(&peer.counters.accepted, 1);
-            Counters::add(&peer.counters.accepted_bytes, len as u64);
-        });
-        if let Err(m) = admitted {
-            // `admit_with` gave the permits back (Return::Refused).
+        // Counted *accepted* under the queue lock, before the IO thread can see it.
+        if let Err(m) = peer.outbox.admit(m) {
+            // `admit` gave the permits back (Return::Refused).
             return Err(TrySendError::Failed(m.payload, Error::Closed));
         }
         self.io.schedule(peer);
@@ -714,11 +710,10 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
     let sent = Counters::get(&c.sent);
     let filtered = Counters::get(&c.filtered);
     let failed = Counters::get(&c.failed);
-    let accepted = Counters::get(&c.accepted);
+    let (accepted, accepted_bytes) = p.outbox.accepted();
     let sent_bytes = Counters::get(&c.sent_bytes);
     let filtered_bytes = Counters::get(&c.filtered_bytes);
     let failed_bytes = Counters::get(&c.failed_bytes);
-    let accepted_bytes = Counters::get(&c.accepted_bytes);
     PeerStats {
         name: p.name.to_string(),
         state: p.state(),

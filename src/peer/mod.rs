@@ -114,8 +114,6 @@ pub type OutboundFilter = dyn Fn(&PeerInfo<'_>, &Outgoing) -> bool + Send + Sync
 /// instant the stats are read (queued is derived).
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) accepted: AtomicU64,
-    pub(crate) accepted_bytes: AtomicU64,
     pub(crate) sent: AtomicU64,
     pub(crate) sent_bytes: AtomicU64,
     pub(crate) failed: AtomicU64,

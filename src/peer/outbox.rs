@@ -91,6 +91,10 @@ const RETURNS: usize = 6;
 struct Queue {
     msgs: VecDeque<Outgoing>,
     closed: bool,
+    /// Messages and payload bytes ever admitted: counted under the lock that admits them
+    /// (no extra atomic on the send path, and never behind what the IO thread has taken).
+    accepted: u64,
+    accepted_bytes: u64,
 }
 
 /// A peer's send window and queue of accepted, unpublished messages.
@@ -130,29 +134,27 @@ impl Outbox {
         &self.window
     }
 
-    /// Queues `m`, whose [`Outgoing::cost`] the caller has taken from the window. If the
-    /// outbox is closed its permits go back at once (`Return::Refused`) and it is handed back.
-    /// `on_accept` runs under the queue lock before the message becomes visible to the IO
-    /// thread (the node counts it *accepted* there, so `accepted >= sent + failed` always).
-    pub fn admit_with(
-        &self,
-        m: Outgoing,
-        on_accept: impl FnOnce(&Outgoing),
-    ) -> Result<(), Outgoing> {
+    /// Queues `m`, whose [`Outgoing::cost`] the caller has taken from the window, and counts
+    /// it *accepted*. If the outbox is closed its permits go back at once
+    /// (`Return::Refused`) and it is handed back.
+    pub fn admit(&self, m: Outgoing) -> Result<(), Outgoing> {
         let mut q = self.queue.lock();
         if q.closed {
             drop(q);
             self.give_back(Return::Refused, m.cost());
             return Err(m);
         }
-        on_accept(&m);
+        q.accepted += 1;
+        q.accepted_bytes += m.payload.len() as u64;
         q.msgs.push_back(m);
         Ok(())
     }
 
-    /// [`admit_with`](Outbox::admit_with) without a callback.
-    pub fn admit(&self, m: Outgoing) -> Result<(), Outgoing> {
-        self.admit_with(m, |_| {})
+    /// Messages and payload bytes admitted so far. Read it after the counters of what became
+    /// of them (sent, filtered, failed): it never lags them.
+    pub fn accepted(&self) -> (u64, u64) {
+        let q = self.queue.lock();
+        (q.accepted, q.accepted_bytes)
     }
 
     /// Moves every queued message to the back of `into` (one lock, no copy when `into` is
