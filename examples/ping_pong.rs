@@ -1,12 +1,15 @@
 //! Round-trip time between two members in one process: `ping` sends a message to `pong`,
 //! pong's handler sends it back, and ping waits for it before sending the next. After a
 //! warm-up, K round trips are timed one by one and their percentiles printed in
-//! microseconds.
+//! microseconds, next to the same measurement over raw blocking TCP (u32-length-prefixed
+//! frames, `TCP_NODELAY`, an echo thread) in the same run, and the ratio of the medians.
 //!
 //! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S]`
 //! (defaults: K = 100 000 round trips of B = 64 bytes after W = 10 000 untimed ones).
 
 use std::error::Error;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -99,27 +102,73 @@ fn run() -> Result<(), Box<dyn Error>> {
         }
     }
 
-    let total: Duration = rtts.iter().sum();
-    rtts.sort_unstable();
-    println!(
-        "{count} round trips of {size} B (after {warmup} warm-up), RTT in µs:\n\
-         {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}\n\
-         {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
-        "min",
-        "p50",
-        "p99",
-        "p99.9",
-        "max",
-        "mean",
-        micros(rtts[0]),
-        micros(quantile(&rtts, 0.50)),
-        micros(quantile(&rtts, 0.99)),
-        micros(quantile(&rtts, 0.999)),
-        micros(rtts[rtts.len() - 1]),
-        micros(total) / count as f64,
-    );
-
     ping.shutdown(Duration::from_secs(5))?;
     pong.shutdown(Duration::from_secs(5))?;
+
+    let raw = raw_tcp_rtts(size, warmup, count)?;
+    println!("{count} round trips of {size} B (after {warmup} warm-up), RTT in µs:");
+    println!(
+        "{:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
+        "", "min", "p50", "p99", "p99.9", "max", "mean"
+    );
+    let cohort_p50 = print_row("cohort", &mut rtts);
+    let raw_p50 = print_row("raw TCP", &mut raw.clone());
+    println!("p50 cohort/raw = {:.2}", cohort_p50 / raw_p50);
     Ok(())
+}
+
+/// Prints one row of percentiles; returns the median in µs.
+fn print_row(label: &str, rtts: &mut [Duration]) -> f64 {
+    let total: Duration = rtts.iter().sum();
+    rtts.sort_unstable();
+    let p50 = micros(quantile(rtts, 0.50));
+    println!(
+        "{:<8} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1} {:>8.1}",
+        label,
+        micros(rtts[0]),
+        p50,
+        micros(quantile(rtts, 0.99)),
+        micros(quantile(rtts, 0.999)),
+        micros(rtts[rtts.len() - 1]),
+        micros(total) / rtts.len() as f64,
+    );
+    p50
+}
+
+/// The baseline: the same ping-pong over one blocking loopback TCP connection.
+fn raw_tcp_rtts(size: usize, warmup: usize, count: usize) -> Result<Vec<Duration>, Box<dyn Error>> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut buf = vec![0u8; 4 + size];
+        loop {
+            if let Err(e) = s.read_exact(&mut buf) {
+                return if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                    Ok(())
+                } else {
+                    Err(e)
+                };
+            }
+            s.write_all(&buf)?;
+        }
+    });
+    let mut s = TcpStream::connect(addr)?;
+    s.set_nodelay(true)?;
+    let mut frame = (size as u32).to_le_bytes().to_vec();
+    frame.resize(4 + size, 0x5A);
+    let mut reply = vec![0u8; 4 + size];
+    let mut rtts = Vec::with_capacity(count);
+    for i in 0..warmup + count {
+        let sent = Instant::now();
+        s.write_all(&frame)?;
+        s.read_exact(&mut reply)?;
+        if i >= warmup {
+            rtts.push(sent.elapsed());
+        }
+    }
+    drop(s);
+    echo.join().map_err(|_| "raw TCP echo thread panicked")??;
+    Ok(rtts)
 }
