@@ -2,6 +2,7 @@
 //! buffer and handshake. Many frames go out per `write` and come in per `read`.
 
 use std::io::{self, Read, Write};
+use std::time::Instant;
 
 use bytes::BytesMut;
 use mio::net::TcpStream;
@@ -37,6 +38,10 @@ pub(crate) struct Conn {
     pub(crate) read_pending: bool,
     /// The peer's launch id (from the handshake).
     pub(crate) launch: Option<u64>,
+    /// When bytes last arrived (failure detection).
+    pub(crate) last_read: Instant,
+    /// When bytes were last written (heartbeats are sent only on a quiet connection).
+    pub(crate) last_write: Instant,
 }
 
 impl Conn {
@@ -60,6 +65,8 @@ impl Conn {
             writable_interest: false,
             read_pending: false,
             launch: None,
+            last_read: Instant::now(),
+            last_write: Instant::now(),
         }
     }
 
@@ -103,7 +110,10 @@ impl Conn {
         while self.wpos < self.wbuf.len() {
             match self.stream.write(&self.wbuf[self.wpos..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => self.wpos += n,
+                Ok(n) => {
+                    self.wpos += n;
+                    self.last_write = Instant::now();
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     // Drop the written prefix once it is most of the buffer, so a socket
                     // that never fully drains cannot make the buffer grow without bound.

@@ -47,6 +47,9 @@ pub(crate) struct NodeCounters {
     pub(crate) tie_breaks: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
     pub(crate) pool_stalls: AtomicU64,
+    pub(crate) idle_timeouts: AtomicU64,
+    /// Timers pending in the IO thread now.
+    pub(crate) timers: AtomicU64,
     /// Connections open now (any state).
     pub(crate) open: AtomicU64,
     /// Connections established now.
@@ -71,6 +74,10 @@ struct PeerIo {
     /// Window bytes published and not yet credited back by the peer.
     ledger: Ledger,
     ack_timer: bool,
+    /// The received count of an ack encoded but not yet written out: the descriptor's
+    /// `acks_sent` advances only once the bytes have left (a connection that breaks first
+    /// loses the ack, and it is owed again).
+    ack_unwritten: Option<u64>,
     /// Largest payload the peer accepts (from its handshake).
     peer_max_message: usize,
     /// When we last sent a credit probe.
@@ -242,6 +249,10 @@ impl IoThread {
             }
             self.fire_timers();
             self.flush_dirty();
+            // Relaxed: a gauge for stats.
+            self.counters
+                .timers
+                .store(self.timers.len() as u64, Ordering::Relaxed);
             if let Some(deadline) = self.shutdown {
                 if self.shutdown_flushed() || Instant::now() >= deadline {
                     break;
@@ -286,6 +297,7 @@ impl IoThread {
                         pending: VecDeque::new(),
                         ledger: Ledger::default(),
                         ack_timer: false,
+                        ack_unwritten: None,
                         peer_max_message: usize::MAX,
                         last_probe: None,
                         warned_episode: 0,
@@ -511,7 +523,20 @@ impl IoThread {
         }
         let result = conn.flush();
         match result {
-            Ok(_) => {
+            Ok(drained) => {
+                if drained && conn.established {
+                    // Every ack in the buffer has been written: now it counts as sent.
+                    if let Some(p) = conn.peer.and_then(|id| self.peers.get_mut(&id)) {
+                        if p.conn == Some(token) {
+                            if let Some(r) = p.ack_unwritten.take() {
+                                p.desc.ack_written(r);
+                            }
+                        }
+                    }
+                }
+                let Some(conn) = self.conns.get_mut(&token) else {
+                    return;
+                };
                 let low = conn.unwritten() < self.cfg.write_high_water / 2;
                 if let Err(e) = conn.update_interest(self.poll.registry()) {
                     log::warn!("{}: reregister failed: {e}", self.cfg.name);
@@ -570,6 +595,7 @@ impl IoThread {
                 }
                 Ok((n, short)) => {
                     total += n;
+                    conn.last_read = Instant::now();
                     self.parse(token);
                     self.handle_inbound(token);
                     if !self.stash.is_empty() || total >= READ_BUDGET {
@@ -820,7 +846,8 @@ impl IoThread {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
-        if p.desc.ack_due(self.cfg.ack_threshold) {
+        let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
+        if p.desc.received() - covered >= self.cfg.ack_threshold {
             self.send_ack(id);
         } else if p.desc.ack_owed() && !p.ack_timer {
             p.ack_timer = true;
@@ -851,14 +878,15 @@ impl IoThread {
         if !conn.established {
             return;
         }
-        let credit = p.shared.credit.take();
         let received = p.desc.received();
-        if credit == 0 && !p.desc.ack_owed() && !force {
+        let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
+        if p.shared.credit.pending() == 0 && received <= covered && !force {
             return;
         }
+        let credit = p.shared.credit.take();
         let total = p.desc.return_credit(credit);
         wire::encode_ack(&mut conn.wbuf, received, total);
-        p.desc.ack_written(received);
+        p.ack_unwritten = Some(received);
         self.dirty.push(token);
     }
 
@@ -1333,7 +1361,41 @@ impl IoThread {
                 self.expire_queued(id, now);
             }
         }
+        self.check_liveness(now);
         self.timers.add(now + self.cfg.tick, TimerKind::Tick);
+    }
+
+    /// Heartbeats on quiet established connections (any traffic suppresses them), and
+    /// failure detection: a connection silent for `idle_timeout` is closed, and its peer
+    /// redialled with backoff.
+    fn check_liveness(&mut self, now: Instant) {
+        let mut silent = Vec::new();
+        for conn in self.conns.values_mut() {
+            if !conn.established {
+                continue;
+            }
+            if now.saturating_duration_since(conn.last_read) >= self.cfg.idle_timeout {
+                silent.push(conn.token);
+            } else if now.saturating_duration_since(conn.last_write) >= self.cfg.heartbeat {
+                wire::encode_heartbeat(&mut conn.wbuf);
+                self.dirty.push(conn.token);
+            }
+        }
+        for token in silent {
+            Counters::add(&self.counters.idle_timeouts, 1);
+            let who = self
+                .conns
+                .get(&token)
+                .and_then(|c| c.peer)
+                .map(|id| self.peer_name(id));
+            log::warn!(
+                "{}: connection to '{}' silent for {:?}; closing it",
+                self.cfg.name,
+                who.as_deref().unwrap_or("?"),
+                self.cfg.idle_timeout
+            );
+            self.close_conn(token, Some((CloseCode::Other, "idle timeout")));
+        }
     }
 
     /// Closes a connection (after writing `close` best-effort) and, if it spoke for a peer,
@@ -1348,6 +1410,7 @@ impl IoThread {
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.update_gauges();
+        self.timers.cancel(|k| *k == TimerKind::Handshake { token });
         let Some(id) = conn.peer else { return };
         let Some(p) = self.peers.get_mut(&id) else {
             return;
@@ -1356,6 +1419,7 @@ impl IoThread {
             return;
         }
         p.conn = None;
+        p.ack_unwritten = None; // lost with the connection: owed again
         if conn.established {
             Counters::add(&p.shared.counters.disconnects, 1);
             log::info!("{}: connection to '{}' lost", self.cfg.name, p.shared.name);
@@ -1414,6 +1478,10 @@ impl IoThread {
         }
         let name = p.shared.name.clone();
         if why == CloseCode::Removed {
+            self.timers.cancel(|k| match k {
+                TimerKind::Reconnect { peer, .. } | TimerKind::AckDelay { peer } => *peer == id,
+                _ => false,
+            });
             self.peers.remove(&id);
             if self.by_name.get(&name) == Some(&id) {
                 self.by_name.remove(&name);

@@ -52,6 +52,10 @@ pub(crate) struct IoConfig {
     pub(crate) credit_on_idle: bool,
     /// Period of the housekeeping tick.
     pub(crate) tick: Duration,
+    /// A heartbeat goes out on a connection with nothing written for this long.
+    pub(crate) heartbeat: Duration,
+    /// A connection with nothing read for this long is closed and its peer redialled.
+    pub(crate) idle_timeout: Duration,
 }
 
 /// Requests from the node handle to the IO thread.

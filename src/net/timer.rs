@@ -50,9 +50,14 @@ impl Timers {
         }
     }
 
-    #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         self.heap.len()
+    }
+
+    /// Removes every timer `doomed` says is dead (a removed peer's, a closed connection's),
+    /// so nothing of them is left behind.
+    pub(crate) fn cancel(&mut self, doomed: impl Fn(&TimerKind) -> bool) {
+        self.heap.retain(|Reverse((_, _, k))| !doomed(k));
     }
 }
 

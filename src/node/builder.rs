@@ -57,6 +57,8 @@ pub struct Builder {
     pub(crate) block_warning: Duration,
     pub(crate) credit_on_idle: bool,
     pub(crate) pool_spin: Duration,
+    pub(crate) heartbeat: Duration,
+    pub(crate) idle_timeout: Duration,
 }
 
 impl std::fmt::Debug for Builder {
@@ -109,6 +111,8 @@ impl Builder {
             block_warning: Duration::from_secs(5),
             credit_on_idle: true,
             pool_spin: Duration::ZERO,
+            heartbeat: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(5),
         }
     }
 
@@ -283,6 +287,16 @@ impl Builder {
     /// only in halves of the window and in answer to probes, as in JGroups' UFC.
     pub fn credit_on_idle(mut self, on: bool) -> Self {
         self.credit_on_idle = on;
+        self
+    }
+
+    /// Failure detection: a heartbeat goes out on a connection that has written nothing
+    /// for `heartbeat` (traffic suppresses it), and a connection that has read nothing for
+    /// `idle_timeout` is closed and its peer redialled (defaults 1 s and 5 s). The timeout
+    /// should span several heartbeats.
+    pub fn heartbeat(mut self, heartbeat: Duration, idle_timeout: Duration) -> Self {
+        self.heartbeat = heartbeat.max(Duration::from_millis(1));
+        self.idle_timeout = idle_timeout.max(self.heartbeat);
         self
     }
 

@@ -425,7 +425,11 @@ impl Node {
             probe_interval: b.probe_interval,
             block_warning: b.block_warning,
             credit_on_idle: b.credit_on_idle,
-            tick: (b.probe_interval / 2).clamp(Duration::from_millis(5), Duration::from_millis(50)),
+            tick: (b.probe_interval / 2)
+                .min(b.heartbeat / 2)
+                .clamp(Duration::from_millis(5), Duration::from_millis(50)),
+            heartbeat: b.heartbeat,
+            idle_timeout: b.idle_timeout,
         };
         let io_done = Arc::new(Completion::default());
         let parts = IoParts {
@@ -646,6 +650,8 @@ impl Node {
                 tie_breaks: g(&c.tie_breaks),
                 protocol_errors: g(&c.protocol_errors),
                 pool_stalls: g(&c.pool_stalls),
+                idle_timeouts: g(&c.idle_timeouts),
+                timers: g(&c.timers),
                 open: g(&c.open),
                 established: g(&c.established),
             },
@@ -710,10 +716,10 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
     let sent = Counters::get(&c.sent);
     let filtered = Counters::get(&c.filtered);
     let failed = Counters::get(&c.failed);
-    let (accepted, accepted_bytes) = p.outbox.accepted();
     let sent_bytes = Counters::get(&c.sent_bytes);
     let filtered_bytes = Counters::get(&c.filtered_bytes);
     let failed_bytes = Counters::get(&c.failed_bytes);
+    let (accepted, accepted_bytes) = p.outbox.accepted();
     PeerStats {
         name: p.name.to_string(),
         state: p.state(),

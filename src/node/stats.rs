@@ -102,6 +102,10 @@ pub struct ConnStats {
     pub protocol_errors: u64,
     /// Times the delivery pool was full and the IO thread paused reading.
     pub pool_stalls: u64,
+    /// Connections closed because nothing arrived for the idle timeout.
+    pub idle_timeouts: u64,
+    /// Timers pending in the IO thread now (the housekeeping tick is always one).
+    pub timers: u64,
     /// Connections open now, in any state (steady state: one per connected peer).
     pub open: u64,
     /// Connections established now (handshake done).

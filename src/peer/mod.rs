@@ -133,11 +133,12 @@ pub(crate) struct Counters {
 
 impl Counters {
     pub(crate) fn add(c: &AtomicU64, n: u64) {
-        // Relaxed: statistics only; nothing is ordered by them.
-        c.fetch_add(n, Ordering::Relaxed);
+        // Release/Acquire: a reader that sees an outcome (sent, failed...) also sees the
+        // outbox state that preceded it, so `accepted`, read after, never lags behind.
+        c.fetch_add(n, Ordering::Release);
     }
     pub(crate) fn get(c: &AtomicU64) -> u64 {
-        c.load(Ordering::Relaxed)
+        c.load(Ordering::Acquire)
     }
 }
 
