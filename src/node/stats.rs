@@ -193,7 +193,7 @@ impl fmt::Display for Stats {
         let c = &self.connections;
         write!(
             f,
-            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version), {} timeouts, {} tie-breaks, {} protocol errors, {} pool stalls",
+            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version), {} handshake timeouts, {} idle timeouts, {} tie-breaks, {} protocol errors, {} pool stalls",
             c.open,
             c.established,
             c.accepted,
@@ -205,6 +205,7 @@ impl fmt::Display for Stats {
             c.refused_unknown,
             c.refused_version,
             c.handshake_timeouts,
+            c.idle_timeouts,
             c.tie_breaks,
             c.protocol_errors,
             c.pool_stalls

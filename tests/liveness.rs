@@ -1,0 +1,252 @@
+//! Failure detection (issue 4): a connection that goes silent — the network stops carrying
+//! bytes but neither side sees a reset, as with a half-open connection after a partition —
+//! is closed after the idle timeout and redialled, and recovery delivers everything sent
+//! meanwhile exactly once, in order. Heartbeats keep an idle but healthy connection open.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use cohort::Node;
+use common::wait_until;
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// A TCP forwarder whose existing connections can be frozen: their bytes stop flowing in
+/// both directions, but the sockets stay open, so no side sees EOF or a reset.
+struct FreezingProxy {
+    addr: SocketAddr,
+    frozen: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    acceptor: Option<thread::JoinHandle<()>>,
+}
+
+impl FreezingProxy {
+    fn start(target: SocketAddr) -> FreezingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let frozen = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let sockets: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let (f, st, socks) = (frozen.clone(), stop.clone(), sockets.clone());
+        let acceptor = thread::spawn(move || {
+            for client in listener.incoming() {
+                if st.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(target) else {
+                    continue;
+                };
+                // Connections made while frozen stay frozen too.
+                let pair_frozen = Arc::new(AtomicBool::new(f.load(Ordering::SeqCst)));
+                {
+                    let mut s = socks.lock().expect("sockets");
+                    s.push(client.try_clone().expect("clone"));
+                    s.push(server.try_clone().expect("clone"));
+                }
+                for (from, to) in [
+                    (
+                        client.try_clone().expect("clone"),
+                        server.try_clone().expect("clone"),
+                    ),
+                    (server, client),
+                ] {
+                    let (global, pair) = (f.clone(), pair_frozen.clone());
+                    thread::spawn(move || pump(from, to, &global, &pair));
+                }
+            }
+        });
+        FreezingProxy {
+            addr,
+            frozen,
+            stop,
+            sockets,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    /// Freezes every connection open now (and any made while frozen).
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// New connections flow again; the frozen ones stay frozen (they are dead to both ends).
+    fn thaw_new(&self) {
+        self.frozen.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for FreezingProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for s in self.sockets.lock().expect("sockets").drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        let _ = TcpStream::connect(self.addr); // unblock accept
+        if let Some(h) = self.acceptor.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+/// Copies `from` to `to` until either closes. Once `pair` is frozen the bytes read are
+/// dropped on the floor: the connection is silent in both directions but stays open.
+fn pump(mut from: TcpStream, mut to: TcpStream, global: &AtomicBool, pair: &AtomicBool) {
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if global.load(Ordering::SeqCst) {
+            pair.store(true, Ordering::SeqCst);
+        }
+        if pair.load(Ordering::SeqCst) {
+            continue;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+/// A connection that stops carrying bytes is detected by the idle timeout on both ends,
+/// closed, redialled, and the messages sent before and during the silence are delivered
+/// exactly once, in order.
+#[test]
+fn silent_connection_is_closed_and_redialled_without_loss() {
+    const N: u64 = 2_000;
+    let next = Arc::new(AtomicU64::new(0));
+    let out_of_order = Arc::new(AtomicU64::new(0));
+    let (nx, ooo) = (next.clone(), out_of_order.clone());
+    let beta = Node::builder("live-b")
+        .cluster("t-live")
+        .allow_unknown_members(true)
+        .heartbeat(Duration::from_millis(20), Duration::from_millis(300))
+        .on_message(move |d| {
+            let n = u64::from_le_bytes(d.payload()[..8].try_into().expect("counter"));
+            if nx.load(Ordering::SeqCst) != n {
+                ooo.fetch_add(1, Ordering::SeqCst);
+            }
+            nx.store(n + 1, Ordering::SeqCst);
+        })
+        .start()
+        .expect("start beta");
+    let proxy = FreezingProxy::start(beta.local_addr());
+    let alpha = Node::builder("live-a")
+        .cluster("t-live")
+        .heartbeat(Duration::from_millis(20), Duration::from_millis(300))
+        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .peer("live-b", proxy.addr)
+        .start()
+        .expect("start alpha");
+
+    let send = |range: std::ops::Range<u64>| {
+        for i in range {
+            let mut p = i.to_le_bytes().to_vec();
+            p.resize(64, 0);
+            alpha.send("live-b", p).expect("send");
+        }
+    };
+    send(0..N / 2);
+    wait_until("the first half delivered", PATIENCE, || {
+        next.load(Ordering::SeqCst) == N / 2
+    });
+
+    // Silence: the connection stays open but carries nothing.
+    proxy.freeze();
+    send(N / 2..N);
+    common::wait_until_or(
+        PATIENCE,
+        // Whichever side notices first closes; the other then sees the close (here the
+        // proxy passes the FIN on) or times out too.
+        || alpha.stats().connections.idle_timeouts + beta.stats().connections.idle_timeouts >= 1,
+        || format!("the idle timeout:\n{}\n{}", alpha.stats(), beta.stats()),
+    );
+    // Let new connections through: the redial succeeds and recovery resends.
+    proxy.thaw_new();
+    wait_until("everything delivered after the redial", PATIENCE, || {
+        next.load(Ordering::SeqCst) == N
+    });
+
+    let a = alpha.stats();
+    let to_b = a.peer("live-b").expect("peer");
+    assert_eq!(
+        out_of_order.load(Ordering::SeqCst),
+        0,
+        "order held across the redial"
+    );
+    assert!(to_b.connects >= 2, "redialled after the timeout: {a}");
+    assert!(
+        to_b.resent > 0,
+        "what the silent connection swallowed was resent: {a}"
+    );
+    let b = beta.stats();
+    assert_eq!(
+        b.peer("live-a").expect("peer").received,
+        N,
+        "exactly once: {b}"
+    );
+    wait_until("the window whole again", PATIENCE, || {
+        let s = alpha.stats();
+        let p = s.peer("live-b").expect("peer");
+        p.available == p.window
+    });
+    alpha
+        .shutdown(Duration::from_secs(5))
+        .expect("shutdown alpha");
+    beta.shutdown(Duration::from_secs(5))
+        .expect("shutdown beta");
+}
+
+/// Heartbeats keep a healthy connection that carries no messages open well past the idle
+/// timeout: nothing is closed for silence.
+#[test]
+fn heartbeats_keep_an_idle_connection_open() {
+    let beta = Node::builder("hb-b")
+        .cluster("t-live")
+        .allow_unknown_members(true)
+        .heartbeat(Duration::from_millis(10), Duration::from_millis(100))
+        .start()
+        .expect("start beta");
+    let alpha = Node::builder("hb-a")
+        .cluster("t-live")
+        .heartbeat(Duration::from_millis(10), Duration::from_millis(100))
+        .peer("hb-b", beta.local_addr())
+        .start()
+        .expect("start alpha");
+    alpha.send("hb-b", &b"hello"[..]).expect("send");
+    wait_until("the hello delivered", PATIENCE, || {
+        beta.stats().peer("hb-a").is_some_and(|p| p.delivered == 1)
+    });
+    let before = alpha.stats().peer("hb-b").expect("peer").connects;
+    // Not waiting for an event: letting five idle timeouts' worth of quiet pass, which
+    // would close the connection were it not for the heartbeats.
+    thread::sleep(Duration::from_millis(500));
+    let s = alpha.stats();
+    assert_eq!(
+        s.connections.idle_timeouts, 0,
+        "heartbeats kept it alive: {s}"
+    );
+    assert_eq!(s.connections.established, 1, "{s}");
+    assert_eq!(
+        s.peer("hb-b").expect("peer").connects,
+        before,
+        "never reconnected: {s}"
+    );
+    let b = beta.stats();
+    assert_eq!(b.connections.idle_timeouts, 0, "nor on the other side: {b}");
+    alpha
+        .shutdown(Duration::from_secs(5))
+        .expect("shutdown alpha");
+    beta.shutdown(Duration::from_secs(5))
+        .expect("shutdown beta");
+}
