@@ -4,6 +4,8 @@
 
 pub mod handshake;
 pub mod recovery;
+#[cfg(test)]
+mod sim;
 
 pub use handshake::{Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Role};
 pub use recovery::{Descriptor, Receive, RecoveryError, Retired, Unacked};
