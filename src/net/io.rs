@@ -24,7 +24,9 @@ use super::{
 };
 use crate::deliver::{Delivery, Pool, Task};
 use crate::peer::{Counters, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
-use crate::proto::{Descriptor, Handshake, HsEvent, LocalIdentity, PeerIdentity, Receive};
+use crate::proto::{
+    Descriptor, Handshake, HsEvent, LocalIdentity, PeerIdentity, Receive, RecoveryError,
+};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, SharedStr};
 use crate::wire::{self, CloseCode, Frame};
@@ -846,6 +848,7 @@ impl IoThread {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
+        p.attempt = 0; // the peer took the connection: backoff starts over
         let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
         if p.desc.received() - covered >= self.cfg.ack_threshold {
             self.send_ack(id);
@@ -971,6 +974,7 @@ impl IoThread {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
+        p.attempt = 0; // the peer took the connection: backoff starts over
         if let Err(e) = p.desc.on_ack(received) {
             return self.protocol_error(token, e.to_string());
         }
@@ -1114,6 +1118,26 @@ impl IoThread {
         }
     }
 
+    /// Retires everything of the current relationship with peer `id` (unacked messages are
+    /// undelivered, their credit given back) while keeping what is queued.
+    fn forget_relationship(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let old = p.desc.reset();
+        p.shared
+            .outbox
+            .give_back(Return::Retired, p.ledger.retire());
+        let _ = p.shared.credit.take();
+        Counters::add(&p.shared.counters.undelivered, old.len() as u64);
+        if !old.is_empty() {
+            let name = p.shared.name.clone();
+            if let Some(hook) = &self.undelivered {
+                hook(&name, old);
+            }
+        }
+    }
+
     /// The handshake completed on `token`: resend what the peer lacks, then new messages.
     fn establish(&mut self, token: Token, peer_received: u64) {
         let Some(conn) = self.conns.get_mut(&token) else {
@@ -1144,16 +1168,31 @@ impl IoThread {
                 }
                 Ok(())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(e),
         };
-        if let Err(reason) = resumed {
-            return self.protocol_error(token, reason);
+        match resumed {
+            Ok(()) => {}
+            Err(RecoveryError::AckWentBack { claimed, acked }) => {
+                // Same incarnation, fewer messages than it acknowledged: the peer forgot us
+                // (removed and added us again). Start afresh on both sides: we retire our
+                // state now, the peer's is already fresh; the redial then resumes from zero.
+                let why = format!(
+                    "'{}' holds {claimed} of our messages after acknowledging {acked}: it lost its state for us (removed and re-added?); starting afresh",
+                    self.peer_name(id)
+                );
+                log::warn!("{}: {why}", self.cfg.name);
+                self.forget_relationship(id);
+                return self.close_conn(token, Some((CloseCode::Other, "state reset")));
+            }
+            Err(e) => return self.protocol_error(token, e.to_string()),
         }
         let p = self.peers.get_mut(&id).expect("peer present");
         Counters::add(&p.shared.counters.resent, resent);
         Counters::add(&p.shared.counters.connects, 1);
         Counters::add(&self.counters.handshakes, 1);
-        p.attempt = 0;
+        // The backoff restarts only once the peer shows it took the connection (its first
+        // ack or message), so a peer that refuses right after the handshake is not redialled
+        // at the minimum backoff forever.
         p.gen += 1; // cancels a pending reconnect
         p.set_state(PeerState::Connected);
         log::info!(

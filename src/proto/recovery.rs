@@ -143,6 +143,19 @@ impl Descriptor {
         }
     }
 
+    /// Starts afresh with the same incarnation: the peer lost its state for us without
+    /// restarting (it removed us and added us again). Every counter restarts and the
+    /// unacknowledged messages are returned (undelivered), as for a new incarnation.
+    pub fn reset(&mut self) -> Vec<Unacked> {
+        let launch = self.remote_launch;
+        let old = std::mem::take(&mut self.unacked).into();
+        *self = Descriptor {
+            remote_launch: launch,
+            ..Descriptor::default()
+        };
+        old
+    }
+
     /// Reliable messages received in order from the peer (the count sent in handshakes and
     /// acks). Zero for an incarnation not met yet.
     pub fn received_from(&self, launch_id: u64) -> u64 {
