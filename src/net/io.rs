@@ -25,7 +25,8 @@ use super::{
 use crate::deliver::{Delivery, Pool, Task};
 use crate::peer::{Counters, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
 use crate::proto::{
-    Descriptor, Handshake, HsEvent, LocalIdentity, PeerIdentity, Receive, RecoveryError,
+    keep_new, Descriptor, Handshake, HsEvent, LocalIdentity, PeerIdentity, Receive, RecoveryError,
+    TieBreak,
 };
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, SharedStr};
@@ -907,7 +908,8 @@ impl IoThread {
                 Ok(HsEvent::Identified {
                     peer,
                     peer_received,
-                }) => self.on_identified(token, peer, peer_received),
+                    peer_connections,
+                }) => self.on_identified(token, peer, peer_received, peer_connections),
                 Ok(HsEvent::Established { peer_received }) => self.establish(token, peer_received),
                 Err(e) => {
                     if e.by_peer && e.code == CloseCode::Duplicate {
@@ -996,7 +998,13 @@ impl IoThread {
     }
 
     /// A connection said who it is. Decide whether it may speak for that peer.
-    fn on_identified(&mut self, token: Token, peer: PeerIdentity, peer_received: Option<u64>) {
+    fn on_identified(
+        &mut self,
+        token: Token,
+        peer: PeerIdentity,
+        peer_received: Option<u64>,
+        peer_connections: Option<u64>,
+    ) {
         let accepting = peer_received.is_some();
         let id = if accepting {
             match self.by_name.get(peer.name.as_str()) {
@@ -1025,19 +1033,15 @@ impl IoThread {
         if let Some(other) = p.conn.filter(|&o| o != token) {
             if let Some(oc) = self.conns.get(&other) {
                 let stale = matches!(oc.launch, Some(l) if l != peer.launch_id);
-                let keep_new = if stale {
-                    true
-                } else {
-                    let new_by_us = !accepting;
-                    let old_by_us = oc.dialled.is_some();
-                    if new_by_us == old_by_us {
-                        true // the same side dialled again: its old connection is dead to it
-                    } else {
-                        // Both dialled at once: keep the one dialled by the smaller name.
-                        let we_are_smaller = *self.cfg.name < *peer.name;
-                        new_by_us == we_are_smaller
-                    }
-                };
+                let keep_new = keep_new(TieBreak {
+                    stale,
+                    new_by_us: !accepting,
+                    old_by_us: oc.dialled.is_some(),
+                    old_established: oc.established,
+                    we_are_smaller: *self.cfg.name < *peer.name,
+                    our_connections: p.desc.connections_with(peer.launch_id),
+                    peer_connections,
+                });
                 Counters::add(&self.counters.tie_breaks, 1);
                 if keep_new {
                     log::debug!(
@@ -1070,6 +1074,7 @@ impl IoThread {
             return;
         };
         let received = p.desc.received();
+        let connections = p.desc.connections();
         p.conn = Some(token);
         if p.state != PeerState::Handshaking {
             p.set_state(PeerState::Handshaking);
@@ -1078,7 +1083,7 @@ impl IoThread {
         conn.peer = Some(id);
         conn.launch = Some(peer.launch_id);
         let hs = conn.hs.as_mut().expect("handshaking");
-        hs.accept(received, &mut conn.wbuf);
+        hs.accept(received, connections, &mut conn.wbuf);
         self.dirty.push(token);
         if let Some(peer_received) = peer_received {
             self.establish(token, peer_received);

@@ -3,7 +3,7 @@
 //! ```text
 //!  acceptor                                  dialler
 //!  ── Hello{identity} ──────────────────────►  check version, cluster, name
-//!  ◄─────────────── HelloReply{identity, received}
+//!  ◄─────────────── HelloReply{identity, received, connections}
 //!  check version, cluster; the caller decides
 //!  (known member? tie-break?), then
 //!  ── Ready{received} ──────────────────────►  established
@@ -96,6 +96,9 @@ pub enum HsEvent {
         peer: PeerIdentity,
         /// Acceptor only: the dialler's received count.
         peer_received: Option<u64>,
+        /// Acceptor only: how many connections the dialler has established with our
+        /// incarnation (for [`keep_new`]).
+        peer_connections: Option<u64>,
     },
     /// Dialler only: the acceptor's Ready arrived; the connection is up.
     Established {
@@ -258,15 +261,17 @@ impl Handshake {
                 Ok(HsEvent::Identified {
                     peer,
                     peer_received: None,
+                    peer_connections: None,
                 })
             }
-            (Role::Acceptor, Step::AwaitPeer, Frame::HelloReply(id, received)) => {
+            (Role::Acceptor, Step::AwaitPeer, Frame::HelloReply(id, received, connections)) => {
                 let peer = self.check(id)?;
                 self.peer = Some(peer.clone());
                 self.step = Step::Deciding;
                 Ok(HsEvent::Identified {
                     peer,
                     peer_received: Some(*received),
+                    peer_connections: Some(*connections),
                 })
             }
             (Role::Dialler { .. }, Step::AwaitReady, Frame::Ready { received }) => {
@@ -284,8 +289,9 @@ impl Handshake {
 
     /// Accepts the identified peer. Acceptor: appends Ready and is done. Dialler: appends
     /// HelloReply and waits for Ready. `our_received` is how many of the peer's current
-    /// incarnation's messages we hold.
-    pub fn accept(&mut self, our_received: u64, out: &mut Vec<u8>) {
+    /// incarnation's messages we hold; `our_connections` how many connections we have
+    /// established with it (sent by the dialler only).
+    pub fn accept(&mut self, our_received: u64, our_connections: u64, out: &mut Vec<u8>) {
         assert_eq!(
             self.step,
             Step::Deciding,
@@ -297,7 +303,7 @@ impl Handshake {
                 self.step = Step::Done;
             }
             Role::Dialler { .. } => {
-                wire::encode_hello_reply(out, &self.local.wire(), our_received);
+                wire::encode_hello_reply(out, &self.local.wire(), our_received, our_connections);
                 self.step = Step::AwaitReady;
             }
         }
@@ -308,6 +314,47 @@ impl Handshake {
         wire::encode_close(out, code, reason);
         self.step = Step::Failed;
     }
+}
+
+/// What is known, on one member, about two connections that both speak for one peer: the
+/// one it already has (`old`) and one that just identified (`new`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TieBreak {
+    /// `old` belongs to an earlier incarnation of the peer (its launch id differs).
+    pub stale: bool,
+    /// We dialled `new`.
+    pub new_by_us: bool,
+    /// We dialled `old`.
+    pub old_by_us: bool,
+    /// `old` has completed its handshake here.
+    pub old_established: bool,
+    /// Our member name sorts before the peer's.
+    pub we_are_smaller: bool,
+    /// Connections we have established with the peer's incarnation.
+    pub our_connections: u64,
+    /// When the peer dialled `new`: connections it says it has established with ours.
+    pub peer_connections: Option<u64>,
+}
+
+/// Whether `new` replaces `old` (else `new` is refused). Both members reach the same answer
+/// for the same pair of connections:
+///
+/// - a new incarnation always replaces the old one's connection;
+/// - a second dial from the same side replaces the first (its dialler dropped it);
+/// - the peer dials while we hold an established connection that we dialled: if the peer
+///   has established at least as many connections with us as we have with it, it has seen
+///   `old` and dials again, so `old` is dead on its side (half-open): replace. If it has
+///   established fewer, its dial predates `old`, which it adopted meanwhile (dropping `new`):
+///   keep `old`;
+/// - otherwise (two dials in flight at once) keep the one dialled by the smaller name.
+pub fn keep_new(t: TieBreak) -> bool {
+    if t.stale || t.new_by_us == t.old_by_us {
+        return true;
+    }
+    if !t.new_by_us && t.old_established {
+        return matches!(t.peer_connections, Some(theirs) if theirs >= t.our_connections);
+    }
+    t.new_by_us == t.we_are_smaller
 }
 
 fn frame_name(f: &Frame<'_>) -> &'static str {
@@ -326,6 +373,65 @@ fn frame_name(f: &Frame<'_>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn tb() -> TieBreak {
+        TieBreak {
+            stale: false,
+            new_by_us: false,
+            old_by_us: true,
+            old_established: true,
+            we_are_smaller: true,
+            our_connections: 3,
+            peer_connections: Some(3),
+        }
+    }
+
+    #[test]
+    fn tie_break_cases() {
+        assert!(
+            keep_new(TieBreak {
+                stale: true,
+                ..tb()
+            }),
+            "new incarnation wins"
+        );
+        assert!(
+            keep_new(TieBreak {
+                old_by_us: false,
+                ..tb()
+            }),
+            "same dialler: newer wins"
+        );
+        assert!(
+            keep_new(tb()),
+            "half-open: the peer saw old and dials again"
+        );
+        assert!(
+            !keep_new(TieBreak {
+                peer_connections: Some(2),
+                ..tb()
+            }),
+            "its dial predates old"
+        );
+        // Both in flight: the smaller name's dial wins, on both sides.
+        let inflight = TieBreak {
+            old_established: false,
+            ..tb()
+        };
+        assert!(!keep_new(inflight), "we are smaller and old is ours");
+        assert!(keep_new(TieBreak {
+            we_are_smaller: false,
+            ..inflight
+        }));
+        let mirror = TieBreak {
+            new_by_us: true,
+            old_by_us: false,
+            old_established: false,
+            peer_connections: None,
+            ..tb()
+        };
+        assert!(keep_new(mirror), "the smaller's own dial wins on its side");
+    }
 
     fn local(name: &str, cluster: &str) -> LocalIdentity {
         LocalIdentity {
@@ -363,16 +469,17 @@ mod tests {
                 ..
             })]
         ));
-        d.accept(4, &mut d_out);
+        d.accept(4, 0, &mut d_out);
         let ev = feed(&mut a, &mut d_out);
         match &ev[..] {
             [Ok(HsEvent::Identified {
                 peer,
                 peer_received: Some(4),
+                peer_connections: Some(0),
             })] => assert_eq!(peer.name, "alpha"),
             other => panic!("{other:?}"),
         }
-        a.accept(9, &mut a_out);
+        a.accept(9, 0, &mut a_out);
         assert!(a.is_done());
         let ev = feed(&mut d, &mut a_out);
         assert_eq!(ev, vec![Ok(HsEvent::Established { peer_received: 9 })]);

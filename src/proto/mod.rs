@@ -7,5 +7,7 @@ pub mod recovery;
 #[cfg(test)]
 mod sim;
 
-pub use handshake::{Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Role};
+pub use handshake::{
+    keep_new, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Role, TieBreak,
+};
 pub use recovery::{Descriptor, Receive, RecoveryError, Retired, Unacked};

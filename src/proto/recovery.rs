@@ -108,6 +108,8 @@ pub struct Descriptor {
     credit_returned: u64,
     /// Sender side: the highest cumulative credit the peer has reported.
     credit_seen: u64,
+    /// Connections established with this incarnation (each successful `resume`).
+    connections: u64,
 }
 
 impl Descriptor {
@@ -273,7 +275,25 @@ impl Descriptor {
             });
         }
         self.on_ack(peer_received)?;
+        self.connections += 1;
         Ok(self.unacked.iter())
+    }
+
+    /// Connections established with this incarnation so far. Exchanged in the handshake, it
+    /// tells a redial after a half-open connection from a simultaneous dial (see
+    /// [`crate::proto::handshake::keep_new`]).
+    pub fn connections(&self) -> u64 {
+        self.connections
+    }
+
+    /// [`connections`](Descriptor::connections) if the descriptor belongs to incarnation
+    /// `launch_id`, else zero.
+    pub fn connections_with(&self, launch_id: u64) -> u64 {
+        if self.remote_launch == Some(launch_id) {
+            self.connections
+        } else {
+            0
+        }
     }
 
     /// Receiver side: adds `bytes` of newly consumed credit and returns the cumulative total
