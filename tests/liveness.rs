@@ -250,3 +250,104 @@ fn heartbeats_keep_an_idle_connection_open() {
     beta.shutdown(Duration::from_secs(5))
         .expect("shutdown beta");
 }
+
+/// Unreliable sends (issue 4): delivered with no sequence number while the connection
+/// lives; those a broken connection swallows are lost — never resent, never duplicated —
+/// and their window permits come back at the next handshake, so the window ends whole.
+/// Reliable messages interleaved with them are still delivered exactly once, in order.
+#[test]
+fn unreliable_messages_lost_with_a_connection_give_their_permits_back() {
+    const N: u64 = 500;
+    let reliable = Arc::new(Mutex::new(Vec::<u64>::new()));
+    let unreliable = Arc::new(AtomicU64::new(0));
+    let (r, u) = (reliable.clone(), unreliable.clone());
+    let beta = Node::builder("unrel-b")
+        .cluster("t-live")
+        .allow_unknown_members(true)
+        .heartbeat(Duration::from_millis(20), Duration::from_millis(300))
+        .on_message(move |d| {
+            let n = u64::from_le_bytes(d.payload()[..8].try_into().expect("counter"));
+            match d.seq() {
+                Some(_) => r.lock().expect("no panics holding this lock").push(n),
+                None => {
+                    u.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        })
+        .start()
+        .expect("start beta");
+    let proxy = FreezingProxy::start(beta.local_addr());
+    let alpha = Node::builder("unrel-a")
+        .cluster("t-live")
+        .heartbeat(Duration::from_millis(20), Duration::from_millis(300))
+        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .peer("unrel-b", proxy.addr)
+        .start()
+        .expect("start alpha");
+    let payload = |i: u64| {
+        let mut p = i.to_le_bytes().to_vec();
+        p.resize(100, 0);
+        p
+    };
+    let send_both = |range: std::ops::Range<u64>| {
+        for i in range {
+            alpha.send("unrel-b", payload(i)).expect("reliable send");
+            let opts = cohort::SendOptions::new().unreliable();
+            alpha
+                .send_with("unrel-b", payload(i), opts)
+                .expect("unreliable send");
+        }
+    };
+    send_both(0..N);
+    wait_until("the first unreliable ones delivered", PATIENCE, || {
+        unreliable.load(Ordering::SeqCst) == N
+    });
+    proxy.freeze();
+    send_both(N..2 * N); // the unreliable half of these dies with the frozen connection
+    common::wait_until_or(
+        PATIENCE,
+        || alpha.stats().connections.idle_timeouts + beta.stats().connections.idle_timeouts >= 1,
+        || format!("the idle timeout:\n{}\n{}", alpha.stats(), beta.stats()),
+    );
+    proxy.thaw_new();
+    wait_until("every reliable message delivered", PATIENCE, || {
+        reliable.lock().expect("lock").len() as u64 == 2 * N
+    });
+    common::wait_until_or(
+        PATIENCE,
+        || {
+            let s = alpha.stats();
+            let p = s.peer("unrel-b").expect("peer");
+            p.available == p.window
+        },
+        || {
+            format!(
+                "the window whole again:\n{}\n{}",
+                alpha.stats(),
+                beta.stats()
+            )
+        },
+    );
+    let got = reliable.lock().expect("lock").clone();
+    assert_eq!(
+        got,
+        (0..2 * N).collect::<Vec<_>>(),
+        "reliable: exactly once, in order"
+    );
+    let delivered = unreliable.load(Ordering::SeqCst);
+    assert!(
+        (N..2 * N).contains(&delivered),
+        "unreliable: the first {N} arrived, the frozen ones did not all make it, none twice: {delivered}"
+    );
+    let s = alpha.stats();
+    let p = s.peer("unrel-b").expect("peer");
+    assert!(
+        p.unreliable_lost_bytes > 0,
+        "the lost ones gave their permits back: {s}"
+    );
+    alpha
+        .shutdown(Duration::from_secs(5))
+        .expect("shutdown alpha");
+    beta.shutdown(Duration::from_secs(5))
+        .expect("shutdown beta");
+}

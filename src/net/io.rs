@@ -792,6 +792,9 @@ impl IoThread {
                 }
             }
         }
+        if seq.is_none() {
+            p.desc.on_unreliable(crate::flow::cost(payload.len()));
+        }
         Counters::add(&p.shared.counters.received, 1);
         Counters::add(&p.shared.counters.received_bytes, payload.len() as u64);
         let oob = flags & wire::FLAG_OOB != 0;
@@ -909,8 +912,15 @@ impl IoThread {
                     peer,
                     peer_received,
                     peer_connections,
-                }) => self.on_identified(token, peer, peer_received, peer_connections),
-                Ok(HsEvent::Established { peer_received }) => self.establish(token, peer_received),
+                    peer_unreliable,
+                }) => {
+                    let resume = peer_received.map(|r| (r, peer_unreliable.unwrap_or(0)));
+                    self.on_identified(token, peer, resume, peer_connections)
+                }
+                Ok(HsEvent::Established {
+                    peer_received,
+                    peer_unreliable,
+                }) => self.establish(token, peer_received, peer_unreliable),
                 Err(e) => {
                     if e.by_peer && e.code == CloseCode::Duplicate {
                         // The peer kept the other of two simultaneous connections.
@@ -998,14 +1008,16 @@ impl IoThread {
     }
 
     /// A connection said who it is. Decide whether it may speak for that peer.
+    /// `resume`: for an accepted connection, the dialler's received counts (reliable
+    /// messages, unreliable window bytes).
     fn on_identified(
         &mut self,
         token: Token,
         peer: PeerIdentity,
-        peer_received: Option<u64>,
+        resume: Option<(u64, u64)>,
         peer_connections: Option<u64>,
     ) {
-        let accepting = peer_received.is_some();
+        let accepting = resume.is_some();
         let id = if accepting {
             match self.by_name.get(peer.name.as_str()) {
                 Some(&id) => id,
@@ -1075,6 +1087,7 @@ impl IoThread {
         };
         let received = p.desc.received();
         let connections = p.desc.connections();
+        let unreliable = p.desc.unreliable_received();
         p.conn = Some(token);
         if p.state != PeerState::Handshaking {
             p.set_state(PeerState::Handshaking);
@@ -1083,10 +1096,10 @@ impl IoThread {
         conn.peer = Some(id);
         conn.launch = Some(peer.launch_id);
         let hs = conn.hs.as_mut().expect("handshaking");
-        hs.accept(received, connections, &mut conn.wbuf);
+        hs.accept(received, connections, unreliable, &mut conn.wbuf);
         self.dirty.push(token);
-        if let Some(peer_received) = peer_received {
-            self.establish(token, peer_received);
+        if let Some((peer_received, peer_unreliable)) = resume {
+            self.establish(token, peer_received, peer_unreliable);
         }
     }
 
@@ -1144,7 +1157,7 @@ impl IoThread {
     }
 
     /// The handshake completed on `token`: resend what the peer lacks, then new messages.
-    fn establish(&mut self, token: Token, peer_received: u64) {
+    fn establish(&mut self, token: Token, peer_received: u64, peer_unreliable: u64) {
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
@@ -1192,6 +1205,13 @@ impl IoThread {
             Err(e) => return self.protocol_error(token, e.to_string()),
         }
         let p = self.peers.get_mut(&id).expect("peer present");
+        // Unreliable messages the old connection swallowed are never resent: their permits
+        // come back now, from the peer's count of what it received.
+        let lost = p.desc.unreliable_lost(peer_unreliable);
+        if lost > 0 {
+            p.ledger.forget(lost);
+            p.shared.outbox.give_back(Return::Lost, lost);
+        }
         Counters::add(&p.shared.counters.resent, resent);
         Counters::add(&p.shared.counters.connects, 1);
         Counters::add(&self.counters.handshakes, 1);
@@ -1289,8 +1309,13 @@ impl IoThread {
                     }
                 }
                 let c = m.cost();
-                let u = p.desc.publish(m.flags | wire::FLAG_RELIABLE, m.payload);
-                wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
+                if m.is_reliable() {
+                    let u = p.desc.publish(m.flags, m.payload);
+                    wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
+                } else {
+                    p.desc.publish_unreliable(c);
+                    wire::encode_data(&mut conn.wbuf, m.flags, None, &m.payload);
+                }
                 p.ledger.publish(c);
                 tally.sent += 1;
                 tally.sent_bytes += len as u64;

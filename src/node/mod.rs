@@ -147,7 +147,10 @@ impl SendCore {
             peer.note_ttl();
             Instant::now() + t
         });
-        let m = Outgoing::new(payload, opts.oob, deadline);
+        let mut m = Outgoing::new(payload, opts.oob, deadline);
+        if opts.unreliable {
+            m = m.unreliable();
+        }
         // Counted *accepted* under the queue lock, before the IO thread can see it.
         if let Err(m) = peer.outbox.admit(m) {
             // `admit` gave the permits back (Return::Refused).
@@ -168,6 +171,7 @@ impl SendCore {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SendOptions {
     oob: bool,
+    unreliable: bool,
     ttl: Option<Duration>,
 }
 
@@ -180,6 +184,15 @@ impl SendOptions {
     /// Out of band: straight to a pool thread at the receiver, unordered.
     pub fn oob(mut self) -> SendOptions {
         self.oob = true;
+        self
+    }
+
+    /// Unreliable: no sequence number, no ack, no resend. Cheaper, and still ordered with the
+    /// sender's other regular messages while its connection lives, but **lost if the
+    /// connection breaks** with it unread (its window permits then come back at the next
+    /// handshake). Never duplicated. `Delivery::seq()` is `None` for it.
+    pub fn unreliable(mut self) -> SendOptions {
+        self.unreliable = true;
         self
     }
 
@@ -749,6 +762,7 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         in_flight: p.outbox.window().in_flight(),
         blocked: p.outbox.window().blocked_time(),
         probes: Counters::get(&c.probes),
+        unreliable_lost_bytes: p.outbox.returned(crate::peer::Return::Lost),
         max_concurrent_deliverers: p.member.max_concurrent(),
     }
 }

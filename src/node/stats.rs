@@ -67,6 +67,9 @@ pub struct PeerStats {
     pub in_flight: u64,
     /// Total time senders spent parked on this peer's window.
     pub blocked: Duration,
+    /// Window bytes of unreliable messages to this peer that broken connections swallowed
+    /// (permits given back at the next handshake).
+    pub unreliable_lost_bytes: u64,
     /// Credit probes sent to this peer (a sender was parked for a probe interval).
     pub probes: u64,
     /// The most pool threads ever seen delivering this peer's messages at once (must be

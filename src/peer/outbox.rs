@@ -14,6 +14,7 @@
 //! | the peer was removed / the node shut down with it queued | IO thread, `retire_peer` | `Failed` |
 //! | published, then credited back by the receiver | IO thread, `on_ack` via [`Ledger`] | `Credited` |
 //! | published, then the peer restarted or was removed | IO thread, via [`Ledger::retire`] | `Retired` |
+//! | published unreliable, then lost with its connection | IO thread, `establish` (handshake counts) | `Lost` |
 //!
 //! Published messages are tracked by the IO thread's [`Ledger`] (bytes published and not yet
 //! credited); queued ones by their presence in a queue. So at every instant
@@ -38,15 +39,27 @@ pub struct Outgoing {
 }
 
 impl Outgoing {
-    /// A regular (`oob == false`) or out-of-band message, optionally expiring at `deadline`
-    /// if it has not been published by then.
+    /// A reliable regular (`oob == false`) or out-of-band message, optionally expiring at
+    /// `deadline` if it has not been published by then.
     pub fn new(payload: Bytes, oob: bool, deadline: Option<Instant>) -> Outgoing {
-        let flags = if oob { wire::FLAG_OOB } else { 0 };
+        let flags = if oob { wire::FLAG_OOB } else { 0 } | wire::FLAG_RELIABLE;
         Outgoing {
             payload,
             flags,
             deadline,
         }
+    }
+
+    /// The same message sent unreliably: no sequence number, no ack, no resend; lost if its
+    /// connection breaks.
+    pub fn unreliable(mut self) -> Outgoing {
+        self.flags &= !wire::FLAG_RELIABLE;
+        self
+    }
+
+    /// Whether it is sent reliably (sequence number, acked, resent across reconnects).
+    pub fn is_reliable(&self) -> bool {
+        self.flags & wire::FLAG_RELIABLE != 0
     }
     /// The message bytes.
     pub fn payload(&self) -> &Bytes {
@@ -83,9 +96,11 @@ pub enum Return {
     Refused = 4,
     /// Published, but its credit can never come back (the peer restarted or was removed).
     Retired = 5,
+    /// An unreliable message a broken connection swallowed (found at the next handshake).
+    Lost = 6,
 }
 
-const RETURNS: usize = 6;
+const RETURNS: usize = 7;
 
 #[derive(Debug, Default)]
 struct Queue {
@@ -226,6 +241,12 @@ impl Ledger {
         let c = credit.min(self.uncredited);
         self.uncredited -= c;
         c
+    }
+
+    /// `bytes` of what is outstanding will never be credited (unreliable messages lost with
+    /// a connection); the caller gives them back.
+    pub fn forget(&mut self, bytes: u64) {
+        self.uncredited = self.uncredited.saturating_sub(bytes);
     }
 
     /// The peer will never credit what is outstanding (restart, removal): returns all of it.

@@ -99,11 +99,15 @@ pub enum HsEvent {
         /// Acceptor only: how many connections the dialler has established with our
         /// incarnation (for [`keep_new`]).
         peer_connections: Option<u64>,
+        /// Acceptor only: window bytes of our unreliable messages the dialler has received.
+        peer_unreliable: Option<u64>,
     },
     /// Dialler only: the acceptor's Ready arrived; the connection is up.
     Established {
         /// How many of our messages the acceptor holds.
         peer_received: u64,
+        /// Window bytes of our unreliable messages the acceptor has received.
+        peer_unreliable: u64,
     },
 }
 
@@ -262,9 +266,14 @@ impl Handshake {
                     peer,
                     peer_received: None,
                     peer_connections: None,
+                    peer_unreliable: None,
                 })
             }
-            (Role::Acceptor, Step::AwaitPeer, Frame::HelloReply(id, received, connections)) => {
+            (
+                Role::Acceptor,
+                Step::AwaitPeer,
+                Frame::HelloReply(id, received, connections, unreliable),
+            ) => {
                 let peer = self.check(id)?;
                 self.peer = Some(peer.clone());
                 self.step = Step::Deciding;
@@ -272,12 +281,21 @@ impl Handshake {
                     peer,
                     peer_received: Some(*received),
                     peer_connections: Some(*connections),
+                    peer_unreliable: Some(*unreliable),
                 })
             }
-            (Role::Dialler { .. }, Step::AwaitReady, Frame::Ready { received }) => {
+            (
+                Role::Dialler { .. },
+                Step::AwaitReady,
+                Frame::Ready {
+                    received,
+                    unreliable,
+                },
+            ) => {
                 self.step = Step::Done;
                 Ok(HsEvent::Established {
                     peer_received: *received,
+                    peer_unreliable: *unreliable,
                 })
             }
             (_, step, f) => Err(refuse(
@@ -290,8 +308,15 @@ impl Handshake {
     /// Accepts the identified peer. Acceptor: appends Ready and is done. Dialler: appends
     /// HelloReply and waits for Ready. `our_received` is how many of the peer's current
     /// incarnation's messages we hold; `our_connections` how many connections we have
-    /// established with it (sent by the dialler only).
-    pub fn accept(&mut self, our_received: u64, our_connections: u64, out: &mut Vec<u8>) {
+    /// established with it (sent by the dialler only); `our_unreliable` the window bytes of
+    /// its unreliable messages we have received.
+    pub fn accept(
+        &mut self,
+        our_received: u64,
+        our_connections: u64,
+        our_unreliable: u64,
+        out: &mut Vec<u8>,
+    ) {
         assert_eq!(
             self.step,
             Step::Deciding,
@@ -299,11 +324,17 @@ impl Handshake {
         );
         match self.role {
             Role::Acceptor => {
-                wire::encode_ready(out, our_received);
+                wire::encode_ready(out, our_received, our_unreliable);
                 self.step = Step::Done;
             }
             Role::Dialler { .. } => {
-                wire::encode_hello_reply(out, &self.local.wire(), our_received, our_connections);
+                wire::encode_hello_reply(
+                    out,
+                    &self.local.wire(),
+                    our_received,
+                    our_connections,
+                    our_unreliable,
+                );
                 self.step = Step::AwaitReady;
             }
         }
@@ -469,20 +500,27 @@ mod tests {
                 ..
             })]
         ));
-        d.accept(4, 0, &mut d_out);
+        d.accept(4, 0, 0, &mut d_out);
         let ev = feed(&mut a, &mut d_out);
         match &ev[..] {
             [Ok(HsEvent::Identified {
                 peer,
                 peer_received: Some(4),
                 peer_connections: Some(0),
+                peer_unreliable: Some(0),
             })] => assert_eq!(peer.name, "alpha"),
             other => panic!("{other:?}"),
         }
-        a.accept(9, 0, &mut a_out);
+        a.accept(9, 0, 0, &mut a_out);
         assert!(a.is_done());
         let ev = feed(&mut d, &mut a_out);
-        assert_eq!(ev, vec![Ok(HsEvent::Established { peer_received: 9 })]);
+        assert_eq!(
+            ev,
+            vec![Ok(HsEvent::Established {
+                peer_received: 9,
+                peer_unreliable: 0
+            })]
+        );
         assert!(d.is_done());
     }
 

@@ -110,6 +110,12 @@ pub struct Descriptor {
     credit_seen: u64,
     /// Connections established with this incarnation (each successful `resume`).
     connections: u64,
+    /// Window bytes of unreliable messages published to this incarnation (cumulative).
+    unreliable_sent: u64,
+    /// ... of which found lost (and given back) at reconnects.
+    unreliable_lost: u64,
+    /// Window bytes of unreliable messages received from this incarnation (cumulative).
+    unreliable_received: u64,
 }
 
 impl Descriptor {
@@ -317,6 +323,36 @@ impl Descriptor {
         delta
     }
 
+    /// An unreliable message costing `cost` window bytes was published (no sequence number,
+    /// no resend).
+    pub fn publish_unreliable(&mut self, cost: u64) {
+        self.unreliable_sent += cost;
+    }
+
+    /// An unreliable message costing `cost` window bytes was received.
+    pub fn on_unreliable(&mut self, cost: u64) {
+        self.unreliable_received += cost;
+    }
+
+    /// Window bytes of unreliable messages received from this incarnation (sent in the
+    /// handshake).
+    pub fn unreliable_received(&self) -> u64 {
+        self.unreliable_received
+    }
+
+    /// Handshake: the peer has received `peer_unreliable` window bytes of our unreliable
+    /// messages. What we published beyond that died with a broken connection (unreliable
+    /// messages are never resent): returns its window bytes, not returned before, so their
+    /// permits can go back.
+    pub fn unreliable_lost(&mut self, peer_unreliable: u64) -> u64 {
+        let lost = self
+            .unreliable_sent
+            .saturating_sub(peer_unreliable)
+            .saturating_sub(self.unreliable_lost);
+        self.unreliable_lost += lost;
+        lost
+    }
+
     /// Takes every unacknowledged message out (the peer was removed or the node stopped).
     pub fn drain_unacked(&mut self) -> Vec<Unacked> {
         self.unacked_bytes = 0;
@@ -360,6 +396,23 @@ mod tests {
             d.resume(2),
             Err(RecoveryError::AckWentBack { .. })
         ));
+    }
+
+    #[test]
+    fn unreliable_losses_are_counted_once() {
+        let mut d = Descriptor::new();
+        d.publish_unreliable(100);
+        d.publish_unreliable(50);
+        assert_eq!(
+            d.unreliable_lost(100),
+            50,
+            "the peer got the first one only"
+        );
+        assert_eq!(d.unreliable_lost(100), 0, "not given back twice");
+        d.publish_unreliable(30);
+        assert_eq!(d.unreliable_lost(130), 0, "the peer got the new one");
+        d.publish_unreliable(20);
+        assert_eq!(d.unreliable_lost(130), 20, "lost with the next connection");
     }
 
     #[test]

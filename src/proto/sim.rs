@@ -545,12 +545,14 @@ impl Sim {
         let end = self.links[l].ends[side].as_mut().expect("end is open");
         if let Some(hs) = end.hs.as_mut() {
             match hs.on_frame(&frame) {
+                // The harness sends reliable messages only: unreliable counts stay zero.
                 Ok(HsEvent::Identified {
                     peer,
                     peer_received,
                     peer_connections,
+                    ..
                 }) => self.on_identified(side, l, peer, peer_received, peer_connections),
-                Ok(HsEvent::Established { peer_received }) => {
+                Ok(HsEvent::Established { peer_received, .. }) => {
                     self.establish(side, l, peer_received)
                 }
                 Err(e) => self.protocol_error(side, l, Violation::Other(e.to_string())),
@@ -613,7 +615,7 @@ impl Sim {
         let End { hs, wbuf, .. } = links[l].ends[side].as_mut().expect("end is open");
         hs.as_mut()
             .expect("handshaking")
-            .accept(received, connections, wbuf);
+            .accept(received, connections, 0, wbuf);
         if let Some(peer_received) = peer_received {
             self.establish(side, l, peer_received);
         }

@@ -27,7 +27,8 @@ pub const HEADER_BYTES: usize = LEN_BYTES + 2;
 /// Longest cluster or member name, in bytes.
 pub const MAX_NAME: usize = 255;
 /// Largest handshake frame body: two names plus fixed fields, with room to spare.
-pub const MAX_HANDSHAKE_BODY: usize = 4 + 2 + 8 + 8 + 4 + 8 + 8 + 1 + MAX_NAME + 1 + MAX_NAME + 64;
+pub const MAX_HANDSHAKE_BODY: usize =
+    4 + 2 + 8 + 8 + 4 + 8 + 8 + 8 + 1 + MAX_NAME + 1 + MAX_NAME + 64;
 
 /// Frame kinds (the byte after the length).
 pub mod kind {
@@ -118,13 +119,16 @@ pub enum Frame<'a> {
     /// Handshake step 1 (acceptor → dialler).
     Hello(Identity<'a>),
     /// Handshake step 2 (dialler → acceptor): identity, the dialler's received count from
-    /// the acceptor's current incarnation, and how many connections it has established with
-    /// that incarnation.
-    HelloReply(Identity<'a>, u64, u64),
-    /// Handshake step 3 (acceptor → dialler): the acceptor's received count.
+    /// the acceptor's current incarnation, how many connections it has established with that
+    /// incarnation, and the window bytes of unreliable messages it has received from it.
+    HelloReply(Identity<'a>, u64, u64, u64),
+    /// Handshake step 3 (acceptor → dialler): the acceptor's received counts.
     Ready {
         /// Reliable messages the acceptor has received from the dialler's incarnation.
         received: u64,
+        /// Window bytes of unreliable messages received from it (cumulative): the dialler
+        /// gives back the permits of the ones a broken connection swallowed.
+        unreliable: u64,
     },
     /// An application message.
     Data {
@@ -275,17 +279,25 @@ pub fn encode_hello(out: &mut Vec<u8>, id: &Identity<'_>) {
 }
 
 /// Appends handshake step 2.
-pub fn encode_hello_reply(out: &mut Vec<u8>, id: &Identity<'_>, received: u64, connections: u64) {
-    put_header(out, identity_len(id) + 16, kind::HELLO_REPLY, 0);
+pub fn encode_hello_reply(
+    out: &mut Vec<u8>,
+    id: &Identity<'_>,
+    received: u64,
+    connections: u64,
+    unreliable: u64,
+) {
+    put_header(out, identity_len(id) + 24, kind::HELLO_REPLY, 0);
     put_identity(out, id);
     out.extend_from_slice(&received.to_le_bytes());
     out.extend_from_slice(&connections.to_le_bytes());
+    out.extend_from_slice(&unreliable.to_le_bytes());
 }
 
 /// Appends handshake step 3.
-pub fn encode_ready(out: &mut Vec<u8>, received: u64) {
-    put_header(out, 8, kind::READY, 0);
+pub fn encode_ready(out: &mut Vec<u8>, received: u64, unreliable: u64) {
+    put_header(out, 16, kind::READY, 0);
     out.extend_from_slice(&received.to_le_bytes());
+    out.extend_from_slice(&unreliable.to_le_bytes());
 }
 
 /// A cursor over a frame body that never reads past its end.
@@ -420,10 +432,16 @@ pub fn decode_body(kind: u8, flags: u8, body: &[u8]) -> Result<Frame<'_>, WireEr
         kind::HELLO => Frame::Hello(identity(&mut r)?),
         kind::HELLO_REPLY => {
             let id = identity(&mut r)?;
-            Frame::HelloReply(id, r.u64("received count")?, r.u64("connection count")?)
+            Frame::HelloReply(
+                id,
+                r.u64("received count")?,
+                r.u64("connection count")?,
+                r.u64("unreliable received")?,
+            )
         }
         kind::READY => Frame::Ready {
             received: r.u64("received count")?,
+            unreliable: r.u64("unreliable received")?,
         },
         other => return Err(WireError::UnknownKind(other)),
     };
@@ -459,11 +477,17 @@ mod tests {
         encode_hello(&mut b, &id);
         assert_eq!(roundtrip(&b), Frame::Hello(id.clone()));
         b.clear();
-        encode_hello_reply(&mut b, &id, 9, 2);
-        assert_eq!(roundtrip(&b), Frame::HelloReply(id, 9, 2));
+        encode_hello_reply(&mut b, &id, 9, 2, 80);
+        assert_eq!(roundtrip(&b), Frame::HelloReply(id, 9, 2, 80));
         b.clear();
-        encode_ready(&mut b, 3);
-        assert_eq!(roundtrip(&b), Frame::Ready { received: 3 });
+        encode_ready(&mut b, 3, 160);
+        assert_eq!(
+            roundtrip(&b),
+            Frame::Ready {
+                received: 3,
+                unreliable: 160
+            }
+        );
         b.clear();
         encode_ack(&mut b, 5, 77);
         assert_eq!(
