@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cohort::{Bytes, Node};
+use cohort::{Bytes, Node, SendOptions};
 use common::{Progress, Samples};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
@@ -92,14 +92,15 @@ impl CohortFanIn {
         Ok(rig)
     }
 
-    /// Sends `n` messages (split evenly over the sources) and waits until all are counted.
-    fn run_batch(&self, n: u64, payload: &Bytes) {
+    /// Sends `n` messages (split evenly over the sources) with `opts` and waits until all
+    /// are counted.
+    fn run_batch(&self, n: u64, payload: &Bytes, opts: SendOptions) {
         let per_source = n / self.sources.len() as u64;
         let target = self.received.expect(per_source * self.sources.len() as u64);
         let send_all = |source: &Node| {
             for _ in 0..per_source {
                 source
-                    .send("sink", payload.clone())
+                    .send_with("sink", payload.clone(), opts)
                     .expect("cohort: send to the sink");
             }
         };
@@ -213,7 +214,20 @@ fn fan_in(c: &mut Criterion, senders: usize) {
         let rig = CohortFanIn::start(senders).expect("cohort: start the nodes");
         group.bench_function("cohort", |b| {
             b.iter_custom(|iters| {
-                time_batches(iters, &cohort_samples, || rig.run_batch(n, &payload))
+                time_batches(iters, &cohort_samples, || {
+                    rig.run_batch(n, &payload, SendOptions::new())
+                })
+            })
+        });
+        // The same without recovery: unreliable messages carry no sequence number, enter no
+        // unacked queue and are never resent (credit still flows), so the ratio of the two
+        // is the cost of exactly-once delivery across reconnects.
+        let unreliable_samples = Samples::new(n);
+        group.bench_function("cohort_unreliable", |b| {
+            b.iter_custom(|iters| {
+                time_batches(iters, &unreliable_samples, || {
+                    rig.run_batch(n, &payload, SendOptions::new().unreliable())
+                })
             })
         });
         rig.shutdown();
@@ -230,6 +244,16 @@ fn fan_in(c: &mut Criterion, senders: usize) {
 
         if !common::test_mode() {
             summarize(&name, &cohort_samples, &raw_samples);
+            if let (Some(rel), Some(unrel)) = (
+                cohort_samples.median_rate(),
+                unreliable_samples.median_rate(),
+            ) {
+                println!(
+                    "summary {name}: cohort without recovery {}, with/without = {:.2}\n",
+                    common::rate(unrel),
+                    rel / unrel
+                );
+            }
         }
     }
 }
