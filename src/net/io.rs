@@ -81,6 +81,8 @@ struct PeerIo {
     /// `acks_sent` advances only once the bytes have left (a connection that breaks first
     /// loses the ack, and it is owed again).
     ack_unwritten: Option<u64>,
+    /// A duplicate arrived: ack even if nothing new is owed.
+    ack_forced: bool,
     /// Largest payload the peer accepts (from its handshake).
     peer_max_message: usize,
     /// When we last sent a credit probe.
@@ -301,6 +303,7 @@ impl IoThread {
                         ledger: Ledger::default(),
                         ack_timer: false,
                         ack_unwritten: None,
+                        ack_forced: false,
                         peer_max_message: usize::MAX,
                         last_probe: None,
                         warned_episode: 0,
@@ -783,6 +786,8 @@ impl IoThread {
                 Ok(Receive::Deliver) => {}
                 Ok(Receive::Duplicate) => {
                     Counters::add(&p.shared.counters.duplicates, 1);
+                    // Still acked: the sender resent it because it lacks our ack.
+                    p.ack_forced = true;
                     return true;
                 }
                 Err(e) => {
@@ -856,7 +861,7 @@ impl IoThread {
         let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
         if p.desc.received() - covered >= self.cfg.ack_threshold {
             self.send_ack(id);
-        } else if p.desc.ack_owed() && !p.ack_timer {
+        } else if (p.desc.ack_owed() || p.ack_forced) && !p.ack_timer {
             p.ack_timer = true;
             self.timers.add(
                 Instant::now() + self.cfg.ack_delay,
@@ -887,6 +892,7 @@ impl IoThread {
         }
         let received = p.desc.received();
         let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
+        let force = force || std::mem::take(&mut p.ack_forced);
         if p.shared.credit.pending() == 0 && received <= covered && !force {
             return;
         }
