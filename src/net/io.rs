@@ -51,6 +51,7 @@ pub(crate) struct NodeCounters {
     pub(crate) protocol_errors: AtomicU64,
     pub(crate) pool_stalls: AtomicU64,
     pub(crate) idle_timeouts: AtomicU64,
+    pub(crate) refused_limit: AtomicU64,
     /// Timers pending in the IO thread now.
     pub(crate) timers: AtomicU64,
     /// Connections open now (any state).
@@ -363,6 +364,23 @@ impl IoThread {
                     if self.shutdown.is_some() {
                         continue; // dropped: we are closing
                     }
+                    let pending = self
+                        .conns
+                        .values()
+                        .filter(|c| c.dialled.is_none() && !c.established)
+                        .count();
+                    if self.conns.len() >= self.cfg.max_connections || pending >= self.cfg.max_pending {
+                        // Dropped at once: an untrusted peer cannot make us hold more.
+                        Counters::add(&self.counters.refused_limit, 1);
+                        log::debug!(
+                            "{}: refusing connection from {from}: {} open, {pending} handshaking (limits {} / {})",
+                            self.cfg.name,
+                            self.conns.len(),
+                            self.cfg.max_connections,
+                            self.cfg.max_pending
+                        );
+                        continue;
+                    }
                     configure(&self.cfg, &stream);
                     let token = self.new_token();
                     if let Err(e) =
@@ -655,7 +673,14 @@ impl IoThread {
             return;
         };
         loop {
-            let len = match wire::peek_len(&conn.rbuf, self.max_len) {
+            // Until the handshake is done only handshake frames are legal: bound them by
+            // the handshake's size, not by the (much larger) data frame limit.
+            let max = if conn.established {
+                self.max_len
+            } else {
+                2 + wire::MAX_HANDSHAKE_BODY
+            };
+            let len = match wire::peek_len(&conn.rbuf, max) {
                 Ok(Some(len)) => len,
                 Ok(None) => break,
                 Err(e) => {

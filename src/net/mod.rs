@@ -56,6 +56,10 @@ pub(crate) struct IoConfig {
     pub(crate) heartbeat: Duration,
     /// A connection with nothing read for this long is closed and its peer redialled.
     pub(crate) idle_timeout: Duration,
+    /// Connections open at most (accepted ones beyond are dropped at once).
+    pub(crate) max_connections: usize,
+    /// Accepted connections still in their handshake at most.
+    pub(crate) max_pending: usize,
 }
 
 /// Requests from the node handle to the IO thread.

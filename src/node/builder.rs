@@ -59,6 +59,8 @@ pub struct Builder {
     pub(crate) pool_spin: Duration,
     pub(crate) heartbeat: Duration,
     pub(crate) idle_timeout: Duration,
+    pub(crate) max_connections: usize,
+    pub(crate) max_pending: usize,
 }
 
 impl std::fmt::Debug for Builder {
@@ -113,6 +115,8 @@ impl Builder {
             pool_spin: Duration::ZERO,
             heartbeat: Duration::from_secs(1),
             idle_timeout: Duration::from_secs(5),
+            max_connections: 4096,
+            max_pending: 128,
         }
     }
 
@@ -297,6 +301,18 @@ impl Builder {
     pub fn heartbeat(mut self, heartbeat: Duration, idle_timeout: Duration) -> Self {
         self.heartbeat = heartbeat.max(Duration::from_millis(1));
         self.idle_timeout = idle_timeout.max(self.heartbeat);
+        self
+    }
+
+    /// Limits on what connecting strangers can make us hold: at most `total` connections
+    /// open, and at most `pending` accepted connections still in their handshake (defaults
+    /// 4096 and 128). A connection over a limit is closed at once and counted
+    /// (`ConnStats::refused_limit`); established members are never affected. Handshakes
+    /// also time out (`handshake_timeout`) and their frames are bounded by the handshake's
+    /// size, not by `max_message`.
+    pub fn connection_limits(mut self, total: usize, pending: usize) -> Self {
+        self.max_connections = total.max(1);
+        self.max_pending = pending.max(1);
         self
     }
 

@@ -443,6 +443,8 @@ impl Node {
                 .clamp(Duration::from_millis(5), Duration::from_millis(50)),
             heartbeat: b.heartbeat,
             idle_timeout: b.idle_timeout,
+            max_connections: b.max_connections,
+            max_pending: b.max_pending,
         };
         let io_done = Arc::new(Completion::default());
         let parts = IoParts {
@@ -664,6 +666,7 @@ impl Node {
                 protocol_errors: g(&c.protocol_errors),
                 pool_stalls: g(&c.pool_stalls),
                 idle_timeouts: g(&c.idle_timeouts),
+                refused_limit: g(&c.refused_limit),
                 timers: g(&c.timers),
                 open: g(&c.open),
                 established: g(&c.established),

@@ -107,6 +107,8 @@ pub struct ConnStats {
     pub pool_stalls: u64,
     /// Connections closed because nothing arrived for the idle timeout.
     pub idle_timeouts: u64,
+    /// Accepted connections dropped at once for exceeding `Builder::connection_limits`.
+    pub refused_limit: u64,
     /// Timers pending in the IO thread now (the housekeeping tick is always one).
     pub timers: u64,
     /// Connections open now, in any state (steady state: one per connected peer).
