@@ -369,7 +369,9 @@ impl IoThread {
                         .values()
                         .filter(|c| c.dialled.is_none() && !c.established)
                         .count();
-                    if self.conns.len() >= self.cfg.max_connections || pending >= self.cfg.max_pending {
+                    if self.conns.len() >= self.cfg.max_connections
+                        || pending >= self.cfg.max_pending
+                    {
                         // Dropped at once: an untrusted peer cannot make us hold more.
                         Counters::add(&self.counters.refused_limit, 1);
                         log::debug!(
