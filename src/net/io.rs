@@ -1162,9 +1162,21 @@ impl IoThread {
             .give_back(Return::Retired, p.ledger.retire());
         let _ = p.shared.credit.take();
         Counters::add(&p.shared.counters.undelivered, old.len() as u64);
-        if !old.is_empty() {
-            if let Some(hook) = &self.undelivered {
-                hook(&peer.name, old);
+        self.report_undelivered(&peer.name, old);
+    }
+
+    /// Hands messages that will never be delivered to the application's hook, if any. The
+    /// hook runs on the IO thread: a panic in it is caught and logged, never fatal.
+    fn report_undelivered(&self, peer: &str, msgs: Vec<crate::proto::Unacked>) {
+        if msgs.is_empty() {
+            return;
+        }
+        if let Some(hook) = &self.undelivered {
+            if catch_unwind(AssertUnwindSafe(|| hook(peer, msgs))).is_err() {
+                log::error!(
+                    "{}: the on_undelivered hook panicked; continuing",
+                    self.cfg.name
+                );
             }
         }
     }
@@ -1181,12 +1193,8 @@ impl IoThread {
             .give_back(Return::Retired, p.ledger.retire());
         let _ = p.shared.credit.take();
         Counters::add(&p.shared.counters.undelivered, old.len() as u64);
-        if !old.is_empty() {
-            let name = p.shared.name.clone();
-            if let Some(hook) = &self.undelivered {
-                hook(&name, old);
-            }
-        }
+        let name = p.shared.name.clone();
+        self.report_undelivered(&name, old);
     }
 
     /// The handshake completed on `token`: resend what the peer lacks, then new messages.
@@ -1589,11 +1597,7 @@ impl IoThread {
                 self.by_name.remove(&name);
             }
         }
-        if !unacked.is_empty() {
-            if let Some(hook) = &self.undelivered {
-                hook(&name, unacked);
-            }
-        }
+        self.report_undelivered(&name, unacked);
     }
 
     // ----- timers ------------------------------------------------------------------------

@@ -241,7 +241,9 @@ impl Builder {
         self
     }
 
-    /// Called with messages that will never be delivered (see [`UndeliveredFn`]).
+    /// Called with messages that will never be delivered (see [`UndeliveredFn`]). It runs on
+    /// the IO thread: keep it short, and do not call `remove_peer` or `shutdown` from it
+    /// (they wait for the IO thread). A panic in it is caught and logged.
     pub fn on_undelivered<F>(mut self, f: F) -> Self
     where
         F: Fn(&str, Vec<Bytes>) + Send + Sync + 'static,
