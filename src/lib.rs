@@ -10,7 +10,9 @@
 //!   its application consumes; `send` parks, `try_send` hands the payload back;
 //! - **recovery**: a recovery descriptor per connection, a handshake that exchanges received
 //!   counts, and resend of what the peer lacks, for exactly-once in-order delivery across
-//!   reconnects.
+//!   reconnects;
+//! - **a durable outbox** ([`journal`]): preallocated segment files, an empty-file pool and
+//!   recovery, so reliable messages and delivery counts survive a restart.
 //!
 //! ```
 //! use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
@@ -47,6 +49,7 @@
 
 pub mod deliver;
 pub mod flow;
+pub mod journal;
 mod net;
 pub mod peer;
 pub mod proto;

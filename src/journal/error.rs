@@ -39,7 +39,9 @@ pub enum JournalError {
         found: String,
     },
     /// A file named like a segment does not start with the journal's magic bytes.
-    #[error("{path} is not a cohort journal segment (bad magic); move it out of the journal directory")]
+    #[error(
+        "{path} is not a cohort journal segment (bad magic); move it out of the journal directory"
+    )]
     NotASegment {
         /// The file.
         path: PathBuf,

@@ -1,0 +1,637 @@
+//! The durable outbox: a journal of preallocated, recycled segment files.
+//!
+//! A [`Journal`] records, for one member, each reliable outgoing message before it is
+//! published ([`Record::Message`]), the acks that retire them ([`Record::Acked`]) and how far
+//! the application has consumed each peer's stream ([`Record::Delivered`]). After a restart,
+//! [`Journal::open`] hands back, per peer, the unacknowledged messages in order and the
+//! counters to resume from ([`Recovered`]).
+//!
+//! The journal is single-threaded by design: one owner (the IO thread) appends batches from
+//! many peers, and group commit turns each batch into one write and at most one fsync.
+//!
+//! # Files
+//!
+//! A journal directory holds `segment-NNNNNNNN.jrnl` files of a fixed size
+//! ([`JournalConfig::segment_size`], 16 MiB by default), fully written when created (not
+//! sparse). A file is created under the name `segment-NNNNNNNN.jrnl.tmp`, written to its full
+//! size, synced, renamed into place, and the directory is synced, so a crash never leaves a
+//! half-made segment; leftover `.tmp` files are deleted at recovery. Files are never deleted
+//! by the journal: a segment whose records are all retired goes back to the **empty-file
+//! pool** (its header reset), and a new segment is always taken from the pool first. A file
+//! is created only when the pool is empty, so the number of files is the high-water mark of
+//! segments in use, and restarting never adds one.
+//!
+//! # Segment header (1024 bytes, integers little-endian)
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic `COHORTJL` |
+//! | 8 | 2 | format version (`1`) |
+//! | 10 | 1 | state: `1` empty, `2` active, `3` sealed |
+//! | 11 | 1 | zero |
+//! | 12 | 4 | CRC32 of the 1024 header bytes with this field zeroed |
+//! | 16 | 8 | capacity: the file's length in bytes |
+//! | 24 | 8 | generation: the segment's place in the journal (empty: the last one it held) |
+//! | 32 | 8 | end: offset just past the last record (sealed only, else 0) |
+//! | 40 | 8 | record count (sealed only, else 0) |
+//! | 48 | 16 | zero |
+//! | 64 | 1 + 255 | owning member's name: length byte, UTF-8 bytes |
+//! | 320 | 1 + 255 | cluster name: length byte, UTF-8 bytes |
+//! | 576 | 448 | zero |
+//!
+//! An all-zero header is an *uninitialised* file. Only the fields in the first 48 bytes
+//! change after creation, so a header rewrite stays within one sector.
+//!
+//! # Record framing (from offset 1024)
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | CRC32 of: the segment generation (8 bytes, not stored), then bytes 4.. of the frame |
+//! | 4 | 4 | body length `n` |
+//! | 8 | 1 | kind: `1` message, `2` acked, `3` delivered, `4` checkpoint |
+//! | 9 | 3 | zero |
+//! | 12 | n | body |
+//!
+//! Bodies (names are `u16` length + UTF-8, at most 255 bytes):
+//! message `name, seq: u64, flags: u8, payload (rest)`; acked `name, up_to: u64`;
+//! delivered `name, count: u64`; checkpoint `n: u32, n × (name, sent: u64, acked: u64,
+//! delivered: u64)`. A zero frame header marks the end of the records. Because the CRC mixes
+//! in the generation, records left from a segment's earlier life never validate, and a
+//! recycled segment needs no zeroing.
+//!
+//! # Segment states
+//!
+//! ```text
+//!            create (tmp, fill, sync, rename, sync dir)
+//!                 │
+//!                 ▼
+//!   ┌──────────► Empty ──── take from pool ────► Active ─── full: seal ───► Sealed
+//!   │          (the pool)   (new generation,   (appended to)  (end, count     │
+//!   │                        checkpoint first)                  in header)    │
+//!   └──────────── every message retired, and a newer checkpoint exists ───────┘
+//! ```
+//!
+//! Rotation, in order: seal the active segment (header with its end) and, unless the policy is
+//! [`FsyncPolicy::Never`], fsync it; take a segment from the pool (or create one); write its
+//! active header and a [`Record::Checkpoint`] of every peer's counters in one write, and fsync
+//! it. A segment is *retired* when each of its messages has `seq <= acked` for its peer and a
+//! newer segment starts with a checkpoint: its counters then live on in that checkpoint (a
+//! segment whose activation was torn by a crash has none, and protects the older ones). A segment
+//! holding an unacked message stays until that message is acked, so a peer that never acks
+//! pins its segments (bounded by the send window in practice).
+//!
+//! # Recovery rules
+//!
+//! 1. `.tmp` files are deleted. Every segment is read and verified (in parallel with rayon).
+//! 2. A header of another format version, of another member or cluster, with bad magic or a
+//!    bad checksum is an error, reported before anything on disk is changed.
+//! 3. Uninitialised (all-zero) and empty segments go to the pool.
+//! 4. Active and sealed segments are ordered by generation. A sealed segment must hold valid
+//!    records up to its `end`; an invalid record before it (corruption, truncation) cuts the
+//!    journal there: the records before it survive, the later segments are discarded to the
+//!    pool and listed in [`RecoveryReport::discarded`]. The newest active segment is read
+//!    until its first zero or invalid frame (a torn tail, or stale bytes of its earlier
+//!    life); the rest of the segment is zeroed and never replayed, and the next append goes
+//!    there. An older active segment (a crash between two rotation steps) is sealed where
+//!    its records end.
+//! 5. Records are replayed in order. Counters take the maximum of what they see; messages
+//!    with `seq > acked` are returned, per peer, in sequence order.
+//! 6. Fully retired segments go to the pool. No file is created during recovery.
+//!
+//! # Errors
+//!
+//! Every disk failure is a [`JournalError`]; nothing the disk can do panics. After an error
+//! from [`Journal::append`] or a sync, the in-memory state may be ahead of the disk: drop the
+//! journal and open it again, which recovers what is actually there.
+//!
+//! # Durability
+//!
+//! With [`FsyncPolicy::EveryBatch`] a batch is on disk when [`Journal::append`] returns;
+//! with [`FsyncPolicy::Interval`] at most that long after (the owner must call
+//! [`Journal::sync_if_due`] from a timer); with [`FsyncPolicy::Never`] records survive a
+//! process crash (they are in the page cache) but not an OS crash.
+
+mod error;
+mod inspect;
+mod pool;
+mod record;
+mod recover;
+mod segment;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub use error::JournalError;
+pub use inspect::{inspect, Inspection, SegmentInfo, SegmentStatus};
+pub use record::{PeerCounters, Record, RecordKind, FRAME_HEADER};
+pub use recover::{Cut, JournalMessage, Recovered, RecoveredPeer, RecoveryReport, SeqGap};
+pub use segment::{SegmentState, FORMAT_VERSION, HEADER_LEN};
+
+use pool::Pool;
+use record::MAX_PEER_NAME;
+use segment::{Header, Identity, SegmentFile, MAX_IDENTITY_NAME};
+
+/// Default segment size: 16 MiB.
+pub const DEFAULT_SEGMENT_SIZE: u64 = 16 << 20;
+/// Smallest segment size accepted.
+pub const MIN_SEGMENT_SIZE: u64 = 8 << 10;
+/// Largest segment size accepted.
+pub const MAX_SEGMENT_SIZE: u64 = 1 << 31;
+
+/// The smallest frame any record can take (an ack with an empty name).
+const MIN_FRAME: u64 = (FRAME_HEADER + 2 + 8) as u64;
+
+/// When appended records are forced to disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FsyncPolicy {
+    /// Every [`Journal::append`] ends with an fsync: a batch is durable when it returns.
+    EveryBatch,
+    /// An fsync when this long has passed since the last one, checked by
+    /// [`Journal::append`] and [`Journal::sync_if_due`].
+    Interval(Duration),
+    /// Never fsync on its own (only [`Journal::sync`] does); survives a process crash, not
+    /// an OS crash.
+    Never,
+}
+
+/// How to open a journal.
+#[derive(Clone, Debug)]
+pub struct JournalConfig {
+    dir: PathBuf,
+    cluster: String,
+    member: String,
+    segment_size: u64,
+    fsync: FsyncPolicy,
+}
+
+impl JournalConfig {
+    /// A journal in `dir` owned by `member`, with 16 MiB segments, fsync on every batch and
+    /// an empty cluster name.
+    pub fn new(dir: impl Into<PathBuf>, member: impl Into<String>) -> Self {
+        JournalConfig {
+            dir: dir.into(),
+            cluster: String::new(),
+            member: member.into(),
+            segment_size: DEFAULT_SEGMENT_SIZE,
+            fsync: FsyncPolicy::EveryBatch,
+        }
+    }
+
+    /// The cluster name recorded in (and checked against) every segment header.
+    pub fn cluster(mut self, cluster: impl Into<String>) -> Self {
+        self.cluster = cluster.into();
+        self
+    }
+
+    /// The size of new segment files, in bytes.
+    pub fn segment_size(mut self, bytes: u64) -> Self {
+        self.segment_size = bytes;
+        self
+    }
+
+    /// The fsync policy.
+    pub fn fsync(mut self, policy: FsyncPolicy) -> Self {
+        self.fsync = policy;
+        self
+    }
+
+    /// The journal directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+/// Counters of what a journal has done since it was opened.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// Calls to [`Journal::append`] with at least one record.
+    pub appends: u64,
+    /// Records appended.
+    pub records: u64,
+    /// Writes of record data (one per batch, one more per segment a batch spills into).
+    pub writes: u64,
+    /// Bytes of record data written.
+    pub bytes_written: u64,
+    /// Header writes (rotation, sealing, recycling).
+    pub header_writes: u64,
+    /// fsync calls on segment files.
+    pub fsyncs: u64,
+    /// Segment files created.
+    pub segments_created: u64,
+    /// Segments taken from the pool.
+    pub segments_reused: u64,
+    /// Segments retired into the pool while open.
+    pub segments_recycled: u64,
+    /// Segments holding live records now.
+    pub live_segments: usize,
+    /// Segments in the pool now.
+    pub pool: usize,
+}
+
+/// A segment holding live records.
+#[derive(Debug)]
+pub(crate) struct LiveSegment {
+    pub(crate) file: SegmentFile,
+    pub(crate) capacity: u64,
+    pub(crate) generation: u64,
+    pub(crate) state: SegmentState,
+    /// Offset just past the last record.
+    pub(crate) end: u64,
+    pub(crate) records: u64,
+    /// Per peer, the highest seq of a message in this segment.
+    pub(crate) pins: BTreeMap<String, u64>,
+    /// Written since the last fsync.
+    pub(crate) dirty: bool,
+    /// Its first record is a checkpoint (true of every segment but one whose activation
+    /// was torn by a crash): older segments' counters are then safe to drop.
+    pub(crate) checkpointed: bool,
+    /// Records read at recovery, waiting to be replayed.
+    pub(crate) pending: Option<Vec<Record>>,
+}
+
+/// Takes every fully retired segment out of `live`, keeping any at or after the newest
+/// checkpointed segment (nothing newer holds their counters yet).
+pub(crate) fn take_retired(
+    live: &mut Vec<LiveSegment>,
+    counters: &BTreeMap<String, PeerCounters>,
+) -> Vec<LiveSegment> {
+    let covered = live.iter().rposition(|s| s.checkpointed).unwrap_or(0);
+    let mut retired = Vec::new();
+    let mut i = 0;
+    let mut limit = covered;
+    while i < limit {
+        if live[i].is_retired(counters) {
+            retired.push(live.remove(i));
+            limit -= 1;
+        } else {
+            i += 1;
+        }
+    }
+    retired
+}
+
+impl LiveSegment {
+    /// Every message in it is acknowledged.
+    pub(crate) fn is_retired(&self, counters: &BTreeMap<String, PeerCounters>) -> bool {
+        self.pins
+            .iter()
+            .all(|(peer, &max)| counters.get(peer).is_some_and(|c| c.acked >= max))
+    }
+
+    fn room(&self) -> u64 {
+        self.capacity - self.end
+    }
+}
+
+/// Applies a record to the counters and to the pins of the segment holding it.
+pub(crate) fn apply(
+    counters: &mut BTreeMap<String, PeerCounters>,
+    pins: &mut BTreeMap<String, u64>,
+    record: &Record,
+) {
+    fn entry<'a>(
+        counters: &'a mut BTreeMap<String, PeerCounters>,
+        peer: &str,
+    ) -> &'a mut PeerCounters {
+        counters
+            .entry(peer.to_owned())
+            .or_insert_with(|| PeerCounters {
+                peer: peer.to_owned(),
+                ..PeerCounters::default()
+            })
+    }
+    match record {
+        Record::Message { peer, seq, .. } => {
+            let c = entry(counters, peer);
+            c.sent = c.sent.max(*seq);
+            let pin = pins.entry(peer.clone()).or_insert(0);
+            *pin = (*pin).max(*seq);
+        }
+        Record::Acked { peer, up_to } => {
+            let c = entry(counters, peer);
+            c.acked = c.acked.max(*up_to);
+        }
+        Record::Delivered { peer, count } => {
+            let c = entry(counters, peer);
+            c.delivered = c.delivered.max(*count);
+        }
+        Record::Checkpoint { peers } => {
+            for p in peers {
+                let c = entry(counters, &p.peer);
+                c.sent = c.sent.max(p.sent);
+                c.acked = c.acked.max(p.acked);
+                c.delivered = c.delivered.max(p.delivered);
+            }
+        }
+    }
+}
+
+/// A member's journal. See the [module docs](self) for the format and the rules.
+#[derive(Debug)]
+pub struct Journal {
+    dir: PathBuf,
+    identity: Identity,
+    segment_size: u64,
+    fsync: FsyncPolicy,
+    /// In generation order; the last one is the active segment when its state is `Active`.
+    live: Vec<LiveSegment>,
+    pool: Pool,
+    counters: BTreeMap<String, PeerCounters>,
+    next_generation: u64,
+    next_file_id: u64,
+    buf: Vec<u8>,
+    last_sync: Instant,
+    stats: JournalStats,
+}
+
+impl Journal {
+    /// Opens (creating if needed) the journal described by `config` and recovers it.
+    ///
+    /// Returns the journal, positioned to append after the last valid record, and what it
+    /// holds: per peer the unacked messages in order and the counters to resume from.
+    pub fn open(config: JournalConfig) -> Result<(Journal, Recovered), JournalError> {
+        if !(MIN_SEGMENT_SIZE..=MAX_SEGMENT_SIZE).contains(&config.segment_size) {
+            return Err(JournalError::BadSegmentSize {
+                size: config.segment_size,
+                min: MIN_SEGMENT_SIZE,
+                max: MAX_SEGMENT_SIZE,
+            });
+        }
+        for name in [&config.member, &config.cluster] {
+            check_name(name, MAX_IDENTITY_NAME)?;
+        }
+        let identity = Identity {
+            cluster: config.cluster.clone(),
+            member: config.member.clone(),
+        };
+        let opened = recover::recover(&config.dir, &identity, config.segment_size)?;
+        let mut journal = Journal {
+            dir: config.dir,
+            identity,
+            segment_size: config.segment_size,
+            fsync: config.fsync,
+            live: opened.live,
+            pool: opened.pool,
+            counters: opened.counters,
+            next_generation: opened.next_generation,
+            next_file_id: opened.next_file_id,
+            buf: Vec::new(),
+            last_sync: Instant::now(),
+            stats: JournalStats::default(),
+        };
+        journal.refresh_stats();
+        Ok((journal, opened.recovered))
+    }
+
+    /// Appends a batch of records (from any number of peers) as one write, then syncs if the
+    /// fsync policy says so. The batch is checked first: if any record is refused, nothing is
+    /// written. A batch that does not fit in the active segment continues in the next one.
+    pub fn append(&mut self, records: &[Record]) -> Result<(), JournalError> {
+        self.append_at(records, Instant::now())
+    }
+
+    /// [`append`](Self::append) with the current time given, for the
+    /// [`FsyncPolicy::Interval`] check.
+    pub fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError> {
+        if records.is_empty() {
+            return Ok(());
+        }
+        self.check_batch(records)?;
+        self.stats.appends += 1;
+        let mut i = 0;
+        while i < records.len() {
+            let needed = records[i].frame_len() as u64;
+            if self.active().is_none_or(|s| s.room() < needed) {
+                self.rotate()?;
+            }
+            let last = self.live.len() - 1;
+            let seg = &mut self.live[last];
+            self.buf.clear();
+            let mut n = 0;
+            while let Some(r) = records.get(i) {
+                if seg.room() < (self.buf.len() + r.frame_len()) as u64 {
+                    break;
+                }
+                r.encode(seg.generation, &mut self.buf);
+                apply(&mut self.counters, &mut seg.pins, r);
+                i += 1;
+                n += 1;
+            }
+            seg.file.write_at(seg.end, &self.buf)?;
+            seg.end += self.buf.len() as u64;
+            seg.records += n;
+            seg.dirty = true;
+            self.stats.writes += 1;
+            self.stats.records += n;
+            self.stats.bytes_written += self.buf.len() as u64;
+        }
+        if self.active().is_some_and(|s| s.room() < MIN_FRAME) {
+            // Exactly (or all but) full: move on now, so the next batch has a segment.
+            self.rotate()?;
+        }
+        self.recycle_retired()?;
+        match self.fsync {
+            FsyncPolicy::EveryBatch => self.sync_at(now)?,
+            FsyncPolicy::Interval(every)
+                if now.saturating_duration_since(self.last_sync) >= every =>
+            {
+                self.sync_at(now)?
+            }
+            FsyncPolicy::Interval(_) | FsyncPolicy::Never => {}
+        }
+        self.refresh_stats();
+        Ok(())
+    }
+
+    /// Forces every written record to disk now, whatever the policy.
+    pub fn sync(&mut self) -> Result<(), JournalError> {
+        self.sync_at(Instant::now())
+    }
+
+    /// Under [`FsyncPolicy::Interval`], syncs if there are unsynced records and the interval
+    /// has passed since the last sync. Returns whether it synced. Call it from a timer.
+    pub fn sync_if_due(&mut self, now: Instant) -> Result<bool, JournalError> {
+        let FsyncPolicy::Interval(every) = self.fsync else {
+            return Ok(false);
+        };
+        let dirty = self.live.iter().any(|s| s.dirty);
+        if dirty && now.saturating_duration_since(self.last_sync) >= every {
+            self.sync_at(now)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// The counters of one peer as journalled so far.
+    pub fn peer(&self, peer: &str) -> Option<&PeerCounters> {
+        self.counters.get(peer)
+    }
+
+    /// What the journal has done since it was opened.
+    pub fn stats(&self) -> JournalStats {
+        self.stats
+    }
+
+    /// The journal directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn sync_at(&mut self, now: Instant) -> Result<(), JournalError> {
+        for seg in self.live.iter_mut().filter(|s| s.dirty) {
+            seg.file.sync()?;
+            seg.dirty = false;
+            self.stats.fsyncs += 1;
+        }
+        self.last_sync = now;
+        Ok(())
+    }
+
+    fn active(&self) -> Option<&LiveSegment> {
+        self.live.last().filter(|s| s.state == SegmentState::Active)
+    }
+
+    /// Refuses a batch holding a name that is too long or a record that would not fit in a
+    /// fresh segment after its header and checkpoint.
+    fn check_batch(&self, records: &[Record]) -> Result<(), JournalError> {
+        let mut names: std::collections::BTreeSet<&str> =
+            self.counters.keys().map(String::as_str).collect();
+        for r in records {
+            if let Some(name) = r.longest_name() {
+                check_name(name, MAX_PEER_NAME)?;
+            }
+            match r {
+                Record::Checkpoint { peers } => names.extend(peers.iter().map(|p| p.peer.as_str())),
+                Record::Message { peer, .. }
+                | Record::Acked { peer, .. }
+                | Record::Delivered { peer, .. } => {
+                    names.insert(peer);
+                }
+            }
+        }
+        let checkpoint = FRAME_HEADER + 4 + names.iter().map(|n| 2 + n.len() + 24).sum::<usize>();
+        let capacity = self.segment_size as usize;
+        let max = capacity.saturating_sub(HEADER_LEN + checkpoint);
+        for r in records {
+            if r.frame_len() > max {
+                return Err(JournalError::RecordTooLarge {
+                    size: r.frame_len(),
+                    max,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Seals the active segment (if any) and activates a new one from the pool, or a new
+    /// file only if the pool is empty.
+    fn rotate(&mut self) -> Result<(), JournalError> {
+        let sync = self.fsync != FsyncPolicy::Never;
+        if let Some(seg) = self
+            .live
+            .last_mut()
+            .filter(|s| s.state == SegmentState::Active)
+        {
+            seg.state = SegmentState::Sealed;
+            seg.file.write_header(&Header {
+                state: SegmentState::Sealed,
+                capacity: seg.capacity,
+                generation: seg.generation,
+                end: seg.end,
+                records: seg.records,
+                identity: self.identity.clone(),
+            })?;
+            self.stats.header_writes += 1;
+            if sync {
+                seg.file.sync()?;
+                seg.dirty = false;
+                self.stats.fsyncs += 1;
+            }
+        }
+        let mut file = match self.pool.take() {
+            Some(pooled) => {
+                self.stats.segments_reused += 1;
+                let mut file = pooled.file;
+                if pooled.capacity != self.segment_size {
+                    file.resize(self.segment_size)?;
+                }
+                file
+            }
+            None => {
+                let id = self.next_file_id;
+                self.next_file_id += 1;
+                self.stats.segments_created += 1;
+                SegmentFile::create(
+                    &self.dir,
+                    id,
+                    &pool::empty_header(&self.identity, self.segment_size, 0),
+                )?
+            }
+        };
+        let generation = self.next_generation;
+        self.next_generation += 1;
+        let header = Header {
+            state: SegmentState::Active,
+            capacity: self.segment_size,
+            generation,
+            end: 0,
+            records: 0,
+            identity: self.identity.clone(),
+        };
+        let mut bytes = header.encode();
+        Record::Checkpoint {
+            peers: self.counters.values().cloned().collect(),
+        }
+        .encode(generation, &mut bytes);
+        file.write_at(0, &bytes)?;
+        self.stats.header_writes += 1;
+        if sync {
+            file.sync()?;
+            self.stats.fsyncs += 1;
+        }
+        self.live.push(LiveSegment {
+            file,
+            capacity: self.segment_size,
+            generation,
+            state: SegmentState::Active,
+            end: bytes.len() as u64,
+            records: 1,
+            pins: BTreeMap::new(),
+            dirty: !sync,
+            checkpointed: true,
+            pending: None,
+        });
+        Ok(())
+    }
+
+    /// Returns every fully retired segment older than the newest checkpoint to the pool.
+    fn recycle_retired(&mut self) -> Result<(), JournalError> {
+        for seg in take_retired(&mut self.live, &self.counters) {
+            self.pool
+                .recycle(seg.file, &self.identity, seg.capacity, seg.generation)?;
+            self.stats.header_writes += 1;
+            self.stats.segments_recycled += 1;
+        }
+        Ok(())
+    }
+
+    fn refresh_stats(&mut self) {
+        self.stats.live_segments = self.live.len();
+        self.stats.pool = self.pool.len();
+    }
+}
+
+fn check_name(name: &str, max: usize) -> Result<(), JournalError> {
+    if name.len() > max {
+        return Err(JournalError::NameTooLong {
+            name: name.chars().take(40).collect(),
+            len: name.len(),
+            max,
+        });
+    }
+    Ok(())
+}
