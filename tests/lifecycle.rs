@@ -7,11 +7,11 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
-use std::thread::JoinHandle;
+
 use std::time::Duration;
 
 use cohort::flow::cost;
-use cohort::{Error, Node, PeerState, Sender, ShutdownReport, TrySendError};
+use cohort::{Error, Node, PeerState, ShutdownReport, TrySendError};
 use common::*;
 
 /// Runs `node.shutdown(deadline)` on another thread and waits for its result, so that a
@@ -34,29 +34,6 @@ fn wait_threads_gone(prefix: &str) {
         || threads_named(prefix).is_empty(),
         || format!("threads {:?} to end", threads_named(prefix)),
     );
-}
-
-/// Spawns a thread that calls `send` on a dry window and reports the result, and waits
-/// until that thread is parked (sleeping in the kernel), i.e. blocked on the window.
-fn blocked_sender(sender: Sender, to: &'static str, size: usize) -> JoinHandle<Result<(), Error>> {
-    let (tid_tx, tid_rx) = mpsc::channel();
-    let handle = std::thread::Builder::new()
-        .name("blocked-sender".into())
-        .spawn(move || {
-            tid_tx.send(current_tid()).expect("report tid");
-            sender.send(to, payload(u64::MAX / 2, size))
-        })
-        .expect("spawn");
-    let tid = tid_rx.recv().expect("tid");
-    wait_until("the sender to park on the dry window", PATIENCE, || {
-        handle.is_finished() || thread_state(tid) == Some('S')
-    });
-    assert!(
-        !handle.is_finished(),
-        "send on a dry window returned at once: {:?}",
-        handle.join()
-    );
-    handle
 }
 
 /// `shutdown` stops the node within its deadline and joins every thread it started: the IO

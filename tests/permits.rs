@@ -16,12 +16,12 @@
 mod common;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use cohort::flow::{cost, MESSAGE_OVERHEAD};
-use cohort::{Error, Node, PeerState, PeerStats, SendOptions, Sender, TrySendError};
+use cohort::{Error, Node, PeerState, PeerStats, SendOptions, TrySendError};
 use common::*;
 
 /// The send window of the tests, bytes.
@@ -91,29 +91,6 @@ fn wait_window_whole(nodes: &[Node], node: &Node, peer: &str) {
             )
         },
     );
-}
-
-/// Spawns a thread that `send`s one message of `size` bytes to `to` (whose window must be
-/// dry) and waits until that thread is parked in the kernel, i.e. blocked on the window.
-fn blocked_sender(sender: Sender, to: &'static str, size: usize) -> JoinHandle<Result<(), Error>> {
-    let (tid_tx, tid_rx) = mpsc::channel();
-    let handle = std::thread::Builder::new()
-        .name("permits-blocked".into())
-        .spawn(move || {
-            tid_tx.send(current_tid()).expect("report tid");
-            sender.send(to, payload(u64::MAX / 2, size))
-        })
-        .expect("spawn");
-    let tid = tid_rx.recv().expect("tid");
-    wait_until("the sender to park on the dry window", PATIENCE, || {
-        handle.is_finished() || thread_state(tid) == Some('S')
-    });
-    assert!(
-        !handle.is_finished(),
-        "send on a dry window returned at once: {:?}",
-        handle.join()
-    );
-    handle
 }
 
 /// Waits (with a deadline) for a thread to finish and returns its result.

@@ -301,3 +301,30 @@ pub(crate) fn send_patiently(sender: &cohort::Sender, to: &str, payload: Vec<u8>
         panic!("{} -> {to}: send failed: {e}", sender.node_name());
     }
 }
+
+/// Spawns a thread that `send`s one message of `size` bytes to `to` (whose window must be
+/// dry) and waits until that thread is parked in the kernel, i.e. blocked on the window.
+pub(crate) fn blocked_sender(
+    sender: cohort::Sender,
+    to: &'static str,
+    size: usize,
+) -> std::thread::JoinHandle<Result<(), cohort::Error>> {
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let handle = std::thread::Builder::new()
+        .name("blocked-sender".into())
+        .spawn(move || {
+            tid_tx.send(current_tid()).expect("report tid");
+            sender.send(to, payload(u64::MAX / 2, size))
+        })
+        .expect("spawn");
+    let tid = tid_rx.recv().expect("tid");
+    wait_until("the sender to park on the dry window", PATIENCE, || {
+        handle.is_finished() || thread_state(tid) == Some('S')
+    });
+    assert!(
+        !handle.is_finished(),
+        "send on a dry window returned at once: {:?}",
+        handle.join()
+    );
+    handle
+}
