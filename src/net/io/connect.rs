@@ -1,0 +1,281 @@
+//! Connections and the peer lifecycle: accepting, dialling with backoff, connect completion,
+//! closing, admitting unknown members, removing and retiring peers.
+
+use super::*;
+
+impl IoThread {
+    pub(super) fn accept_all(&mut self) {
+        loop {
+            match self.listener.accept() {
+                Ok((mut stream, from)) => {
+                    if self.shutdown.is_some() {
+                        continue; // dropped: we are closing
+                    }
+                    let pending = self
+                        .conns
+                        .values()
+                        .filter(|c| c.dialled.is_none() && !c.established)
+                        .count();
+                    if self.conns.len() >= self.cfg.max_connections
+                        || pending >= self.cfg.max_pending
+                    {
+                        // Dropped at once: an untrusted peer cannot make us hold more.
+                        Counters::add(&self.counters.refused_limit, 1);
+                        log::debug!(
+                            "{}: refusing connection from {from}: {} open, {pending} handshaking (limits {} / {})",
+                            self.cfg.name,
+                            self.conns.len(),
+                            self.cfg.max_connections,
+                            self.cfg.max_pending
+                        );
+                        continue;
+                    }
+                    configure(&self.cfg, &stream);
+                    let token = self.new_token();
+                    if let Err(e) =
+                        self.poll
+                            .registry()
+                            .register(&mut stream, token, Interest::READABLE)
+                    {
+                        log::warn!(
+                            "{}: cannot register connection from {from}: {e}",
+                            self.cfg.name
+                        );
+                        continue;
+                    }
+                    Counters::add(&self.counters.accepted, 1);
+                    log::debug!("{}: accepted connection from {from}", self.cfg.name);
+                    let mut out = Vec::new();
+                    let hs = Handshake::acceptor(self.local.clone(), &mut out);
+                    let mut conn = Conn::new(token, stream, None, hs);
+                    conn.wbuf = out;
+                    self.conns.insert(token, conn);
+                    self.update_gauges();
+                    self.dirty.push(token);
+                    self.timers.add(
+                        Instant::now() + self.cfg.handshake_timeout,
+                        TimerKind::Handshake { token },
+                    );
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and the like: log and try again on the next readiness event.
+                    log::error!("{}: accept failed: {e}", self.cfg.name);
+                    break;
+                }
+            }
+        }
+    }
+
+    pub(super) fn dial(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if p.state == PeerState::Closed || p.conn.is_some() || self.shutdown.is_some() {
+            return;
+        }
+        let Some(addr) = p.addr else {
+            p.set_state(PeerState::Backoff);
+            return; // no address: it will dial us
+        };
+        match TcpStream::connect(addr) {
+            Ok(mut stream) => {
+                let token = Token(self.next_token);
+                self.next_token += 1;
+                if let Err(e) = self.poll.registry().register(
+                    &mut stream,
+                    token,
+                    Interest::READABLE | Interest::WRITABLE,
+                ) {
+                    log::warn!("{}: cannot register dial to {addr}: {e}", self.cfg.name);
+                    self.schedule_reconnect(id);
+                    return;
+                }
+                let p = self.peers.get_mut(&id).expect("peer present");
+                let hs = Handshake::dialler(self.local.clone(), p.shared.name.to_string());
+                let mut conn = Conn::new(token, stream, Some(id), hs);
+                conn.set_writable_interest(true);
+                p.conn = Some(token);
+                p.set_state(PeerState::Connecting);
+                self.conns.insert(token, conn);
+                self.update_gauges();
+                Counters::add(&self.counters.dialled, 1);
+                self.timers.add(
+                    Instant::now() + self.cfg.handshake_timeout,
+                    TimerKind::Handshake { token },
+                );
+            }
+            Err(e) => {
+                log::debug!(
+                    "{}: dial '{}' at {addr} failed: {e}",
+                    self.cfg.name,
+                    p.shared.name
+                );
+                Counters::add(&self.counters.dial_failures, 1);
+                self.schedule_reconnect(id);
+            }
+        }
+    }
+
+    pub(super) fn schedule_reconnect(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if p.state == PeerState::Closed || self.shutdown.is_some() {
+            return;
+        }
+        p.set_state(PeerState::Backoff);
+        if p.addr.is_none() {
+            return;
+        }
+        p.gen += 1;
+        let delay = self
+            .backoff
+            .delay(p.attempt, self.cfg.backoff_min, self.cfg.backoff_max);
+        p.attempt = p.attempt.saturating_add(1);
+        let gen = p.gen;
+        self.timers.add(
+            Instant::now() + delay,
+            TimerKind::Reconnect { peer: id, gen },
+        );
+    }
+
+    pub(super) fn conn_event(&mut self, token: Token, readable: bool, hup: bool, writable: bool) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return; // stale token: a spurious event for a connection already closed
+        };
+        if conn.connecting {
+            match conn.stream.take_error() {
+                Ok(None) => {}
+                Ok(Some(e)) | Err(e) => return self.dial_failed(token, e),
+            }
+            match conn.stream.peer_addr() {
+                Ok(_) => {
+                    conn.connecting = false;
+                    configure(&self.cfg, &conn.stream);
+                    if let Some(id) = conn.dialled {
+                        if let Some(p) = self.peers.get_mut(&id) {
+                            p.set_state(PeerState::Handshaking);
+                        }
+                    }
+                    self.dirty.push(token);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return, // not yet
+                Err(e) => return self.dial_failed(token, e),
+            }
+        }
+        if writable {
+            self.write_conn(token);
+        }
+        if readable {
+            self.read_conn(token, hup);
+        }
+    }
+
+    pub(super) fn dial_failed(&mut self, token: Token, e: io::Error) {
+        Counters::add(&self.counters.dial_failures, 1);
+        if let Some(conn) = self.conns.get(&token) {
+            if let Some(id) = conn.dialled {
+                log::debug!(
+                    "{}: connect to '{}' failed: {e}",
+                    self.cfg.name,
+                    self.peer_name(id)
+                );
+            }
+        }
+        self.close_conn(token, None);
+    }
+
+    /// Closes a connection (after writing `close` best-effort) and, if it spoke for a peer,
+    /// moves the peer to `Backoff` and schedules a reconnect.
+    pub(super) fn close_conn(&mut self, token: Token, close: Option<(CloseCode, &str)>) {
+        let Some(mut conn) = self.conns.remove(&token) else {
+            return;
+        };
+        if let Some((code, reason)) = close {
+            wire::encode_close(&mut conn.wbuf, code, reason);
+            let _ = conn.flush(); // best effort: the socket is closed right after
+        }
+        let _ = self.poll.registry().deregister(&mut conn.stream);
+        self.update_gauges();
+        self.timers.cancel(|k| *k == TimerKind::Handshake { token });
+        let Some(id) = conn.peer else { return };
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if p.conn != Some(token) {
+            return;
+        }
+        p.conn = None;
+        p.ack_unwritten = None; // lost with the connection: owed again
+        if conn.established {
+            Counters::add(&p.shared.counters.disconnects, 1);
+            log::info!("{}: connection to '{}' lost", self.cfg.name, p.shared.name);
+        }
+        if p.state != PeerState::Closed {
+            self.schedule_reconnect(id);
+        }
+    }
+
+    pub(super) fn add_unknown(&mut self, name: &str) -> usize {
+        let name: SharedStr = name.into();
+        let shared = self.shared.new_peer(name.clone(), self.cfg.window);
+        let id = shared.id;
+        self.peers_map.write().insert(name.clone(), shared.clone());
+        log::info!("{}: admitting unknown member '{name}'", self.cfg.name);
+        self.command(Command::AddPeer {
+            peer: shared,
+            addr: None,
+        });
+        id
+    }
+
+    /// Closes peer `id` for good: fails what is queued (giving back its permits), closes
+    /// its window and connection. A reconnect timer still pending finds no peer and does
+    /// nothing; a connection completing later finds no peer and is refused.
+    pub(super) fn remove_peer(&mut self, id: usize) {
+        let Some(conn) = self.peers.get(&id).and_then(|p| p.conn) else {
+            self.retire_peer(id, CloseCode::Removed);
+            return;
+        };
+        self.retire_peer(id, CloseCode::Removed);
+        self.close_conn(conn, Some((CloseCode::Removed, "member removed")));
+    }
+
+    /// Terminal transition of a peer: `Closed`, outbox closed and failed, permits back.
+    pub(super) fn retire_peer(&mut self, id: usize, why: CloseCode) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        p.set_state(PeerState::Closed);
+        p.gen += 1;
+        let failed = fail_queued(p);
+        let unacked = p.desc.drain_unacked();
+        p.shared
+            .outbox
+            .give_back(Return::Retired, p.ledger.retire());
+        p.shared.outbox.window().close();
+        let undelivered = unacked.len() as u64;
+        Counters::add(&p.shared.counters.undelivered, undelivered);
+        if failed + undelivered > 0 {
+            log::warn!(
+                "{}: '{}' closed ({why:?}): {failed} queued messages failed, {undelivered} sent but unacknowledged",
+                self.cfg.name,
+                p.shared.name
+            );
+        }
+        let name = p.shared.name.clone();
+        if why == CloseCode::Removed {
+            self.timers.cancel(|k| match k {
+                TimerKind::Reconnect { peer, .. } | TimerKind::AckDelay { peer } => *peer == id,
+                _ => false,
+            });
+            self.peers.remove(&id);
+            if self.by_name.get(&name) == Some(&id) {
+                self.by_name.remove(&name);
+            }
+        }
+        self.report_undelivered(&name, unacked);
+    }
+}

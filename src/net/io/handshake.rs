@@ -1,0 +1,243 @@
+//! Handshake decisions that need the node's state: who a connection speaks for, the
+//! tie-break, incarnations, and resuming (resend) once a connection is established.
+
+use super::*;
+
+impl IoThread {
+    /// A connection said who it is. Decide whether it may speak for that peer.
+    /// `resume`: for an accepted connection, the dialler's received counts (reliable
+    /// messages, unreliable window bytes).
+    pub(super) fn on_identified(
+        &mut self,
+        token: Token,
+        peer: PeerIdentity,
+        resume: Option<(u64, u64)>,
+        peer_connections: Option<u64>,
+    ) {
+        let accepting = resume.is_some();
+        let id = if accepting {
+            match self.by_name.get(peer.name.as_str()) {
+                Some(&id) => id,
+                None if self.cfg.allow_unknown && self.shutdown.is_none() => {
+                    self.add_unknown(&peer.name)
+                }
+                None => {
+                    let reason = format!("member '{}' is not configured here", peer.name);
+                    return self.refuse(token, CloseCode::UnknownMember, &reason);
+                }
+            }
+        } else {
+            match self.conns.get(&token).and_then(|c| c.dialled) {
+                Some(id) => id,
+                None => return,
+            }
+        };
+        let Some(p) = self.peers.get(&id) else {
+            return self.refuse(token, CloseCode::Removed, "member removed");
+        };
+        if p.state == PeerState::Closed || self.shutdown.is_some() {
+            return self.refuse(token, CloseCode::Shutdown, "member closed");
+        }
+        // Tie-break against the connection that speaks for this peer now, if another.
+        if let Some(other) = p.conn.filter(|&o| o != token) {
+            if let Some(oc) = self.conns.get(&other) {
+                let stale = matches!(oc.launch, Some(l) if l != peer.launch_id);
+                let keep_new = keep_new(TieBreak {
+                    stale,
+                    new_by_us: !accepting,
+                    old_by_us: oc.dialled.is_some(),
+                    old_established: oc.established,
+                    we_are_smaller: *self.cfg.name < *peer.name,
+                    our_connections: p.desc.connections_with(peer.launch_id),
+                    peer_connections,
+                });
+                Counters::add(&self.counters.tie_breaks, 1);
+                if keep_new {
+                    log::debug!(
+                        "{}: '{}' connected again; replacing the older connection",
+                        self.cfg.name,
+                        peer.name
+                    );
+                    self.close_conn(
+                        other,
+                        Some((CloseCode::Duplicate, "replaced by a newer connection")),
+                    );
+                } else {
+                    log::debug!(
+                        "{}: simultaneous connect with '{}'; keeping ours",
+                        self.cfg.name,
+                        peer.name
+                    );
+                    return self.close_conn(
+                        token,
+                        Some((
+                            CloseCode::Duplicate,
+                            "simultaneous connect lost the tie-break",
+                        )),
+                    );
+                }
+            }
+        }
+        self.bind_incarnation(id, &peer);
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let received = p.desc.received();
+        let connections = p.desc.connections();
+        let unreliable = p.desc.unreliable_received();
+        p.conn = Some(token);
+        if p.state != PeerState::Handshaking {
+            p.set_state(PeerState::Handshaking);
+        }
+        let conn = self.conns.get_mut(&token).expect("conn present");
+        conn.peer = Some(id);
+        conn.launch = Some(peer.launch_id);
+        let hs = conn.hs.as_mut().expect("handshaking");
+        hs.accept(received, connections, unreliable, &mut conn.wbuf);
+        self.dirty.push(token);
+        if let Some((peer_received, peer_unreliable)) = resume {
+            self.establish(token, peer_received, peer_unreliable);
+        }
+    }
+
+    /// Binds the peer's recovery descriptor to the incarnation that just identified; a
+    /// changed launch id retires the old one (its unacked messages are undelivered).
+    pub(super) fn bind_incarnation(&mut self, id: usize, peer: &PeerIdentity) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        p.shared.credit.set_window(peer.window);
+        p.peer_max_message = peer.max_message as usize;
+        let restarted = matches!(p.desc.remote_launch(), Some(l) if l != peer.launch_id);
+        let old = p.desc.bind(peer.launch_id);
+        if !restarted {
+            return;
+        }
+        log::warn!(
+            "{}: '{}' restarted (new launch id); {} unacknowledged messages to its old incarnation are undelivered",
+            self.cfg.name,
+            peer.name,
+            old.len()
+        );
+        // Credit for the old incarnation will never come: give it all back, and drop any
+        // credit we still owed the old incarnation.
+        p.shared
+            .outbox
+            .give_back(Return::Retired, p.ledger.retire());
+        let _ = p.shared.credit.take();
+        Counters::add(&p.shared.counters.undelivered, old.len() as u64);
+        self.report_undelivered(&peer.name, old);
+    }
+
+    /// Hands messages that will never be delivered to the application's hook, if any. The
+    /// hook runs on the IO thread: a panic in it is caught and logged, never fatal.
+    pub(super) fn report_undelivered(&self, peer: &str, msgs: Vec<crate::proto::Unacked>) {
+        if msgs.is_empty() {
+            return;
+        }
+        if let Some(hook) = &self.undelivered {
+            if catch_unwind(AssertUnwindSafe(|| hook(peer, msgs))).is_err() {
+                log::error!(
+                    "{}: the on_undelivered hook panicked; continuing",
+                    self.cfg.name
+                );
+            }
+        }
+    }
+
+    /// Retires everything of the current relationship with peer `id` (unacked messages are
+    /// undelivered, their credit given back) while keeping what is queued.
+    pub(super) fn forget_relationship(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let old = p.desc.reset();
+        p.shared
+            .outbox
+            .give_back(Return::Retired, p.ledger.retire());
+        let _ = p.shared.credit.take();
+        Counters::add(&p.shared.counters.undelivered, old.len() as u64);
+        let name = p.shared.name.clone();
+        self.report_undelivered(&name, old);
+    }
+
+    /// The handshake completed on `token`: resend what the peer lacks, then new messages.
+    pub(super) fn establish(&mut self, token: Token, peer_received: u64, peer_unreliable: u64) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some(id) = conn.peer else { return };
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        if p.conn != Some(token) {
+            return self.close_conn(token, Some((CloseCode::Duplicate, "superseded")));
+        }
+        conn.hs = None;
+        conn.established = true;
+        self.update_gauges();
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let mut resent = 0u64;
+        let resumed = match p.desc.resume(peer_received) {
+            Ok(rest) => {
+                for u in rest {
+                    wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
+                    resent += 1;
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        match resumed {
+            Ok(()) => {}
+            Err(RecoveryError::AckWentBack { claimed, acked }) => {
+                // Same incarnation, fewer messages than it acknowledged: the peer forgot us
+                // (removed and added us again). Start afresh on both sides: we retire our
+                // state now, the peer's is already fresh; the redial then resumes from zero.
+                let why = format!(
+                    "'{}' holds {claimed} of our messages after acknowledging {acked}: it lost its state for us (removed and re-added?); starting afresh",
+                    self.peer_name(id)
+                );
+                log::warn!("{}: {why}", self.cfg.name);
+                self.forget_relationship(id);
+                return self.close_conn(token, Some((CloseCode::Other, "state reset")));
+            }
+            Err(e) => return self.protocol_error(token, e.to_string()),
+        }
+        let p = self.peers.get_mut(&id).expect("peer present");
+        // Unreliable messages the old connection swallowed are never resent: their permits
+        // come back now, from the peer's count of what it received.
+        let lost = p.desc.unreliable_lost(peer_unreliable);
+        if lost > 0 {
+            p.ledger.forget(lost);
+            p.shared.outbox.give_back(Return::Lost, lost);
+        }
+        Counters::add(&p.shared.counters.resent, resent);
+        Counters::add(&p.shared.counters.connects, 1);
+        Counters::add(&self.counters.handshakes, 1);
+        // The backoff restarts only once the peer shows it took the connection (its first
+        // ack or message), so a peer that refuses right after the handshake is not redialled
+        // at the minimum backoff forever.
+        p.gen += 1; // cancels a pending reconnect
+        p.set_state(PeerState::Connected);
+        log::info!(
+            "{}: connected to '{}' ({} resent, {} unacked)",
+            self.cfg.name,
+            p.shared.name,
+            resent,
+            p.desc.unacked_len()
+        );
+        self.dirty.push(token);
+        // Credit and acks from before the reconnect go first (the last ack may have been lost
+        // with the old connection; totals make resending it harmless).
+        if p.shared.credit.pending() > 0 || p.desc.ack_owed() || p.desc.credit_returned() > 0 {
+            self.write_ack(id, true);
+        }
+        self.flush_peer(id);
+    }
+}

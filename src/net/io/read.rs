@@ -1,0 +1,397 @@
+//! The inbound path: reading sockets within a budget, splitting frames off the read buffer,
+//! data to the member queues and the pool, control frames, protocol errors.
+
+use super::*;
+
+impl IoThread {
+    /// Reads and handles what connection `token` has, up to the per-turn budget. `hup`: the
+    /// readiness event reported the peer's hang-up (or this is a continuation), so read until
+    /// EOF or `WouldBlock` rather than stopping at a short read.
+    pub(super) fn read_conn(&mut self, token: Token, hup: bool) {
+        if !self.stash.is_empty() {
+            // The pool is full: leave the bytes in the kernel so TCP pushes back.
+            self.mark_read_pending(token);
+            return;
+        }
+        let mut total = 0usize;
+        loop {
+            let Some(conn) = self.conns.get_mut(&token) else {
+                return;
+            };
+            match conn.read_some() {
+                Ok((0, _)) => {
+                    self.handle_inbound(token);
+                    if self.conns.contains_key(&token) {
+                        self.close_conn(token, None);
+                    }
+                    return;
+                }
+                Ok((n, short)) => {
+                    total += n;
+                    conn.last_read = Instant::now();
+                    self.parse(token);
+                    self.handle_inbound(token);
+                    if !self.stash.is_empty() || total >= READ_BUDGET {
+                        self.mark_read_pending(token);
+                        return;
+                    }
+                    if short && !hup {
+                        // Drained: skip the read that would only say WouldBlock. Not after
+                        // a hang-up event, whose EOF the next read must see.
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log::info!("{}: read failed, closing connection: {e}", self.cfg.name);
+                    self.close_conn(token, None);
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(super) fn mark_read_pending(&mut self, token: Token) {
+        if let Some(c) = self.conns.get_mut(&token) {
+            if !c.read_pending {
+                c.read_pending = true;
+                self.read_pending.push_back(token);
+            }
+        }
+    }
+
+    pub(super) fn process_read_pending(&mut self) {
+        for _ in 0..self.read_pending.len() {
+            if !self.stash.is_empty() {
+                return;
+            }
+            let Some(t) = self.read_pending.pop_front() else {
+                return;
+            };
+            if let Some(c) = self.conns.get_mut(&t) {
+                c.read_pending = false;
+                self.read_conn(t, true);
+            }
+        }
+    }
+
+    /// Splits complete frames off the read buffer into `self.inbound`.
+    pub(super) fn parse(&mut self, token: Token) {
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        loop {
+            // Until the handshake is done only handshake frames are legal: bound them by
+            // the handshake's size, not by the (much larger) data frame limit.
+            let max = if conn.established {
+                self.max_len
+            } else {
+                2 + wire::MAX_HANDSHAKE_BODY
+            };
+            let len = match wire::peek_len(&conn.rbuf, max) {
+                Ok(Some(len)) => len,
+                Ok(None) => break,
+                Err(e) => {
+                    self.inbound.push(Inbound::Bad(e));
+                    break;
+                }
+            };
+            let total = wire::LEN_BYTES + len;
+            if conn.rbuf.len() < total {
+                break;
+            }
+            let kind = conn.rbuf[wire::LEN_BYTES];
+            let flags = conn.rbuf[wire::LEN_BYTES + 1];
+            let mut frame = conn.rbuf.split_to(total);
+            if kind == wire::kind::DATA {
+                if flags & !(wire::FLAG_OOB | wire::FLAG_RELIABLE) != 0 {
+                    self.inbound.push(Inbound::Bad(wire::WireError::Malformed(
+                        "unknown data flags",
+                    )));
+                    break;
+                }
+                frame.advance(wire::HEADER_BYTES);
+                let seq = if flags & wire::FLAG_RELIABLE != 0 {
+                    if frame.len() < 8 {
+                        self.inbound
+                            .push(Inbound::Bad(wire::WireError::Malformed("sequence number")));
+                        break;
+                    }
+                    let s = frame.get_u64_le();
+                    if s == 0 {
+                        self.inbound.push(Inbound::Bad(wire::WireError::Malformed(
+                            "sequence number 0",
+                        )));
+                        break;
+                    }
+                    Some(s)
+                } else {
+                    None
+                };
+                self.inbound.push(Inbound::Data {
+                    flags,
+                    seq,
+                    payload: frame.freeze(),
+                });
+            } else {
+                self.inbound.push(Inbound::Other(frame.freeze()));
+            }
+        }
+    }
+
+    /// Whether connection `token` is open, and if so whether it is established and for
+    /// which peer.
+    pub(super) fn conn_state(&self, token: Token) -> Option<(bool, Option<usize>)> {
+        self.conns.get(&token).map(|c| (c.established, c.peer))
+    }
+
+    pub(super) fn handle_inbound(&mut self, token: Token) {
+        let mut inbound = std::mem::take(&mut self.inbound);
+        let mut peer_of_batch = None;
+        // Looked up once, and again only after a frame that may change the connection.
+        let mut state = self.conn_state(token);
+        for item in inbound.drain(..) {
+            let Some((established, peer)) = state else {
+                break; // closed by an earlier frame
+            };
+            match item {
+                Inbound::Data {
+                    flags,
+                    seq,
+                    payload,
+                } => match (established, peer) {
+                    (true, Some(id)) => {
+                        peer_of_batch = Some(id);
+                        if !self.on_data(token, id, flags, seq, payload) {
+                            state = None;
+                        }
+                    }
+                    _ => {
+                        self.protocol_error(token, "data before the handshake completed".into());
+                        state = None;
+                    }
+                },
+                Inbound::Other(bytes) => {
+                    self.on_frame(token, &bytes);
+                    state = self.conn_state(token);
+                }
+                Inbound::Bad(e) => {
+                    self.protocol_error(token, e.to_string());
+                    state = None;
+                }
+            }
+        }
+        self.inbound = inbound;
+        if let Some(id) = peer_of_batch {
+            self.push_batch(id);
+            self.after_data(id);
+        }
+    }
+
+    pub(super) fn protocol_error(&mut self, token: Token, reason: String) {
+        Counters::add(&self.counters.protocol_errors, 1);
+        let who = self
+            .conns
+            .get(&token)
+            .and_then(|c| c.peer)
+            .map(|id| self.peer_name(id))
+            .unwrap_or_else(|| "an unidentified peer".into());
+        log::warn!(
+            "{}: protocol error from {who}, closing connection: {reason}",
+            self.cfg.name
+        );
+        self.close_conn(token, Some((CloseCode::Protocol, &reason)));
+    }
+
+    pub(super) fn on_data(
+        &mut self,
+        token: Token,
+        id: usize,
+        flags: u8,
+        seq: Option<u64>,
+        payload: Bytes,
+    ) -> bool {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return true;
+        };
+        if let Some(seq) = seq {
+            match p.desc.on_data(seq) {
+                Ok(Receive::Deliver) => {}
+                Ok(Receive::Duplicate) => {
+                    Counters::add(&p.shared.counters.duplicates, 1);
+                    // Still acked: the sender resent it because it lacks our ack.
+                    p.ack_forced = true;
+                    return true;
+                }
+                Err(e) => {
+                    self.push_batch(id);
+                    self.protocol_error(token, e.to_string());
+                    return false;
+                }
+            }
+        }
+        if seq.is_none() {
+            p.desc.on_unreliable(crate::flow::cost(payload.len()));
+        }
+        Counters::add(&p.shared.counters.received, 1);
+        Counters::add(&p.shared.counters.received_bytes, payload.len() as u64);
+        let oob = flags & wire::FLAG_OOB != 0;
+        if oob {
+            let d = Delivery::new(p.shared.name.clone(), payload, None, true);
+            let sink = p.shared.oob_sink.clone();
+            self.submit(Task::Oob(d, sink));
+        } else {
+            // Named by the deliverer, on the pool thread: cloning the sender's name here and
+            // dropping it there would bounce its refcount between cores on every message.
+            self.batch.push(Delivery::unnamed(payload, seq));
+        }
+        true
+    }
+
+    /// Hands the regular messages parsed this turn to the sender's queue.
+    pub(super) fn push_batch(&mut self, id: usize) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let Some(p) = self.peers.get(&id) else {
+            self.batch.clear();
+            return;
+        };
+        let member = p.shared.member.clone();
+        if member.push(self.batch.drain(..)) {
+            self.submit(Task::Member(member));
+        }
+    }
+
+    pub(super) fn submit(&mut self, task: Task) {
+        if !self.stash.is_empty() {
+            self.stash.push_back(task);
+            return;
+        }
+        if let Err(t) = self.pool.try_submit(task) {
+            Counters::add(&self.counters.pool_stalls, 1);
+            log::debug!("{}: delivery pool full; pausing reads", self.cfg.name);
+            self.stash.push_back(t);
+        }
+    }
+
+    pub(super) fn unstash(&mut self) {
+        while let Some(t) = self.stash.pop_front() {
+            if let Err(t) = self.pool.try_submit(t) {
+                self.stash.push_front(t);
+                return;
+            }
+        }
+    }
+
+    pub(super) fn on_frame(&mut self, token: Token, bytes: &Bytes) {
+        let frame = match wire::decode(bytes, self.max_len) {
+            Ok(Some((f, _))) => f,
+            Ok(None) => return self.protocol_error(token, "truncated frame".into()),
+            Err(e) => return self.protocol_error(token, e.to_string()),
+        };
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        if let Some(hs) = conn.hs.as_mut() {
+            match hs.on_frame(&frame) {
+                Ok(HsEvent::Identified {
+                    peer,
+                    peer_received,
+                    peer_connections,
+                    peer_unreliable,
+                }) => {
+                    let resume = peer_received.map(|r| (r, peer_unreliable.unwrap_or(0)));
+                    self.on_identified(token, peer, resume, peer_connections)
+                }
+                Ok(HsEvent::Established {
+                    peer_received,
+                    peer_unreliable,
+                }) => self.establish(token, peer_received, peer_unreliable),
+                Err(e) => {
+                    if e.by_peer && e.code == CloseCode::Duplicate {
+                        // The peer kept the other of two simultaneous connections.
+                        log::debug!("{}: {e}", self.cfg.name);
+                        self.close_conn(token, None);
+                    } else if e.by_peer {
+                        log::warn!("{}: {e}", self.cfg.name);
+                        self.count_refusal(e.code);
+                        self.close_conn(token, None);
+                    } else {
+                        self.refuse(token, e.code, &e.reason);
+                    }
+                }
+            }
+            return;
+        }
+        let Some(id) = conn.peer else { return };
+        match frame {
+            Frame::Ack { received, credit } => self.on_ack(token, id, received, credit),
+            Frame::Probe => {
+                // Answer with every byte of credit we hold, even below half a window.
+                if let Some(p) = self.peers.get(&id) {
+                    p.shared.credit.request_flush();
+                }
+                self.send_ack(id);
+            }
+            Frame::Heartbeat => {}
+            Frame::Close { code, reason } => {
+                log::info!(
+                    "{}: '{}' closed the connection ({code:?}): {reason}",
+                    self.cfg.name,
+                    self.peer_name(id)
+                );
+                self.close_conn(token, None);
+            }
+            Frame::Data { .. } => unreachable!("data frames take the fast path"),
+            Frame::Hello(_) | Frame::HelloReply(..) | Frame::Ready { .. } => {
+                self.protocol_error(token, "handshake frame after the handshake".into())
+            }
+        }
+    }
+
+    pub(super) fn count_refusal(&self, code: CloseCode) {
+        Counters::add(&self.counters.refused, 1);
+        match code {
+            CloseCode::Cluster => Counters::add(&self.counters.refused_cluster, 1),
+            CloseCode::UnknownMember => Counters::add(&self.counters.refused_unknown, 1),
+            CloseCode::Version => Counters::add(&self.counters.refused_version, 1),
+            _ => {}
+        }
+    }
+
+    pub(super) fn refuse(&mut self, token: Token, code: CloseCode, reason: &str) {
+        log::warn!(
+            "{}: refusing connection ({code:?}): {reason}",
+            self.cfg.name
+        );
+        self.count_refusal(code);
+        self.close_conn(token, Some((code, reason)));
+    }
+
+    pub(super) fn on_ack(&mut self, token: Token, id: usize, received: u64, credit: u64) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        p.attempt = 0; // the peer took the connection: backoff starts over
+        if let Err(e) = p.desc.on_ack(received) {
+            return self.protocol_error(token, e.to_string());
+        }
+        let credit = p.desc.on_credit(credit);
+        if credit > 0 {
+            // Never give back more than was taken: credit beyond what is outstanding (a
+            // confused or malicious peer, or credit from before its restart) is clamped.
+            let outstanding = p.ledger.uncredited();
+            let c = p.ledger.credit(credit);
+            if c < credit {
+                log::warn!(
+                    "{}: '{}' returned {credit} bytes of credit with only {outstanding} outstanding; clamped",
+                    self.cfg.name,
+                    p.shared.name,
+                );
+            }
+            p.shared.outbox.give_back(Return::Credited, c);
+        }
+    }
+}
