@@ -61,7 +61,7 @@ mod node;
 pub use bytes::Bytes;
 pub use deliver::{Delivery, PoolStats};
 pub use node::{
-    Builder, ConnStats, Error, Node, PeerStats, SendOptions, Sender, ShutdownReport, Stats,
-    TrySendError, UndeliveredFn,
+    Builder, ConnStats, Error, Node, PeerSender, PeerStats, SendOptions, Sender, ShutdownReport,
+    Stats, TrySendError, UndeliveredFn,
 };
 pub use peer::{Outgoing, PeerInfo, PeerState};
