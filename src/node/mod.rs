@@ -284,7 +284,8 @@ impl Sender {
     /// handle.
     ///
     /// ```no_run
-    /// # fn demo(node: &cohort::Node) -> Result<(), cohort::Error> {
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:7001").start()?;
     /// let to_beta = node.sender().to("beta")?;
     /// for i in 0..1000u32 {
     ///     to_beta.send(i.to_le_bytes().to_vec())?;
