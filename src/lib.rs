@@ -57,6 +57,7 @@ pub(crate) mod sync;
 pub mod wire;
 
 mod node;
+mod util;
 
 pub use bytes::Bytes;
 pub use deliver::{Delivery, PoolStats};

@@ -72,6 +72,12 @@ pub enum JournalError {
         /// The maximum.
         max: usize,
     },
+    /// The `launch-id` file does not hold a launch id.
+    #[error("the journal's launch id file {path} is damaged (expected 16 hex digits); restore it, or delete it to have the peers treat this member as a new incarnation")]
+    DamagedLaunchId {
+        /// The file.
+        path: PathBuf,
+    },
     /// The configured segment size is unusable.
     #[error("segment size {size} is out of range ({min}..={max} bytes)")]
     BadSegmentSize {

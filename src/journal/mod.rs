@@ -15,7 +15,9 @@
 //! ([`JournalConfig::segment_size`], 16 MiB by default), fully written when created (not
 //! sparse). A file is created under the name `segment-NNNNNNNN.jrnl.tmp`, written to its full
 //! size, synced, renamed into place, and the directory is synced, so a crash never leaves a
-//! half-made segment; leftover `.tmp` files are deleted at recovery. Files are never deleted
+//! half-made segment; leftover `.tmp` files are deleted at recovery. Beside the segments, a
+//! `launch-id` file (16 hex digits and a newline, written the same careful way) keeps the
+//! owner's launch id across restarts ([`Journal::launch_id`]). Files are never deleted
 //! by the journal: a segment whose records are all retired goes back to the **empty-file
 //! pool** (its header reset), and a new segment is always taken from the pool first. A file
 //! is created only when the pool is empty, so the number of files is the high-water mark of
@@ -113,6 +115,7 @@
 
 mod error;
 mod inspect;
+mod launch;
 mod pool;
 mod record;
 mod recover;
@@ -287,12 +290,15 @@ impl LiveSegment {
     }
 }
 
-/// Applies a record to the counters and to the pins of the segment holding it.
+/// Applies a record to the counters and to the pins of the segment holding it. Returns
+/// `true` if it was a [`Record::Bound`] that reset the peer: the caller then unpins the
+/// peer's messages in every other segment ([`unpin`]).
 pub(crate) fn apply(
     counters: &mut BTreeMap<String, PeerCounters>,
     pins: &mut BTreeMap<String, u64>,
     record: &Record,
-) {
+) -> bool {
+    let mut reset = false;
     fn entry<'a>(
         counters: &'a mut BTreeMap<String, PeerCounters>,
         peer: &str,
@@ -315,9 +321,26 @@ pub(crate) fn apply(
             let c = entry(counters, peer);
             c.acked = c.acked.max(*up_to);
         }
-        Record::Delivered { peer, count } => {
+        Record::Delivered {
+            peer,
+            count,
+            credit,
+        } => {
             let c = entry(counters, peer);
             c.delivered = c.delivered.max(*count);
+            c.credit = c.credit.max(*credit);
+        }
+        Record::Bound { peer, launch } => {
+            let c = entry(counters, peer);
+            if *launch == 0 || (c.launch != 0 && c.launch != *launch) {
+                *c = PeerCounters {
+                    peer: peer.clone(),
+                    ..PeerCounters::default()
+                };
+                pins.remove(peer);
+                reset = true;
+            }
+            c.launch = *launch;
         }
         Record::Checkpoint { peers } => {
             for p in peers {
@@ -325,14 +348,26 @@ pub(crate) fn apply(
                 c.sent = c.sent.max(p.sent);
                 c.acked = c.acked.max(p.acked);
                 c.delivered = c.delivered.max(p.delivered);
+                c.credit = c.credit.max(p.credit);
+                c.launch = p.launch;
             }
         }
+    }
+    reset
+}
+
+/// After a [`Record::Bound`] reset `peer`: its messages in every segment are retired.
+pub(crate) fn unpin(live: &mut [LiveSegment], peer: &str) {
+    for seg in live {
+        seg.pins.remove(peer);
     }
 }
 
 /// A member's journal. See the [module docs](self) for the format and the rules.
 #[derive(Debug)]
 pub struct Journal {
+    /// The owner's launch id, kept across restarts (see [`Journal::launch_id`]).
+    launch_id: u64,
     dir: PathBuf,
     identity: Identity,
     segment_size: u64,
@@ -369,7 +404,9 @@ impl Journal {
             member: config.member.clone(),
         };
         let opened = recover::recover(&config.dir, &identity, config.segment_size)?;
+        let launch_id = launch::load_or_create(&config.dir)?;
         let mut journal = Journal {
+            launch_id,
             dir: config.dir,
             identity,
             segment_size: config.segment_size,
@@ -409,7 +446,8 @@ impl Journal {
                 self.rotate()?;
             }
             let last = self.live.len() - 1;
-            let seg = &mut self.live[last];
+            let (older, active) = self.live.split_at_mut(last);
+            let seg = &mut active[0];
             self.buf.clear();
             let mut n = 0;
             while let Some(r) = records.get(i) {
@@ -417,7 +455,11 @@ impl Journal {
                     break;
                 }
                 r.encode(seg.generation, &mut self.buf);
-                apply(&mut self.counters, &mut seg.pins, r);
+                if apply(&mut self.counters, &mut seg.pins, r) {
+                    if let Record::Bound { peer, .. } = r {
+                        unpin(older, peer);
+                    }
+                }
                 i += 1;
                 n += 1;
             }
@@ -466,6 +508,14 @@ impl Journal {
         Ok(false)
     }
 
+    /// The launch id of the member that owns this journal: made when the journal is
+    /// created, then kept in its `launch-id` file. A member that journals presents the same
+    /// launch id after a restart, so its peers continue its message streams rather than
+    /// treating it as a new incarnation.
+    pub fn launch_id(&self) -> u64 {
+        self.launch_id
+    }
+
     /// The counters of one peer as journalled so far.
     pub fn peer(&self, peer: &str) -> Option<&PeerCounters> {
         self.counters.get(peer)
@@ -508,12 +558,18 @@ impl Journal {
                 Record::Checkpoint { peers } => names.extend(peers.iter().map(|p| p.peer.as_str())),
                 Record::Message { peer, .. }
                 | Record::Acked { peer, .. }
-                | Record::Delivered { peer, .. } => {
+                | Record::Delivered { peer, .. }
+                | Record::Bound { peer, .. } => {
                     names.insert(peer);
                 }
             }
         }
-        let checkpoint = FRAME_HEADER + 4 + names.iter().map(|n| 2 + n.len() + 24).sum::<usize>();
+        let checkpoint = FRAME_HEADER
+            + 4
+            + names
+                .iter()
+                .map(|n| 2 + n.len() + record::CHECKPOINT_COUNTERS)
+                .sum::<usize>();
         let capacity = self.segment_size as usize;
         let max = capacity.saturating_sub(HEADER_LEN + checkpoint);
         for r in records {

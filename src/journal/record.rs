@@ -11,6 +11,9 @@ use bytes::Bytes;
 /// Bytes before a record's body: checksum, length, kind, padding.
 pub const FRAME_HEADER: usize = 12;
 
+/// Bytes of counters per peer in a checkpoint: sent, acked, delivered, credit, launch.
+pub(crate) const CHECKPOINT_COUNTERS: usize = 40;
+
 /// Longest peer name a record can hold (the wire's limit).
 pub(crate) const MAX_PEER_NAME: usize = crate::wire::MAX_NAME;
 
@@ -19,6 +22,7 @@ mod kind {
     pub(super) const ACKED: u8 = 2;
     pub(super) const DELIVERED: u8 = 3;
     pub(super) const CHECKPOINT: u8 = 4;
+    pub(super) const BOUND: u8 = 5;
 }
 
 /// One entry of the journal.
@@ -42,12 +46,26 @@ pub enum Record {
         /// The cumulative ack.
         up_to: u64,
     },
-    /// This member has delivered `count` messages from `peer` to its application.
+    /// This member has delivered `count` messages from `peer` to its application, and may
+    /// return `credit` window bytes to it in all (cumulative): the receiver acknowledges and
+    /// credits only what such a record holds.
     Delivered {
         /// The sending peer.
         peer: String,
         /// Messages delivered so far (cumulative).
         count: u64,
+        /// Credit (window bytes consumed) that may be returned so far (cumulative).
+        credit: u64,
+    },
+    /// The counters of `peer` belong to its incarnation `launch` from here on. If they
+    /// belonged to another incarnation (or `launch` is 0: the relationship was reset), they
+    /// restart from zero and the peer's earlier messages are retired: they were reported
+    /// undelivered and are never resent.
+    Bound {
+        /// The peer.
+        peer: String,
+        /// Its launch id (0: unbound).
+        launch: u64,
     },
     /// Every peer's counters at the moment a segment was activated, so that older segments
     /// can be recycled without losing them. Written by the journal itself.
@@ -68,6 +86,10 @@ pub struct PeerCounters {
     pub acked: u64,
     /// Messages from this peer delivered to the application.
     pub delivered: u64,
+    /// Credit (window bytes) this member may return to the peer, cumulative.
+    pub credit: u64,
+    /// The peer's incarnation these counters belong to (0: not yet met).
+    pub launch: u64,
 }
 
 /// The kind of a record, for counting and display.
@@ -81,6 +103,8 @@ pub enum RecordKind {
     Delivered,
     /// [`Record::Checkpoint`].
     Checkpoint,
+    /// [`Record::Bound`].
+    Bound,
 }
 
 impl Record {
@@ -91,6 +115,7 @@ impl Record {
             Record::Acked { .. } => RecordKind::Acked,
             Record::Delivered { .. } => RecordKind::Delivered,
             Record::Checkpoint { .. } => RecordKind::Checkpoint,
+            Record::Bound { .. } => RecordKind::Bound,
         }
     }
 
@@ -100,6 +125,7 @@ impl Record {
             Record::Acked { .. } => kind::ACKED,
             Record::Delivered { .. } => kind::DELIVERED,
             Record::Checkpoint { .. } => kind::CHECKPOINT,
+            Record::Bound { .. } => kind::BOUND,
         }
     }
 
@@ -107,9 +133,13 @@ impl Record {
     pub(crate) fn body_len(&self) -> usize {
         match self {
             Record::Message { peer, payload, .. } => 2 + peer.len() + 8 + 1 + payload.len(),
-            Record::Acked { peer, .. } | Record::Delivered { peer, .. } => 2 + peer.len() + 8,
+            Record::Acked { peer, .. } | Record::Bound { peer, .. } => 2 + peer.len() + 8,
+            Record::Delivered { peer, .. } => 2 + peer.len() + 16,
             Record::Checkpoint { peers } => {
-                4 + peers.iter().map(|p| 2 + p.peer.len() + 24).sum::<usize>()
+                4 + peers
+                    .iter()
+                    .map(|p| 2 + p.peer.len() + CHECKPOINT_COUNTERS)
+                    .sum::<usize>()
             }
         }
     }
@@ -124,7 +154,8 @@ impl Record {
         match self {
             Record::Message { peer, .. }
             | Record::Acked { peer, .. }
-            | Record::Delivered { peer, .. } => Some(peer),
+            | Record::Delivered { peer, .. }
+            | Record::Bound { peer, .. } => Some(peer),
             Record::Checkpoint { peers } => peers
                 .iter()
                 .map(|p| p.peer.as_str())
@@ -152,9 +183,18 @@ impl Record {
                 out.push(*flags);
                 out.extend_from_slice(payload);
             }
-            Record::Acked { peer, up_to: n } | Record::Delivered { peer, count: n } => {
+            Record::Acked { peer, up_to: n } | Record::Bound { peer, launch: n } => {
                 put_name(out, peer);
                 out.extend_from_slice(&n.to_le_bytes());
+            }
+            Record::Delivered {
+                peer,
+                count,
+                credit,
+            } => {
+                put_name(out, peer);
+                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(&credit.to_le_bytes());
             }
             Record::Checkpoint { peers } => {
                 out.extend_from_slice(&(peers.len() as u32).to_le_bytes());
@@ -163,6 +203,8 @@ impl Record {
                     out.extend_from_slice(&p.sent.to_le_bytes());
                     out.extend_from_slice(&p.acked.to_le_bytes());
                     out.extend_from_slice(&p.delivered.to_le_bytes());
+                    out.extend_from_slice(&p.credit.to_le_bytes());
+                    out.extend_from_slice(&p.launch.to_le_bytes());
                 }
             }
         }
@@ -286,11 +328,16 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
         kind::DELIVERED => Record::Delivered {
             peer: c.name()?,
             count: c.u64()?,
+            credit: c.u64()?,
+        },
+        kind::BOUND => Record::Bound {
+            peer: c.name()?,
+            launch: c.u64()?,
         },
         kind::CHECKPOINT => {
             let n = c.u32()? as usize;
-            // Each entry takes at least 26 bytes: bound the allocation by the body.
-            if n > c.0.len() / 26 {
+            // Each entry takes at least 2 + 40 bytes: bound the allocation by the body.
+            if n > c.0.len() / (2 + CHECKPOINT_COUNTERS) {
                 return None;
             }
             let mut peers = Vec::with_capacity(n);
@@ -300,6 +347,8 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
                     sent: c.u64()?,
                     acked: c.u64()?,
                     delivered: c.u64()?,
+                    credit: c.u64()?,
+                    launch: c.u64()?,
                 });
             }
             Record::Checkpoint { peers }
@@ -334,6 +383,11 @@ mod tests {
             Record::Delivered {
                 peer: "beta".into(),
                 count: 9,
+                credit: 1234,
+            },
+            Record::Bound {
+                peer: "beta".into(),
+                launch: 0xfeed,
             },
             Record::Checkpoint { peers: vec![] },
             Record::Checkpoint {
@@ -343,12 +397,16 @@ mod tests {
                         sent: 1,
                         acked: 2,
                         delivered: 3,
+                        credit: 7,
+                        launch: 8,
                     },
                     PeerCounters {
                         peer: "bb".into(),
                         sent: 4,
                         acked: 5,
                         delivered: 6,
+                        credit: 9,
+                        launch: 10,
                     },
                 ],
             },

@@ -39,6 +39,10 @@ pub struct RecoveredPeer {
     pub acked: u64,
     /// Messages from this peer recorded as delivered to the application.
     pub delivered: u64,
+    /// Credit (window bytes) recorded as returnable to this peer, cumulative.
+    pub credit: u64,
+    /// The peer's incarnation these counters belong to (0: not yet met).
+    pub launch: u64,
 }
 
 /// Where recovery stopped reading because a record was invalid.
@@ -359,12 +363,20 @@ pub(crate) fn recover(
     // Replay in generation order.
     let mut counters: BTreeMap<String, PeerCounters> = BTreeMap::new();
     let mut messages: BTreeMap<String, BTreeMap<u64, JournalMessage>> = BTreeMap::new();
-    for seg in &mut live {
+    for i in 0..live.len() {
+        let (older, rest) = live.split_at_mut(i);
+        let seg = &mut rest[0];
         let records = seg.pending.take().unwrap_or_default();
         report.segments_replayed += 1;
         report.records_replayed += records.len() as u64;
         for record in records {
-            super::apply(&mut counters, &mut seg.pins, &record);
+            if super::apply(&mut counters, &mut seg.pins, &record) {
+                if let Record::Bound { peer, .. } = &record {
+                    // Reset: the peer's earlier messages are retired, never resent.
+                    super::unpin(older, peer);
+                    messages.remove(peer);
+                }
+            }
             if let Record::Message {
                 peer,
                 seq,
@@ -423,6 +435,8 @@ pub(crate) fn recover(
                 sent: c.sent,
                 acked: c.acked,
                 delivered: c.delivered,
+                credit: c.credit,
+                launch: c.launch,
             },
         );
     }

@@ -72,6 +72,7 @@ fn delivered(peer: &str, count: u64) -> Record {
     Record::Delivered {
         peer: peer.into(),
         count,
+        credit: count * 10,
     }
 }
 
@@ -720,4 +721,87 @@ mod prop {
             }
         }
     }
+}
+
+#[test]
+fn a_new_incarnation_retires_the_old_messages_and_their_segments() {
+    let dir = TempDir::new("bound");
+    let launch;
+    {
+        let (mut j, _) = open(dir.path());
+        launch = j.launch_id();
+        assert_ne!(launch, 0);
+        let bound = |l: u64| Record::Bound {
+            peer: "beta".into(),
+            launch: l,
+        };
+        j.append(&[bound(7)]).unwrap();
+        // Old incarnation: enough unacked messages to fill several segments.
+        for seq in 1..=120 {
+            j.append(&[msg("beta", seq, 2000)]).unwrap();
+        }
+        j.append(&[delivered("beta", 5)]).unwrap();
+        assert!(j.stats().live_segments > 2);
+        // The same incarnation again changes nothing.
+        j.append(&[bound(7)]).unwrap();
+        assert_eq!(j.peer("beta").unwrap().sent, 120);
+        // The peer restarted: its old messages are retired, the new stream starts at 1.
+        j.append(&[bound(8), msg("beta", 1, 10), msg("beta", 2, 10)])
+            .unwrap();
+        let c = j.peer("beta").unwrap();
+        assert_eq!((c.sent, c.acked, c.delivered, c.launch), (2, 0, 0, 8));
+        // Once the active segment moves on, the old ones go back to the pool.
+        for seq in 3..=40 {
+            j.append(&[msg("beta", seq, 2000), acked("beta", seq)])
+                .unwrap();
+        }
+        assert!(j.stats().segments_recycled > 0, "{:?}", j.stats());
+    }
+    let (j, r) = open(dir.path());
+    assert_eq!(j.launch_id(), launch, "the launch id survives a restart");
+    let p = &r.peers["beta"];
+    assert_eq!((p.sent, p.acked, p.launch), (40, 40, 8));
+    assert!(
+        p.unacked.is_empty(),
+        "old incarnation's messages never come back"
+    );
+    assert!(r.report.gaps.is_empty());
+}
+
+#[test]
+fn delivered_credit_and_a_reset_survive_a_restart() {
+    let dir = TempDir::new("credit");
+    {
+        let (mut j, _) = open(dir.path());
+        j.append(&[
+            Record::Bound {
+                peer: "beta".into(),
+                launch: 3,
+            },
+            delivered("beta", 4),
+        ])
+        .unwrap();
+    }
+    {
+        let (mut j, r) = open(dir.path());
+        let p = &r.peers["beta"];
+        assert_eq!((p.delivered, p.credit, p.launch), (4, 40, 3));
+        // A reset with the same incarnation: unbind, then bind again.
+        j.append(&[
+            Record::Bound {
+                peer: "beta".into(),
+                launch: 0,
+            },
+            Record::Bound {
+                peer: "beta".into(),
+                launch: 3,
+            },
+            msg("beta", 1, 5),
+        ])
+        .unwrap();
+    }
+    let (_, r) = open(dir.path());
+    let p = &r.peers["beta"];
+    assert_eq!((p.sent, p.delivered, p.credit, p.launch), (1, 0, 0, 3));
+    assert_eq!(seqs(&r, "beta"), vec![1]);
 }

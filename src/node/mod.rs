@@ -423,17 +423,6 @@ impl Drop for DoneGuard {
     }
 }
 
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    h.write_u128(now);
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
 impl Node {
     /// Starts configuring a member named `name`.
     pub fn builder(name: &str) -> Builder {
@@ -499,7 +488,7 @@ impl Node {
             });
         }
 
-        let launch_id = random_u64();
+        let launch_id = crate::util::random_nonzero_u64();
         let counters = Arc::new(NodeCounters::default());
         let stopped = Arc::new(AtomicBool::new(false));
         let undelivered: Option<UndeliveredHook> = b.undelivered.clone().map(|f| {
