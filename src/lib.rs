@@ -61,6 +61,7 @@ mod util;
 
 pub use bytes::Bytes;
 pub use deliver::{Delivery, PoolStats};
+pub use journal::{FsyncPolicy, JournalStats};
 pub use node::{
     Builder, ConnStats, Error, Node, PeerSender, PeerStats, SendOptions, Sender, ShutdownReport,
     Stats, TrySendError, UndeliveredFn,

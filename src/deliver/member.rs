@@ -32,6 +32,14 @@ pub trait CreditSink: Send + Sync {
     fn consumed(&self, cost: u64);
     /// The sender's queue went idle (end of a burst): flush whatever credit is pending.
     fn idle(&self);
+    /// Whether [`handled`](CreditSink::handled) wants the sequence numbers of handled
+    /// messages (only a journalling receiver does; others skip collecting them).
+    fn tracks_progress(&self) -> bool {
+        false
+    }
+    /// Reliable messages of stream epoch `epoch` with these sequence numbers were handled
+    /// (the handler returned). Called before [`consumed`](CreditSink::consumed) for them.
+    fn handled(&self, _epoch: u32, _seqs: &[u64]) {}
 }
 
 /// What [`MemberQueue::run`] ended with.
@@ -169,6 +177,8 @@ impl MemberQueue {
             let mut bytes = 0u64;
             let mut cost = 0u64;
             let n = batch.len();
+            let track = n > 0 && self.credit.tracks_progress();
+            let (mut epoch, mut seqs) = (0u32, Vec::new());
             for mut d in batch.drain(..) {
                 if !d.is_named() {
                     d.name_as(&self.name);
@@ -176,6 +186,9 @@ impl MemberQueue {
                 let len = d.payload().len();
                 bytes += len as u64;
                 cost += crate::flow::cost(len);
+                let done = track
+                    .then(|| (d.epoch(), d.seq()))
+                    .and_then(|(e, s)| Some((e, s?)));
                 if catch_unwind(AssertUnwindSafe(|| handler(d))).is_err() {
                     self.panics.fetch_add(1, Ordering::Relaxed);
                     log::error!(
@@ -183,6 +196,17 @@ impl MemberQueue {
                         self.name
                     );
                 }
+                if let Some((e, seq)) = done {
+                    if e != epoch && !seqs.is_empty() {
+                        self.credit.handled(epoch, &seqs);
+                        seqs.clear();
+                    }
+                    epoch = e;
+                    seqs.push(seq);
+                }
+            }
+            if !seqs.is_empty() {
+                self.credit.handled(epoch, &seqs);
             }
             if n > 0 {
                 self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);

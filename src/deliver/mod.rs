@@ -4,9 +4,11 @@
 
 mod member;
 mod pool;
+mod progress;
 
 pub use member::{CreditSink, MemberQueue, RunOutcome};
 pub use pool::{Handler, Pool, PoolStats, Task};
+pub use progress::Progress;
 
 use bytes::Bytes;
 
@@ -27,6 +29,8 @@ pub struct Delivery {
     payload: Bytes,
     seq: Option<u64>,
     oob: bool,
+    /// The receiver's stream epoch (see [`Progress`]).
+    epoch: u32,
 }
 
 impl Delivery {
@@ -37,6 +41,7 @@ impl Delivery {
             payload,
             seq,
             oob,
+            epoch: 0,
         }
     }
     /// A regular message whose sender the [`MemberQueue`] fills in when it delivers it.
@@ -46,7 +51,16 @@ impl Delivery {
             payload,
             seq,
             oob: false,
+            epoch: 0,
         }
+    }
+    /// Tags the delivery with the receiver's stream epoch.
+    pub(crate) fn in_epoch(mut self, epoch: u32) -> Delivery {
+        self.epoch = epoch;
+        self
+    }
+    pub(crate) fn epoch(&self) -> u32 {
+        self.epoch
     }
     pub(crate) fn is_named(&self) -> bool {
         self.from.is_some()
@@ -66,8 +80,11 @@ impl Delivery {
     pub fn into_payload(self) -> Bytes {
         self.payload
     }
-    /// The sender's sequence number for a reliable message; `None` for out-of-band and
-    /// unreliable messages.
+    /// The sender's sequence number for a reliable message (regular or out-of-band); `None`
+    /// for unreliable messages. Numbers strictly increase per sender and incarnation. With a
+    /// journal, a message may be delivered again after a crash of the receiver: the
+    /// sequence number tells such a redelivery apart (see
+    /// [`Builder::journal`](crate::Builder::journal)).
     pub fn seq(&self) -> Option<u64> {
         self.seq
     }

@@ -303,9 +303,13 @@ fn worker(s: Arc<Shared>) {
             }
             Task::Oob(d, sink) => {
                 let bytes = d.payload().len() as u64;
+                let done = d.seq().map(|seq| (d.epoch(), seq));
                 if catch_unwind(AssertUnwindSafe(|| (s.handler)(d))).is_err() {
                     s.panics.fetch_add(1, Ordering::Relaxed);
                     log::error!("message handler panicked on an out-of-band message; continuing");
+                }
+                if let Some((epoch, seq)) = done.filter(|_| sink.tracks_progress()) {
+                    sink.handled(epoch, &[seq]);
                 }
                 s.oob_delivered.fetch_add(1, Ordering::Relaxed);
                 s.oob_bytes.fetch_add(bytes, Ordering::Relaxed);

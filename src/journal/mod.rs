@@ -521,6 +521,16 @@ impl Journal {
         self.counters.get(peer)
     }
 
+    /// The fsync policy it was opened with.
+    pub fn fsync_policy(&self) -> FsyncPolicy {
+        self.fsync
+    }
+
+    /// Whether records have been written since the last fsync.
+    pub fn unsynced(&self) -> bool {
+        self.live.iter().any(|s| s.dirty)
+    }
+
     /// What the journal has done since it was opened.
     pub fn stats(&self) -> JournalStats {
         self.stats

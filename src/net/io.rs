@@ -7,6 +7,8 @@
 //! (TCP back-pressure), a full socket makes it stop publishing to that peer.
 
 mod connect;
+mod durable;
+pub(crate) use durable::JournalLeft;
 mod handshake;
 mod housekeeping;
 mod read;
@@ -29,6 +31,7 @@ use super::{
     LISTENER, WAKER,
 };
 use crate::deliver::{Delivery, Pool, Task};
+use crate::journal::Record;
 use crate::peer::{Counters, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
 use crate::proto::{
     keep_new, Descriptor, Handshake, HsEvent, LocalIdentity, PeerIdentity, Receive, RecoveryError,
@@ -58,6 +61,7 @@ pub(crate) struct NodeCounters {
     pub(crate) pool_stalls: AtomicU64,
     pub(crate) idle_timeouts: AtomicU64,
     pub(crate) refused_limit: AtomicU64,
+    pub(crate) journal_failures: AtomicU64,
     /// Timers pending in the IO thread now.
     pub(crate) timers: AtomicU64,
     /// Connections open now (any state).
@@ -96,6 +100,12 @@ struct PeerIo {
     last_probe: Option<Instant>,
     /// The blocked episode we last warned about.
     warned_episode: u64,
+    /// Journal: (messages delivered, credit) recorded for the peer's stream, and the part
+    /// known to be on disk (what acks may carry).
+    recorded: (u64, u64),
+    durable: (u64, u64),
+    /// Journal: the epoch of the peer's stream (see `deliver::Progress`).
+    epoch: u32,
 }
 
 impl PeerIo {
@@ -177,6 +187,8 @@ pub(crate) struct IoThread {
     shutdown: Option<Instant>,
     inbound: Vec<Inbound>,
     batch: Vec<Delivery>,
+    /// The durable outbox, when the node journals.
+    journal: Option<durable::JournalIo>,
 }
 
 impl IoThread {
@@ -213,12 +225,14 @@ impl IoThread {
             shutdown: None,
             inbound: Vec::new(),
             batch: Vec::new(),
+            journal: parts.journal.map(|(j, r)| durable::JournalIo::new(j, r)),
         }
     }
 
     /// Runs the loop until shutdown completes.
     pub(crate) fn run(mut self) {
         let mut events = Events::with_capacity(1024);
+        self.warn_unclaimed();
         self.timers
             .add(Instant::now() + self.cfg.tick, TimerKind::Tick);
         loop {
@@ -312,8 +326,12 @@ impl IoThread {
                         peer_max_message: usize::MAX,
                         last_probe: None,
                         warned_episode: 0,
+                        recorded: (0, 0),
+                        durable: (0, 0),
+                        epoch: 0,
                     },
                 );
+                self.restore_peer(id);
                 if self.shutdown.is_none() {
                     self.dial(id);
                 }
@@ -333,6 +351,14 @@ impl IoThread {
                 }
             }
             Command::Shutdown { deadline } => self.begin_shutdown(deadline),
+            Command::SyncJournal { done } => {
+                let ids: Vec<usize> = self.peers.keys().copied().collect();
+                for id in ids {
+                    self.flush_peer(id);
+                }
+                self.sync_journal();
+                done.complete();
+            }
         }
     }
 
@@ -384,8 +410,21 @@ impl IoThread {
                         p.ack_timer = false;
                     }
                     self.send_ack(peer);
+                    if self.journalled() {
+                        // The handler may not have reached what arrived: ask again later
+                        // while an ack is owed.
+                        if let Some(p) = self.peers.get_mut(&peer) {
+                            let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
+                            if p.desc.received() > covered && !p.ack_timer && p.conn.is_some() {
+                                p.ack_timer = true;
+                                self.timers
+                                    .add(now + self.cfg.ack_delay, TimerKind::AckDelay { peer });
+                            }
+                        }
+                    }
                 }
                 TimerKind::Tick => self.tick(),
+                TimerKind::JournalSync => self.journal_sync_due(),
                 TimerKind::Deadline => {}
             }
         }
@@ -404,9 +443,12 @@ impl IoThread {
                         // No new messages; what is queued is still flushed.
             p.shared.outbox.close_keep();
             p.shared.outbox.window().close();
-            if p.conn
-                .is_some_and(|t| self.conns.get(&t).is_some_and(|c| c.established))
-            {
+            let connected = p
+                .conn
+                .is_some_and(|t| self.conns.get(&t).is_some_and(|c| c.established));
+            // With a journal, what is queued for a disconnected peer is journalled now and
+            // resent after the restart.
+            if connected || self.journal.is_some() {
                 self.flush_peer(id);
             }
         }
@@ -440,6 +482,8 @@ impl IoThread {
         for t in tokens {
             self.close_conn(t, Some((CloseCode::Shutdown, "node shutting down")));
         }
+        self.sync_journal();
+        self.leave_journal();
         self.stopped.store(true, Ordering::Release);
         log::debug!("{}: IO thread stopped", self.cfg.name);
     }

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 pub(crate) use io::{IoThread, NodeCounters};
 
-use crate::deliver::{CreditSink, MemberQueue, Pool};
+use crate::deliver::{CreditSink, MemberQueue, Pool, Progress};
 use crate::flow::RecvCredit;
+use crate::journal::{Journal, Recovered};
 use crate::peer::{OutboundFilter, PeerShared};
 use crate::proto::Unacked;
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -76,6 +77,8 @@ pub(crate) enum Command {
     Disconnect { id: usize },
     /// Flush, close everything and exit by `deadline`.
     Shutdown { deadline: Instant },
+    /// Journal what is queued, force the journal to disk, then complete.
+    SyncJournal { done: Arc<Completion> },
 }
 
 /// A one-shot "done" signal.
@@ -176,6 +179,12 @@ pub(crate) struct IoShared {
     next_peer: AtomicUsize,
     /// Sends wake-ups skipped because one was already pending (a measure of batching).
     pub(crate) wakes: crate::sync::atomic::AtomicU64,
+    /// The node journals: peers track how far their streams have been handled.
+    journalled: bool,
+    /// The journal's counters as of its last write (journalling nodes only).
+    pub(crate) journal_stats: Mutex<Option<crate::journal::JournalStats>>,
+    /// The journal, handed over by the IO thread when it exits.
+    pub(crate) journal_left: Mutex<Option<io::JournalLeft>>,
 }
 
 impl std::fmt::Debug for IoShared {
@@ -185,7 +194,7 @@ impl std::fmt::Debug for IoShared {
 }
 
 impl IoShared {
-    pub(crate) fn new(waker: mio::Waker) -> IoShared {
+    pub(crate) fn new(waker: mio::Waker, journalled: bool) -> IoShared {
         IoShared {
             waker,
             wake_pending: AtomicBool::new(false),
@@ -195,6 +204,9 @@ impl IoShared {
             pool_space: AtomicBool::new(false),
             next_peer: AtomicUsize::new(0),
             wakes: crate::sync::atomic::AtomicU64::new(0),
+            journalled,
+            journal_stats: Mutex::new(None),
+            journal_left: Mutex::new(None),
         }
     }
 
@@ -240,18 +252,23 @@ impl IoShared {
     pub(crate) fn new_peer(self: &Arc<Self>, name: SharedStr, window: u64) -> Arc<PeerShared> {
         let id = self.next_peer_id();
         let credit = Arc::new(RecvCredit::new());
+        let progress = self.journalled.then(|| Arc::new(Progress::new(0)));
         let sink = PeerCreditSink {
             peer: id,
             credit: credit.clone(),
+            progress: progress.clone(),
             io: self.clone(),
         };
         let oob_sink = Arc::new(PeerCreditSink {
             peer: id,
             credit: credit.clone(),
+            progress: progress.clone(),
             io: self.clone(),
         });
         let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink)));
-        Arc::new(PeerShared::new(id, name, window, credit, member, oob_sink))
+        Arc::new(PeerShared::new(
+            id, name, window, credit, member, oob_sink, progress,
+        ))
     }
 }
 
@@ -260,6 +277,8 @@ impl IoShared {
 struct PeerCreditSink {
     peer: usize,
     credit: Arc<RecvCredit>,
+    /// With a journal: how far the application has handled the peer's reliable stream.
+    progress: Option<Arc<Progress>>,
     io: Arc<IoShared>,
 }
 
@@ -276,6 +295,14 @@ impl CreditSink for PeerCreditSink {
     fn consumed(&self, bytes: u64) {
         if self.credit.consumed(bytes) {
             self.request();
+        }
+    }
+    fn tracks_progress(&self) -> bool {
+        self.progress.is_some()
+    }
+    fn handled(&self, epoch: u32, seqs: &[u64]) {
+        if let Some(p) = &self.progress {
+            p.complete(epoch, seqs.iter().copied());
         }
     }
     fn idle(&self) {
@@ -304,4 +331,6 @@ pub(crate) struct IoParts {
     pub(crate) counters: Arc<NodeCounters>,
     pub(crate) undelivered: Option<UndeliveredHook>,
     pub(crate) stopped: Arc<AtomicBool>,
+    /// The opened journal and what it recovered (journalling nodes only).
+    pub(crate) journal: Option<(Journal, Recovered)>,
 }

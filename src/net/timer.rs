@@ -21,6 +21,8 @@ pub(crate) enum TimerKind {
     Tick,
     /// Shutdown's deadline.
     Deadline,
+    /// The journal's interval fsync is due.
+    JournalSync,
 }
 
 #[derive(Debug, Default)]

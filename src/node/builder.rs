@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,6 +10,7 @@ use bytes::Bytes;
 use super::{Error, Node};
 use crate::deliver::{Delivery, Handler};
 use crate::flow::MESSAGE_OVERHEAD;
+use crate::journal::{FsyncPolicy, DEFAULT_SEGMENT_SIZE};
 use crate::peer::{OutboundFilter, Outgoing, PeerInfo};
 use crate::sync::Arc;
 
@@ -61,6 +63,15 @@ pub struct Builder {
     pub(crate) idle_timeout: Duration,
     pub(crate) max_connections: usize,
     pub(crate) max_pending: usize,
+    pub(crate) journal: Option<JournalSettings>,
+}
+
+/// Where and how a node journals (see [`Builder::journal`]).
+#[derive(Clone, Debug)]
+pub(crate) struct JournalSettings {
+    pub(crate) dir: PathBuf,
+    pub(crate) fsync: FsyncPolicy,
+    pub(crate) segment_size: u64,
 }
 
 impl std::fmt::Debug for Builder {
@@ -117,6 +128,7 @@ impl Builder {
             idle_timeout: Duration::from_secs(5),
             max_connections: 4096,
             max_pending: 128,
+            journal: None,
         }
     }
 
@@ -318,6 +330,77 @@ impl Builder {
         self
     }
 
+    /// Journals reliable messages and delivery progress in `dir` (created if missing), so
+    /// that they survive a restart of this process: the **durable outbox**. Off by default.
+    ///
+    /// With the journal on:
+    ///
+    /// - every reliable message is recorded (with its peer and sequence number) before it
+    ///   is published, and as soon as the IO thread takes it from the send queue, connected
+    ///   or not; acknowledgements retire it. After a restart, [`Node`](crate::Node) resends
+    ///   what its peers lack, continuing each stream's sequence numbers: this member keeps
+    ///   its launch id (kept in the journal), so its peers continue the streams too.
+    /// - the receiver records, per sender, how far its handler has returned, and
+    ///   acknowledges (and returns credit for) only what it has recorded. A crash may
+    ///   therefore **deliver again** the messages handled after the last record: delivery
+    ///   is at-least-once across crashes, and [`Delivery::seq`](crate::Delivery::seq) tells
+    ///   a redelivery apart (per sender, a sequence number at or below the highest one
+    ///   already handled).
+    /// - nothing that `send` accepted is lost once the IO thread has journalled it and the
+    ///   [fsync policy](Builder::journal_fsync) has run; [`Node::sync_journal`](crate::Node::sync_journal)
+    ///   waits for exactly that.
+    ///
+    /// Without the journal, the guarantees of recovery across reconnects hold (exactly once,
+    /// in order, while both processes live). One directory per member: the journal checks
+    /// the member and cluster names in every segment and refuses another's. Two processes
+    /// must never open the same directory at once (nothing locks it).
+    ///
+    /// ```no_run
+    /// use cohort::{FsyncPolicy, Node};
+    /// use std::time::Duration;
+    ///
+    /// let node = Node::builder("alpha")
+    ///     .peer("beta", "127.0.0.1:7001")
+    ///     .journal("/var/lib/myapp/alpha-journal")
+    ///     .journal_fsync(FsyncPolicy::Interval(Duration::from_millis(5)))
+    ///     .start()?;
+    /// node.send("beta", &b"survives a restart"[..])?;
+    /// node.sync_journal(Duration::from_secs(1))?; // on disk now
+    /// # Ok::<(), cohort::Error>(())
+    /// ```
+    pub fn journal(mut self, dir: impl Into<PathBuf>) -> Self {
+        let prev = self.journal.take();
+        self.journal = Some(JournalSettings {
+            dir: dir.into(),
+            fsync: prev.as_ref().map_or(FsyncPolicy::EveryBatch, |j| j.fsync),
+            segment_size: prev.map_or(DEFAULT_SEGMENT_SIZE, |j| j.segment_size),
+        });
+        self
+    }
+
+    /// When journalled records are forced to disk (default [`FsyncPolicy::EveryBatch`]: one
+    /// fsync per group of records the IO thread writes together). Only with
+    /// [`journal`](Builder::journal).
+    pub fn journal_fsync(mut self, policy: FsyncPolicy) -> Self {
+        self.journal_settings().fsync = policy;
+        self
+    }
+
+    /// The size of the journal's preallocated segment files (default 16 MiB). Only with
+    /// [`journal`](Builder::journal).
+    pub fn journal_segment_size(mut self, bytes: u64) -> Self {
+        self.journal_settings().segment_size = bytes;
+        self
+    }
+
+    fn journal_settings(&mut self) -> &mut JournalSettings {
+        self.journal.get_or_insert_with(|| JournalSettings {
+            dir: PathBuf::new(),
+            fsync: FsyncPolicy::EveryBatch,
+            segment_size: DEFAULT_SEGMENT_SIZE,
+        })
+    }
+
     /// The effective maximum message size.
     pub(crate) fn effective_max_message(&self) -> usize {
         let half = (self.window / 2).saturating_sub(MESSAGE_OVERHEAD) as usize;
@@ -325,6 +408,13 @@ impl Builder {
     }
 
     pub(crate) fn validate(&self) -> Result<(SocketAddr, HashMap<String, SocketAddr>), Error> {
+        if let Some(j) = &self.journal {
+            if j.dir.as_os_str().is_empty() {
+                return Err(Error::Config(
+                    "journal_fsync or journal_segment_size given without a journal directory: call Builder::journal(dir)".into(),
+                ));
+            }
+        }
         let name_ok = |s: &str| !s.is_empty() && s.len() <= crate::wire::MAX_NAME;
         if !name_ok(&self.name) {
             return Err(Error::Config(format!(

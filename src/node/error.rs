@@ -37,6 +37,9 @@ pub enum Error {
     /// An OS-level failure (binding the listener, spawning a thread).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
+    /// The journal could not be opened, recovered or written (see the message).
+    #[error("{0}")]
+    Journal(#[from] crate::journal::JournalError),
     /// `shutdown` could not join every thread within its deadline; the threads named are
     /// still running (typically a message handler that does not return).
     #[error("shutdown deadline passed with threads still running: {0}")]

@@ -392,6 +392,8 @@ pub struct Node {
     sender: Sender,
     name: SharedStr,
     launch_id: u64,
+    /// Whether the node journals (`Builder::journal`).
+    journalled: bool,
     local_addr: SocketAddr,
     window: u64,
     io: Arc<IoShared>,
@@ -433,6 +435,29 @@ impl Node {
         let (listen, peer_addrs) = b.validate()?;
         let max_message = b.effective_max_message();
         let name: SharedStr = b.name.as_str().into();
+        // The journal first: a directory that cannot be recovered stops the start before a
+        // socket is bound.
+        let journal = match &b.journal {
+            None => None,
+            Some(j) => {
+                let config = crate::journal::JournalConfig::new(&j.dir, b.name.as_str())
+                    .cluster(b.cluster.as_str())
+                    .segment_size(j.segment_size)
+                    .fsync(j.fsync);
+                let (journal, recovered) = crate::journal::Journal::open(config)?;
+                let r = &recovered.report;
+                log::info!(
+                    "{}: journal {} recovered: {} segments, {} records replayed, {} unacknowledged messages to {} peers",
+                    b.name,
+                    j.dir.display(),
+                    r.segments_replayed,
+                    r.records_replayed,
+                    recovered.peers.values().map(|p| p.unacked.len()).sum::<usize>(),
+                    recovered.peers.len()
+                );
+                Some((journal, recovered))
+            }
+        };
 
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(listen),
@@ -450,7 +475,7 @@ impl Node {
         poll.registry()
             .register(&mut listener, crate::net::LISTENER, mio::Interest::READABLE)?;
         let waker = mio::Waker::new(poll.registry(), crate::net::WAKER)?;
-        let io = Arc::new(IoShared::new(waker));
+        let io = Arc::new(IoShared::new(waker, journal.is_some()));
 
         let handler = b.handler.clone().unwrap_or_else(|| {
             let warned = Arc::new(AtomicBool::new(false));
@@ -488,7 +513,11 @@ impl Node {
             });
         }
 
-        let launch_id = crate::util::random_nonzero_u64();
+        // A journalling member keeps its launch id across restarts: its peers continue its
+        // streams instead of meeting a new incarnation.
+        let launch_id = journal
+            .as_ref()
+            .map_or_else(crate::util::random_nonzero_u64, |(j, _)| j.launch_id());
         let counters = Arc::new(NodeCounters::default());
         let stopped = Arc::new(AtomicBool::new(false));
         let undelivered: Option<UndeliveredHook> = b.undelivered.clone().map(|f| {
@@ -536,6 +565,7 @@ impl Node {
             counters: counters.clone(),
             undelivered,
             stopped: stopped.clone(),
+            journal,
         };
         let guard = DoneGuard(io_done.clone(), stopped.clone());
         let io_thread = thread::Builder::new()
@@ -569,6 +599,7 @@ impl Node {
             sender,
             name,
             launch_id,
+            journalled: b.journal.is_some(),
             local_addr,
             window: b.window,
             io,
@@ -750,6 +781,38 @@ impl Node {
                 open: g(&c.open),
                 established: g(&c.established),
             },
+            journal: *self.io.journal_stats.lock(),
+            journal_failures: g(&c.journal_failures),
+        }
+    }
+
+    /// With a journal: journals every message accepted so far (to any peer, connected or
+    /// not) and forces the journal to disk, whatever the fsync policy. When it returns `Ok`,
+    /// those messages survive a crash of this process or of the machine. Fails with
+    /// [`Error::Config`] without a journal, [`Error::TimedOut`] if the IO thread did not
+    /// finish within `timeout`, and [`Error::Closed`] once the node is shut down.
+    pub fn sync_journal(&self, timeout: Duration) -> Result<(), Error> {
+        if !self.journalled {
+            return Err(Error::Config(
+                "sync_journal needs a journal: configure Builder::journal(dir)".into(),
+            ));
+        }
+        if self.shut.load(Ordering::Acquire) || self.io_done.wait_until(Instant::now()) {
+            return Err(Error::Closed);
+        }
+        let done = Arc::new(Completion::default());
+        self.io.command(Command::SyncJournal { done: done.clone() });
+        let deadline = Instant::now() + timeout;
+        loop {
+            if done.wait_until((Instant::now() + Duration::from_millis(50)).min(deadline)) {
+                return Ok(());
+            }
+            if self.io_done.wait_until(Instant::now()) {
+                return Err(Error::Closed);
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::TimedOut(timeout));
+            }
         }
     }
 
@@ -784,6 +847,15 @@ impl Node {
             .join_until(deadline.max(Instant::now() + Duration::from_millis(10)));
         if left > 0 {
             stuck.push(format!("{left} delivery thread(s)"));
+        } else if let Some(journal) = self.io.journal_left.lock().take() {
+            // The pool has drained: record how far it got, so a restart delivers none of
+            // it again.
+            if let Err(e) = journal.close() {
+                log::error!(
+                    "{}: journal: cannot record the final progress: {e}",
+                    self.name
+                );
+            }
         }
         let (mut undelivered, mut failed) = (0, 0);
         for p in self.peers.read().values() {

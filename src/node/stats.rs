@@ -134,6 +134,11 @@ pub struct Stats {
     /// The most pool threads ever seen delivering one sender's messages at once, over all
     /// senders (1 when the invariant holds and anything was delivered).
     pub max_concurrent_deliverers: usize,
+    /// The journal's counters as of its last write (`None` without a journal, or before
+    /// its first write).
+    pub journal: Option<crate::journal::JournalStats>,
+    /// Journal writes or syncs that failed (each stops the node).
+    pub journal_failures: u64,
 }
 
 impl Stats {

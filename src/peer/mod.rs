@@ -19,7 +19,7 @@ use std::fmt;
 
 pub use outbox::{Ledger, Outbox, Outgoing, Return};
 
-use crate::deliver::{CreditSink, MemberQueue};
+use crate::deliver::{CreditSink, MemberQueue, Progress};
 use crate::flow::RecvCredit;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use crate::sync::{Arc, SharedStr};
@@ -161,6 +161,9 @@ pub(crate) struct PeerShared {
     pub(crate) member: Arc<MemberQueue>,
     /// Where out-of-band deliveries from this peer report consumption.
     pub(crate) oob_sink: Arc<dyn CreditSink>,
+    /// How far the application has handled this peer's reliable stream (journalling
+    /// nodes only).
+    pub(crate) progress: Option<Arc<Progress>>,
     pub(crate) counters: Counters,
 }
 
@@ -182,6 +185,7 @@ impl PeerShared {
         credit: Arc<RecvCredit>,
         member: Arc<MemberQueue>,
         oob_sink: Arc<dyn CreditSink>,
+        progress: Option<Arc<Progress>>,
     ) -> PeerShared {
         PeerShared {
             id,
@@ -193,6 +197,7 @@ impl PeerShared {
             credit,
             member,
             oob_sink,
+            progress,
             counters: Counters::default(),
         }
     }

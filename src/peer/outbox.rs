@@ -244,9 +244,12 @@ impl Ledger {
     }
 
     /// `bytes` of what is outstanding will never be credited (unreliable messages lost with
-    /// a connection); the caller gives them back.
-    pub fn forget(&mut self, bytes: u64) {
-        self.uncredited = self.uncredited.saturating_sub(bytes);
+    /// a connection). Returns how many the caller gives back: never more than is
+    /// outstanding.
+    pub fn forget(&mut self, bytes: u64) -> u64 {
+        let b = bytes.min(self.uncredited);
+        self.uncredited -= b;
+        b
     }
 
     /// The peer will never credit what is outstanding (restart, removal): returns all of it.

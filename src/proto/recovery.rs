@@ -124,6 +124,33 @@ impl Descriptor {
         Descriptor::default()
     }
 
+    /// A descriptor rebuilt from a journal after a restart: `sent` and `acked` of our
+    /// stream with its unacknowledged messages (`acked+1 ..= sent`, in order), and
+    /// `received` (what we recorded as delivered, all of it acknowledged at most) and
+    /// `credit_returned` of the peer's stream. Per-connection counters start afresh.
+    pub fn restore(
+        remote_launch: Option<u64>,
+        sent: u64,
+        acked: u64,
+        received: u64,
+        credit_returned: u64,
+        unacked: Vec<Unacked>,
+    ) -> Descriptor {
+        debug_assert!(unacked.iter().zip(acked + 1..).all(|(u, seq)| u.seq == seq));
+        debug_assert_eq!(acked + unacked.len() as u64, sent);
+        Descriptor {
+            remote_launch,
+            sent,
+            acked,
+            received,
+            acks_sent: received,
+            unacked_bytes: unacked.iter().map(|u| u.payload.len() as u64).sum(),
+            unacked: unacked.into(),
+            credit_returned,
+            ..Descriptor::default()
+        }
+    }
+
     /// The peer incarnation these counters belong to.
     pub fn remote_launch(&self) -> Option<u64> {
         self.remote_launch

@@ -251,11 +251,22 @@ impl IoThread {
         p.set_state(PeerState::Closed);
         p.gen += 1;
         let failed = fail_queued(p);
-        let unacked = p.desc.drain_unacked();
+        let mut unacked = p.desc.drain_unacked();
         p.shared
             .outbox
             .give_back(Return::Retired, p.ledger.retire());
         p.shared.outbox.window().close();
+        let name = p.shared.name.clone();
+        if self.journal.is_some() && why != CloseCode::Removed && !unacked.is_empty() {
+            // Shutting down with a journal: they stay journalled and are resent after a
+            // restart, so they are not undelivered.
+            log::info!(
+                "{}: {} unacknowledged messages to '{name}' stay in the journal",
+                self.cfg.name,
+                unacked.len()
+            );
+            unacked.clear();
+        }
         let undelivered = unacked.len() as u64;
         Counters::add(&p.shared.counters.undelivered, undelivered);
         if failed + undelivered > 0 {
@@ -265,7 +276,13 @@ impl IoThread {
                 p.shared.name
             );
         }
-        let name = p.shared.name.clone();
+        if self.journal.is_some() && why == CloseCode::Removed {
+            // Removed for good: its journalled messages are retired with it.
+            self.journal_record(Record::Bound {
+                peer: name.to_string(),
+                launch: 0,
+            });
+        }
         if why == CloseCode::Removed {
             self.timers.cancel(|k| match k {
                 TimerKind::Reconnect { peer, .. } | TimerKind::AckDelay { peer } => *peer == id,

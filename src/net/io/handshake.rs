@@ -109,10 +109,23 @@ impl IoThread {
         p.shared.credit.set_window(peer.window);
         p.peer_max_message = peer.max_message as usize;
         let restarted = matches!(p.desc.remote_launch(), Some(l) if l != peer.launch_id);
+        let first = p.desc.remote_launch().is_none();
         let old = p.desc.bind(peer.launch_id);
+        if first || restarted {
+            // The journal's counters for this peer belong to this incarnation from now on
+            // (for a new one, they restart and its old messages are retired).
+            self.journal_record(Record::Bound {
+                peer: peer.name.clone(),
+                launch: peer.launch_id,
+            });
+        }
         if !restarted {
             return;
         }
+        self.restart_progress(id);
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
         log::warn!(
             "{}: '{}' restarted (new launch id); {} unacknowledged messages to its old incarnation are undelivered",
             self.cfg.name,
@@ -152,6 +165,21 @@ impl IoThread {
             return;
         };
         let old = p.desc.reset();
+        if self.journal.is_some() {
+            // Unbind (retiring the journalled stream), then bind afresh.
+            let (peer, launch) = (p.shared.name.to_string(), p.desc.remote_launch());
+            self.journal_record(Record::Bound {
+                peer: peer.clone(),
+                launch: 0,
+            });
+            if let Some(launch) = launch {
+                self.journal_record(Record::Bound { peer, launch });
+            }
+            self.restart_progress(id);
+        }
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
         p.shared
             .outbox
             .give_back(Return::Retired, p.ledger.retire());
@@ -183,6 +211,7 @@ impl IoThread {
             return;
         };
         let mut resent = 0u64;
+        let acked = p.desc.acked();
         let resumed = match p.desc.resume(peer_received) {
             Ok(rest) => {
                 for u in rest {
@@ -210,11 +239,19 @@ impl IoThread {
             Err(e) => return self.protocol_error(token, e.to_string()),
         }
         let p = self.peers.get_mut(&id).expect("peer present");
+        if p.desc.acked() > acked && self.journal.is_some() {
+            let r = Record::Acked {
+                peer: p.shared.name.to_string(),
+                up_to: p.desc.acked(),
+            };
+            self.journal_record(r);
+        }
+        let p = self.peers.get_mut(&id).expect("peer present");
         // Unreliable messages the old connection swallowed are never resent: their permits
-        // come back now, from the peer's count of what it received.
-        let lost = p.desc.unreliable_lost(peer_unreliable);
+        // come back now, from the peer's count of what it received. Never more than is
+        // outstanding: a peer that restarted from its journal counts from zero again.
+        let lost = p.ledger.forget(p.desc.unreliable_lost(peer_unreliable));
         if lost > 0 {
-            p.ledger.forget(lost);
             p.shared.outbox.give_back(Return::Lost, lost);
         }
         Counters::add(&p.shared.counters.resent, resent);
@@ -236,6 +273,7 @@ impl IoThread {
         // Credit and acks from before the reconnect go first (the last ack may have been lost
         // with the old connection; totals make resending it harmless).
         if p.shared.credit.pending() > 0 || p.desc.ack_owed() || p.desc.credit_returned() > 0 {
+            self.record_progress(id);
             self.write_ack(id, true);
         }
         self.flush_peer(id);

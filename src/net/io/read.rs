@@ -238,13 +238,14 @@ impl IoThread {
         Counters::add(&p.shared.counters.received_bytes, payload.len() as u64);
         let oob = flags & wire::FLAG_OOB != 0;
         if oob {
-            let d = Delivery::new(p.shared.name.clone(), payload, None, true);
+            let d = Delivery::new(p.shared.name.clone(), payload, seq, true).in_epoch(p.epoch);
             let sink = p.shared.oob_sink.clone();
             self.submit(Task::Oob(d, sink));
         } else {
             // Named by the deliverer, on the pool thread: cloning the sender's name here and
             // dropping it there would bounce its refcount between cores on every message.
-            self.batch.push(Delivery::unnamed(payload, seq));
+            self.batch
+                .push(Delivery::unnamed(payload, seq).in_epoch(p.epoch));
         }
         true
     }
@@ -375,9 +376,20 @@ impl IoThread {
             return;
         };
         p.attempt = 0; // the peer took the connection: backoff starts over
+        let acked = p.desc.acked();
         if let Err(e) = p.desc.on_ack(received) {
             return self.protocol_error(token, e.to_string());
         }
+        if p.desc.acked() > acked && self.journal.is_some() {
+            let r = Record::Acked {
+                peer: p.shared.name.to_string(),
+                up_to: p.desc.acked(),
+            };
+            self.journal_record(r);
+        }
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
         let credit = p.desc.on_credit(credit);
         if credit > 0 {
             // Never give back more than was taken: credit beyond what is outstanding (a

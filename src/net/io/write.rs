@@ -11,6 +11,11 @@ impl IoThread {
         if conn.connecting {
             return;
         }
+        // Nothing leaves before the journal holds it.
+        self.commit_journal();
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
         let result = conn.flush();
         match result {
             Ok(drained) => {
@@ -50,6 +55,9 @@ impl IoThread {
     }
 
     pub(super) fn flush_dirty(&mut self) {
+        // Also commits what was journalled for peers with nothing to write (messages to a
+        // disconnected peer).
+        self.commit_journal();
         let dirty = std::mem::take(&mut self.dirty);
         for t in &dirty {
             self.write_conn(*t);
@@ -83,6 +91,8 @@ impl IoThread {
     /// Writes an ack carrying the received count and all pending credit, if the peer has an
     /// established connection.
     pub(super) fn send_ack(&mut self, id: usize) {
+        // With a journal, the progress is recorded first and acknowledged once on disk.
+        self.record_progress(id);
         self.write_ack(id, false);
     }
 
@@ -100,13 +110,29 @@ impl IoThread {
         if !conn.established {
             return;
         }
-        let received = p.desc.received();
+        let journalled = p.shared.progress.is_some();
+        // With a journal, only what the journal holds on disk: the messages recorded as
+        // delivered and the credit recorded with them.
+        let received = if journalled {
+            p.desc.received().min(p.durable.0)
+        } else {
+            p.desc.received()
+        };
         let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
         let force = force || std::mem::take(&mut p.ack_forced);
-        if p.shared.credit.pending() == 0 && received <= covered && !force {
+        let credit_owed = if journalled {
+            p.durable.1.saturating_sub(p.desc.credit_returned())
+        } else {
+            p.shared.credit.pending()
+        };
+        if credit_owed == 0 && received <= covered && !force {
             return;
         }
-        let credit = p.shared.credit.take();
+        let credit = if journalled {
+            credit_owed
+        } else {
+            p.shared.credit.take()
+        };
         let total = p.desc.return_credit(credit);
         wire::encode_ack(&mut conn.wbuf, received, total);
         p.ack_unwritten = Some(received);
@@ -117,15 +143,27 @@ impl IoThread {
     /// below the high-water mark. This is where a message gets its sequence number, enters
     /// the unacked queue and counts as sent — or is filtered, expires, or fails, giving its
     /// permits back.
+    ///
+    /// With a journal, reliable messages are published (journalled) even while the peer is
+    /// disconnected, so that nothing `send` accepted depends on this process surviving; the
+    /// handshake resends them. Publishing then stops at an unreliable message (it waits for
+    /// a connection, and the order is kept).
     pub(super) fn flush_peer(&mut self, id: usize) {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
-        let Some(token) = p.conn else { return };
-        let Some(conn) = self.conns.get_mut(&token) else {
-            return;
+        let mut conn = p
+            .conn
+            .and_then(|t| self.conns.get_mut(&t))
+            .filter(|c| c.established);
+        let mut journal = match self.journal.as_mut() {
+            None => None,
+            Some(j) => match j.batch_for_publish() {
+                Some(batch) => Some(batch),
+                None => return, // the journal failed: nothing is published unjournalled
+            },
         };
-        if !conn.established {
+        if conn.is_none() && journal.is_none() {
             return;
         }
         let high = self.cfg.write_high_water;
@@ -144,7 +182,11 @@ impl IoThread {
                 break;
             }
             while let Some(m) = p.pending.pop_front() {
-                if conn.unwritten() >= high {
+                let stop = match conn.as_deref() {
+                    Some(c) => c.unwritten() >= high,
+                    None => !m.is_reliable(),
+                };
+                if stop {
                     p.pending.push_front(m);
                     // The socket is backed up: the writable event resumes this peer. Stay
                     // marked scheduled so that senders do not wake the IO thread for
@@ -188,8 +230,18 @@ impl IoThread {
                 let c = m.cost();
                 if m.is_reliable() {
                     let u = p.desc.publish(m.flags, m.payload);
-                    wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
-                } else {
+                    if let Some(batch) = journal.as_deref_mut() {
+                        batch.push(Record::Message {
+                            peer: shared.name.to_string(),
+                            seq: u.seq,
+                            flags: u.flags,
+                            payload: u.payload.clone(),
+                        });
+                    }
+                    if let Some(conn) = conn.as_deref_mut() {
+                        wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
+                    }
+                } else if let Some(conn) = conn.as_deref_mut() {
                     p.desc.publish_unreliable(c);
                     wire::encode_data(&mut conn.wbuf, m.flags, None, &m.payload);
                 }
@@ -202,7 +254,9 @@ impl IoThread {
         if tally.sent > 0 {
             Counters::add(&c.sent, tally.sent);
             Counters::add(&c.sent_bytes, tally.sent_bytes);
-            self.dirty.push(token);
+            if let Some(conn) = conn {
+                self.dirty.push(conn.token);
+            }
         }
         if tally.filtered > 0 {
             Counters::add(&c.filtered, tally.filtered);
