@@ -106,6 +106,10 @@ struct PeerIo {
     durable: (u64, u64),
     /// Journal: the epoch of the peer's stream (see `deliver::Progress`).
     epoch: u32,
+    /// Journal: the stream was restored after a restart. The permits of the restored
+    /// messages, and the peer's running credit total, belong to the previous process: the
+    /// credit that finds nothing outstanding here is expected, and clamped quietly.
+    restored: bool,
 }
 
 impl PeerIo {
@@ -329,6 +333,7 @@ impl IoThread {
                         recorded: (0, 0),
                         durable: (0, 0),
                         epoch: 0,
+                        restored: false,
                     },
                 );
                 self.restore_peer(id);

@@ -297,6 +297,8 @@ impl IoThread {
         }
         p.recorded = (r.delivered, r.credit);
         p.durable = p.recorded;
+        // Restored messages hold no permits in this process (see `restored`).
+        p.restored = true;
         log::info!(
             "{}: journal: '{}' resumes at seq {} ({} unacknowledged to resend), {} of its messages delivered",
             self.cfg.name,

@@ -396,7 +396,13 @@ impl IoThread {
             // confused or malicious peer, or credit from before its restart) is clamped.
             let outstanding = p.ledger.uncredited();
             let c = p.ledger.credit(credit);
-            if c < credit {
+            if c < credit && p.restored {
+                log::debug!(
+                    "{}: '{}' returned {credit} bytes of credit for messages from before our restart; {c} applied",
+                    self.cfg.name,
+                    p.shared.name,
+                );
+            } else if c < credit {
                 log::warn!(
                     "{}: '{}' returned {credit} bytes of credit with only {outstanding} outstanding; clamped",
                     self.cfg.name,
