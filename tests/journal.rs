@@ -181,3 +181,64 @@ fn a_receiver_restart_resumes_where_its_journal_says_it_delivered() {
     assert_eq!(a.stats().peer("b").unwrap().undelivered, 0);
     shutdown_all(&[a, b]);
 }
+
+#[test]
+fn interval_fsync_acks_once_synced_and_oob_progress_counts() {
+    let dir = TempDir::new("interval-b");
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    let builders = vec![
+        // No journal on a: what b never acknowledges is undelivered at a's shutdown.
+        Node::builder("a").cluster("j-interval"),
+        Node::builder("b")
+            .cluster("j-interval")
+            .journal(dir.path())
+            .journal_fsync(FsyncPolicy::Interval(std::time::Duration::from_millis(20)))
+            .on_message(move |_d: Delivery| {
+                g.fetch_add(1, Ordering::SeqCst);
+            }),
+    ];
+    let nodes = start_mesh(builders);
+    wait_mesh_connected(&nodes);
+    let tx = nodes[0].sender();
+    const N: u64 = 5_000;
+    for i in 0..N {
+        if i % 10 == 0 {
+            while tx.send_oob("b", payload(i, 100)).is_err() {
+                std::thread::yield_now();
+            }
+        } else {
+            send_patiently(&tx, "b", payload(i, 100));
+        }
+    }
+    wait_until("every delivery", PATIENCE, || {
+        got.load(Ordering::SeqCst) >= N
+    });
+    // Acks (and so the sender's shutdown) wait for b's journal to sync what it delivered,
+    // OOB messages included: a shutdown that flushes finds everything acknowledged.
+    let report = nodes[0].shutdown(SHUTDOWN).expect("a stops");
+    assert_eq!(report.undelivered, 0);
+    let js = nodes[1].stats().journal.expect("b journals");
+    assert!(js.fsyncs > 0, "the interval policy synced: {js:?}");
+    let a = &nodes[0].stats();
+    assert_eq!(a.peer("b").unwrap().sent, N);
+    nodes[1].shutdown(SHUTDOWN).expect("b stops");
+}
+
+#[test]
+fn sync_journal_without_a_journal_is_a_config_error() {
+    let node = Node::builder("solo").start().expect("start");
+    match node.sync_journal(SHUTDOWN) {
+        Err(cohort::Error::Config(msg)) => assert!(msg.contains("Builder::journal"), "{msg}"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    let dir = TempDir::new("fsync-without-dir");
+    let _ = dir.path();
+    let err = Node::builder("solo2")
+        .journal_fsync(FsyncPolicy::Never)
+        .start()
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("journal directory"), "{err}");
+    node.shutdown(SHUTDOWN).expect("stops");
+}
