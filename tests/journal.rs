@@ -237,8 +237,7 @@ fn sync_journal_without_a_journal_is_a_config_error() {
     let err = Node::builder("solo2")
         .journal_fsync(FsyncPolicy::Never)
         .start()
-        .err()
-        .expect("refused");
+        .expect_err("refused");
     assert!(err.to_string().contains("journal directory"), "{err}");
     node.shutdown(SHUTDOWN).expect("stops");
 }
