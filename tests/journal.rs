@@ -241,3 +241,110 @@ fn sync_journal_without_a_journal_is_a_config_error() {
     assert!(err.to_string().contains("journal directory"), "{err}");
     node.shutdown(SHUTDOWN).expect("stops");
 }
+
+#[test]
+fn another_members_journal_is_refused_with_a_clear_error() {
+    let dir = TempDir::new("foreign");
+    let a = Node::builder("a")
+        .cluster("j-foreign")
+        .journal(dir.path())
+        .journal_segment_size(64 << 10)
+        .peer("b", reserve_addr())
+        .start()
+        .expect("a starts");
+    a.send("b", payload(0, 10)).expect("send");
+    a.sync_journal(PATIENCE).expect("synced");
+    a.shutdown(SHUTDOWN).expect("a stops");
+    let err = Node::builder("x")
+        .cluster("j-foreign")
+        .journal(dir.path())
+        .start()
+        .expect_err("x must not adopt a's journal");
+    let msg = err.to_string();
+    assert!(matches!(err, cohort::Error::Journal(_)), "{err:?}");
+    assert!(
+        msg.contains("belongs to member") && msg.contains("j-foreign/a"),
+        "{msg}"
+    );
+    let err = Node::builder("a")
+        .cluster("another")
+        .journal(dir.path())
+        .start()
+        .expect_err("another cluster");
+    assert!(matches!(err, cohort::Error::Journal(_)), "{err:?}");
+}
+
+#[test]
+fn restarts_under_traffic_never_grow_the_journal() {
+    let dir = TempDir::new("restarts");
+    let b_addr = reserve_addr();
+    let log: Log = Arc::default();
+    let b = Node::builder("b")
+        .cluster("j-restarts")
+        .listen(b_addr)
+        .allow_unknown_members(true)
+        .on_message(logging(&log))
+        .start()
+        .expect("b starts");
+    let mut files = Vec::new();
+    let mut next = 0u64;
+    let start_a = |round: usize| {
+        Node::builder("a")
+            .cluster("j-restarts")
+            .journal(dir.path())
+            .journal_segment_size(64 << 10)
+            .peer("b", b_addr)
+            .start()
+            .unwrap_or_else(|e| panic!("round {round}: a starts: {e}"))
+    };
+    for round in 0..20 {
+        let a = start_a(round);
+        // About 1.5 segments per round, so segments fill, rotate and retire.
+        for _ in 0..100 {
+            send_patiently(&a.sender(), "b", payload(next, 1000));
+            next += 1;
+        }
+        if round % 2 == 0 {
+            // Even rounds stop once b has everything (a clean shutdown then waits for the
+            // acks that retire the journal); odd rounds stop at once, mid-stream.
+            wait_until(format!("round {round}: b has {next}"), PATIENCE, || {
+                log.lock().unwrap().len() as u64 >= next
+            });
+        }
+        a.shutdown(SHUTDOWN).expect("a stops");
+        drop(a);
+        let seen = cohort::journal::inspect(dir.path()).expect("inspect");
+        files.push(seen.segments.len());
+    }
+    let a = start_a(20);
+    wait_until_or(
+        PATIENCE,
+        || log.lock().unwrap().len() as u64 >= next,
+        || {
+            let got = log.lock().unwrap();
+            format!(
+                "every message: {} of {next}, last {:?}, files {files:?}; b:\n{}",
+                got.len(),
+                got.last(),
+                b.stats()
+            )
+        },
+    );
+    a.shutdown(SHUTDOWN).expect("a stops");
+    let got = log.lock().unwrap().clone();
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, &(n, s))| n == i as u64 && s == n + 1),
+        "in order, once each"
+    );
+    eprintln!("segment files after each restart: {files:?}");
+    // Files are the high-water mark of segments in use: a few, whatever the rounds.
+    let max = *files.iter().max().expect("rounds");
+    assert!(max <= 6, "segment files per round: {files:?}");
+    assert_eq!(
+        files[19], files[9],
+        "no growth over the last ten restarts: {files:?}"
+    );
+    b.shutdown(SHUTDOWN).expect("b stops");
+}

@@ -236,6 +236,9 @@ impl IoThread {
     /// Runs the loop until shutdown completes.
     pub(crate) fn run(mut self) {
         let mut events = Events::with_capacity(1024);
+        // The configured peers first (their journalled streams are restored as they are
+        // added), then a word about journalled streams no configured peer claimed.
+        self.handle_requests();
         self.warn_unclaimed();
         self.timers
             .add(Instant::now() + self.cfg.tick, TimerKind::Tick);
