@@ -212,9 +212,13 @@ impl IoThread {
         };
         let mut resent = 0u64;
         let acked = p.desc.acked();
+        let mut oversized = None;
         let resumed = match p.desc.resume(peer_received) {
             Ok(rest) => {
                 for u in rest {
+                    if u.payload.len() > p.peer_max_message && oversized.is_none() {
+                        oversized = Some((u.seq, u.payload.len()));
+                    }
                     wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
                     resent += 1;
                 }
@@ -222,6 +226,16 @@ impl IoThread {
             }
             Err(e) => Err(e),
         };
+        if let Some((seq, len)) = oversized {
+            // Only a message journalled before this process knew the peer's limit can be
+            // here; the peer will refuse it on every resend.
+            log::error!(
+                "{}: journalled message {seq} to '{}' has {len} bytes, more than the {} it accepts: it cannot be delivered; give every member the same max_message",
+                self.cfg.name,
+                p.shared.name,
+                p.peer_max_message
+            );
+        }
         match resumed {
             Ok(()) => {}
             Err(RecoveryError::AckWentBack { claimed, acked }) => {
