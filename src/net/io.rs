@@ -22,7 +22,7 @@ use bytes::{Buf, Bytes};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
-use super::conn::Conn;
+use super::conn::{self, Conn, Transport};
 use super::timer::{Backoff, TimerKind, Timers};
 use super::{
     Command, IdHash, IoConfig, IoParts, IoShared, NameHash, PeerMap, UndeliveredHook, FIRST_CONN,
@@ -58,6 +58,8 @@ pub(crate) struct NodeCounters {
     pub(crate) pool_stalls: AtomicU64,
     pub(crate) idle_timeouts: AtomicU64,
     pub(crate) refused_limit: AtomicU64,
+    /// Connections closed for a TLS failure (handshake, certificate, name).
+    pub(crate) tls_failures: AtomicU64,
     /// Timers pending in the IO thread now.
     pub(crate) timers: AtomicU64,
     /// Connections open now (any state).
@@ -177,6 +179,9 @@ pub(crate) struct IoThread {
     shutdown: Option<Instant>,
     inbound: Vec<Inbound>,
     batch: Vec<Delivery>,
+    /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
+    /// connections; stays empty without TLS).
+    scratch: Vec<u8>,
 }
 
 impl IoThread {
@@ -213,6 +218,7 @@ impl IoThread {
             shutdown: None,
             inbound: Vec::new(),
             batch: Vec::new(),
+            scratch: Vec::new(),
         }
     }
 
