@@ -96,12 +96,15 @@ pub enum TlsError {
 /// ([`from_pem`](TlsConfig::from_pem)) or DER ([`from_der`](TlsConfig::from_der)), then
 /// pass it to [`Builder::tls`](crate::Builder::tls). See the [module docs](self).
 ///
-/// ```
-/// # fn demo(ca: &[u8], cert: &[u8], key: &[u8]) -> Result<(), cohort::tls::TlsError> {
-/// // `ca`, `cert`, `key`: PEM text, e.g. from a secret store.
-/// let tls = cohort::tls::TlsConfig::from_pem(ca, cert, key)?;
-/// let builder = cohort::Node::builder("alpha").tls(tls);
-/// # let _ = builder;
+/// ```no_run
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // PEM text from anywhere: files, a secret store, the environment.
+/// let ca = std::fs::read("certs/ca.pem")?;
+/// let cert = std::fs::read("certs/alpha.pem")?;
+/// let key = std::fs::read("certs/alpha.key")?;
+/// let tls = cohort::tls::TlsConfig::from_pem(&ca, &cert, &key)?;
+/// let node = cohort::Node::builder("alpha").tls(tls).start()?;
+/// # let _ = node;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
