@@ -41,6 +41,8 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+// `std::sync::Arc`, not `crate::sync`'s: rustls' API takes std's `Arc` for its configs and
+// providers (immutable, shared read-only; nothing here for loom to model).
 use std::sync::Arc;
 
 use rustls::client::WebPkiServerVerifier;
