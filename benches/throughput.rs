@@ -69,6 +69,7 @@ type Ca = std::convert::Infallible;
 
 /// `b` with a certificate for `name` from `ca`, if any.
 fn secure(b: Builder, name: &str, ca: Option<&Ca>) -> Builder {
+    let _ = name; // used only with the `tls` feature
     match ca {
         None => b,
         #[cfg(feature = "tls")]
