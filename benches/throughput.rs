@@ -9,13 +9,21 @@
 //!   connection, a receiver thread that reads through a 64 KiB `BufReader`, parses every
 //!   frame and counts it. 4→1 is four connections, each with its own sender thread.
 //!
+//! - `cohort_tls` (1→1 only, with `--features tls`): the `cohort` case with every
+//!   connection over TLS 1.3 (rustls, ring; certificates from a CA made at start), so the
+//!   summary line gives the cost of TLS as a ratio against the same run in plain TCP.
+//!
 //! One iteration sends a batch of messages and waits until the receiving side has counted
 //! all of them; criterion reports messages per second. Nodes and connections are set up once
 //! per benchmark function. After each group a line gives both medians and their ratio.
 //!
-//! `cargo bench --bench throughput` (add `-- 1to1_64B` to run one group);
+//! `cargo bench --bench throughput` (add `-- 1to1_64B` to run one group;
+//! `cargo bench --features tls --bench throughput -- 1to1` for the TLS comparison);
 //! `cargo test --benches` runs each case once with small batches.
 
+#[cfg(feature = "tls")]
+#[path = "../tests/support/certs.rs"]
+mod certs;
 mod common;
 
 use std::io::{self, BufWriter, Write};
@@ -24,7 +32,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cohort::{Bytes, Node, SendOptions};
+use cohort::{Builder, Bytes, Node, SendOptions};
 use common::{Progress, Samples};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
@@ -53,6 +61,24 @@ fn batch_len(size: usize, transport: Transport) -> u64 {
     }
 }
 
+/// The CA of a TLS run (a type with no values without the `tls` feature).
+#[cfg(feature = "tls")]
+type Ca = certs::TestCa;
+#[cfg(not(feature = "tls"))]
+type Ca = std::convert::Infallible;
+
+/// `b` with a certificate for `name` from `ca`, if any.
+fn secure(b: Builder, name: &str, ca: Option<&Ca>) -> Builder {
+    let _ = name; // used only with the `tls` feature
+    match ca {
+        None => b,
+        #[cfg(feature = "tls")]
+        Some(ca) => b.tls(ca.tls(name)),
+        #[cfg(not(feature = "tls"))]
+        Some(never) => match *never {},
+    }
+}
+
 /// `senders` cohort nodes sending to one `sink` node that counts what its handler sees.
 struct CohortFanIn {
     sink: Node,
@@ -61,16 +87,18 @@ struct CohortFanIn {
 }
 
 impl CohortFanIn {
-    fn start(senders: usize) -> Result<CohortFanIn, cohort::Error> {
+    /// With `ca`, every connection runs TLS with certificates from it.
+    fn start(senders: usize, ca: Option<&Ca>) -> Result<CohortFanIn, cohort::Error> {
         let received = Arc::new(Progress::default());
         let counter = received.clone();
-        let sink = Node::builder("sink")
+        let sink = secure(Node::builder("sink"), "sink", ca)
             .cluster("bench")
             .on_message(move |_| counter.add(1))
             .start()?;
         let mut sources = Vec::with_capacity(senders);
         for i in 0..senders {
-            let source = Node::builder(&format!("source-{i}"))
+            let name = format!("source-{i}");
+            let source = secure(Node::builder(&name), &name, ca)
                 .cluster("bench")
                 .peer("sink", sink.local_addr())
                 .start()?;
@@ -211,7 +239,7 @@ fn fan_in(c: &mut Criterion, senders: usize) {
         let n = batch_len(size, Transport::Cohort);
         group.throughput(Throughput::Elements(n));
         let cohort_samples = Samples::new(n);
-        let rig = CohortFanIn::start(senders).expect("cohort: start the nodes");
+        let rig = CohortFanIn::start(senders, None).expect("cohort: start the nodes");
         group.bench_function("cohort", |b| {
             b.iter_custom(|iters| {
                 time_batches(iters, &cohort_samples, || {
@@ -231,6 +259,21 @@ fn fan_in(c: &mut Criterion, senders: usize) {
             })
         });
         rig.shutdown();
+        #[cfg(feature = "tls")]
+        let tls_samples = (senders == 1).then(|| {
+            let samples = Samples::new(n);
+            let ca = certs::TestCa::new("bench CA");
+            let rig = CohortFanIn::start(senders, Some(&ca)).expect("cohort: start TLS nodes");
+            group.bench_function("cohort_tls", |b| {
+                b.iter_custom(|iters| {
+                    time_batches(iters, &samples, || {
+                        rig.run_batch(n, &payload, SendOptions::new())
+                    })
+                })
+            });
+            rig.shutdown();
+            samples
+        });
 
         let n = batch_len(size, Transport::RawTcp);
         group.throughput(Throughput::Elements(n));
@@ -252,6 +295,18 @@ fn fan_in(c: &mut Criterion, senders: usize) {
                     "summary {name}: cohort without recovery {}, with/without = {:.2}\n",
                     common::rate(unrel),
                     rel / unrel
+                );
+            }
+            #[cfg(feature = "tls")]
+            if let (Some(plain), Some(tls)) = (
+                cohort_samples.median_rate(),
+                tls_samples.as_ref().and_then(Samples::median_rate),
+            ) {
+                println!(
+                    "summary {name}: cohort over TLS {}, plain {}, TLS/plain = {:.2}\n",
+                    common::rate(tls),
+                    common::rate(plain),
+                    tls / plain
                 );
             }
         }

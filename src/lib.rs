@@ -12,7 +12,10 @@
 //!   counts, and resend of what the peer lacks, for exactly-once in-order delivery across
 //!   reconnects;
 //! - **a durable outbox** ([`journal`]): preallocated segment files, an empty-file pool and
-//!   recovery, so reliable messages and delivery counts survive a restart.
+//!   recovery, so reliable messages and delivery counts survive a restart;
+//! - **optional TLS** (cargo feature `tls`, module `tls`): rustls over the same
+//!   connections, certificates on both sides, each member's name checked against its
+//!   certificate.
 //!
 //! ```
 //! use std::sync::{Arc, atomic::{AtomicUsize, Ordering}};
@@ -54,6 +57,8 @@ mod net;
 pub mod peer;
 pub mod proto;
 pub(crate) mod sync;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod wire;
 
 mod node;

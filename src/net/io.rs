@@ -24,7 +24,7 @@ use bytes::{Buf, Bytes};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
-use super::conn::Conn;
+use super::conn::{self, Conn, Transport};
 use super::timer::{Backoff, TimerKind, Timers};
 use super::{
     Command, IdHash, IoConfig, IoParts, IoShared, NameHash, PeerMap, UndeliveredHook, FIRST_CONN,
@@ -62,6 +62,8 @@ pub(crate) struct NodeCounters {
     pub(crate) idle_timeouts: AtomicU64,
     pub(crate) refused_limit: AtomicU64,
     pub(crate) journal_failures: AtomicU64,
+    /// Connections closed for a TLS failure (handshake, certificate, name).
+    pub(crate) tls_failures: AtomicU64,
     /// Timers pending in the IO thread now.
     pub(crate) timers: AtomicU64,
     /// Connections open now (any state).
@@ -193,6 +195,9 @@ pub(crate) struct IoThread {
     batch: Vec<Delivery>,
     /// The durable outbox, when the node journals.
     journal: Option<durable::JournalIo>,
+    /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
+    /// connections; stays empty without TLS).
+    scratch: Vec<u8>,
 }
 
 impl IoThread {
@@ -230,6 +235,7 @@ impl IoThread {
             inbound: Vec::new(),
             batch: Vec::new(),
             journal: parts.journal.map(|(j, r)| durable::JournalIo::new(j, r)),
+            scratch: Vec::new(),
         }
     }
 

@@ -5,11 +5,14 @@
 mod conn;
 mod io;
 mod timer;
+#[cfg(feature = "tls")]
+mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+pub(crate) use conn::TlsSetup;
 pub(crate) use io::{IoThread, NodeCounters};
 
 use crate::deliver::{CreditSink, MemberQueue, Pool, Progress};
@@ -61,6 +64,8 @@ pub(crate) struct IoConfig {
     pub(crate) max_connections: usize,
     /// Accepted connections still in their handshake at most.
     pub(crate) max_pending: usize,
+    /// TLS for every connection (feature `tls`); always `None` without the feature.
+    pub(crate) tls: Option<TlsSetup>,
 }
 
 /// Requests from the node handle to the IO thread.

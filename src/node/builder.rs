@@ -64,6 +64,8 @@ pub struct Builder {
     pub(crate) max_connections: usize,
     pub(crate) max_pending: usize,
     pub(crate) journal: Option<JournalSettings>,
+    /// TLS (feature `tls`); always `None` without the feature.
+    pub(crate) tls: Option<crate::net::TlsSetup>,
 }
 
 /// Where and how a node journals (see [`Builder::journal`]).
@@ -83,6 +85,7 @@ impl std::fmt::Debug for Builder {
             .field("peers", &self.peers)
             .field("pool_threads", &self.pool_threads)
             .field("window", &self.window)
+            .field("tls", &self.tls.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -129,6 +132,7 @@ impl Builder {
             max_connections: 4096,
             max_pending: 128,
             journal: None,
+            tls: None,
         }
     }
 
@@ -401,6 +405,47 @@ impl Builder {
         })
     }
 
+    /// Runs every connection over TLS (feature `tls`): this member presents the
+    /// certificate of `config` and accepts only peers whose certificates chain to its CA
+    /// and name the member they claim to be (see [`crate::tls`]). Member names must then
+    /// be valid DNS names, and this member's certificate must be valid for its own name;
+    /// [`start`](Builder::start) checks both and fails with [`Error::Config`] otherwise.
+    /// Every member of the cluster must use TLS: a plain connection to a TLS member is
+    /// refused (counted in [`ConnStats::tls_failures`](crate::ConnStats::tls_failures)).
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let tls = cohort::tls::TlsConfig::from_pem_files("ca.pem", "alpha.pem", "alpha.key")?;
+    /// let node = cohort::Node::builder("alpha")
+    ///     .tls(tls)
+    ///     .peer("beta", "10.0.0.2:7000")
+    ///     .start()?;
+    /// # let _ = node;
+    /// # Ok(()) }
+    /// ```
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, config: crate::tls::TlsConfig) -> Self {
+        self.tls = Some(config);
+        self
+    }
+
+    /// With TLS: member names are certificate DNS names, and our certificate names us.
+    #[cfg(feature = "tls")]
+    fn validate_tls(&self) -> Result<(), Error> {
+        let Some(tls) = &self.tls else {
+            return Ok(());
+        };
+        for name in std::iter::once(&self.name).chain(self.peers.iter().map(|(n, _)| n)) {
+            crate::tls::server_name(name).map_err(Error::Config)?;
+        }
+        tls.leaf_names(&self.name).map_err(|e| {
+            Error::Config(format!(
+                "TLS: this member's own certificate must name it ('{}'): {e}",
+                self.name
+            ))
+        })
+    }
+
     /// The effective maximum message size.
     pub(crate) fn effective_max_message(&self) -> usize {
         let half = (self.window / 2).saturating_sub(MESSAGE_OVERHEAD) as usize;
@@ -447,6 +492,8 @@ impl Builder {
                 "max_message {max} exceeds the wire format's limit"
             )));
         }
+        #[cfg(feature = "tls")]
+        self.validate_tls()?;
         let listen = self
             .listen
             .clone()

@@ -34,6 +34,10 @@ pub enum Error {
     /// The builder's settings are inconsistent.
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// The TLS configuration could not be loaded (feature `tls`).
+    #[cfg(feature = "tls")]
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] crate::tls::TlsError),
     /// An OS-level failure (binding the listener, spawning a thread).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),

@@ -403,6 +403,9 @@ pub struct Node {
     io_thread: Mutex<Option<thread::JoinHandle<()>>>,
     io_done: Arc<Completion>,
     shut: AtomicBool,
+    /// Connections run TLS: peer names added later must be DNS names.
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
+    tls: bool,
 }
 
 impl std::fmt::Debug for Node {
@@ -553,7 +556,9 @@ impl Node {
             idle_timeout: b.idle_timeout,
             max_connections: b.max_connections,
             max_pending: b.max_pending,
+            tls: b.tls.clone(),
         };
+        let tls = b.tls.is_some();
         let io_done = Arc::new(Completion::default());
         let parts = IoParts {
             config,
@@ -609,6 +614,7 @@ impl Node {
             io_thread: Mutex::new(Some(io_thread)),
             io_done,
             shut: AtomicBool::new(false),
+            tls,
         })
     }
 
@@ -643,6 +649,10 @@ impl Node {
     pub fn add_peer<A: std::net::ToSocketAddrs>(&self, name: &str, addr: A) -> Result<(), Error> {
         if name.is_empty() || name.len() > wire::MAX_NAME || name == &*self.name {
             return Err(Error::Config(format!("invalid peer name {name:?}")));
+        }
+        #[cfg(feature = "tls")]
+        if self.tls {
+            crate::tls::server_name(name).map_err(Error::Config)?;
         }
         if self.shut.load(Ordering::Acquire) {
             return Err(Error::Closed);
@@ -777,6 +787,7 @@ impl Node {
                 pool_stalls: g(&c.pool_stalls),
                 idle_timeouts: g(&c.idle_timeouts),
                 refused_limit: g(&c.refused_limit),
+                tls_failures: g(&c.tls_failures),
                 timers: g(&c.timers),
                 open: g(&c.open),
                 established: g(&c.established),

@@ -109,6 +109,10 @@ pub struct ConnStats {
     pub idle_timeouts: u64,
     /// Accepted connections dropped at once for exceeding `Builder::connection_limits`.
     pub refused_limit: u64,
+    /// Connections closed for a TLS failure: a failed TLS handshake (unknown CA, bad or
+    /// expired certificate, a peer that does not speak TLS), or a certificate not valid for
+    /// the member name claimed. Always 0 without the `tls` feature.
+    pub tls_failures: u64,
     /// Timers pending in the IO thread now (the housekeeping tick is always one).
     pub timers: u64,
     /// Connections open now, in any state (steady state: one per connected peer).
@@ -203,7 +207,7 @@ impl fmt::Display for Stats {
         let c = &self.connections;
         write!(
             f,
-            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version), {} handshake timeouts, {} idle timeouts, {} tie-breaks, {} protocol errors, {} pool stalls",
+            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version), {} handshake timeouts, {} idle timeouts, {} tie-breaks, {} protocol errors, {} pool stalls, {} TLS failures",
             c.open,
             c.established,
             c.accepted,
@@ -218,7 +222,8 @@ impl fmt::Display for Stats {
             c.idle_timeouts,
             c.tie_breaks,
             c.protocol_errors,
-            c.pool_stalls
+            c.pool_stalls,
+            c.tls_failures
         )
     }
 }

@@ -30,6 +30,14 @@ impl IoThread {
                         );
                         continue;
                     }
+                    let transport = match Transport::new(self.cfg.tls.as_ref(), None) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            Counters::add(&self.counters.tls_failures, 1);
+                            log::warn!("{}: connection from {from} dropped: {e}", self.cfg.name);
+                            continue;
+                        }
+                    };
                     configure(&self.cfg, &stream);
                     let token = self.new_token();
                     if let Err(e) =
@@ -48,6 +56,7 @@ impl IoThread {
                     let mut out = Vec::new();
                     let hs = Handshake::acceptor(self.local.clone(), &mut out);
                     let mut conn = Conn::new(token, stream, None, hs);
+                    conn.transport = transport;
                     conn.wbuf = out;
                     self.conns.insert(token, conn);
                     self.update_gauges();
@@ -79,6 +88,14 @@ impl IoThread {
             p.set_state(PeerState::Backoff);
             return; // no address: it will dial us
         };
+        let transport = match Transport::new(self.cfg.tls.as_ref(), Some(&p.shared.name)) {
+            Ok(t) => t,
+            Err(e) => {
+                Counters::add(&self.counters.tls_failures, 1);
+                log::warn!("{}: cannot dial '{}': {e}", self.cfg.name, p.shared.name);
+                return self.schedule_reconnect(id);
+            }
+        };
         match TcpStream::connect(addr) {
             Ok(mut stream) => {
                 let token = Token(self.next_token);
@@ -95,6 +112,7 @@ impl IoThread {
                 let p = self.peers.get_mut(&id).expect("peer present");
                 let hs = Handshake::dialler(self.local.clone(), p.shared.name.to_string());
                 let mut conn = Conn::new(token, stream, Some(id), hs);
+                conn.transport = transport;
                 conn.set_writable_interest(true);
                 p.conn = Some(token);
                 p.set_state(PeerState::Connecting);

@@ -15,6 +15,16 @@ impl IoThread {
         peer_connections: Option<u64>,
     ) {
         let accepting = resume.is_some();
+        if accepting {
+            // TLS: the client certificate must name the member the handshake claims.
+            if let Some(Err(why)) = self
+                .conns
+                .get(&token)
+                .map(|c| c.peer_cert_valid_for(&peer.name))
+            {
+                return self.refuse_certificate(token, &peer.name, &why);
+            }
+        }
         let id = if accepting {
             match self.by_name.get(peer.name.as_str()) {
                 Some(&id) => id,

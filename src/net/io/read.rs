@@ -18,7 +18,7 @@ impl IoThread {
             let Some(conn) = self.conns.get_mut(&token) else {
                 return;
             };
-            match conn.read_some() {
+            match conn.read_some(&mut self.scratch) {
                 Ok((0, _)) => {
                     self.handle_inbound(token);
                     if self.conns.contains_key(&token) {
@@ -29,6 +29,10 @@ impl IoThread {
                 Ok((n, short)) => {
                     total += n;
                     conn.last_read = Instant::now();
+                    if conn.transport.wants_write() {
+                        // TLS: reading made records to send (handshake, alerts).
+                        self.dirty.push(token);
+                    }
                     self.parse(token);
                     self.handle_inbound(token);
                     if !self.stash.is_empty() || total >= READ_BUDGET {
@@ -41,8 +45,17 @@ impl IoThread {
                         return;
                     }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if conn.transport.wants_write() {
+                        // TLS: the handshake records read made an answer to send.
+                        self.dirty.push(token);
+                    }
+                    return;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if conn::is_tls_failure(&e) => {
+                    return self.tls_failure(token, &e.to_string());
+                }
                 Err(e) => {
                     log::info!("{}: read failed, closing connection: {e}", self.cfg.name);
                     self.close_conn(token, None);
@@ -202,6 +215,44 @@ impl IoThread {
             self.cfg.name
         );
         self.close_conn(token, Some((CloseCode::Protocol, &reason)));
+    }
+
+    /// A TLS failure (handshake, certificate, or a certificate not valid for the member
+    /// name claimed): closes that one connection, after a best-effort alert, and counts it.
+    pub(super) fn tls_failure(&mut self, token: Token, reason: &str) {
+        Counters::add(&self.counters.tls_failures, 1);
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        conn.flush_alert();
+        let (peer, addr) = (conn.peer, conn.stream.peer_addr());
+        let who = match (peer, addr) {
+            (Some(id), _) => format!("'{}'", self.peer_name(id)),
+            (None, Ok(a)) => a.to_string(),
+            (None, Err(_)) => "an unidentified peer".to_owned(),
+        };
+        log::warn!(
+            "{}: TLS failure with {who}, closing connection: {reason}",
+            self.cfg.name
+        );
+        self.close_conn(token, None);
+    }
+
+    /// A TLS peer whose certificate is not valid for the member name its handshake claims:
+    /// refused (with a `Close` telling it why), counted as a TLS failure.
+    pub(super) fn refuse_certificate(&mut self, token: Token, claimed: &str, why: &str) {
+        Counters::add(&self.counters.tls_failures, 1);
+        log::warn!(
+            "{}: refusing a connection claiming to be '{claimed}': {why}",
+            self.cfg.name
+        );
+        self.close_conn(
+            token,
+            Some((
+                CloseCode::NameMismatch,
+                "TLS certificate not valid for the member name claimed",
+            )),
+        );
     }
 
     pub(super) fn on_data(
