@@ -60,6 +60,8 @@ pub(crate) struct IoConfig {
     pub(crate) max_connections: usize,
     /// Accepted connections still in their handshake at most.
     pub(crate) max_pending: usize,
+    /// Shared secret: every handshake is authenticated with it.
+    pub(crate) secret: Option<crate::proto::Secret>,
 }
 
 /// Requests from the node handle to the IO thread.

@@ -535,6 +535,7 @@ impl Node {
             idle_timeout: b.idle_timeout,
             max_connections: b.max_connections,
             max_pending: b.max_pending,
+            secret: b.secret.clone(),
         };
         let io_done = Arc::new(Completion::default());
         let parts = IoParts {
@@ -751,6 +752,7 @@ impl Node {
                 refused_cluster: g(&c.refused_cluster),
                 refused_unknown: g(&c.refused_unknown),
                 refused_version: g(&c.refused_version),
+                auth_failures: g(&c.auth_failures),
                 handshake_timeouts: g(&c.handshake_timeouts),
                 tie_breaks: g(&c.tie_breaks),
                 protocol_errors: g(&c.protocol_errors),

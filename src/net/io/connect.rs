@@ -30,6 +30,9 @@ impl IoThread {
                         );
                         continue;
                     }
+                    let Some(nonce) = self.fresh_nonce() else {
+                        continue; // dropped; logged
+                    };
                     configure(&self.cfg, &stream);
                     let token = self.new_token();
                     if let Err(e) =
@@ -46,7 +49,7 @@ impl IoThread {
                     Counters::add(&self.counters.accepted, 1);
                     log::debug!("{}: accepted connection from {from}", self.cfg.name);
                     let mut out = Vec::new();
-                    let hs = Handshake::acceptor(self.local.clone(), &mut out);
+                    let hs = Handshake::acceptor(self.local.clone(), nonce, &mut out);
                     let mut conn = Conn::new(token, stream, None, hs);
                     conn.wbuf = out;
                     self.conns.insert(token, conn);
@@ -69,6 +72,7 @@ impl IoThread {
     }
 
     pub(super) fn dial(&mut self, id: usize) {
+        let nonce = self.fresh_nonce();
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
@@ -78,6 +82,9 @@ impl IoThread {
         let Some(addr) = p.addr else {
             p.set_state(PeerState::Backoff);
             return; // no address: it will dial us
+        };
+        let Some(nonce) = nonce else {
+            return self.schedule_reconnect(id); // logged
         };
         match TcpStream::connect(addr) {
             Ok(mut stream) => {
@@ -93,7 +100,7 @@ impl IoThread {
                     return;
                 }
                 let p = self.peers.get_mut(&id).expect("peer present");
-                let hs = Handshake::dialler(self.local.clone(), p.shared.name.to_string());
+                let hs = Handshake::dialler(self.local.clone(), p.shared.name.to_string(), nonce);
                 let mut conn = Conn::new(token, stream, Some(id), hs);
                 conn.set_writable_interest(true);
                 p.conn = Some(token);
@@ -114,6 +121,26 @@ impl IoThread {
                 );
                 Counters::add(&self.counters.dial_failures, 1);
                 self.schedule_reconnect(id);
+            }
+        }
+    }
+
+    /// A fresh handshake nonce: OS randomness when a secret is configured (the nonce is not
+    /// used otherwise). `None` if the OS has no randomness to give: logged, and the
+    /// connection is not made rather than authenticated with a predictable nonce.
+    pub(super) fn fresh_nonce(&self) -> Option<Nonce> {
+        let mut nonce = [0u8; wire::NONCE_LEN];
+        if self.cfg.secret.is_none() {
+            return Some(nonce);
+        }
+        match getrandom::getrandom(&mut nonce) {
+            Ok(()) => Some(nonce),
+            Err(e) => {
+                log::error!(
+                    "{}: no OS randomness for a handshake nonce ({e}); connection not made",
+                    self.cfg.name
+                );
+                None
             }
         }
     }
