@@ -435,3 +435,16 @@ fn garbage_after_a_good_handshake_is_closed_and_counted() {
     assert_eq!(p.auth_failures(), 0);
     p.shutdown();
 }
+
+/// An empty secret is a configuration error, caught at `start`.
+#[test]
+fn an_empty_secret_is_refused_at_start() {
+    match Node::builder("empty").secret(b"").start() {
+        Err(cohort::Error::Config(why)) => assert!(why.contains("secret"), "{why}"),
+        Err(e) => panic!("another error: {e}"),
+        Ok(n) => {
+            n.shutdown(SHUTDOWN).expect("shutdown");
+            panic!("started with an empty secret");
+        }
+    }
+}

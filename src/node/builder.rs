@@ -349,8 +349,8 @@ impl Builder {
     /// # beta.shutdown(std::time::Duration::from_secs(5))?;
     /// # Ok(()) }
     /// ```
-    pub fn secret(mut self, secret: &[u8]) -> Self {
-        self.secret = Some(crate::proto::Secret::new(secret));
+    pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.secret = Some(crate::proto::Secret::new(secret.as_ref()));
         self
     }
 

@@ -35,8 +35,7 @@
 //! until [`HsEvent::Established`], which comes only after `MAC_a` verified. A side with a
 //! secret refuses a peer without one, and the other way round, with [`CloseCode::Auth`].
 
-use std::sync::Arc;
-
+use bytes::Bytes;
 use hmac::{Hmac, Mac as _};
 use sha2::Sha256;
 
@@ -47,15 +46,15 @@ const DIALLER_LABEL: &[u8] = b"cohort dialler";
 /// Domain label of the acceptor's MAC.
 const ACCEPTOR_LABEL: &[u8] = b"cohort acceptor";
 
-/// The cluster's shared secret for handshake authentication. Its `Debug` never shows the
-/// bytes.
+/// The cluster's shared secret for handshake authentication. Cheap to clone (one copy of
+/// the bytes, shared); its `Debug` never shows them.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Secret(Arc<[u8]>);
+pub struct Secret(Bytes);
 
 impl Secret {
-    /// Wraps the secret bytes.
+    /// Copies the secret bytes.
     pub fn new(bytes: &[u8]) -> Secret {
-        Secret(bytes.into())
+        Secret(Bytes::copy_from_slice(bytes))
     }
 
     /// Length in bytes.
