@@ -66,6 +66,10 @@
 //!   bytes whenever the schedule says, interleaved with the new link's handshake, up to the
 //!   point where the new link identifies at that side; after that those bytes are lost.
 //! - **time**: [`Step::Advance`] moves the simulated clock (a `u64`); ack timers fire.
+//! - **authentication**: `Config::secret` gives both members the same secret, so every
+//!   handshake carries nonces and MACs (the dialler then adopts a link only on an
+//!   authenticated Ready, as `IoThread` does); schedules run with and without one.
+//!   Different secrets are a scenario of their own: every dial is refused, nothing changes.
 //!
 //! ## What is checked
 //!
