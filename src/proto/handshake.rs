@@ -47,7 +47,8 @@ const DIALLER_LABEL: &[u8] = b"cohort dialler";
 const ACCEPTOR_LABEL: &[u8] = b"cohort acceptor";
 
 /// The cluster's shared secret for handshake authentication. Cheap to clone (one copy of
-/// the bytes, shared); its `Debug` never shows them.
+/// the bytes, shared); its `Debug` never shows them. `==` compares configurations and is not
+/// constant-time: peers are checked only through MACs, never by comparing secrets.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(Bytes);
 
