@@ -18,7 +18,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use bytes::{Buf, BytesMut};
-use cohort::proto::{keep_new, Handshake, HsEvent, LocalIdentity, Role, TieBreak};
+use cohort::proto::{keep_new, Handshake, HsEvent, LocalIdentity, Role, Secret, TieBreak};
 use cohort::wire::{self, CloseCode, Frame, WireError};
 
 /// Longest handshake frame after its length prefix: the bound `parse` uses before a
@@ -169,11 +169,14 @@ fn reencode(f: &Frame<'_>) -> Vec<u8> {
     let mut out = Vec::new();
     match f {
         Frame::Hello(id) => wire::encode_hello(&mut out, id),
-        Frame::HelloReply(id, r, c, u) => wire::encode_hello_reply(&mut out, id, *r, *c, *u),
+        Frame::HelloReply(id, r, c, u, mac) => {
+            wire::encode_hello_reply(&mut out, id, *r, *c, *u, mac.as_ref())
+        }
         Frame::Ready {
             received,
             unreliable,
-        } => wire::encode_ready(&mut out, *received, *unreliable),
+            mac,
+        } => wire::encode_ready(&mut out, *received, *unreliable, mac.as_ref()),
         Frame::Data {
             flags,
             seq,
@@ -197,10 +200,19 @@ fn check_frame(f: &Frame<'_>, frame: &[u8]) {
                 && frame[wire::HEADER_BYTES] == *code as u8
                 && reason.len() <= 255
         }
+        // Another version's handshake frame is decoded up to its identity only.
+        Frame::Hello(id) | Frame::HelloReply(id, ..) => id.version == wire::VERSION,
         _ => true,
     };
     if canonical {
         assert_eq!(reencode(f), frame, "decode ∘ encode is not the identity");
+        // The handshake authenticates received frames by re-encoding them this way.
+        let mut again = Vec::new();
+        wire::encode_frame(&mut again, f);
+        assert_eq!(
+            again, frame,
+            "encode_frame differs from the encode_* functions"
+        );
     }
     if let Frame::Hello(id) | Frame::HelloReply(id, ..) = f {
         assert!(id.cluster.len() <= wire::MAX_NAME && id.name.len() <= wire::MAX_NAME);
@@ -312,6 +324,9 @@ pub(crate) fn decode_stream(data: &[u8]) {
     }
 }
 
+/// Secrets the fuzzer picks from: none, one, another.
+const SECRETS: [Option<&[u8]>; 3] = [None, Some(b"k"), Some(b"another secret")];
+
 fn local(b: &mut Bytes<'_>, cluster: &str, name: &str) -> LocalIdentity {
     LocalIdentity {
         launch_id: b.u64(),
@@ -319,7 +334,14 @@ fn local(b: &mut Bytes<'_>, cluster: &str, name: &str) -> LocalIdentity {
         max_message: b.u8() as u32,
         cluster: cluster.to_owned(),
         name: name.to_owned(),
+        secret: SECRETS[b.u8() as usize % SECRETS.len()].map(Secret::new),
     }
+}
+
+fn nonce(b: &mut Bytes<'_>) -> wire::Nonce {
+    let mut n = [0u8; wire::NONCE_LEN];
+    n[..8].copy_from_slice(&b.u64().to_le_bytes());
+    n
 }
 
 fn tie_break(b: &mut Bytes<'_>) -> TieBreak {
@@ -392,12 +414,13 @@ fn feed_frames(acceptor: bool, b: &mut Bytes<'_>) {
     let me = local(b, "c", "a");
     let mut out = Vec::new();
     let mut hs = if acceptor {
-        let hs = Handshake::acceptor(me, &mut out);
+        let hs = Handshake::acceptor(me, nonce(b), &mut out);
         assert!(matches!(frames_of(&out)[..], [Frame::Hello(_)]));
         hs
     } else {
-        Handshake::dialler(me, "b".to_owned())
+        Handshake::dialler(me, "b".to_owned(), nonce(b))
     };
+    let hs_auth = hs.authenticates();
     let decide = b.u8();
     let counts = (b.u64(), b.u64(), b.u64());
     let mut identified = false;
@@ -433,12 +456,15 @@ fn feed_frames(acceptor: bool, b: &mut Bytes<'_>) {
                         [Frame::Ready {
                             received,
                             unreliable,
+                            mac,
                         }] => {
                             assert!(acceptor && hs.is_done());
                             assert_eq!((received, unreliable), (counts.0, counts.2));
+                            assert_eq!(mac.is_some(), hs_auth);
                         }
-                        [Frame::HelloReply(ref id, r, c, u)] => {
+                        [Frame::HelloReply(ref id, r, c, u, mac)] => {
                             assert!(!acceptor && !hs.is_done());
+                            assert_eq!((id.nonce.is_some(), mac.is_some()), (hs_auth, hs_auth));
                             assert_eq!((id.cluster, id.name), ("c", "a"));
                             assert_eq!((r, c, u), counts);
                         }
@@ -479,12 +505,14 @@ fn exchange(b: &mut Bytes<'_>) {
     let (a_counts, d_counts) = ((b.u64(), b.u64(), b.u64()), (b.u64(), b.u64(), b.u64()));
 
     let mut out = Vec::new();
-    let mut a = Handshake::acceptor(a_id.clone(), &mut out);
-    let mut d = Handshake::dialler(d_id.clone(), expected.clone());
+    let mut a = Handshake::acceptor(a_id.clone(), nonce(b), &mut out);
+    let mut d = Handshake::dialler(d_id.clone(), expected.clone(), nonce(b));
 
-    // Hello: the dialler checks the acceptor.
+    // Hello: the dialler checks the acceptor: whether both authenticate, then the identity.
     let hello = frames_of(&out);
-    let want = if ca != cd {
+    let want = if a_id.secret.is_some() != d_id.secret.is_some() {
+        Some(CloseCode::Auth)
+    } else if ca != cd {
         Some(CloseCode::Cluster)
     } else if na == nd || na != expected {
         Some(CloseCode::NameMismatch)
@@ -513,6 +541,13 @@ fn exchange(b: &mut Bytes<'_>) {
     let mut reply = Vec::new();
     d.accept(d_counts.0, d_counts.1, d_counts.2, &mut reply);
     let reply = frames_of(&reply);
+    // With secrets, the MAC first: another secret is refused before anything else.
+    if a_id.secret != d_id.secret {
+        match feed(&mut a, &reply[0]) {
+            Err(e) if e.code == CloseCode::Auth && !e.by_peer => return,
+            got => panic!("acceptor with another secret: {got:?}"),
+        }
+    }
     match (feed(&mut a, &reply[0]), d_id.window < 2) {
         (
             Ok(HsEvent::Identified {
@@ -544,6 +579,16 @@ fn exchange(b: &mut Bytes<'_>) {
             peer_unreliable,
         }) => assert_eq!((peer_received, peer_unreliable), (a_counts.0, a_counts.2)),
         other => panic!("dialler after Ready: {other:?}"),
+    }
+    if a_id.secret.is_some() {
+        // A Ready with any one bit of its MAC flipped is refused by a fresh dialler that
+        // reached the same point.
+        let mut d2 = Handshake::dialler(d_id.clone(), expected.clone(), [0xee; wire::NONCE_LEN]);
+        let _ = feed(&mut d2, &hello[0]);
+        let mut reply2 = Vec::new();
+        d2.accept(d_counts.0, d_counts.1, d_counts.2, &mut reply2);
+        // Ready from the first exchange: its MAC covers the first dialler's nonce.
+        assert!(matches!(feed(&mut d2, &ready[0]), Err(e) if e.code == CloseCode::Auth));
     }
     assert!(d.is_done());
     // Any further handshake frame is a protocol error, never a panic.

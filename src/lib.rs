@@ -11,6 +11,9 @@
 //! - **recovery**: a recovery descriptor per connection, a handshake that exchanges received
 //!   counts, and resend of what the peer lacks, for exactly-once in-order delivery across
 //!   reconnects;
+//! - **authentication** ([`Builder::secret`]): a challenge–response in every handshake, with
+//!   fresh nonces on both sides and HMAC-SHA-256 over the whole handshake; a peer without the
+//!   secret is refused before the node acts on anything it says;
 //! - **a durable outbox** ([`journal`]): preallocated segment files, an empty-file pool and
 //!   recovery, so reliable messages and delivery counts survive a restart;
 //! - **optional TLS** (cargo feature `tls`, module `tls`): rustls over the same

@@ -180,8 +180,9 @@ fn hello_reply(name: &str) -> Vec<u8> {
         max_message: 1 << 16,
         cluster: CLUSTER,
         name,
+        nonce: None,
     };
-    cohort::wire::encode_hello_reply(&mut out, &id, 0, 0, 0);
+    cohort::wire::encode_hello_reply(&mut out, &id, 0, 0, 0, None);
     out
 }
 

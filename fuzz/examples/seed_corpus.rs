@@ -15,6 +15,14 @@ fn id<'a>(cluster: &'a str, name: &'a str, window: u64) -> Identity<'a> {
         max_message: 4096,
         cluster,
         name,
+        nonce: None,
+    }
+}
+
+fn authed<'a>(cluster: &'a str, name: &'a str, window: u64) -> Identity<'a> {
+    Identity {
+        nonce: Some([0x5a; wire::NONCE_LEN]),
+        ..id(cluster, name, window)
     }
 }
 
@@ -30,9 +38,24 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
         wire::encode_hello(o, &id(&"c".repeat(255), &"n".repeat(255), 2))
     });
     f("hello_reply", &|o| {
-        wire::encode_hello_reply(o, &id("c", "b", 1 << 20), 5, 1, 64)
+        wire::encode_hello_reply(o, &id("c", "b", 1 << 20), 5, 1, 64, None)
     });
-    f("ready", &|o| wire::encode_ready(o, 3, 128));
+    f("ready", &|o| wire::encode_ready(o, 3, 128, None));
+    // With the authentication trailer (nonce, and a MAC no secret produced).
+    f("hello_auth", &|o| wire::encode_hello(o, &authed("c", "b", 1 << 20)));
+    f("hello_reply_auth", &|o| {
+        wire::encode_hello_reply(
+            o,
+            &authed("c", "b", 1 << 20),
+            5,
+            1,
+            64,
+            Some(&[0xa5; wire::MAC_LEN]),
+        )
+    });
+    f("ready_auth", &|o| {
+        wire::encode_ready(o, 3, 128, Some(&[0xa5; wire::MAC_LEN]))
+    });
     f("data_plain", &|o| wire::encode_data(o, 0, None, b"hello"));
     f("data_oob", &|o| {
         wire::encode_data(o, wire::FLAG_OOB, None, b"x")
@@ -78,7 +101,7 @@ fn main() {
     // decode: [mode, chunk] ++ stream. mode & 3: 0 handshake bound, 1 data bound, 2 switch
     // after HelloReply/Ready; mode >> 2 picks max_message (6 = 4096). chunk 0 = one read.
     for (name, bytes) in &fr {
-        let mode = if name.starts_with("hello") || *name == "ready" {
+        let mode = if name.starts_with("hello") || name.starts_with("ready") {
             0
         } else {
             1 | 6 << 2
@@ -132,22 +155,31 @@ fn main() {
     write(&dec, "hello_bad_magic", &cat(&[&[0, 0], &bad_magic]));
 
     // handshake, mode & 2 == 0: [mode] ++ tie-break (17) ++ local (launch 8, window 8,
-    // max_message 1) ++ decide (1) ++ counts (24) ++ frames. Our side is "a" in cluster "c".
+    // max_message 1, secret 1: 0 none, 1 "k", 2 another) ++ nonce (8) ++ decide (1) ++
+    // counts (24) ++ frames. Our side is "a" in cluster "c".
     let tie = |bits: u8, ours: u8, theirs: u8| {
         let mut t = vec![bits];
         t.extend_from_slice(&u64::from(ours).to_le_bytes());
         t.extend_from_slice(&u64::from(theirs).to_le_bytes());
         t
     };
-    let local = cat(&[&1u64.to_le_bytes(), &3u64.to_le_bytes(), &[200]]);
+    let local = |secret: u8| {
+        cat(&[
+            &1u64.to_le_bytes(),
+            &3u64.to_le_bytes(),
+            &[200, secret],
+            &0x0102u64.to_le_bytes(),
+        ])
+    };
     let counts = cat(&[
         &5u64.to_le_bytes(),
         &2u64.to_le_bytes(),
         &64u64.to_le_bytes(),
     ]);
-    let feed = |role: u8, t: &[u8], decide: u8, frames: &[u8]| {
-        cat(&[&[role], t, &local, &[decide], &counts, frames])
+    let feed_with = |secret: u8, role: u8, t: &[u8], decide: u8, frames: &[u8]| {
+        cat(&[&[role], t, &local(secret), &[decide], &counts, frames])
     };
+    let feed = |role: u8, t: &[u8], decide: u8, frames: &[u8]| feed_with(0, role, t, decide, frames);
     let ok_dial = cat(&[&get("hello"), &get("ready")]);
     let hs_files: Vec<(&str, Vec<u8>)> = vec![
         (
@@ -207,20 +239,58 @@ fn main() {
                 &cat(&[&get("hello"), &get("close_utf8")]),
             ),
         ),
+        (
+            "acceptor_auth_bad_mac",
+            feed_with(1, 0, &tie(0, 0, 0), 0, &get("hello_reply_auth")),
+        ),
+        (
+            "acceptor_auth_missing",
+            feed_with(1, 0, &tie(0, 0, 0), 0, &get("hello_reply")),
+        ),
+        (
+            "acceptor_auth_unexpected",
+            feed(0, &tie(0, 0, 0), 0, &get("hello_reply_auth")),
+        ),
+        (
+            "dialler_auth_bad_ready",
+            feed_with(
+                1,
+                1,
+                &tie(12, 0, 4),
+                0,
+                &cat(&[&get("hello_auth"), &get("ready_auth")]),
+            ),
+        ),
+        (
+            "dialler_auth_ready_without_mac",
+            feed_with(
+                2,
+                1,
+                &tie(12, 0, 4),
+                0,
+                &cat(&[&get("hello_auth"), &get("ready")]),
+            ),
+        ),
+        (
+            "dialler_auth_missing",
+            feed_with(1, 1, &tie(12, 0, 4), 0, &ok_dial),
+        ),
     ];
     for (name, bytes) in &hs_files {
         write(&hs, name, bytes);
     }
 
     // handshake, mode & 2 == 2: [mode] ++ tie-break ++ bits (1: other cluster, 2: dialled
-    // another name) ++ names (length byte % 24, bytes) ++ two locals ++ two count triples.
+    // another name) ++ names (length byte % 24, bytes) ++ two locals (with a secret byte)
+    // ++ two count triples ++ the acceptor's and the dialler's nonce (8 each).
     let name = |s: &str| cat(&[&[s.len() as u8], s.as_bytes()]);
-    let loc = |w: u64| cat(&[&7u64.to_le_bytes(), &w.to_le_bytes(), &[100]]);
-    let tail = cat(&[&counts, &counts]);
-    let ex = |bits: u8, names: &[&str], wa: u64, wd: u64| {
+    let loc = |w: u64, secret: u8| cat(&[&7u64.to_le_bytes(), &w.to_le_bytes(), &[100, secret]]);
+    let tail = cat(&[&counts, &counts, &1u64.to_le_bytes(), &2u64.to_le_bytes()]);
+    let ex_with = |sa: u8, sd: u8, bits: u8, names: &[&str], wa: u64, wd: u64| {
         let ns: Vec<u8> = names.iter().flat_map(|n| name(n)).collect();
-        cat(&[&[2], &tie(0, 1, 1), &[bits], &ns, &loc(wa), &loc(wd), &tail])
+        cat(&[&[2], &tie(0, 1, 1), &[bits], &ns, &loc(wa, sa), &loc(wd, sd), &tail])
     };
+    let ex = |bits: u8, names: &[&str], wa: u64, wd: u64| ex_with(0, 0, bits, names, wa, wd);
     let ex_files: Vec<(&str, Vec<u8>)> = vec![
         ("exchange_ok", ex(0, &["c", "a", "b"], 3, 3)),
         ("exchange_other_cluster", ex(1, &["c", "a", "x", "b"], 3, 3)),
@@ -229,6 +299,12 @@ fn main() {
         ("exchange_acceptor_window", ex(0, &["c", "a", "b"], 1, 3)),
         ("exchange_dialler_window", ex(0, &["c", "a", "b"], 3, 0)),
         ("exchange_utf8", ex(0, &["clüster", "ä", "ö"], 2, 2)),
+        ("exchange_auth_ok", ex_with(1, 1, 0, &["c", "a", "b"], 3, 3)),
+        ("exchange_auth_other_secret", ex_with(1, 2, 0, &["c", "a", "b"], 3, 3)),
+        ("exchange_auth_dialler_none", ex_with(1, 0, 0, &["c", "a", "b"], 3, 3)),
+        ("exchange_auth_acceptor_none", ex_with(0, 1, 0, &["c", "a", "b"], 3, 3)),
+        ("exchange_auth_other_cluster", ex_with(1, 1, 1, &["c", "a", "x", "b"], 3, 3)),
+        ("exchange_auth_dialler_window", ex_with(2, 2, 0, &["c", "a", "b"], 3, 0)),
     ];
     for (name, bytes) in &ex_files {
         write(&hs, name, bytes);

@@ -39,7 +39,7 @@ use crate::proto::{
 };
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{Arc, SharedStr};
-use crate::wire::{self, CloseCode, Frame};
+use crate::wire::{self, CloseCode, Frame, Nonce};
 
 /// Bytes read from one connection per loop turn before others get their turn.
 const READ_BUDGET: usize = 512 * 1024;
@@ -55,6 +55,7 @@ pub(crate) struct NodeCounters {
     pub(crate) refused_cluster: AtomicU64,
     pub(crate) refused_unknown: AtomicU64,
     pub(crate) refused_version: AtomicU64,
+    pub(crate) auth_failures: AtomicU64,
     pub(crate) handshake_timeouts: AtomicU64,
     pub(crate) tie_breaks: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
@@ -209,6 +210,7 @@ impl IoThread {
             max_message: cfg.max_message as u32,
             cluster: cfg.cluster.clone(),
             name: cfg.name.to_string(),
+            secret: cfg.secret.clone(),
         };
         IoThread {
             max_len: wire::max_frame_len(cfg.max_message),

@@ -66,6 +66,8 @@ pub(crate) struct IoConfig {
     pub(crate) max_pending: usize,
     /// TLS for every connection (feature `tls`); always `None` without the feature.
     pub(crate) tls: Option<TlsSetup>,
+    /// Shared secret: every handshake is authenticated with it.
+    pub(crate) secret: Option<crate::proto::Secret>,
 }
 
 /// Requests from the node handle to the IO thread.

@@ -557,6 +557,7 @@ impl Node {
             max_connections: b.max_connections,
             max_pending: b.max_pending,
             tls: b.tls.clone(),
+            secret: b.secret.clone(),
         };
         let tls = b.tls.is_some();
         let io_done = Arc::new(Completion::default());
@@ -781,6 +782,7 @@ impl Node {
                 refused_cluster: g(&c.refused_cluster),
                 refused_unknown: g(&c.refused_unknown),
                 refused_version: g(&c.refused_version),
+                auth_failures: g(&c.auth_failures),
                 handshake_timeouts: g(&c.handshake_timeouts),
                 tie_breaks: g(&c.tie_breaks),
                 protocol_errors: g(&c.protocol_errors),

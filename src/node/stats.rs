@@ -97,6 +97,9 @@ pub struct ConnStats {
     pub refused_unknown: u64,
     /// ... of which for a protocol version mismatch.
     pub refused_version: u64,
+    /// ... of which for failed authentication (`Builder::secret`): no secret, another
+    /// secret, a replayed or altered handshake, or a secret the peer has and we lack.
+    pub auth_failures: u64,
     /// Handshakes that did not complete in time.
     pub handshake_timeouts: u64,
     /// Duplicate connections resolved (simultaneous dial or reconnect).
@@ -207,7 +210,7 @@ impl fmt::Display for Stats {
         let c = &self.connections;
         write!(
             f,
-            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version), {} handshake timeouts, {} idle timeouts, {} tie-breaks, {} protocol errors, {} pool stalls, {} TLS failures",
+            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} auth), {} handshake timeouts, {} idle timeouts, {} tie-breaks, {} protocol errors, {} pool stalls, {} TLS failures",
             c.open,
             c.established,
             c.accepted,
@@ -218,6 +221,7 @@ impl fmt::Display for Stats {
             c.refused_cluster,
             c.refused_unknown,
             c.refused_version,
+            c.auth_failures,
             c.handshake_timeouts,
             c.idle_timeouts,
             c.tie_breaks,

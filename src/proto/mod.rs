@@ -8,6 +8,6 @@ pub mod recovery;
 mod sim;
 
 pub use handshake::{
-    keep_new, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Role, TieBreak,
+    keep_new, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Role, Secret, TieBreak,
 };
 pub use recovery::{Descriptor, Receive, RecoveryError, Retired, Unacked};

@@ -367,6 +367,16 @@ impl Descriptor {
         self.unreliable_received
     }
 
+    /// [`unreliable_received`](Descriptor::unreliable_received) if the descriptor belongs to
+    /// incarnation `launch_id`, else zero.
+    pub fn unreliable_received_from(&self, launch_id: u64) -> u64 {
+        if self.remote_launch == Some(launch_id) {
+            self.unreliable_received
+        } else {
+            0
+        }
+    }
+
     /// Handshake: the peer has received `peer_unreliable` window bytes of our unreliable
     /// messages. What we published beyond that died with a broken connection (unreliable
     /// messages are never resent): returns its window bytes, not returned before, so their

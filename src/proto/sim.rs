@@ -66,6 +66,10 @@
 //!   bytes whenever the schedule says, interleaved with the new link's handshake, up to the
 //!   point where the new link identifies at that side; after that those bytes are lost.
 //! - **time**: [`Step::Advance`] moves the simulated clock (a `u64`); ack timers fire.
+//! - **authentication**: `Config::secret` gives both members the same secret, so every
+//!   handshake carries nonces and MACs (the dialler then adopts a link only on an
+//!   authenticated Ready, as `IoThread` does); schedules run with and without one.
+//!   Different secrets are a scenario of their own: every dial is refused, nothing changes.
 //!
 //! ## What is checked
 //!
@@ -96,9 +100,9 @@ use proptest::test_runner::TestRunner;
 
 use super::{
     keep_new, Descriptor, Handshake, HsEvent, LocalIdentity, PeerIdentity, Receive, RecoveryError,
-    TieBreak,
+    Secret, TieBreak,
 };
-use crate::wire::{self, Frame};
+use crate::wire::{self, CloseCode, Frame};
 
 /// A member: index into [`Sim::m`].
 type Side = usize;
@@ -121,6 +125,8 @@ struct Config {
     ack_delay: u64,
     /// Publishing stops while the write buffer holds this many bytes.
     high_water: usize,
+    /// Both members have the same secret: every handshake is authenticated.
+    secret: bool,
 }
 
 /// One member's end of a link (`net::conn::Conn`).
@@ -187,7 +193,7 @@ struct Member {
 }
 
 impl Member {
-    fn new(side: Side) -> Member {
+    fn new(side: Side, secret: bool) -> Member {
         Member {
             local: LocalIdentity {
                 launch_id: 0xA1 + side as u64,
@@ -195,6 +201,7 @@ impl Member {
                 max_message: MAX_MESSAGE as u32,
                 cluster: "sim".into(),
                 name: NAMES[side].into(),
+                secret: secret.then(|| Secret::new(b"sim secret")),
             },
             desc: Descriptor::new(),
             outbox: VecDeque::new(),
@@ -242,6 +249,8 @@ struct Stats {
     live_replaced: u64,
     /// Protocol errors raised by a dead link's remains (see [`Sim::protocol_error`]).
     stale_handshakes: u64,
+    /// Handshakes refused for authentication (only when the members' secrets differ).
+    auth_refusals: u64,
 }
 
 impl Stats {
@@ -305,6 +314,9 @@ struct Sim {
     seen: [[u64; 4]; 2],
     /// Bytes moved and ends closed so far: [`Sim::pump`] runs until it stops growing.
     moved: usize,
+    /// Handshake nonces handed out: each one is fresh (a counter stands in for the OS's
+    /// randomness, so schedules replay exactly).
+    nonces: u64,
 }
 
 /// Both members, `side`'s first.
@@ -322,13 +334,22 @@ impl Sim {
         Sim {
             cfg,
             now: 0,
-            m: [Member::new(A), Member::new(B)],
+            m: [Member::new(A, cfg.secret), Member::new(B, cfg.secret)],
             links: Vec::new(),
             max_len: wire::max_frame_len(MAX_MESSAGE),
             stats: Stats::default(),
             seen: [[0; 4]; 2],
             moved: 0,
+            nonces: 0,
         }
+    }
+
+    /// A fresh nonce.
+    fn nonce(&mut self) -> wire::Nonce {
+        self.nonces += 1;
+        let mut n = [0u8; wire::NONCE_LEN];
+        n[..8].copy_from_slice(&self.nonces.to_le_bytes());
+        n
     }
 
     fn apply(&mut self, step: &Step) {
@@ -402,8 +423,9 @@ impl Sim {
             return false;
         }
         let mut hello = Vec::new();
-        let acceptor = Handshake::acceptor(self.m[other(side)].local.clone(), &mut hello);
-        let dialler = Handshake::dialler(self.m[side].local.clone(), NAMES[other(side)].into());
+        let (na, nd) = (self.nonce(), self.nonce());
+        let acceptor = Handshake::acceptor(self.m[other(side)].local.clone(), na, &mut hello);
+        let dialler = Handshake::dialler(self.m[side].local.clone(), NAMES[other(side)].into(), nd);
         let mut link = Link::default();
         link.ends[side] = Some(End::new(dialler, true, Vec::new()));
         link.ends[other(side)] = Some(End::new(acceptor, false, hello));
@@ -553,7 +575,14 @@ impl Sim {
                     ..
                 }) => self.on_identified(side, l, peer, peer_received, peer_connections),
                 Ok(HsEvent::Established { peer_received, .. }) => {
-                    self.establish(side, l, peer_received)
+                    self.on_established(side, l, peer_received)
+                }
+                Err(e)
+                    if e.code == CloseCode::Auth
+                        && self.m[A].local.secret != self.m[B].local.secret =>
+                {
+                    self.stats.auth_refusals += 1;
+                    self.close_conn(side, l);
                 }
                 Err(e) => self.protocol_error(side, l, Violation::Other(e.to_string())),
             }
@@ -568,8 +597,9 @@ impl Sim {
         }
     }
 
-    /// The peer said who it is on link `l`. If another link speaks for the peer, the
-    /// tie-break decides which one stays; the winner answers with our received count.
+    /// The peer said who it is on link `l`. The acceptor (the dialler authenticated by
+    /// now) adopts the link and answers Ready; the dialler (Hello proves nothing yet) only
+    /// answers, with its counts for the incarnation named, and adopts the link on Ready.
     fn on_identified(
         &mut self,
         side: Side,
@@ -579,7 +609,53 @@ impl Sim {
         peer_connections: Option<u64>,
     ) {
         assert_eq!(peer.name, NAMES[other(side)]);
-        let accepting = peer_received.is_some();
+        let counts = match peer_received {
+            Some(_) => match self.adopt(side, l, &peer, true, peer_connections) {
+                Some(c) => c,
+                None => return,
+            },
+            None => {
+                let d = &self.m[side].desc;
+                (
+                    d.received_from(peer.launch_id),
+                    d.connections_with(peer.launch_id),
+                )
+            }
+        };
+        let End { hs, wbuf, .. } = self.links[l].ends[side].as_mut().expect("end is open");
+        hs.as_mut()
+            .expect("handshaking")
+            .accept(counts.0, counts.1, 0, wbuf);
+        if let Some(peer_received) = peer_received {
+            self.establish(side, l, peer_received);
+        }
+    }
+
+    /// Dialler: Ready arrived (authenticated, with a secret): adopt the link, establish.
+    fn on_established(&mut self, side: Side, l: usize, peer_received: u64) {
+        let end = self.links[l].ends[side].as_ref().expect("end is open");
+        let peer = end
+            .hs
+            .as_ref()
+            .and_then(|h| h.peer())
+            .cloned()
+            .expect("identified before Ready");
+        if self.adopt(side, l, &peer, false, None).is_some() {
+            self.establish(side, l, peer_received);
+        }
+    }
+
+    /// Link `l` speaks for the peer from now on (`IoThread::adopt`): if another link does,
+    /// the tie-break decides which one stays. Returns our counts (received, connections)
+    /// or `None` if `l` lost.
+    fn adopt(
+        &mut self,
+        side: Side,
+        l: usize,
+        peer: &PeerIdentity,
+        accepting: bool,
+        peer_connections: Option<u64>,
+    ) -> Option<(u64, u64)> {
         if let Some(old) = self.m[side].conn.filter(|&o| o != l) {
             if let Some(old_end) = self.links[old].ends[side].as_ref() {
                 // Same launch id (no restarts here), so `io.rs`'s `stale` is false.
@@ -599,26 +675,18 @@ impl Sim {
                     self.close_conn(side, old);
                 } else {
                     self.stats.tie_break_refusals += 1;
-                    return self.close_conn(side, l);
+                    self.close_conn(side, l);
+                    return None;
                 }
             }
         }
-        let Sim { m, links, .. } = self;
-        let m = &mut m[side];
+        let m = &mut self.m[side];
         assert!(
             m.desc.bind(peer.launch_id).is_empty(),
             "same incarnation: nothing retired"
         );
-        let received = m.desc.received();
-        let connections = m.desc.connections();
         m.conn = Some(l);
-        let End { hs, wbuf, .. } = links[l].ends[side].as_mut().expect("end is open");
-        hs.as_mut()
-            .expect("handshaking")
-            .accept(received, connections, 0, wbuf);
-        if let Some(peer_received) = peer_received {
-            self.establish(side, l, peer_received);
-        }
+        Some((m.desc.received(), m.desc.connections()))
     }
 
     /// The handshake completed on link `l`: resend what the peer lacks, in order, then an
@@ -1007,11 +1075,14 @@ impl Sim {
 // ----- schedules -------------------------------------------------------------------------
 
 fn config() -> impl Strategy<Value = Config> {
-    (1u64..=8, 1u64..=32, 2usize..=400).prop_map(|(ack_threshold, ack_delay, high_water)| Config {
-        ack_threshold,
-        ack_delay,
-        high_water,
-    })
+    (1u64..=8, 1u64..=32, 2usize..=400, any::<bool>()).prop_map(
+        |(ack_threshold, ack_delay, high_water, secret)| Config {
+            ack_threshold,
+            ack_delay,
+            high_water,
+            secret,
+        },
+    )
 }
 
 fn side() -> impl Strategy<Value = Side> {
@@ -1108,6 +1179,7 @@ fn cfg(ack_threshold: u64) -> Config {
         ack_threshold,
         ack_delay: 10,
         high_water: 1 << 16,
+        secret: false,
     }
 }
 
@@ -1314,4 +1386,58 @@ fn a_late_handshake_on_a_dead_link_is_refused() {
     sim.settle();
     sim.check_complete();
     assert_eq!(sim.stats.resent, 0);
+}
+
+/// With a shared secret the handshake carries nonces and MACs and nothing else changes: data
+/// both ways, a cut mid-stream, a redial that resends exactly what the peer lacks.
+#[test]
+fn an_authenticated_handshake_changes_nothing_else() {
+    let mut sim = Sim::new(Config {
+        secret: true,
+        ..cfg(100)
+    });
+    connect(&mut sim, A);
+    send_n(&mut sim, A, 3);
+    send_n(&mut sim, B, 2);
+    sim.write_conn(A, 0, usize::MAX);
+    sim.read_conn(B, 0, data_len() + data_len() / 2);
+    sim.cut(0, [0, 0]);
+    sim.pump();
+    connect(&mut sim, B);
+    // alpha's 2 that beta lacks, and beta's 2 that were never written.
+    assert_eq!(sim.stats.resent, 4);
+    sim.settle();
+    sim.check_complete();
+    assert_eq!(sim.stats.auth_refusals, 0);
+}
+
+/// Members with different secrets: every dial is refused during the handshake and nothing
+/// about the peer changes on either side (no link speaks for it, counters stay at zero).
+#[test]
+fn another_secret_is_refused_and_changes_nothing() {
+    let mut sim = Sim::new(Config {
+        secret: true,
+        ..cfg(2)
+    });
+    sim.m[B].local.secret = Some(Secret::new(b"another secret"));
+    send_n(&mut sim, A, 2);
+    for side in [A, B, A] {
+        assert!(sim.dial(side));
+        sim.pump();
+        assert!(sim
+            .links
+            .last()
+            .unwrap()
+            .ends
+            .iter()
+            .flatten()
+            .all(|e| !e.established));
+        for m in &sim.m {
+            assert_eq!(m.conn, None);
+            assert_eq!(m.desc.remote_launch(), None, "no incarnation bound");
+            assert_eq!((m.desc.sent(), m.desc.received()), (0, 0));
+        }
+    }
+    assert_eq!(sim.stats.auth_refusals, 3);
+    assert_eq!(sim.stats.established, 0);
 }

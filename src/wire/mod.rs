@@ -19,16 +19,31 @@ use std::fmt;
 /// Magic bytes that open every handshake identity: `"CHRT"`.
 pub const MAGIC: [u8; 4] = *b"CHRT";
 /// Protocol version carried in the handshake; peers with another version are refused.
-pub const VERSION: u16 = 1;
+/// Version 2 added the authentication trailer to `Hello`, `HelloReply` and `Ready`.
+pub const VERSION: u16 = 2;
 /// Bytes of the length prefix.
 pub const LEN_BYTES: usize = 4;
 /// Bytes of length prefix + kind + flags.
 pub const HEADER_BYTES: usize = LEN_BYTES + 2;
 /// Longest cluster or member name, in bytes.
 pub const MAX_NAME: usize = 255;
-/// Largest handshake frame body: two names plus fixed fields, with room to spare.
+/// Bytes of a handshake nonce.
+pub const NONCE_LEN: usize = 32;
+/// Bytes of a handshake MAC (HMAC-SHA-256).
+pub const MAC_LEN: usize = 32;
+/// Authentication scheme byte: none (no secret configured).
+pub const AUTH_NONE: u8 = 0;
+/// Authentication scheme byte: HMAC-SHA-256 challenge–response over the handshake.
+pub const AUTH_HMAC_SHA256: u8 = 1;
+/// Largest handshake frame body: two names plus fixed fields and the authentication
+/// trailer, with room to spare.
 pub const MAX_HANDSHAKE_BODY: usize =
-    4 + 2 + 8 + 8 + 4 + 8 + 8 + 8 + 1 + MAX_NAME + 1 + MAX_NAME + 64;
+    4 + 2 + 8 + 8 + 4 + 8 + 8 + 8 + 1 + MAX_NAME + 1 + MAX_NAME + 1 + NONCE_LEN + MAC_LEN + 64;
+
+/// A handshake nonce: fresh random bytes per connection and side.
+pub type Nonce = [u8; NONCE_LEN];
+/// A handshake MAC.
+pub type Mac = [u8; MAC_LEN];
 
 /// Frame kinds (the byte after the length).
 pub mod kind {
@@ -75,6 +90,9 @@ pub enum CloseCode {
     Removed = 7,
     /// The handshake named another member than the one dialled.
     NameMismatch = 8,
+    /// Authentication failed: the peer has no secret, another secret, or none is configured
+    /// here while the peer requires one.
+    Auth = 9,
     /// Any other reason.
     Other = 255,
 }
@@ -91,6 +109,7 @@ impl CloseCode {
             6 => CloseCode::Shutdown,
             7 => CloseCode::Removed,
             8 => CloseCode::NameMismatch,
+            9 => CloseCode::Auth,
             _ => CloseCode::Other,
         }
     }
@@ -111,6 +130,9 @@ pub struct Identity<'a> {
     pub cluster: &'a str,
     /// Member name.
     pub name: &'a str,
+    /// The sender's fresh nonce, present iff it authenticates (has a secret). On the wire it
+    /// is in the authentication trailer at the end of the frame.
+    pub nonce: Option<Nonce>,
 }
 
 /// A decoded frame, borrowing from the input buffer.
@@ -120,8 +142,9 @@ pub enum Frame<'a> {
     Hello(Identity<'a>),
     /// Handshake step 2 (dialler → acceptor): identity, the dialler's received count from
     /// the acceptor's current incarnation, how many connections it has established with that
-    /// incarnation, and the window bytes of unreliable messages it has received from it.
-    HelloReply(Identity<'a>, u64, u64, u64),
+    /// incarnation, the window bytes of unreliable messages it has received from it, and
+    /// its MAC over the handshake so far (present iff the identity carries a nonce).
+    HelloReply(Identity<'a>, u64, u64, u64, Option<Mac>),
     /// Handshake step 3 (acceptor → dialler): the acceptor's received counts.
     Ready {
         /// Reliable messages the acceptor has received from the dialler's incarnation.
@@ -129,6 +152,8 @@ pub enum Frame<'a> {
         /// Window bytes of unreliable messages received from it (cumulative): the dialler
         /// gives back the permits of the ones a broken connection swallowed.
         unreliable: u64,
+        /// The acceptor's MAC over the whole handshake, if it authenticates.
+        mac: Option<Mac>,
     },
     /// An application message.
     Data {
@@ -259,6 +284,25 @@ fn identity_len(id: &Identity<'_>) -> usize {
     4 + 2 + 8 + 8 + 4 + 1 + id.cluster.len() + 1 + id.name.len()
 }
 
+/// Bytes of the authentication trailer: the scheme byte, then the nonce and/or MAC.
+fn auth_len(nonce: bool, mac: bool) -> usize {
+    1 + if nonce { NONCE_LEN } else { 0 } + if mac { MAC_LEN } else { 0 }
+}
+
+fn put_auth(out: &mut Vec<u8>, nonce: Option<&Nonce>, mac: Option<&Mac>) {
+    if nonce.is_none() && mac.is_none() {
+        out.push(AUTH_NONE);
+        return;
+    }
+    out.push(AUTH_HMAC_SHA256);
+    if let Some(n) = nonce {
+        out.extend_from_slice(n);
+    }
+    if let Some(m) = mac {
+        out.extend_from_slice(m);
+    }
+}
+
 fn put_identity(out: &mut Vec<u8>, id: &Identity<'_>) {
     debug_assert!(id.cluster.len() <= MAX_NAME && id.name.len() <= MAX_NAME);
     out.extend_from_slice(&MAGIC);
@@ -272,32 +316,78 @@ fn put_identity(out: &mut Vec<u8>, id: &Identity<'_>) {
     out.extend_from_slice(id.name.as_bytes());
 }
 
-/// Appends handshake step 1.
+/// Appends handshake step 1. With `id.nonce` the trailer is `AUTH_HMAC_SHA256` and the
+/// nonce, else `AUTH_NONE`.
 pub fn encode_hello(out: &mut Vec<u8>, id: &Identity<'_>) {
-    put_header(out, identity_len(id), kind::HELLO, 0);
+    let auth = auth_len(id.nonce.is_some(), false);
+    put_header(out, identity_len(id) + auth, kind::HELLO, 0);
     put_identity(out, id);
+    put_auth(out, id.nonce.as_ref(), None);
 }
 
-/// Appends handshake step 2.
+/// Appends handshake step 2. `mac` must be `Some` iff `id.nonce` is (the MAC is the
+/// frame's last [`MAC_LEN`] bytes, so a caller computing it over the frame can encode a
+/// placeholder and overwrite it).
 pub fn encode_hello_reply(
     out: &mut Vec<u8>,
     id: &Identity<'_>,
     received: u64,
     connections: u64,
     unreliable: u64,
+    mac: Option<&Mac>,
 ) {
-    put_header(out, identity_len(id) + 24, kind::HELLO_REPLY, 0);
+    debug_assert_eq!(
+        id.nonce.is_some(),
+        mac.is_some(),
+        "nonce and MAC go together"
+    );
+    let auth = auth_len(id.nonce.is_some(), mac.is_some());
+    put_header(out, identity_len(id) + 24 + auth, kind::HELLO_REPLY, 0);
     put_identity(out, id);
     out.extend_from_slice(&received.to_le_bytes());
     out.extend_from_slice(&connections.to_le_bytes());
     out.extend_from_slice(&unreliable.to_le_bytes());
+    put_auth(out, id.nonce.as_ref(), mac);
 }
 
-/// Appends handshake step 3.
-pub fn encode_ready(out: &mut Vec<u8>, received: u64, unreliable: u64) {
-    put_header(out, 16, kind::READY, 0);
+/// Appends handshake step 3; `mac`, if any, is the frame's last [`MAC_LEN`] bytes.
+pub fn encode_ready(out: &mut Vec<u8>, received: u64, unreliable: u64, mac: Option<&Mac>) {
+    put_header(out, 16 + auth_len(false, mac.is_some()), kind::READY, 0);
     out.extend_from_slice(&received.to_le_bytes());
     out.extend_from_slice(&unreliable.to_le_bytes());
+    put_auth(out, None, mac);
+}
+
+/// Appends `frame` encoded exactly as the `encode_*` functions do. Decoding is strict (no
+/// trailing bytes, no unused flags, one encoding per value), so for a frame decoded from a
+/// buffer this reproduces its bytes: the handshake uses it to authenticate the frames it
+/// received byte for byte.
+pub fn encode_frame(out: &mut Vec<u8>, frame: &Frame<'_>) {
+    match frame {
+        Frame::Hello(id) => encode_hello(out, id),
+        Frame::HelloReply(id, r, c, u, mac) => {
+            encode_hello_reply(out, id, *r, *c, *u, mac.as_ref())
+        }
+        Frame::Ready {
+            received,
+            unreliable,
+            mac,
+        } => encode_ready(out, *received, *unreliable, mac.as_ref()),
+        Frame::Data {
+            flags,
+            seq,
+            payload,
+        } => encode_data(out, *flags, *seq, payload),
+        Frame::Ack { received, credit } => encode_ack(out, *received, *credit),
+        Frame::Probe => encode_probe(out),
+        Frame::Heartbeat => encode_heartbeat(out),
+        Frame::Close { code, reason } => {
+            // A code byte outside the table decodes as `Other`; re-encoded it is 255.
+            put_header(out, 1 + reason.len(), kind::CLOSE, 0);
+            out.push(*code as u8);
+            out.extend_from_slice(reason.as_bytes());
+        }
+    }
 }
 
 /// A cursor over a frame body that never reads past its end.
@@ -356,7 +446,24 @@ fn identity<'a>(r: &mut Reader<'a>) -> Result<Identity<'a>, WireError> {
         max_message: r.u32("max message")?,
         cluster: r.name("cluster name")?,
         name: r.name("member name")?,
+        nonce: None,
     })
+}
+
+/// Reads the authentication trailer: `Ok(false)` for `AUTH_NONE`, `Ok(true)` for
+/// `AUTH_HMAC_SHA256` (the caller then reads the nonce and/or MAC).
+fn auth_scheme(r: &mut Reader<'_>) -> Result<bool, WireError> {
+    match r.u8("authentication scheme")? {
+        AUTH_NONE => Ok(false),
+        AUTH_HMAC_SHA256 => Ok(true),
+        _ => Err(WireError::Malformed("unknown authentication scheme")),
+    }
+}
+
+fn array32(r: &mut Reader<'_>, what: &'static str) -> Result<[u8; 32], WireError> {
+    let mut a = [0u8; 32];
+    a.copy_from_slice(r.take(32, what)?);
+    Ok(a)
 }
 
 /// Reads the length prefix of the frame at the start of `buf`, if complete, checking it
@@ -429,20 +536,48 @@ pub fn decode_body(kind: u8, flags: u8, body: &[u8]) -> Result<Frame<'_>, WireEr
                 .map_err(|_| WireError::Malformed("close reason is not UTF-8"))?;
             return Ok(Frame::Close { code, reason });
         }
-        kind::HELLO => Frame::Hello(identity(&mut r)?),
-        kind::HELLO_REPLY => {
-            let id = identity(&mut r)?;
-            Frame::HelloReply(
-                id,
-                r.u64("received count")?,
-                r.u64("connection count")?,
-                r.u64("unreliable received")?,
-            )
+        kind::HELLO | kind::HELLO_REPLY => {
+            let mut id = identity(&mut r)?;
+            if id.version != VERSION {
+                // Another version's layout past the identity is unknown: stop here, so the
+                // handshake refuses it with `Close{Version}` rather than as malformed.
+                return Ok(if kind == kind::HELLO {
+                    Frame::Hello(id)
+                } else {
+                    Frame::HelloReply(id, 0, 0, 0, None)
+                });
+            }
+            if kind == kind::HELLO {
+                if auth_scheme(&mut r)? {
+                    id.nonce = Some(array32(&mut r, "nonce")?);
+                }
+                Frame::Hello(id)
+            } else {
+                let received = r.u64("received count")?;
+                let connections = r.u64("connection count")?;
+                let unreliable = r.u64("unreliable received")?;
+                let mut mac = None;
+                if auth_scheme(&mut r)? {
+                    id.nonce = Some(array32(&mut r, "nonce")?);
+                    mac = Some(array32(&mut r, "MAC")?);
+                }
+                Frame::HelloReply(id, received, connections, unreliable, mac)
+            }
         }
-        kind::READY => Frame::Ready {
-            received: r.u64("received count")?,
-            unreliable: r.u64("unreliable received")?,
-        },
+        kind::READY => {
+            let received = r.u64("received count")?;
+            let unreliable = r.u64("unreliable received")?;
+            let mac = if auth_scheme(&mut r)? {
+                Some(array32(&mut r, "MAC")?)
+            } else {
+                None
+            };
+            Frame::Ready {
+                received,
+                unreliable,
+                mac,
+            }
+        }
         other => return Err(WireError::UnknownKind(other)),
     };
     if flags != 0 {
@@ -472,20 +607,51 @@ mod tests {
             max_message: 1 << 19,
             cluster: "demo",
             name: "alpha",
+            nonce: None,
         };
         let mut b = Vec::new();
         encode_hello(&mut b, &id);
         assert_eq!(roundtrip(&b), Frame::Hello(id.clone()));
         b.clear();
-        encode_hello_reply(&mut b, &id, 9, 2, 80);
-        assert_eq!(roundtrip(&b), Frame::HelloReply(id, 9, 2, 80));
+        encode_hello_reply(&mut b, &id, 9, 2, 80, None);
+        assert_eq!(roundtrip(&b), Frame::HelloReply(id.clone(), 9, 2, 80, None));
         b.clear();
-        encode_ready(&mut b, 3, 160);
+        encode_ready(&mut b, 3, 160, None);
         assert_eq!(
             roundtrip(&b),
             Frame::Ready {
                 received: 3,
-                unreliable: 160
+                unreliable: 160,
+                mac: None
+            }
+        );
+        // With the authentication trailer.
+        let authed = Identity {
+            nonce: Some([7; NONCE_LEN]),
+            ..id
+        };
+        b.clear();
+        encode_hello(&mut b, &authed);
+        assert_eq!(
+            b.len(),
+            HEADER_BYTES + identity_len(&authed) + 1 + NONCE_LEN
+        );
+        assert_eq!(roundtrip(&b), Frame::Hello(authed.clone()));
+        b.clear();
+        encode_hello_reply(&mut b, &authed, 9, 2, 80, Some(&[9; MAC_LEN]));
+        assert_eq!(&b[b.len() - MAC_LEN..], &[9; MAC_LEN]);
+        assert_eq!(
+            roundtrip(&b),
+            Frame::HelloReply(authed, 9, 2, 80, Some([9; MAC_LEN]))
+        );
+        b.clear();
+        encode_ready(&mut b, 3, 160, Some(&[5; MAC_LEN]));
+        assert_eq!(
+            roundtrip(&b),
+            Frame::Ready {
+                received: 3,
+                unreliable: 160,
+                mac: Some([5; MAC_LEN])
             }
         );
         b.clear();
@@ -512,6 +678,56 @@ mod tests {
                 reason: "wrong cluster"
             }
         );
+    }
+
+    fn small_id() -> Identity<'static> {
+        Identity {
+            version: VERSION,
+            launch_id: 1,
+            window: 1,
+            max_message: 1,
+            cluster: "c",
+            name: "n",
+            nonce: None,
+        }
+    }
+
+    /// A version-1 `Hello` (no authentication trailer) decodes up to its identity, so the
+    /// handshake can refuse it as another version rather than as malformed.
+    #[test]
+    fn another_version_decodes_up_to_the_identity() {
+        let mut b = Vec::new();
+        encode_hello(
+            &mut b,
+            &Identity {
+                version: 1,
+                ..small_id()
+            },
+        );
+        b.truncate(b.len() - 1); // v1 had no trailer
+        let len = (b.len() - LEN_BYTES) as u32;
+        b[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
+        match decode(&b, 1024) {
+            Ok(Some((Frame::Hello(id), n))) => {
+                assert_eq!((id.version, n), (1, b.len()));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn largest_handshake_frames_fit_the_bound() {
+        let long = "x".repeat(MAX_NAME);
+        let id = Identity {
+            cluster: &long,
+            name: &long,
+            nonce: Some([0; NONCE_LEN]),
+            ..small_id()
+        };
+        let mut b = Vec::new();
+        encode_hello_reply(&mut b, &id, 1, 1, 1, Some(&[0; MAC_LEN]));
+        assert!(b.len() - LEN_BYTES <= 2 + MAX_HANDSHAKE_BODY);
+        assert_eq!(MAX_HANDSHAKE_BODY, 691);
     }
 
     #[test]
@@ -554,19 +770,31 @@ mod tests {
         ));
         // Hello with bad magic.
         let mut b = Vec::new();
+        encode_hello(&mut b, &small_id());
+        b[HEADER_BYTES] = b'X';
+        assert_eq!(decode(&b, 1024), Err(WireError::BadMagic));
+        // Unknown authentication scheme.
+        let mut b = Vec::new();
+        encode_ready(&mut b, 1, 2, None);
+        let last = b.len() - 1;
+        b[last] = 2;
+        assert_eq!(
+            decode(&b, 1024),
+            Err(WireError::Malformed("unknown authentication scheme"))
+        );
+        // A nonce cut short.
+        let mut b = Vec::new();
         encode_hello(
             &mut b,
             &Identity {
-                version: 1,
-                launch_id: 1,
-                window: 1,
-                max_message: 1,
-                cluster: "c",
-                name: "n",
+                nonce: Some([1; NONCE_LEN]),
+                ..small_id()
             },
         );
-        b[HEADER_BYTES] = b'X';
-        assert_eq!(decode(&b, 1024), Err(WireError::BadMagic));
+        b.truncate(b.len() - 1);
+        let len = (b.len() - LEN_BYTES) as u32;
+        b[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
+        assert_eq!(decode(&b, 1024), Err(WireError::Malformed("nonce")));
         // Length below the header.
         assert!(matches!(
             decode(&[1, 0, 0, 0, 0], 64),
@@ -586,6 +814,38 @@ mod tests {
             let (f, used) = decode(&b, max_frame_len(4096)).unwrap().unwrap();
             prop_assert_eq!(used, b.len());
             prop_assert_eq!(f, Frame::Data { flags, seq, payload: &payload });
+        }
+
+        /// Decoding is canonical: a frame decoded from bytes encodes back to the same bytes
+        /// (the handshake MACs received frames by re-encoding them).
+        #[test]
+        fn decoded_frames_encode_to_their_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512),
+                                                kind_byte in prop_oneof![Just(kind::HELLO), Just(kind::HELLO_REPLY), Just(kind::READY), any::<u8>()],
+                                                auth in any::<bool>(), version in prop_oneof![Just(VERSION), any::<u16>()]) {
+            // Mostly well-formed handshake frames, mutated in their tail bytes.
+            let id = Identity { version, nonce: auth.then_some([3; NONCE_LEN]), ..small_id() };
+            let mut b = Vec::new();
+            match kind_byte {
+                kind::HELLO => encode_hello(&mut b, &id),
+                kind::HELLO_REPLY => encode_hello_reply(&mut b, &id, 1, 2, 3, auth.then_some(&[4; MAC_LEN])),
+                kind::READY => encode_ready(&mut b, 1, 2, auth.then_some(&[4; MAC_LEN])),
+                _ => b.extend_from_slice(&bytes),
+            }
+            for (i, x) in bytes.iter().take(4).enumerate() {
+                if b.len() > 12 + i * 7 && x & 1 == 1 {
+                    let at = 12 + i * 7;
+                    b[at] ^= x;
+                }
+            }
+            if let Ok(Some((f, n))) = decode(&b, 4096) {
+                let foreign = matches!(&f, Frame::Hello(id) | Frame::HelloReply(id, ..) if id.version != VERSION);
+                let unknown_close = matches!(&f, Frame::Close { code: CloseCode::Other, .. });
+                if !foreign && !unknown_close {
+                    let mut again = Vec::new();
+                    encode_frame(&mut again, &f);
+                    prop_assert_eq!(&again[..], &b[..n]);
+                }
+            }
         }
 
         #[test]

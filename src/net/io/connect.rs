@@ -38,6 +38,9 @@ impl IoThread {
                             continue;
                         }
                     };
+                    let Some(nonce) = self.fresh_nonce() else {
+                        continue; // dropped; logged
+                    };
                     configure(&self.cfg, &stream);
                     let token = self.new_token();
                     if let Err(e) =
@@ -54,7 +57,7 @@ impl IoThread {
                     Counters::add(&self.counters.accepted, 1);
                     log::debug!("{}: accepted connection from {from}", self.cfg.name);
                     let mut out = Vec::new();
-                    let hs = Handshake::acceptor(self.local.clone(), &mut out);
+                    let hs = Handshake::acceptor(self.local.clone(), nonce, &mut out);
                     let mut conn = Conn::new(token, stream, None, hs);
                     conn.transport = transport;
                     conn.wbuf = out;
@@ -78,6 +81,7 @@ impl IoThread {
     }
 
     pub(super) fn dial(&mut self, id: usize) {
+        let nonce = self.fresh_nonce();
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
@@ -96,6 +100,9 @@ impl IoThread {
                 return self.schedule_reconnect(id);
             }
         };
+        let Some(nonce) = nonce else {
+            return self.schedule_reconnect(id); // logged
+        };
         match TcpStream::connect(addr) {
             Ok(mut stream) => {
                 let token = Token(self.next_token);
@@ -110,7 +117,7 @@ impl IoThread {
                     return;
                 }
                 let p = self.peers.get_mut(&id).expect("peer present");
-                let hs = Handshake::dialler(self.local.clone(), p.shared.name.to_string());
+                let hs = Handshake::dialler(self.local.clone(), p.shared.name.to_string(), nonce);
                 let mut conn = Conn::new(token, stream, Some(id), hs);
                 conn.transport = transport;
                 conn.set_writable_interest(true);
@@ -132,6 +139,26 @@ impl IoThread {
                 );
                 Counters::add(&self.counters.dial_failures, 1);
                 self.schedule_reconnect(id);
+            }
+        }
+    }
+
+    /// A fresh handshake nonce: OS randomness when a secret is configured (the nonce is not
+    /// used otherwise). `None` if the OS has no randomness to give: logged, and the
+    /// connection is not made rather than authenticated with a predictable nonce.
+    pub(super) fn fresh_nonce(&self) -> Option<Nonce> {
+        let mut nonce = [0u8; wire::NONCE_LEN];
+        if self.cfg.secret.is_none() {
+            return Some(nonce);
+        }
+        match getrandom::getrandom(&mut nonce) {
+            Ok(()) => Some(nonce),
+            Err(e) => {
+                log::error!(
+                    "{}: no OS randomness for a handshake nonce ({e}); connection not made",
+                    self.cfg.name
+                );
+                None
             }
         }
     }

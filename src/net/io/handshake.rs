@@ -4,9 +4,12 @@
 use super::*;
 
 impl IoThread {
-    /// A connection said who it is. Decide whether it may speak for that peer.
-    /// `resume`: for an accepted connection, the dialler's received counts (reliable
-    /// messages, unreliable window bytes).
+    /// A connection said who it is. An accepted one (`resume`: the dialler's received
+    /// counts, reliable messages and unreliable window bytes) is authenticated by now when a
+    /// secret is configured: it is adopted and answered with Ready, and established. A
+    /// dialled one has only read the acceptor's Hello, which proves nothing yet: it is
+    /// answered, and adopted only once Ready authenticates the acceptor
+    /// ([`on_established`](IoThread::on_established)).
     pub(super) fn on_identified(
         &mut self,
         token: Token,
@@ -14,39 +17,109 @@ impl IoThread {
         resume: Option<(u64, u64)>,
         peer_connections: Option<u64>,
     ) {
-        let accepting = resume.is_some();
-        if accepting {
-            // TLS: the client certificate must name the member the handshake claims.
-            if let Some(Err(why)) = self
-                .conns
-                .get(&token)
-                .map(|c| c.peer_cert_valid_for(&peer.name))
-            {
-                return self.refuse_certificate(token, &peer.name, &why);
-            }
+        let Some((peer_received, peer_unreliable)) = resume else {
+            return self.answer_hello(token, &peer);
+        };
+        // TLS: the client certificate must name the member the handshake claims.
+        if let Some(Err(why)) = self
+            .conns
+            .get(&token)
+            .map(|c| c.peer_cert_valid_for(&peer.name))
+        {
+            return self.refuse_certificate(token, &peer.name, &why);
         }
-        let id = if accepting {
-            match self.by_name.get(peer.name.as_str()) {
-                Some(&id) => id,
-                None if self.cfg.allow_unknown && self.shutdown.is_none() => {
-                    self.add_unknown(&peer.name)
-                }
-                None => {
-                    let reason = format!("member '{}' is not configured here", peer.name);
-                    return self.refuse(token, CloseCode::UnknownMember, &reason);
-                }
+        let id = match self.by_name.get(peer.name.as_str()) {
+            Some(&id) => id,
+            None if self.cfg.allow_unknown && self.shutdown.is_none() => {
+                self.add_unknown(&peer.name)
             }
-        } else {
-            match self.conns.get(&token).and_then(|c| c.dialled) {
-                Some(id) => id,
-                None => return,
+            None => {
+                let reason = format!("member '{}' is not configured here", peer.name);
+                return self.refuse(token, CloseCode::UnknownMember, &reason);
             }
+        };
+        let Some((received, connections, unreliable)) =
+            self.adopt(token, id, &peer, true, peer_connections)
+        else {
+            return;
+        };
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some(hs) = conn.hs.as_mut() else { return };
+        hs.accept(received, connections, unreliable, &mut conn.wbuf);
+        self.dirty.push(token);
+        self.establish(token, peer_received, peer_unreliable);
+    }
+
+    /// Dialler: the acceptor's Hello arrived. With a secret it is not authenticated yet
+    /// (anyone answering at the peer's address can send it), so nothing changes here: no
+    /// tie-break, no new incarnation, the connection does not yet speak for the peer. We
+    /// answer with our counts for the incarnation it names — what binding it would leave,
+    /// zero for another launch id — and adopt the connection on Ready.
+    fn answer_hello(&mut self, token: Token, peer: &PeerIdentity) {
+        let Some(id) = self.conns.get(&token).and_then(|c| c.dialled) else {
+            return;
         };
         let Some(p) = self.peers.get(&id) else {
             return self.refuse(token, CloseCode::Removed, "member removed");
         };
         if p.state == PeerState::Closed || self.shutdown.is_some() {
             return self.refuse(token, CloseCode::Shutdown, "member closed");
+        }
+        let received = p.desc.received_from(peer.launch_id);
+        let connections = p.desc.connections_with(peer.launch_id);
+        let unreliable = p.desc.unreliable_received_from(peer.launch_id);
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        let Some(hs) = conn.hs.as_mut() else { return };
+        hs.accept(received, connections, unreliable, &mut conn.wbuf);
+        self.dirty.push(token);
+    }
+
+    /// Dialler: Ready arrived (and authenticated the acceptor, with a secret). Adopt the
+    /// connection for the peer, then establish it.
+    pub(super) fn on_established(
+        &mut self,
+        token: Token,
+        peer_received: u64,
+        peer_unreliable: u64,
+    ) {
+        let Some(conn) = self.conns.get(&token) else {
+            return;
+        };
+        let (Some(id), Some(peer)) = (
+            conn.dialled,
+            conn.hs.as_ref().and_then(|h| h.peer()).cloned(),
+        ) else {
+            return;
+        };
+        if self.adopt(token, id, &peer, false, None).is_some() {
+            self.establish(token, peer_received, peer_unreliable);
+        }
+    }
+
+    /// Makes `token` the connection that speaks for peer `id`, identified (and, with a
+    /// secret, authenticated) as `peer`: refuses it if the peer is gone or closing, applies
+    /// the tie-break against another connection for the peer, binds the incarnation.
+    /// Returns our counts for the handshake (received, connections, unreliable bytes), or
+    /// `None` if the connection was refused or closed.
+    fn adopt(
+        &mut self,
+        token: Token,
+        id: usize,
+        peer: &PeerIdentity,
+        accepting: bool,
+        peer_connections: Option<u64>,
+    ) -> Option<(u64, u64, u64)> {
+        let Some(p) = self.peers.get(&id) else {
+            self.refuse(token, CloseCode::Removed, "member removed");
+            return None;
+        };
+        if p.state == PeerState::Closed || self.shutdown.is_some() {
+            self.refuse(token, CloseCode::Shutdown, "member closed");
+            return None;
         }
         // Tie-break against the connection that speaks for this peer now, if another.
         if let Some(other) = p.conn.filter(|&o| o != token) {
@@ -78,36 +151,32 @@ impl IoThread {
                         self.cfg.name,
                         peer.name
                     );
-                    return self.close_conn(
+                    self.close_conn(
                         token,
                         Some((
                             CloseCode::Duplicate,
                             "simultaneous connect lost the tie-break",
                         )),
                     );
+                    return None;
                 }
             }
         }
-        self.bind_incarnation(id, &peer);
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        let received = p.desc.received();
-        let connections = p.desc.connections();
-        let unreliable = p.desc.unreliable_received();
+        self.bind_incarnation(id, peer);
+        let p = self.peers.get_mut(&id)?;
+        let counts = (
+            p.desc.received(),
+            p.desc.connections(),
+            p.desc.unreliable_received(),
+        );
         p.conn = Some(token);
         if p.state != PeerState::Handshaking {
             p.set_state(PeerState::Handshaking);
         }
-        let conn = self.conns.get_mut(&token).expect("conn present");
+        let conn = self.conns.get_mut(&token)?;
         conn.peer = Some(id);
         conn.launch = Some(peer.launch_id);
-        let hs = conn.hs.as_mut().expect("handshaking");
-        hs.accept(received, connections, unreliable, &mut conn.wbuf);
-        self.dirty.push(token);
-        if let Some((peer_received, peer_unreliable)) = resume {
-            self.establish(token, peer_received, peer_unreliable);
-        }
+        Some(counts)
     }
 
     /// Binds the peer's recovery descriptor to the incarnation that just identified; a

@@ -360,7 +360,7 @@ impl IoThread {
                 Ok(HsEvent::Established {
                     peer_received,
                     peer_unreliable,
-                }) => self.establish(token, peer_received, peer_unreliable),
+                }) => self.on_established(token, peer_received, peer_unreliable),
                 Err(e) => {
                     if e.by_peer && e.code == CloseCode::Duplicate {
                         // The peer kept the other of two simultaneous connections.
@@ -409,6 +409,7 @@ impl IoThread {
             CloseCode::Cluster => Counters::add(&self.counters.refused_cluster, 1),
             CloseCode::UnknownMember => Counters::add(&self.counters.refused_unknown, 1),
             CloseCode::Version => Counters::add(&self.counters.refused_version, 1),
+            CloseCode::Auth => Counters::add(&self.counters.auth_failures, 1),
             _ => {}
         }
     }
