@@ -181,3 +181,47 @@ fn a_receiver_restart_resumes_where_its_journal_says_it_delivered() {
     assert_eq!(a.stats().peer("b").unwrap().undelivered, 0);
     shutdown_all(&[a, b]);
 }
+
+#[test]
+fn sync_journal_journals_messages_queued_behind_a_backed_up_connection() {
+    // `sync_journal` promises that every message accepted before it is in the journal. With
+    // a small write buffer, publishing to a connected peer pauses after a few messages until
+    // the socket takes them; a sync must journal the rest anyway, not leave them queued in
+    // memory (where a crash would lose what the sync reported durable).
+    let dir = TempDir::new("sync-backed-up");
+    let log: Log = Arc::default();
+    let b = Node::builder("b")
+        .cluster("j-sync")
+        .listen("127.0.0.1:0")
+        .allow_unknown_members(true)
+        .on_message(logging(&log))
+        .start()
+        .expect("b starts");
+    let a = Node::builder("a")
+        .cluster("j-sync")
+        .journal(dir.path())
+        .journal_segment_size(256 << 10)
+        .write_buffer(1024)
+        .peer("b", b.local_addr())
+        .start()
+        .expect("a starts");
+    send_patiently(&a.sender(), "b", payload(0, 1024));
+    wait_until("a connected to b", PATIENCE, || is_connected(&a, "b"));
+    const N: u64 = 2_000;
+    for round in 0..5 {
+        for i in 1..=N {
+            send_patiently(&a.sender(), "b", payload(round * N + i, 1024));
+        }
+        a.sync_journal(PATIENCE).expect("sync_journal");
+        let s = peer_stats(&a, "b");
+        assert_eq!(
+            (s.queued, s.sent),
+            (0, s.accepted),
+            "round {round}: sync_journal returned with messages not journalled: {s:?}"
+        );
+    }
+    wait_until("every message at b", PATIENCE, || {
+        log.lock().unwrap().len() as u64 > 5 * N
+    });
+    shutdown_all(&[a, b]);
+}

@@ -354,7 +354,7 @@ impl IoThread {
             Command::SyncJournal { done } => {
                 let ids: Vec<usize> = self.peers.keys().copied().collect();
                 for id in ids {
-                    self.flush_peer(id);
+                    self.flush_peer_for_sync(id);
                 }
                 self.sync_journal();
                 done.complete();
