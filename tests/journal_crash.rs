@@ -480,6 +480,16 @@ impl ChildNode {
     }
 }
 
+impl Drop for ChildNode {
+    /// A child left running by a failing test is killed, not orphaned.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 #[test]
 fn sigkill_at_random_points_loses_nothing_synced_and_never_replays_garbage() {
     let started = Instant::now();
