@@ -225,3 +225,41 @@ fn sync_journal_journals_messages_queued_behind_a_backed_up_connection() {
     });
     shutdown_all(&[a, b]);
 }
+
+#[test]
+fn sync_journal_never_reports_success_after_a_journal_write_failed() {
+    // A disk failure stands in for ENOSPC or EIO: the journal's directory is removed, so
+    // the next segment cannot be created. The sync that hits it (or follows it) must fail;
+    // the node stops (fail-stop) and counts the failure.
+    let dir = TempDir::new("sync-failed");
+    let b = Node::builder("b")
+        .cluster("j-fail")
+        .listen("127.0.0.1:0")
+        .allow_unknown_members(true)
+        .on_message(|_| {})
+        .start()
+        .expect("b starts");
+    let a = Node::builder("a")
+        .cluster("j-fail")
+        .journal(dir.path())
+        .journal_segment_size(8 << 10)
+        .write_buffer(1024)
+        .peer("b", b.local_addr())
+        .start()
+        .expect("a starts");
+    send_patiently(&a.sender(), "b", payload(0, 100));
+    a.sync_journal(PATIENCE).expect("the first sync succeeds");
+    wait_until("a connected to b", PATIENCE, || is_connected(&a, "b"));
+    std::fs::remove_dir_all(dir.path()).expect("remove the journal directory");
+    // More than a segment: publishing them needs a new segment file.
+    for i in 1..=50 {
+        send_patiently(&a.sender(), "b", payload(i, 1024));
+    }
+    let result = a.sync_journal(PATIENCE);
+    assert!(
+        matches!(result, Err(cohort::Error::Closed)),
+        "sync_journal after a failed journal write: {result:?}"
+    );
+    assert_eq!(a.stats().journal_failures, 1, "the failure is counted");
+    shutdown_all(&[a, b]);
+}
