@@ -348,3 +348,85 @@ fn restarts_under_traffic_never_grow_the_journal() {
     );
     b.shutdown(SHUTDOWN).expect("b stops");
 }
+
+#[test]
+fn sync_journal_journals_messages_queued_behind_a_backed_up_connection() {
+    // `sync_journal` promises that every message accepted before it is in the journal. With
+    // a small write buffer, publishing to a connected peer pauses after a few messages until
+    // the socket takes them; a sync must journal the rest anyway, not leave them queued in
+    // memory (where a crash would lose what the sync reported durable).
+    let dir = TempDir::new("sync-backed-up");
+    let log: Log = Arc::default();
+    let b = Node::builder("b")
+        .cluster("j-sync")
+        .listen("127.0.0.1:0")
+        .allow_unknown_members(true)
+        .on_message(logging(&log))
+        .start()
+        .expect("b starts");
+    let a = Node::builder("a")
+        .cluster("j-sync")
+        .journal(dir.path())
+        .journal_segment_size(256 << 10)
+        .write_buffer(1024)
+        .peer("b", b.local_addr())
+        .start()
+        .expect("a starts");
+    send_patiently(&a.sender(), "b", payload(0, 1024));
+    wait_until("a connected to b", PATIENCE, || is_connected(&a, "b"));
+    const N: u64 = 2_000;
+    for round in 0..5 {
+        for i in 1..=N {
+            send_patiently(&a.sender(), "b", payload(round * N + i, 1024));
+        }
+        a.sync_journal(PATIENCE).expect("sync_journal");
+        let s = peer_stats(&a, "b");
+        assert_eq!(
+            (s.queued, s.sent),
+            (0, s.accepted),
+            "round {round}: sync_journal returned with messages not journalled: {s:?}"
+        );
+    }
+    wait_until("every message at b", PATIENCE, || {
+        log.lock().unwrap().len() as u64 > 5 * N
+    });
+    shutdown_all(&[a, b]);
+}
+
+#[test]
+fn sync_journal_never_reports_success_after_a_journal_write_failed() {
+    // A disk failure stands in for ENOSPC or EIO: the journal's directory is removed, so
+    // the next segment cannot be created. The sync that hits it (or follows it) must fail;
+    // the node stops (fail-stop) and counts the failure.
+    let dir = TempDir::new("sync-failed");
+    let b = Node::builder("b")
+        .cluster("j-fail")
+        .listen("127.0.0.1:0")
+        .allow_unknown_members(true)
+        .on_message(|_| {})
+        .start()
+        .expect("b starts");
+    let a = Node::builder("a")
+        .cluster("j-fail")
+        .journal(dir.path())
+        .journal_segment_size(8 << 10)
+        .write_buffer(1024)
+        .peer("b", b.local_addr())
+        .start()
+        .expect("a starts");
+    send_patiently(&a.sender(), "b", payload(0, 100));
+    a.sync_journal(PATIENCE).expect("the first sync succeeds");
+    wait_until("a connected to b", PATIENCE, || is_connected(&a, "b"));
+    std::fs::remove_dir_all(dir.path()).expect("remove the journal directory");
+    // More than a segment: publishing them needs a new segment file.
+    for i in 1..=50 {
+        send_patiently(&a.sender(), "b", payload(i, 1024));
+    }
+    let result = a.sync_journal(PATIENCE);
+    assert!(
+        matches!(result, Err(cohort::Error::Closed)),
+        "sync_journal after a failed journal write: {result:?}"
+    );
+    assert_eq!(a.stats().journal_failures, 1, "the failure is counted");
+    shutdown_all(&[a, b]);
+}

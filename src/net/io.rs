@@ -370,10 +370,13 @@ impl IoThread {
             Command::SyncJournal { done } => {
                 let ids: Vec<usize> = self.peers.keys().copied().collect();
                 for id in ids {
-                    self.flush_peer(id);
+                    self.flush_peer_for_sync(id);
                 }
-                self.sync_journal();
-                done.complete();
+                // After a journal failure the caller is never told the sync succeeded: it
+                // sees the node stop (`Error::Closed`).
+                if self.sync_journal() {
+                    done.complete();
+                }
             }
         }
     }
@@ -498,7 +501,8 @@ impl IoThread {
         for t in tokens {
             self.close_conn(t, Some((CloseCode::Shutdown, "node shutting down")));
         }
-        self.sync_journal();
+        // A failure is logged and counted; `leave_journal` then leaves nothing to record.
+        let _ = self.sync_journal();
         self.leave_journal();
         self.stopped.store(true, Ordering::Release);
         log::debug!("{}: IO thread stopped", self.cfg.name);

@@ -803,7 +803,9 @@ impl Node {
     /// not) and forces the journal to disk, whatever the fsync policy. When it returns `Ok`,
     /// those messages survive a crash of this process or of the machine. Fails with
     /// [`Error::Config`] without a journal, [`Error::TimedOut`] if the IO thread did not
-    /// finish within `timeout`, and [`Error::Closed`] once the node is shut down.
+    /// finish within `timeout`, and [`Error::Closed`] once the node is shut down — also when
+    /// a journal write or sync failed, which stops the node (logged, and counted in
+    /// [`Stats::journal_failures`](crate::Stats::journal_failures)).
     pub fn sync_journal(&self, timeout: Duration) -> Result<(), Error> {
         if !self.journalled {
             return Err(Error::Config(

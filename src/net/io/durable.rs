@@ -146,15 +146,23 @@ impl IoThread {
         }
     }
 
-    /// Forces the journal to disk now (node shutdown, `Node::sync_journal`).
-    pub(super) fn sync_journal(&mut self) {
+    /// Forces the journal to disk now (node shutdown, `Node::sync_journal`). Returns whether
+    /// everything journalled is on disk: `false` once a write or sync has failed (then the
+    /// node is stopping, and nothing may be reported durable).
+    pub(super) fn sync_journal(&mut self) -> bool {
         self.commit_journal();
         let Some(j) = self.journal.as_mut().filter(|j| !j.failed) else {
-            return;
+            return false;
         };
         match j.journal.sync() {
-            Ok(()) => self.journal_written(),
-            Err(e) => self.journal_failed(e),
+            Ok(()) => {
+                self.journal_written();
+                true
+            }
+            Err(e) => {
+                self.journal_failed(e);
+                false
+            }
         }
     }
 
@@ -163,7 +171,8 @@ impl IoThread {
         if let Some(j) = self.journal.as_mut() {
             j.sync_timer = false;
         }
-        self.sync_journal();
+        // A failure stops the node; nothing waits on this sync.
+        let _ = self.sync_journal();
     }
 
     /// Records reached the journal: once they are as durable as the policy makes them,

@@ -149,6 +149,20 @@ impl IoThread {
     /// handshake resends them. Publishing then stops at an unreliable message (it waits for
     /// a connection, and the order is kept).
     pub(super) fn flush_peer(&mut self, id: usize) {
+        self.publish_peer(id, self.cfg.write_high_water);
+    }
+
+    /// For `Node::sync_journal`: publishes every queued message of peer `id`, past the write
+    /// buffer's high-water mark, so that the journal holds everything accepted before the
+    /// sync. (Stopping at the mark would leave messages of a backed-up connection queued,
+    /// not journalled, after a sync that reported them durable.) The buffer then grows by
+    /// at most the peer's send window.
+    pub(super) fn flush_peer_for_sync(&mut self, id: usize) {
+        self.publish_peer(id, usize::MAX);
+    }
+
+    /// [`flush_peer`](Self::flush_peer) with the high-water mark `high`.
+    fn publish_peer(&mut self, id: usize, high: usize) {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
@@ -166,7 +180,6 @@ impl IoThread {
         if conn.is_none() && journal.is_none() {
             return;
         }
-        let high = self.cfg.write_high_water;
         let filter = self.cfg.outbound_filter.as_deref();
         let shared = &p.shared;
         let info = PeerInfo::new(&shared.name, p.desc.remote_launch(), p.state);
