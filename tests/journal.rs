@@ -102,6 +102,17 @@ fn unacked_messages_survive_a_sender_restart_and_arrive_in_order() {
     let want: Vec<(u64, u64)> = (0..600).map(|i| (i, i + 1)).collect();
     assert_eq!(got, want, "every message once, in order, seq continuing");
     assert_eq!(b.stats().peer("a").unwrap().duplicates, 0);
+    // The restored messages were charged to the restarted sender's window and b's credit
+    // released them: once b is idle, the whole window is back, no more (a debug build
+    // panics on an over-release) and no less.
+    wait_until_or(
+        PATIENCE,
+        || {
+            let p = peer_stats(&a, "b");
+            p.available == p.window
+        },
+        || format!("a's window whole again:\n{}", a.stats()),
+    );
     // A clean shutdown waits for b's acks, and the journal records them: a restarted `a`
     // resends nothing, and its stream goes on at seq 601.
     a.shutdown(SHUTDOWN).expect("shutdown");
@@ -429,4 +440,63 @@ fn sync_journal_never_reports_success_after_a_journal_write_failed() {
     );
     assert_eq!(a.stats().journal_failures, 1, "the failure is counted");
     shutdown_all(&[a, b]);
+}
+
+#[test]
+fn restarts_while_the_peer_is_down_keep_at_most_one_window() {
+    // Restored messages are charged to the window: a member that restarts again and again
+    // while its peer is down cannot pile up a window's worth of messages per restart.
+    let dir = TempDir::new("bounded");
+    let down = reserve_addr();
+    const WINDOW: u64 = 64 << 10;
+    let mut accepted = Vec::new();
+    for round in 0..4 {
+        let a = Node::builder("a")
+            .cluster("j-bounded")
+            .window_bytes(WINDOW)
+            .journal(dir.path())
+            .peer("b", down)
+            .start()
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        let tx = a.sender();
+        let mut n = 0u64;
+        while tx.try_send("b", payload(n, 1000)).is_ok() {
+            n += 1;
+        }
+        a.sync_journal(PATIENCE).expect("synced");
+        let p = peer_stats(&a, "b");
+        assert_eq!(p.queued, 0, "round {round}: everything journalled");
+        accepted.push(n);
+        a.shutdown(SHUTDOWN).expect("stops");
+    }
+    let per_window = WINDOW / 1016;
+    assert_eq!(accepted[0], per_window, "the first start fills the window");
+    assert!(
+        accepted[1..].iter().all(|&n| n == 0),
+        "later starts find the window charged with what is journalled: {accepted:?}"
+    );
+}
+
+#[test]
+fn an_unreliable_message_for_a_disconnected_peer_fails_and_holds_nothing_back() {
+    let dir = TempDir::new("unreliable");
+    let a = Node::builder("a")
+        .cluster("j-unreliable")
+        .journal(dir.path())
+        .peer("b", reserve_addr())
+        .start()
+        .expect("a starts");
+    let opts = cohort::SendOptions::new().unreliable();
+    a.send_with("b", payload(0, 50), opts).expect("accepted");
+    for i in 1..=10 {
+        a.send("b", payload(i, 50)).expect("send");
+    }
+    a.sync_journal(PATIENCE).expect("synced");
+    let p = peer_stats(&a, "b");
+    assert_eq!(
+        (p.accepted, p.sent, p.failed, p.queued),
+        (11, 10, 1, 0),
+        "the reliable ones journalled, the unreliable one failed: {p:?}"
+    );
+    a.shutdown(SHUTDOWN).expect("stops");
 }

@@ -210,6 +210,29 @@ impl SendWindow {
         result
     }
 
+    /// Takes up to `n` bytes without waiting (as many as are available); returns how many.
+    /// For charging the window with messages that hold no permits yet (restored from a
+    /// journal after a restart).
+    pub fn take_up_to(&self, n: u64) -> u64 {
+        // Same orderings as `take`.
+        let mut cur = self.available.load(Ordering::Acquire);
+        loop {
+            let t = cur.min(n);
+            if t == 0 {
+                return 0;
+            }
+            match self.available.compare_exchange_weak(
+                cur,
+                cur - t,
+                Ordering::SeqCst,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return t,
+                Err(now) => cur = now,
+            }
+        }
+    }
+
     /// Gives `n` bytes back and wakes parked senders.
     ///
     /// # Panics

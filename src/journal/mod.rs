@@ -317,9 +317,14 @@ pub(crate) fn apply(
             let pin = pins.entry(peer.clone()).or_insert(0);
             *pin = (*pin).max(*seq);
         }
-        Record::Acked { peer, up_to } => {
+        Record::Acked {
+            peer,
+            up_to,
+            credit,
+        } => {
             let c = entry(counters, peer);
             c.acked = c.acked.max(*up_to);
+            c.credit_seen = c.credit_seen.max(*credit);
         }
         Record::Delivered {
             peer,
@@ -350,6 +355,7 @@ pub(crate) fn apply(
                 c.delivered = c.delivered.max(p.delivered);
                 c.credit = c.credit.max(p.credit);
                 c.launch = p.launch;
+                c.credit_seen = c.credit_seen.max(p.credit_seen);
             }
         }
     }

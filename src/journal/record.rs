@@ -11,8 +11,9 @@ use bytes::Bytes;
 /// Bytes before a record's body: checksum, length, kind, padding.
 pub const FRAME_HEADER: usize = 12;
 
-/// Bytes of counters per peer in a checkpoint: sent, acked, delivered, credit, launch.
-pub(crate) const CHECKPOINT_COUNTERS: usize = 40;
+/// Bytes of counters per peer in a checkpoint: sent, acked, delivered, credit, launch,
+/// credit seen.
+pub(crate) const CHECKPOINT_COUNTERS: usize = 48;
 
 /// Longest peer name a record can hold (the wire's limit).
 pub(crate) const MAX_PEER_NAME: usize = crate::wire::MAX_NAME;
@@ -39,12 +40,16 @@ pub enum Record {
         /// Its bytes.
         payload: Bytes,
     },
-    /// The peer acknowledged every message with `seq <= up_to`; they are retired.
+    /// The peer acknowledged every message with `seq <= up_to`; they are retired. It had
+    /// returned `credit` window bytes in all: after a restart, the sender charges its window
+    /// for what the peer has not credited yet.
     Acked {
         /// The peer that acknowledged.
         peer: String,
         /// The cumulative ack.
         up_to: u64,
+        /// The cumulative credit the peer had returned.
+        credit: u64,
     },
     /// This member has delivered `count` messages from `peer` to its application, and may
     /// return `credit` window bytes to it in all (cumulative): the receiver acknowledges and
@@ -90,6 +95,8 @@ pub struct PeerCounters {
     pub credit: u64,
     /// The peer's incarnation these counters belong to (0: not yet met).
     pub launch: u64,
+    /// Credit (window bytes) the peer has returned to this member, cumulative.
+    pub credit_seen: u64,
 }
 
 /// The kind of a record, for counting and display.
@@ -133,8 +140,8 @@ impl Record {
     pub(crate) fn body_len(&self) -> usize {
         match self {
             Record::Message { peer, payload, .. } => 2 + peer.len() + 8 + 1 + payload.len(),
-            Record::Acked { peer, .. } | Record::Bound { peer, .. } => 2 + peer.len() + 8,
-            Record::Delivered { peer, .. } => 2 + peer.len() + 16,
+            Record::Bound { peer, .. } => 2 + peer.len() + 8,
+            Record::Acked { peer, .. } | Record::Delivered { peer, .. } => 2 + peer.len() + 16,
             Record::Checkpoint { peers } => {
                 4 + peers
                     .iter()
@@ -183,11 +190,16 @@ impl Record {
                 out.push(*flags);
                 out.extend_from_slice(payload);
             }
-            Record::Acked { peer, up_to: n } | Record::Bound { peer, launch: n } => {
+            Record::Bound { peer, launch } => {
                 put_name(out, peer);
-                out.extend_from_slice(&n.to_le_bytes());
+                out.extend_from_slice(&launch.to_le_bytes());
             }
-            Record::Delivered {
+            Record::Acked {
+                peer,
+                up_to: count,
+                credit,
+            }
+            | Record::Delivered {
                 peer,
                 count,
                 credit,
@@ -205,6 +217,7 @@ impl Record {
                     out.extend_from_slice(&p.delivered.to_le_bytes());
                     out.extend_from_slice(&p.credit.to_le_bytes());
                     out.extend_from_slice(&p.launch.to_le_bytes());
+                    out.extend_from_slice(&p.credit_seen.to_le_bytes());
                 }
             }
         }
@@ -324,6 +337,7 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
         kind::ACKED => Record::Acked {
             peer: c.name()?,
             up_to: c.u64()?,
+            credit: c.u64()?,
         },
         kind::DELIVERED => Record::Delivered {
             peer: c.name()?,
@@ -349,6 +363,7 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
                     delivered: c.u64()?,
                     credit: c.u64()?,
                     launch: c.u64()?,
+                    credit_seen: c.u64()?,
                 });
             }
             Record::Checkpoint { peers }
@@ -379,6 +394,7 @@ mod tests {
             Record::Acked {
                 peer: "gamma".into(),
                 up_to: 42,
+                credit: 4200,
             },
             Record::Delivered {
                 peer: "beta".into(),
@@ -399,6 +415,7 @@ mod tests {
                         delivered: 3,
                         credit: 7,
                         launch: 8,
+                        credit_seen: 11,
                     },
                     PeerCounters {
                         peer: "bb".into(),
@@ -407,6 +424,7 @@ mod tests {
                         delivered: 6,
                         credit: 9,
                         launch: 10,
+                        credit_seen: 12,
                     },
                 ],
             },

@@ -43,6 +43,8 @@ pub struct RecoveredPeer {
     pub credit: u64,
     /// The peer's incarnation these counters belong to (0: not yet met).
     pub launch: u64,
+    /// Credit (window bytes) the peer had returned to us, cumulative.
+    pub credit_seen: u64,
 }
 
 /// Where recovery stopped reading because a record was invalid.
@@ -437,6 +439,7 @@ pub(crate) fn recover(
                 delivered: c.delivered,
                 credit: c.credit,
                 launch: c.launch,
+                credit_seen: c.credit_seen,
             },
         );
     }

@@ -65,6 +65,7 @@ fn acked(peer: &str, up_to: u64) -> Record {
     Record::Acked {
         peer: peer.into(),
         up_to,
+        credit: up_to * 100,
     }
 }
 

@@ -109,9 +109,9 @@ struct PeerIo {
     durable: (u64, u64),
     /// Journal: the epoch of the peer's stream (see `deliver::Progress`).
     epoch: u32,
-    /// Journal: the stream was restored after a restart. The permits of the restored
-    /// messages, and the peer's running credit total, belong to the previous process: the
-    /// credit that finds nothing outstanding here is expected, and clamped quietly.
+    /// Journal: the stream was restored after a restart with more bytes than the window
+    /// could be charged for: credit for the excess finds nothing outstanding, and is
+    /// clamped quietly.
     restored: bool,
 }
 
@@ -152,6 +152,8 @@ struct Tally {
     failed_bytes: u64,
     expired: u64,
     too_large: u64,
+    /// Unreliable messages failed for want of a connection (journalling nodes).
+    unconnected: u64,
 }
 
 /// A frame read from a connection, owned so that it can be handled with the whole IO state
@@ -367,6 +369,7 @@ impl IoThread {
                 }
             }
             Command::Shutdown { deadline } => self.begin_shutdown(deadline),
+            Command::Barrier { done } => done.complete(),
             Command::SyncJournal { done } => {
                 let ids: Vec<usize> = self.peers.keys().copied().collect();
                 for id in ids {

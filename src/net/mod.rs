@@ -86,6 +86,8 @@ pub(crate) enum Command {
     Shutdown { deadline: Instant },
     /// Journal what is queued, force the journal to disk, then complete.
     SyncJournal { done: Arc<Completion> },
+    /// Complete once every command before it has been handled.
+    Barrier { done: Arc<Completion> },
 }
 
 /// A one-shot "done" signal.

@@ -353,6 +353,8 @@ impl Builder {
     ///   is at-least-once across crashes, and [`Delivery::seq`](crate::Delivery::seq) tells
     ///   a redelivery apart (per sender, a sequence number at or below the highest one
     ///   already handled).
+    /// - an unreliable message for a disconnected peer fails at once (counted `failed`)
+    ///   instead of waiting for a connection ahead of reliable ones;
     /// - nothing that `send` accepted is lost once the IO thread has journalled it and the
     ///   [fsync policy](Builder::journal_fsync) has run; [`Node::sync_journal`](crate::Node::sync_journal)
     ///   waits for exactly that.

@@ -587,6 +587,11 @@ impl Node {
                 return Err(Error::Io(e));
             }
         };
+        if b.journal.is_some() {
+            // The journal's restored streams charge the peers' windows as the IO thread
+            // adds them: wait for that, so that no send of ours comes first.
+            io_barrier(&io, &io_done);
+        }
         log::info!(
             "{name}: listening on {local_addr} (cluster '{}', {} peers)",
             b.cluster,
@@ -678,6 +683,9 @@ impl Node {
             peer: shared,
             addr: Some(addr),
         });
+        if self.journalled {
+            io_barrier(&self.io, &self.io_done); // as in `start`
+        }
         Ok(())
     }
 
@@ -889,6 +897,19 @@ impl Node {
             failed,
             elapsed: started.elapsed(),
         })
+    }
+}
+
+/// Waits (at most 10 s) until the IO thread has handled every command sent before.
+fn io_barrier(io: &IoShared, io_done: &Completion) {
+    let done = Arc::new(Completion::default());
+    io.command(Command::Barrier { done: done.clone() });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done.wait_until((Instant::now() + Duration::from_millis(50)).min(deadline)) {
+        if io_done.wait_until(Instant::now()) || Instant::now() >= deadline {
+            log::warn!("the IO thread did not confirm its pending commands");
+            return;
+        }
     }
 }
 

@@ -127,15 +127,17 @@ impl Descriptor {
     /// A descriptor rebuilt from a journal after a restart: `sent` and `acked` of our
     /// stream with its unacknowledged messages (`acked+1 ..= sent`, in order), and
     /// `received` (what we recorded as delivered, all of it acknowledged at most) and
-    /// `credit_returned` of the peer's stream. Per-connection counters start afresh.
+    /// `credit_returned` of the peer's stream, and `credit_seen`, the credit the peer had
+    /// returned for ours. Per-connection counters start afresh.
     pub fn restore(
         remote_launch: Option<u64>,
         sent: u64,
         acked: u64,
         received: u64,
-        credit_returned: u64,
+        credit: (u64, u64),
         unacked: Vec<Unacked>,
     ) -> Descriptor {
+        let (credit_returned, credit_seen) = credit;
         debug_assert!(unacked.iter().zip(acked + 1..).all(|(u, seq)| u.seq == seq));
         debug_assert_eq!(acked + unacked.len() as u64, sent);
         Descriptor {
@@ -147,6 +149,7 @@ impl Descriptor {
             unacked_bytes: unacked.iter().map(|u| u.payload.len() as u64).sum(),
             unacked: unacked.into(),
             credit_returned,
+            credit_seen,
             ..Descriptor::default()
         }
     }
@@ -340,6 +343,11 @@ impl Descriptor {
     /// Receiver side: the cumulative credit returned so far.
     pub fn credit_returned(&self) -> u64 {
         self.credit_returned
+    }
+
+    /// Sender side: the highest cumulative credit the peer has reported.
+    pub fn credit_seen(&self) -> u64 {
+        self.credit_seen
     }
 
     /// Sender side: the peer reports `total` credit returned so far; returns the new part

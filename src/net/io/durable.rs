@@ -300,14 +300,40 @@ impl IoThread {
             );
         }
         let launch = (r.launch != 0).then_some(r.launch);
-        p.desc = Descriptor::restore(launch, sent, r.acked, r.delivered, r.credit, unacked);
+        // The restored messages hold no permits in this process: charge the window for them
+        // (as far as it has room), so that what a member keeps for a peer stays bounded by
+        // the window however often it restarts. The peer's credit for them releases the
+        // charge as for any published message; `credit_seen` makes its running total
+        // count from where the journal left it.
+        let cost: u64 = unacked
+            .iter()
+            .map(|u| crate::flow::cost(u.payload.len()))
+            .sum();
+        let charged = p.shared.outbox.window().take_up_to(cost);
+        p.ledger.publish(charged);
+        p.desc = Descriptor::restore(
+            launch,
+            sent,
+            r.acked,
+            r.delivered,
+            (r.credit, r.credit_seen),
+            unacked,
+        );
         if let Some(progress) = &p.shared.progress {
             p.epoch = progress.restart(r.delivered);
         }
         p.recorded = (r.delivered, r.credit);
         p.durable = p.recorded;
-        // Restored messages hold no permits in this process (see `restored`).
-        p.restored = true;
+        p.restored = cost > charged;
+        if cost > charged {
+            log::warn!(
+                "{}: journal: the {} bytes of messages restored for '{}' exceed its free window ({} bytes charged)",
+                self.cfg.name,
+                cost,
+                p.shared.name,
+                charged
+            );
+        }
         log::info!(
             "{}: journal: '{}' resumes at seq {} ({} unacknowledged to resend), {} of its messages delivered",
             self.cfg.name,

@@ -336,6 +336,7 @@ impl IoThread {
             let r = Record::Acked {
                 peer: p.shared.name.to_string(),
                 up_to: p.desc.acked(),
+                credit: p.desc.credit_seen(),
             };
             self.journal_record(r);
         }

@@ -432,17 +432,18 @@ impl IoThread {
         if let Err(e) = p.desc.on_ack(received) {
             return self.protocol_error(token, e.to_string());
         }
-        if p.desc.acked() > acked && self.journal.is_some() {
+        let credit = p.desc.on_credit(credit);
+        if (p.desc.acked() > acked || credit > 0) && self.journal.is_some() {
             let r = Record::Acked {
                 peer: p.shared.name.to_string(),
                 up_to: p.desc.acked(),
+                credit: p.desc.credit_seen(),
             };
             self.journal_record(r);
         }
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
-        let credit = p.desc.on_credit(credit);
         if credit > 0 {
             // Never give back more than was taken: credit beyond what is outstanding (a
             // confused or malicious peer, or credit from before its restart) is clamped.

@@ -146,8 +146,9 @@ impl IoThread {
     ///
     /// With a journal, reliable messages are published (journalled) even while the peer is
     /// disconnected, so that nothing `send` accepted depends on this process surviving; the
-    /// handshake resends them. Publishing then stops at an unreliable message (it waits for
-    /// a connection, and the order is kept).
+    /// handshake resends them. An unreliable message for a disconnected peer then fails at
+    /// once (its permits back, counted `failed`): best effort finds no connection, and it
+    /// must not hold back the reliable messages behind it from the journal.
     pub(super) fn flush_peer(&mut self, id: usize) {
         self.publish_peer(id, self.cfg.write_high_water);
     }
@@ -197,7 +198,7 @@ impl IoThread {
             while let Some(m) = p.pending.pop_front() {
                 let stop = match conn.as_deref() {
                     Some(c) => c.unwritten() >= high,
-                    None => !m.is_reliable(),
+                    None => false,
                 };
                 if stop {
                     p.pending.push_front(m);
@@ -208,6 +209,13 @@ impl IoThread {
                     break 'outer;
                 }
                 let len = m.payload.len();
+                if conn.is_none() && !m.is_reliable() {
+                    shared.outbox.give_back(Return::Failed, m.cost());
+                    tally.failed += 1;
+                    tally.failed_bytes += len as u64;
+                    tally.unconnected += 1;
+                    continue;
+                }
                 if let Some(deadline) = m.deadline {
                     if *now.get_or_insert_with(Instant::now) >= deadline {
                         shared.outbox.give_back(Return::Expired, m.cost());
@@ -279,6 +287,14 @@ impl IoThread {
             Counters::add(&c.failed, tally.failed);
             Counters::add(&c.failed_bytes, tally.failed_bytes);
             Counters::add(&c.expired, tally.expired);
+        }
+        if tally.unconnected > 0 {
+            log::debug!(
+                "{}: {} unreliable messages to '{}' failed: not connected",
+                self.cfg.name,
+                tally.unconnected,
+                shared.name
+            );
         }
         if tally.too_large > 0 {
             log::warn!(
