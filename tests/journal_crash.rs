@@ -35,7 +35,7 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -88,31 +88,6 @@ fn value(run: u64, i: u64) -> u64 {
 /// record of the wrong length is caught and records end at every possible offset.
 fn size_of(value: u64) -> usize {
     8 + (value.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 54) as usize
-}
-
-/// A fresh directory under the system temp dir, removed on drop (kept if the test failed,
-/// for `cohort::journal::inspect`).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let path = std::env::temp_dir().join(format!("cohort-crash-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&path);
-        TempDir(path)
-    }
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!("journal kept for inspection: {}", self.0.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
 }
 
 /// Entries of the journal directory.

@@ -328,3 +328,35 @@ pub(crate) fn blocked_sender(
     );
     handle
 }
+
+/// A fresh directory under the system temp dir, removed on drop; kept (and named on stderr)
+/// when the test is failing, for `cohort::journal::inspect`.
+#[allow(dead_code)] // not every test binary uses it
+pub(crate) struct TempDir(std::path::PathBuf);
+
+#[allow(dead_code)]
+impl TempDir {
+    pub(crate) fn new(name: &str) -> TempDir {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "cohort-test-{name}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        TempDir(path)
+    }
+    pub(crate) fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("journal kept for inspection: {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
