@@ -299,23 +299,32 @@ pub(crate) fn apply(
     record: &Record,
 ) -> bool {
     let mut reset = false;
+    // Looked up before inserting: a record per message must not allocate a name.
     fn entry<'a>(
         counters: &'a mut BTreeMap<String, PeerCounters>,
         peer: &str,
     ) -> &'a mut PeerCounters {
-        counters
-            .entry(peer.to_owned())
-            .or_insert_with(|| PeerCounters {
-                peer: peer.to_owned(),
-                ..PeerCounters::default()
-            })
+        if !counters.contains_key(peer) {
+            counters.insert(
+                peer.to_owned(),
+                PeerCounters {
+                    peer: peer.to_owned(),
+                    ..PeerCounters::default()
+                },
+            );
+        }
+        counters.get_mut(peer).expect("just inserted")
     }
     match record {
         Record::Message { peer, seq, .. } => {
             let c = entry(counters, peer);
             c.sent = c.sent.max(*seq);
-            let pin = pins.entry(peer.clone()).or_insert(0);
-            *pin = (*pin).max(*seq);
+            match pins.get_mut(&**peer) {
+                Some(pin) => *pin = (*pin).max(*seq),
+                None => {
+                    pins.insert(peer.to_string(), *seq);
+                }
+            }
         }
         Record::Acked {
             peer,
@@ -339,10 +348,10 @@ pub(crate) fn apply(
             let c = entry(counters, peer);
             if *launch == 0 || (c.launch != 0 && c.launch != *launch) {
                 *c = PeerCounters {
-                    peer: peer.clone(),
+                    peer: peer.to_string(),
                     ..PeerCounters::default()
                 };
-                pins.remove(peer);
+                pins.remove(&**peer);
                 reset = true;
             }
             c.launch = *launch;

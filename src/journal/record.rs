@@ -8,6 +8,8 @@
 
 use bytes::Bytes;
 
+use crate::sync::SharedStr;
+
 /// Bytes before a record's body: checksum, length, kind, padding.
 pub const FRAME_HEADER: usize = 12;
 
@@ -32,7 +34,7 @@ pub enum Record {
     /// A reliable outgoing message, journalled before it is published.
     Message {
         /// The member it is addressed to.
-        peer: String,
+        peer: SharedStr,
         /// Its sequence number on that peer's stream.
         seq: u64,
         /// Its wire flags.
@@ -45,7 +47,7 @@ pub enum Record {
     /// for what the peer has not credited yet.
     Acked {
         /// The peer that acknowledged.
-        peer: String,
+        peer: SharedStr,
         /// The cumulative ack.
         up_to: u64,
         /// The cumulative credit the peer had returned.
@@ -56,7 +58,7 @@ pub enum Record {
     /// credits only what such a record holds.
     Delivered {
         /// The sending peer.
-        peer: String,
+        peer: SharedStr,
         /// Messages delivered so far (cumulative).
         count: u64,
         /// Credit (window bytes consumed) that may be returned so far (cumulative).
@@ -68,7 +70,7 @@ pub enum Record {
     /// undelivered and are never resent.
     Bound {
         /// The peer.
-        peer: String,
+        peer: SharedStr,
         /// Its launch id (0: unbound).
         launch: u64,
     },
@@ -322,7 +324,7 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
     let mut c = Cursor(body);
     let record = match kind {
         kind::MESSAGE => {
-            let peer = c.name()?;
+            let peer = c.name()?.into();
             let seq = c.u64()?;
             let flags = c.u8()?;
             let payload = Bytes::copy_from_slice(c.0);
@@ -335,17 +337,17 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
             }
         }
         kind::ACKED => Record::Acked {
-            peer: c.name()?,
+            peer: c.name()?.into(),
             up_to: c.u64()?,
             credit: c.u64()?,
         },
         kind::DELIVERED => Record::Delivered {
-            peer: c.name()?,
+            peer: c.name()?.into(),
             count: c.u64()?,
             credit: c.u64()?,
         },
         kind::BOUND => Record::Bound {
-            peer: c.name()?,
+            peer: c.name()?.into(),
             launch: c.u64()?,
         },
         kind::CHECKPOINT => {
@@ -386,7 +388,7 @@ mod tests {
                 payload: Bytes::from_static(b"hello"),
             },
             Record::Message {
-                peer: String::new(),
+                peer: "".into(),
                 seq: u64::MAX,
                 flags: 0,
                 payload: Bytes::new(),

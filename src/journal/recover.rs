@@ -376,7 +376,7 @@ pub(crate) fn recover(
                 if let Record::Bound { peer, .. } = &record {
                     // Reset: the peer's earlier messages are retired, never resent.
                     super::unpin(older, peer);
-                    messages.remove(peer);
+                    messages.remove(&**peer);
                 }
             }
             if let Record::Message {
@@ -386,7 +386,7 @@ pub(crate) fn recover(
                 payload,
             } = record
             {
-                messages.entry(peer).or_default().insert(
+                messages.entry(peer.to_string()).or_default().insert(
                     seq,
                     JournalMessage {
                         seq,

@@ -324,7 +324,7 @@ impl IoThread {
         if self.journal.is_some() && why == CloseCode::Removed {
             // Removed for good: its journalled messages are retired with it.
             self.journal_record(Record::Bound {
-                peer: name.to_string(),
+                peer: name.clone(),
                 launch: 0,
             });
         }

@@ -77,7 +77,7 @@ impl JournalLeft {
             let credit = p.credit.take();
             if done > p.recorded.0 || credit > 0 {
                 records.push(Record::Delivered {
-                    peer: p.name,
+                    peer: p.name.into(),
                     count: done.max(p.recorded.0),
                     credit: p.recorded.1 + credit,
                 });
@@ -233,7 +233,7 @@ impl IoThread {
         }
         p.recorded = (done.max(p.recorded.0), p.recorded.1 + credit);
         let record = Record::Delivered {
-            peer: p.shared.name.to_string(),
+            peer: p.shared.name.clone(),
             count: p.recorded.0,
             credit: p.recorded.1,
         };

@@ -194,7 +194,7 @@ impl IoThread {
             // The journal's counters for this peer belong to this incarnation from now on
             // (for a new one, they restart and its old messages are retired).
             self.journal_record(Record::Bound {
-                peer: peer.name.clone(),
+                peer: peer.name.as_str().into(),
                 launch: peer.launch_id,
             });
         }
@@ -246,7 +246,7 @@ impl IoThread {
         let old = p.desc.reset();
         if self.journal.is_some() {
             // Unbind (retiring the journalled stream), then bind afresh.
-            let (peer, launch) = (p.shared.name.to_string(), p.desc.remote_launch());
+            let (peer, launch) = (p.shared.name.clone(), p.desc.remote_launch());
             self.journal_record(Record::Bound {
                 peer: peer.clone(),
                 launch: 0,
@@ -334,7 +334,7 @@ impl IoThread {
         let p = self.peers.get_mut(&id).expect("peer present");
         if p.desc.acked() > acked && self.journal.is_some() {
             let r = Record::Acked {
-                peer: p.shared.name.to_string(),
+                peer: p.shared.name.clone(),
                 up_to: p.desc.acked(),
                 credit: p.desc.credit_seen(),
             };

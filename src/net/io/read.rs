@@ -435,7 +435,7 @@ impl IoThread {
         let credit = p.desc.on_credit(credit);
         if (p.desc.acked() > acked || credit > 0) && self.journal.is_some() {
             let r = Record::Acked {
-                peer: p.shared.name.to_string(),
+                peer: p.shared.name.clone(),
                 up_to: p.desc.acked(),
                 credit: p.desc.credit_seen(),
             };

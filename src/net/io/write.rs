@@ -253,7 +253,7 @@ impl IoThread {
                     let u = p.desc.publish(m.flags, m.payload);
                     if let Some(batch) = journal.as_deref_mut() {
                         batch.push(Record::Message {
-                            peer: shared.name.to_string(),
+                            peer: shared.name.clone(),
                             seq: u.seq,
                             flags: u.flags,
                             payload: u.payload.clone(),
