@@ -117,3 +117,84 @@ fn credit_for_acked_messages_of_the_previous_process_over_releases_the_window() 
     );
     shutdown_all(&[a, b]);
 }
+
+/// Bug 2: a journalling receiver restarts with the same launch id but counts the
+/// unreliable window bytes it received from zero again. At the handshake the sender takes
+/// every unreliable byte it ever sent to that incarnation for lost with the connection and
+/// gives the permits back (`Descriptor::unreliable_lost` / `Ledger::forget`), although those
+/// messages were delivered and their credit already returned: the release is taken from
+/// the reliable messages outstanding, and the sender may exceed its window.
+#[test]
+fn a_receiver_restart_gives_back_permits_of_unreliable_messages_already_credited() {
+    const WINDOW: u64 = 64 << 10;
+    let a_dir = TempDir::new("review-unrel-a");
+    let b_dir = TempDir::new("review-unrel-b");
+    let b_addr = reserve_addr();
+    let handled = Arc::new(AtomicU64::new(0));
+    let gate = Arc::new(Gate::default());
+    let receiver = |block: bool| {
+        let (h, g) = (handled.clone(), gate.clone());
+        Node::builder("b")
+            .cluster("review-unrel")
+            .listen(b_addr)
+            .window_bytes(WINDOW)
+            .journal(b_dir.path())
+            .allow_unknown_members(true)
+            .on_message(move |_d: Delivery| {
+                if block {
+                    g.wait();
+                }
+                h.fetch_add(1, Ordering::SeqCst);
+            })
+            .start()
+            .expect("b starts")
+    };
+    let b = receiver(false);
+    let a = Node::builder("a")
+        .cluster("review-unrel")
+        .window_bytes(WINDOW)
+        .journal(a_dir.path())
+        .peer("b", b_addr)
+        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .start()
+        .expect("a starts");
+    wait_until("a connected", PATIENCE, || is_connected(&a, "b"));
+    // 32 unreliable messages, delivered and credited.
+    let opts = cohort::SendOptions::new().unreliable();
+    for i in 0..32 {
+        a.send_with("b", payload(i, 1000), opts.clone()).expect("send");
+    }
+    wait_until("unreliable ones handled", PATIENCE, || {
+        handled.load(Ordering::SeqCst) == 32
+    });
+    wait_until_or(
+        PATIENCE,
+        || {
+            let p = peer_stats(&a, "b");
+            p.available == p.window
+        },
+        || format!("a's window whole:\n{}", a.stats()),
+    );
+    b.shutdown(SHUTDOWN).expect("b stops");
+    drop(b);
+    wait_until("a sees b gone", PATIENCE, || !is_connected(&a, "b"));
+    // b is down: a journals a window of reliable messages.
+    let tx = a.sender();
+    let first = fill(&tx, "b", 100);
+    assert_eq!(first, WINDOW / 1016);
+    // b comes back (same launch id, from its journal) with a handler that holds everything.
+    let b = receiver(true);
+    wait_until("b received the reliable ones", PATIENCE, || {
+        b.stats().peer("a").is_some_and(|p| p.received >= first)
+    });
+    let second = fill(&tx, "b", 100 + first);
+    let p = peer_stats(&a, "b");
+    gate.open();
+    assert_eq!(
+        second, 0,
+        "b has handled none of the {first} reliable messages, yet a could send {second} more \
+         (a: window {} available {} in flight {}, unreliable lost bytes {})",
+        p.window, p.available, p.in_flight, p.unreliable_lost_bytes
+    );
+    shutdown_all(&[a, b]);
+}
