@@ -198,3 +198,79 @@ fn a_receiver_restart_gives_back_permits_of_unreliable_messages_already_credited
     );
     shutdown_all(&[a, b]);
 }
+
+/// Runs: b up, one message a -> b delivered, b down, `a` sends 10 while b is down, b comes
+/// back as a new incarnation (no journal on b: new launch id). Returns (delivered to the
+/// new b, undelivered at a).
+fn sends_while_peer_is_down(journal: Option<&std::path::Path>, cluster: &str) -> (u64, u64) {
+    let b_addr = reserve_addr();
+    let got = Arc::new(AtomicU64::new(0));
+    let receiver = || {
+        let g = got.clone();
+        Node::builder("b")
+            .cluster(cluster)
+            .listen(b_addr)
+            .allow_unknown_members(true)
+            .on_message(move |_d: Delivery| {
+                g.fetch_add(1, Ordering::SeqCst);
+            })
+            .start()
+            .expect("b starts")
+    };
+    let b = receiver();
+    let mut ab = Node::builder("a")
+        .cluster(cluster)
+        .peer("b", b_addr)
+        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50));
+    if let Some(dir) = journal {
+        ab = ab.journal(dir);
+    }
+    let a = ab.start().expect("a starts");
+    send_patiently(&a.sender(), "b", payload(0, 100));
+    wait_until("first delivered", PATIENCE, || got.load(Ordering::SeqCst) == 1);
+    // Credit comes back in an ack, which also acknowledges the message.
+    wait_until("credited and acked", PATIENCE, || {
+        let p = peer_stats(&a, "b");
+        p.available == p.window
+    });
+    b.shutdown(SHUTDOWN).expect("b stops");
+    drop(b);
+    wait_until("a sees b gone", PATIENCE, || !is_connected(&a, "b"));
+    for i in 1..=10 {
+        send_patiently(&a.sender(), "b", payload(i, 100));
+    }
+    if journal.is_some() {
+        a.sync_journal(PATIENCE).expect("synced");
+    }
+    got.store(0, Ordering::SeqCst);
+    let b = receiver();
+    wait_until_or(
+        PATIENCE,
+        || {
+            let p = peer_stats(&a, "b");
+            got.load(Ordering::SeqCst) + p.undelivered >= 10
+        },
+        || format!("the 10 delivered or undelivered:\n{}", a.stats()),
+    );
+    let r = (got.load(Ordering::SeqCst), peer_stats(&a, "b").undelivered);
+    shutdown_all(&[a, b]);
+    r
+}
+
+/// Bug 3: with a journal, messages sent while the peer is down are published (sequenced)
+/// at once; when the peer comes back as a new incarnation, `bind_incarnation` retires them
+/// as "unacknowledged messages to its old incarnation" although they never left this
+/// node. Without a journal the same messages wait in the queue and reach the new
+/// incarnation: turning the journal on loses them.
+#[test]
+fn messages_sent_while_the_peer_is_down_reach_its_next_incarnation() {
+    let control = sends_while_peer_is_down(None, "review-down-nj");
+    assert_eq!(control, (10, 0), "without a journal: all delivered");
+    let dir = TempDir::new("review-down");
+    let journalled = sends_while_peer_is_down(Some(dir.path()), "review-down-j");
+    assert_eq!(
+        journalled,
+        (10, 0),
+        "with a journal: (delivered, undelivered) to b's new incarnation"
+    );
+}
