@@ -274,3 +274,39 @@ fn messages_sent_while_the_peer_is_down_reach_its_next_incarnation() {
         "with a journal: (delivered, undelivered) to b's new incarnation"
     );
 }
+
+/// Bug 4: with a journal, an ack triggered by `ack_threshold` (`after_data` -> `send_ack`)
+/// usually finds the handler not done yet, writes nothing, and arms no ack timer (the
+/// timer is armed only on the other branch). Nothing re-asks unless credit crosses half a
+/// window or the idle-credit tick fires: with `credit_on_idle(false)` a handled message is
+/// never acknowledged, and the sender's shutdown reports it undelivered.
+#[test]
+fn a_threshold_ack_that_finds_the_handler_behind_is_retried() {
+    let dir = TempDir::new("review-threshold");
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    let b = Node::builder("b")
+        .cluster("review-threshold")
+        .journal(dir.path())
+        .ack_threshold(1)
+        .credit_on_idle(false)
+        .allow_unknown_members(true)
+        .on_message(move |_d: Delivery| {
+            g.fetch_add(1, Ordering::SeqCst);
+        })
+        .start()
+        .expect("b starts");
+    let a = Node::builder("a")
+        .cluster("review-threshold")
+        .peer("b", b.local_addr())
+        .start()
+        .expect("a starts");
+    send_patiently(&a.sender(), "b", payload(0, 100));
+    wait_until("delivered", PATIENCE, || got.load(Ordering::SeqCst) == 1);
+    let report = a.shutdown(Duration::from_secs(3)).expect("a stops");
+    assert_eq!(
+        report.undelivered, 0,
+        "b handled the message (and its journal recorded it) but never acknowledged it"
+    );
+    b.shutdown(SHUTDOWN).expect("b stops");
+}
