@@ -310,3 +310,78 @@ fn a_threshold_ack_that_finds_the_handler_behind_is_retried() {
     );
     b.shutdown(SHUTDOWN).expect("b stops");
 }
+
+/// Bug 5: acks follow the disk, but the handshake does not. On a reconnect a journalling
+/// receiver tells the sender its raw received count (`adopt` / `answer_hello` use
+/// `desc.received()`), not what its journal holds as delivered; the sender retires those
+/// messages at `resume`. If the receiver then stops before handling them (a crash; here a
+/// shutdown whose pool is stuck, so no final record), its journal says "delivered 0", the
+/// sender no longer has them, and they are lost.
+#[test]
+fn the_handshake_does_not_acknowledge_what_the_receivers_journal_lacks() {
+    let dir = TempDir::new("review-hs");
+    let b_addr = reserve_addr();
+    let gate = Arc::new(Gate::default());
+    let first_b = Arc::new(AtomicU64::new(0));
+    let second_b = Arc::new(AtomicU64::new(0));
+    let receiver = |count: Arc<AtomicU64>, gate: Option<Arc<Gate>>| {
+        Node::builder("b")
+            .cluster("review-hs")
+            .listen(b_addr)
+            .journal(dir.path())
+            .allow_unknown_members(true)
+            .on_message(move |d: Delivery| {
+                if let Some(g) = &gate {
+                    g.wait();
+                }
+                count.fetch_add(1, Ordering::SeqCst);
+                let _ = d;
+            })
+            .start()
+            .expect("b starts")
+    };
+    let b = receiver(first_b.clone(), Some(gate.clone()));
+    let a = Node::builder("a")
+        .cluster("review-hs")
+        .peer("b", b_addr)
+        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .start()
+        .expect("a starts");
+    for i in 0..10 {
+        send_patiently(&a.sender(), "b", payload(i, 100));
+    }
+    wait_until("b received all 10", PATIENCE, || {
+        b.stats().peer("a").is_some_and(|p| p.received == 10)
+    });
+    // The handler is stuck on the first one: nothing is recorded, nothing acknowledged.
+    a.disconnect("b").expect("disconnect");
+    wait_until("a reconnected", PATIENCE, || {
+        let p = peer_stats(&a, "b");
+        p.connects >= 2 && is_connected(&a, "b")
+    });
+    // b stops before its handler got anywhere (as a crash would).
+    let _ = b.shutdown(Duration::from_millis(200));
+    gate.open();
+    drop(b);
+    let b = receiver(second_b.clone(), None);
+    send_patiently(&a.sender(), "b", payload(10, 100));
+    wait_until_or(
+        PATIENCE,
+        || second_b.load(Ordering::SeqCst) >= 1,
+        || format!("the marker delivered:\n{}\n{}", a.stats(), b.stats()),
+    );
+    wait_until("quiet", PATIENCE, || {
+        b.stats().peer("a").is_some_and(|p| p.delivery_queued_bytes == 0)
+    });
+    let delivered_by_first = first_b.load(Ordering::SeqCst);
+    let delivered_by_second = second_b.load(Ordering::SeqCst);
+    let undelivered = peer_stats(&a, "b").undelivered;
+    shutdown_all(&[a, b]);
+    assert_eq!(
+        delivered_by_second, 11,
+        "b's journal recorded none of the 10 as delivered (the stopped b's stuck handler ran \
+         {delivered_by_first} only after its journal was gone; a crash would not have), so \
+         the restarted b must get them again; a retired them at the reconnect's handshake \
+         ({undelivered} undelivered)"
+    );
+}
