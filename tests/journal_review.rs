@@ -385,3 +385,58 @@ fn the_handshake_does_not_acknowledge_what_the_receivers_journal_lacks() {
          ({undelivered} undelivered)"
     );
 }
+
+/// Runs: b down, `a` sends one message with a 50 ms ttl, the ttl passes, b comes up.
+/// Returns (delivered at b, expired at a).
+fn ttl_while_peer_is_down(journal: Option<&std::path::Path>, cluster: &str) -> (u64, u64) {
+    let b_addr = reserve_addr();
+    let mut ab = Node::builder("a")
+        .cluster(cluster)
+        .peer("b", b_addr)
+        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50));
+    if let Some(dir) = journal {
+        ab = ab.journal(dir);
+    }
+    let a = ab.start().expect("a starts");
+    let ttl = Duration::from_millis(50);
+    let sent_at = std::time::Instant::now();
+    a.send_with("b", payload(0, 100), cohort::SendOptions::new().ttl(ttl))
+        .expect("accepted");
+    // The deadline passing is the event waited for.
+    wait_until("the ttl passed", PATIENCE, || sent_at.elapsed() > ttl * 4);
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    let b = Node::builder("b")
+        .cluster(cluster)
+        .listen(b_addr)
+        .allow_unknown_members(true)
+        .on_message(move |_d: Delivery| {
+            g.fetch_add(1, Ordering::SeqCst);
+        })
+        .start()
+        .expect("b starts");
+    wait_until_or(
+        PATIENCE,
+        || {
+            let p = peer_stats(&a, "b");
+            got.load(Ordering::SeqCst) + p.expired >= 1
+        },
+        || format!("delivered or expired:\n{}", a.stats()),
+    );
+    let r = (got.load(Ordering::SeqCst), peer_stats(&a, "b").expired);
+    shutdown_all(&[a, b]);
+    r
+}
+
+/// Bug 6 (semantics): `SendOptions::ttl` promises to fail a message not published within
+/// its ttl, "for instance because the peer is disconnected". With a journal, a message
+/// for a disconnected peer is published at once, so its ttl never applies: it is delivered
+/// however late the peer comes back.
+#[test]
+fn a_ttl_message_for_a_disconnected_peer_still_expires_with_a_journal() {
+    let control = ttl_while_peer_is_down(None, "review-ttl-nj");
+    assert_eq!(control, (0, 1), "without a journal: expired, not delivered");
+    let dir = TempDir::new("review-ttl");
+    let journalled = ttl_while_peer_is_down(Some(dir.path()), "review-ttl-j");
+    assert_eq!(journalled, (0, 1), "with a journal: (delivered, expired)");
+}
