@@ -440,3 +440,60 @@ fn a_ttl_message_for_a_disconnected_peer_still_expires_with_a_journal() {
     let journalled = ttl_while_peer_is_down(Some(dir.path()), "review-ttl-j");
     assert_eq!(journalled, (0, 1), "with a journal: (delivered, expired)");
 }
+
+/// Bug 7: when a journal append fails, `write_conn` still writes the connection's buffer,
+/// holding the messages of the batch that could not be journalled (`commit_journal` is
+/// called, its failure is not checked before `conn.flush()`). The peer then holds messages
+/// the journal lacks; after a restart their sequence numbers are given to other messages,
+/// which the peer drops as duplicates. Here the journal's directory is removed (as in
+/// `sync_journal_never_reports_success_after_a_journal_write_failed`): its 8 KiB segment
+/// holds at most 8 messages of 1 KiB, so b may receive no more than that.
+#[test]
+fn messages_whose_journal_write_failed_never_reach_the_peer() {
+    let dir = TempDir::new("review-fail");
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    let b = Node::builder("b")
+        .cluster("review-fail")
+        .listen("127.0.0.1:0")
+        .allow_unknown_members(true)
+        .on_message(move |_d: Delivery| {
+            g.fetch_add(1, Ordering::SeqCst);
+        })
+        .start()
+        .expect("b starts");
+    let a = Node::builder("a")
+        .cluster("review-fail")
+        .journal(dir.path())
+        .journal_segment_size(8 << 10)
+        .peer("b", b.local_addr())
+        .start()
+        .expect("a starts");
+    wait_until("a connected to b", PATIENCE, || is_connected(&a, "b"));
+    std::fs::remove_dir_all(dir.path()).expect("remove the journal directory");
+    let tx = a.sender();
+    let mut accepted = 0u64;
+    for i in 0..50 {
+        if tx.send_timeout("b", payload(i, 1024), PATIENCE).is_err() {
+            break; // the node stopped
+        }
+        accepted += 1;
+    }
+    let _ = a.sync_journal(PATIENCE);
+    wait_until("a stopped", PATIENCE, || a.stats().journal_failures == 1);
+    let _ = a.shutdown(SHUTDOWN);
+    let js = a.stats().journal;
+    wait_until("b quiet", PATIENCE, || {
+        b.stats()
+            .peer("a")
+            .is_none_or(|p| p.delivery_queued_bytes == 0)
+    });
+    let received = b.stats().peer("a").map_or(0, |p| p.received);
+    b.shutdown(SHUTDOWN).expect("b stops");
+    assert!(
+        received <= 8,
+        "b received {received} of the {accepted} messages accepted, but a's journal could hold \
+         at most 8 of them before its write failed (journal stats after the last successful \
+         append: {js:?})"
+    );
+}
