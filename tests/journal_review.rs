@@ -497,3 +497,68 @@ fn messages_whose_journal_write_failed_never_reach_the_peer() {
          append: {js:?})"
     );
 }
+
+/// Bug 9: with `FsyncPolicy::Never` or `Interval`, a machine crash can take the journal's
+/// unsynced tail while the peer already holds those messages (they leave after the append,
+/// before the sync). Here the tail is cut by damaging the record of message 15 (recovery
+/// cuts the journal there). The restarted sender resumes at seq 15 while the peer has
+/// received 20: `resume` fails with `AckBeyondSent`, the connection is closed as a protocol
+/// error, redialled, and fails again — for ever: nothing reaches the peer any more.
+#[test]
+fn a_sender_whose_journal_lost_its_tail_can_still_talk_to_its_peer() {
+    let dir = TempDir::new("review-tail");
+    let got = Arc::new(AtomicU64::new(0));
+    let g = got.clone();
+    let b = Node::builder("b")
+        .cluster("review-tail")
+        .listen("127.0.0.1:0")
+        .allow_unknown_members(true)
+        .on_message(move |_d: Delivery| {
+            g.fetch_add(1, Ordering::SeqCst);
+        })
+        .start()
+        .expect("b starts");
+    let sender = || {
+        Node::builder("a")
+            .cluster("review-tail")
+            .journal(dir.path())
+            .journal_fsync(cohort::FsyncPolicy::Never)
+            .peer("b", b.local_addr())
+            .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(20))
+            .start()
+            .expect("a starts")
+    };
+    let a = sender();
+    for i in 0..20 {
+        send_patiently(&a.sender(), "b", payload(i, 200));
+    }
+    wait_until("b got 20", PATIENCE, || got.load(Ordering::SeqCst) == 20);
+    a.shutdown(SHUTDOWN).expect("a stops");
+    drop(a);
+    // Damage message 14's record (its payload in the segment file): recovery cuts there.
+    let needle = payload(14, 200);
+    let mut hit = false;
+    for e in std::fs::read_dir(dir.path()).unwrap() {
+        let path = e.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        if let Some(pos) = bytes.windows(needle.len()).position(|w| w == needle.as_slice()) {
+            bytes[pos + 100] ^= 0xff;
+            std::fs::write(&path, &bytes).unwrap();
+            hit = true;
+        }
+    }
+    assert!(hit, "message 14 found in the journal");
+    let a = sender();
+    send_patiently(&a.sender(), "b", payload(20, 200));
+    wait_until_or(
+        PATIENCE,
+        || got.load(Ordering::SeqCst) > 20 || a.stats().connections.protocol_errors >= 5,
+        || format!("new message or protocol errors:\n{}", a.stats()),
+    );
+    let (delivered, errors) = (got.load(Ordering::SeqCst), a.stats().connections.protocol_errors);
+    shutdown_all(&[a, b]);
+    assert!(
+        delivered > 20,
+        "after losing its journal's tail a never reaches b again: {errors} protocol errors"
+    );
+}
