@@ -806,3 +806,50 @@ fn delivered_credit_and_a_reset_survive_a_restart() {
     assert_eq!((p.sent, p.delivered, p.credit, p.launch), (1, 0, 0, 3));
     assert_eq!(seqs(&r, "beta"), vec![1]);
 }
+
+/// Review, bug 8: segments are retired out of order (`take_retired` takes any covered
+/// segment whose pins are acked), so the segment holding a `Bound` reset can go back to
+/// the pool while an older segment, pinned by another peer, still holds messages of the
+/// reset stream. Recovery then replays those old messages without the reset, and the
+/// newer checkpoint's counters are merged with `max`, so they come back as unacknowledged
+/// messages of the new stream: retired (reported undelivered) messages are resent to the
+/// peer's new incarnation.
+#[test]
+fn a_reset_survives_the_retirement_of_the_segment_that_recorded_it() {
+    let dir = TempDir::new("reset-retired");
+    {
+        let (mut j, _) = open(dir.path());
+        let bound = |peer: &str, l: u64| Record::Bound {
+            peer: peer.into(),
+            launch: l,
+        };
+        j.append(&[bound("beta", 7), bound("gamma", 9)]).unwrap();
+        // The old stream to beta, over three segments; a message to gamma that is never
+        // acknowledged pins the second one.
+        for seq in 1..=70 {
+            if seq == 45 {
+                j.append(&[msg("gamma", 1, 100)]).unwrap();
+            }
+            j.append(&[msg("beta", seq, 2000)]).unwrap();
+        }
+        // beta restarted: its old messages are retired.
+        j.append(&[bound("beta", 8)]).unwrap();
+        assert_eq!(j.peer("beta").unwrap().sent, 0);
+        // The new stream, acknowledged as it goes, moves on to newer segments.
+        for seq in 1..=40 {
+            j.append(&[msg("beta", seq, 2000), acked("beta", seq)])
+                .unwrap();
+        }
+        assert!(j.stats().segments_recycled > 0, "{:?}", j.stats());
+        let c = j.peer("beta").unwrap();
+        assert_eq!((c.sent, c.acked, c.launch), (40, 40, 8));
+    }
+    let (_, r) = open(dir.path());
+    let p = &r.peers["beta"];
+    assert_eq!(
+        (p.sent, p.acked, p.launch, seqs(&r, "beta")),
+        (40, 40, 8, vec![]),
+        "the old incarnation's messages must not come back"
+    );
+    assert_eq!(seqs(&r, "gamma"), vec![1]);
+}

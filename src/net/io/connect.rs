@@ -235,12 +235,20 @@ impl IoThread {
     /// Closes a connection (after writing `close` best-effort) and, if it spoke for a peer,
     /// moves the peer to `Backoff` and schedules a reconnect.
     pub(super) fn close_conn(&mut self, token: Token, close: Option<(CloseCode, &str)>) {
+        if close.is_some() && self.conns.contains_key(&token) {
+            // The close flushes the write buffer, which may hold messages published this
+            // turn: nothing leaves before the journal holds it.
+            self.commit_journal();
+        }
+        let journal_ok = self.journal_ok();
         let Some(mut conn) = self.conns.remove(&token) else {
             return;
         };
         if let Some((code, reason)) = close {
-            wire::encode_close(&mut conn.wbuf, code, reason);
-            let _ = conn.flush(); // best effort: the socket is closed right after
+            if journal_ok {
+                wire::encode_close(&mut conn.wbuf, code, reason);
+                let _ = conn.flush(); // best effort: the socket is closed right after
+            }
         }
         let _ = self.poll.registry().deregister(&mut conn.stream);
         self.update_gauges();

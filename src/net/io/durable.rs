@@ -117,6 +117,12 @@ impl IoThread {
         });
     }
 
+    /// Whether no journal write or sync has failed (always true without a journal): after
+    /// a failure, bytes in write buffers may hold messages the journal lacks.
+    pub(super) fn journal_ok(&self) -> bool {
+        self.journal.as_ref().is_none_or(|j| !j.failed)
+    }
+
     /// Whether this node journals.
     pub(super) fn journalled(&self) -> bool {
         self.journal.is_some()

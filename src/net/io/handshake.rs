@@ -68,6 +68,13 @@ impl IoThread {
             return self.refuse(token, CloseCode::Shutdown, "member closed");
         }
         let received = p.desc.received_from(peer.launch_id);
+        // With a journal, the handshake acknowledges no more than an ack may: what the
+        // journal holds as delivered (the rest is resent and dropped here as duplicates).
+        let received = if p.shared.progress.is_some() {
+            received.min(p.durable.0)
+        } else {
+            received
+        };
         let connections = p.desc.connections_with(peer.launch_id);
         let unreliable = p.desc.unreliable_received_from(peer.launch_id);
         let Some(conn) = self.conns.get_mut(&token) else {
@@ -164,8 +171,14 @@ impl IoThread {
         }
         self.bind_incarnation(id, peer);
         let p = self.peers.get_mut(&id)?;
+        // With a journal, no more than an ack may carry (see `answer_hello`).
+        let received = if p.shared.progress.is_some() {
+            p.desc.received().min(p.durable.0)
+        } else {
+            p.desc.received()
+        };
         let counts = (
-            p.desc.received(),
+            received,
             p.desc.connections(),
             p.desc.unreliable_received(),
         );

@@ -13,6 +13,11 @@ impl IoThread {
         }
         // Nothing leaves before the journal holds it.
         self.commit_journal();
+        if !self.journal_ok() {
+            // The buffer may hold messages the journal could not take: they must not reach
+            // the peer (a restart would give their sequence numbers to other messages).
+            return self.close_conn(token, None);
+        }
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
