@@ -28,7 +28,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 8 | magic `COHORTJL` |
-//! | 8 | 2 | format version (`1`) |
+//! | 8 | 2 | format version (`2`) |
 //! | 10 | 1 | state: `1` empty, `2` active, `3` sealed |
 //! | 11 | 1 | zero |
 //! | 12 | 4 | CRC32 of the 1024 header bytes with this field zeroed |
@@ -50,14 +50,15 @@
 //! |---|---|---|
 //! | 0 | 4 | CRC32 of: the segment generation (8 bytes, not stored), then bytes 4.. of the frame |
 //! | 4 | 4 | body length `n` |
-//! | 8 | 1 | kind: `1` message, `2` acked, `3` delivered, `4` checkpoint |
+//! | 8 | 1 | kind: `1` message, `2` acked, `3` delivered, `4` checkpoint, `5` bound |
 //! | 9 | 3 | zero |
 //! | 12 | n | body |
 //!
 //! Bodies (names are `u16` length + UTF-8, at most 255 bytes):
-//! message `name, seq: u64, flags: u8, payload (rest)`; acked `name, up_to: u64`;
-//! delivered `name, count: u64`; checkpoint `n: u32, n × (name, sent: u64, acked: u64,
-//! delivered: u64)`. A zero frame header marks the end of the records. Because the CRC mixes
+//! message `name, seq: u64, flags: u8, payload (rest)`; acked `name, up_to: u64, credit:
+//! u64`; delivered `name, count: u64, credit: u64`; bound `name, launch: u64`; checkpoint
+//! `n: u32, n × (name, sent, acked, delivered, credit, launch, credit_seen, published,
+//! epoch: u64 each)`. A zero frame header marks the end of the records. Because the CRC mixes
 //! in the generation, records left from a segment's earlier life never validate, and a
 //! recycled segment needs no zeroing.
 //!
@@ -291,14 +292,15 @@ impl LiveSegment {
 }
 
 /// Applies a record to the counters and to the pins of the segment holding it. Returns
-/// `true` if it was a [`Record::Bound`] that reset the peer: the caller then unpins the
-/// peer's messages in every other segment ([`unpin`]).
+/// the peers whose stream it reset — a [`Record::Bound`] reset, or a checkpoint of a newer
+/// epoch than what was replayed so far (the reset's own segment was recycled): the caller
+/// then unpins their messages in every other segment ([`unpin`]) and forgets them.
 pub(crate) fn apply(
     counters: &mut BTreeMap<String, PeerCounters>,
     pins: &mut BTreeMap<String, u64>,
     record: &Record,
-) -> bool {
-    let mut reset = false;
+) -> Vec<String> {
+    let mut reset = Vec::new();
     // Looked up before inserting: a record per message must not allocate a name.
     fn entry<'a>(
         counters: &'a mut BTreeMap<String, PeerCounters>,
@@ -316,9 +318,12 @@ pub(crate) fn apply(
         counters.get_mut(peer).expect("just inserted")
     }
     match record {
-        Record::Message { peer, seq, .. } => {
+        Record::Message {
+            peer, seq, payload, ..
+        } => {
             let c = entry(counters, peer);
             c.sent = c.sent.max(*seq);
+            c.published += crate::flow::cost(payload.len());
             match pins.get_mut(&**peer) {
                 Some(pin) => *pin = (*pin).max(*seq),
                 None => {
@@ -349,16 +354,29 @@ pub(crate) fn apply(
             if *launch == 0 || (c.launch != 0 && c.launch != *launch) {
                 *c = PeerCounters {
                     peer: peer.to_string(),
+                    epoch: c.epoch + 1,
                     ..PeerCounters::default()
                 };
                 pins.remove(&**peer);
-                reset = true;
+                reset.push(peer.to_string());
             }
             c.launch = *launch;
         }
         Record::Checkpoint { peers } => {
             for p in peers {
                 let c = entry(counters, &p.peer);
+                if p.epoch > c.epoch {
+                    // The reset happened in a segment recycled since: the checkpoint's
+                    // counters replace what older segments said of the old stream.
+                    *c = p.clone();
+                    pins.remove(&p.peer);
+                    reset.push(p.peer.clone());
+                    continue;
+                }
+                if p.epoch < c.epoch {
+                    continue;
+                }
+                c.published = c.published.max(p.published);
                 c.sent = c.sent.max(p.sent);
                 c.acked = c.acked.max(p.acked);
                 c.delivered = c.delivered.max(p.delivered);
@@ -470,10 +488,8 @@ impl Journal {
                     break;
                 }
                 r.encode(seg.generation, &mut self.buf);
-                if apply(&mut self.counters, &mut seg.pins, r) {
-                    if let Record::Bound { peer, .. } = r {
-                        unpin(older, peer);
-                    }
+                for peer in apply(&mut self.counters, &mut seg.pins, r) {
+                    unpin(older, &peer);
                 }
                 i += 1;
                 n += 1;

@@ -14,8 +14,8 @@ use crate::sync::SharedStr;
 pub const FRAME_HEADER: usize = 12;
 
 /// Bytes of counters per peer in a checkpoint: sent, acked, delivered, credit, launch,
-/// credit seen.
-pub(crate) const CHECKPOINT_COUNTERS: usize = 48;
+/// credit seen, published, epoch.
+pub(crate) const CHECKPOINT_COUNTERS: usize = 64;
 
 /// Longest peer name a record can hold (the wire's limit).
 pub(crate) const MAX_PEER_NAME: usize = crate::wire::MAX_NAME;
@@ -99,6 +99,11 @@ pub struct PeerCounters {
     pub launch: u64,
     /// Credit (window bytes) the peer has returned to this member, cumulative.
     pub credit_seen: u64,
+    /// Window bytes of the messages journalled to the peer, cumulative.
+    pub published: u64,
+    /// How many times the peer's stream was reset ([`Record::Bound`]): a checkpoint of a
+    /// newer epoch replaces counters of an older one instead of merging with them.
+    pub epoch: u64,
 }
 
 /// The kind of a record, for counting and display.
@@ -220,6 +225,8 @@ impl Record {
                     out.extend_from_slice(&p.credit.to_le_bytes());
                     out.extend_from_slice(&p.launch.to_le_bytes());
                     out.extend_from_slice(&p.credit_seen.to_le_bytes());
+                    out.extend_from_slice(&p.published.to_le_bytes());
+                    out.extend_from_slice(&p.epoch.to_le_bytes());
                 }
             }
         }
@@ -366,6 +373,8 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
                     credit: c.u64()?,
                     launch: c.u64()?,
                     credit_seen: c.u64()?,
+                    published: c.u64()?,
+                    epoch: c.u64()?,
                 });
             }
             Record::Checkpoint { peers }
@@ -418,6 +427,8 @@ mod tests {
                         credit: 7,
                         launch: 8,
                         credit_seen: 11,
+                        published: 13,
+                        epoch: 1,
                     },
                     PeerCounters {
                         peer: "bb".into(),
@@ -427,6 +438,8 @@ mod tests {
                         credit: 9,
                         launch: 10,
                         credit_seen: 12,
+                        published: 14,
+                        epoch: 2,
                     },
                 ],
             },

@@ -45,6 +45,9 @@ pub struct RecoveredPeer {
     pub launch: u64,
     /// Credit (window bytes) the peer had returned to us, cumulative.
     pub credit_seen: u64,
+    /// Window bytes of every message journalled to the peer in this stream, cumulative:
+    /// with `credit_seen`, what is still uncredited after a restart.
+    pub published: u64,
 }
 
 /// Where recovery stopped reading because a record was invalid.
@@ -372,12 +375,10 @@ pub(crate) fn recover(
         report.segments_replayed += 1;
         report.records_replayed += records.len() as u64;
         for record in records {
-            if super::apply(&mut counters, &mut seg.pins, &record) {
-                if let Record::Bound { peer, .. } = &record {
-                    // Reset: the peer's earlier messages are retired, never resent.
-                    super::unpin(older, peer);
-                    messages.remove(&**peer);
-                }
+            for peer in super::apply(&mut counters, &mut seg.pins, &record) {
+                // Reset: the peer's earlier messages are retired, never resent.
+                super::unpin(older, &peer);
+                messages.remove(&peer);
             }
             if let Record::Message {
                 peer,
@@ -440,6 +441,7 @@ pub(crate) fn recover(
                 credit: c.credit,
                 launch: c.launch,
                 credit_seen: c.credit_seen,
+                published: c.published,
             },
         );
     }

@@ -12,7 +12,7 @@ pub const HEADER_LEN: usize = 1024;
 /// The first eight bytes of every segment.
 pub(crate) const MAGIC: [u8; 8] = *b"COHORTJL";
 /// The on-disk format this build reads and writes.
-pub const FORMAT_VERSION: u16 = 1;
+pub const FORMAT_VERSION: u16 = 2;
 /// Longest member or cluster name a header holds.
 pub(crate) const MAX_IDENTITY_NAME: usize = 255;
 
@@ -423,8 +423,11 @@ mod tests {
             bad[OFF_MEMBER + 1] ^= 1;
             assert!(matches!(Header::decode(&bad), HeaderRead::Damaged(_)));
             let mut v2 = b.clone();
-            v2[OFF_VERSION] = 2;
-            assert_eq!(Header::decode(&v2), HeaderRead::OtherVersion(2));
+            v2[OFF_VERSION] = (FORMAT_VERSION + 1) as u8;
+            assert_eq!(
+                Header::decode(&v2),
+                HeaderRead::OtherVersion(FORMAT_VERSION + 1)
+            );
             let mut magic = b.clone();
             magic[0] = b'X';
             assert_eq!(Header::decode(&magic), HeaderRead::NotASegment);

@@ -415,15 +415,19 @@ fn a_header_of_another_version_or_member_is_a_clear_error() {
 
     let path = dir.path().join(file_name(1));
     let before = fs::read(&path).unwrap();
-    patch(&path, 8, &2u16.to_le_bytes());
+    patch(&path, 8, &(FORMAT_VERSION + 1).to_le_bytes());
     let err = Journal::open(config(dir.path())).unwrap_err();
     match &err {
         JournalError::UnsupportedVersion {
             found, supported, ..
-        } => assert_eq!((*found, *supported), (2, FORMAT_VERSION)),
+        } => assert_eq!((*found, *supported), (FORMAT_VERSION + 1, FORMAT_VERSION)),
         other => panic!("{other}"),
     }
-    assert!(err.to_string().contains("version 2"), "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("version {}", FORMAT_VERSION + 1)),
+        "{err}"
+    );
     // Nothing was changed on disk but the byte we patched.
     let mut after = fs::read(&path).unwrap();
     after[8] = before[8];

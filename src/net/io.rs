@@ -113,6 +113,9 @@ struct PeerIo {
     /// could be charged for: credit for the excess finds nothing outstanding, and is
     /// clamped quietly.
     restored: bool,
+    /// Journal: the last sequence number restored from the journal at start (`None`: not
+    /// restored). Only a restored stream may find its peer ahead of it.
+    restored_upto: Option<u64>,
 }
 
 impl PeerIo {
@@ -347,6 +350,7 @@ impl IoThread {
                         durable: (0, 0),
                         epoch: 0,
                         restored: false,
+                        restored_upto: None,
                     },
                 );
                 self.restore_peer(id);

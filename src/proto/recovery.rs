@@ -110,6 +110,9 @@ pub struct Descriptor {
     credit_seen: u64,
     /// Connections established with this incarnation (each successful `resume`).
     connections: u64,
+    /// Highest sequence number ever put on a connection to this incarnation: messages
+    /// above it never left (published while disconnected, with a journal).
+    written: u64,
     /// Window bytes of unreliable messages published to this incarnation (cumulative).
     unreliable_sent: u64,
     /// ... of which found lost (and given back) at reconnects.
@@ -150,8 +153,20 @@ impl Descriptor {
             unacked: unacked.into(),
             credit_returned,
             credit_seen,
+            // Whether the previous process wrote them is unknown: assume it did.
+            written: sent,
             ..Descriptor::default()
         }
+    }
+
+    /// Messages up to `seq` have been put on a connection.
+    pub fn note_written(&mut self, seq: u64) {
+        self.written = self.written.max(seq);
+    }
+
+    /// Highest sequence number ever put on a connection to this incarnation.
+    pub fn written(&self) -> u64 {
+        self.written
     }
 
     /// The peer incarnation these counters belong to.
@@ -240,6 +255,23 @@ impl Descriptor {
             payload,
         });
         self.unacked.back().expect("just pushed")
+    }
+
+    /// Our stream jumps to `to`: the peer holds more of it than we do (our journal lost its
+    /// tail in a machine crash). Messages up to `kept` were journalled before the crash and
+    /// the peer has them: they are retired. Later ones were numbered after the restart and
+    /// collide with what the peer already holds: they are taken out and returned, to be
+    /// published again after `to`. Everything up to `to` then counts as sent and
+    /// acknowledged.
+    pub fn fast_forward(&mut self, to: u64, kept: u64) -> Vec<Unacked> {
+        if to <= self.sent {
+            return Vec::new();
+        }
+        let fresh: Vec<Unacked> = self.unacked.drain(..).filter(|m| m.seq > kept).collect();
+        self.unacked_bytes = 0;
+        self.sent = to;
+        self.acked = to;
+        fresh
     }
 
     /// Applies a cumulative ack: retires every message with `seq <= received`.

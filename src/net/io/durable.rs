@@ -311,10 +311,13 @@ impl IoThread {
         // the window however often it restarts. The peer's credit for them releases the
         // charge as for any published message; `credit_seen` makes its running total
         // count from where the journal left it.
-        let cost: u64 = unacked
+        // Uncredited: every journalled message the peer has not credited yet — the unacked
+        // ones, and acked ones whose credit was still on its way.
+        let unacked_cost: u64 = unacked
             .iter()
             .map(|u| crate::flow::cost(u.payload.len()))
             .sum();
+        let cost = r.published.saturating_sub(r.credit_seen).max(unacked_cost);
         let charged = p.shared.outbox.window().take_up_to(cost);
         p.ledger.publish(charged);
         p.desc = Descriptor::restore(
@@ -331,6 +334,7 @@ impl IoThread {
         p.recorded = (r.delivered, r.credit);
         p.durable = p.recorded;
         p.restored = cost > charged;
+        p.restored_upto = Some(sent);
         if cost > charged {
             log::warn!(
                 "{}: journal: the {} bytes of messages restored for '{}' exceed its free window ({} bytes charged)",

@@ -177,11 +177,7 @@ impl IoThread {
         } else {
             p.desc.received()
         };
-        let counts = (
-            received,
-            p.desc.connections(),
-            p.desc.unreliable_received(),
-        );
+        let counts = (received, p.desc.connections(), p.desc.unreliable_received());
         p.conn = Some(token);
         if p.state != PeerState::Handshaking {
             p.set_state(PeerState::Handshaking);
@@ -202,7 +198,8 @@ impl IoThread {
         p.peer_max_message = peer.max_message as usize;
         let restarted = matches!(p.desc.remote_launch(), Some(l) if l != peer.launch_id);
         let first = p.desc.remote_launch().is_none();
-        let old = p.desc.bind(peer.launch_id);
+        let written = p.desc.written();
+        let mut old = p.desc.bind(peer.launch_id);
         if first || restarted {
             // The journal's counters for this peer belong to this incarnation from now on
             // (for a new one, they restart and its old messages are retired).
@@ -218,18 +215,47 @@ impl IoThread {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
+        // Messages that never left (published while disconnected, with a journal) were
+        // never the old incarnation's: they go to the new one, numbered afresh.
+        let split = old.partition_point(|m| m.seq <= written);
+        let unsent = old.split_off(split);
         log::warn!(
-            "{}: '{}' restarted (new launch id); {} unacknowledged messages to its old incarnation are undelivered",
+            "{}: '{}' restarted (new launch id); {} unacknowledged messages to its old incarnation are undelivered, {} never sent go to the new one",
             self.cfg.name,
             peer.name,
-            old.len()
+            old.len(),
+            unsent.len()
         );
-        // Credit for the old incarnation will never come: give it all back, and drop any
-        // credit we still owed the old incarnation.
+        // Credit for the old incarnation will never come: give it all back (but what the
+        // unsent messages hold), and drop any credit we still owed the old incarnation.
+        let keep: u64 = unsent
+            .iter()
+            .map(|m| crate::flow::cost(m.payload.len()))
+            .sum();
+        let outstanding = p.ledger.retire();
+        let keep = keep.min(outstanding);
+        p.ledger.publish(keep);
         p.shared
             .outbox
-            .give_back(Return::Retired, p.ledger.retire());
+            .give_back(Return::Retired, outstanding - keep);
         let _ = p.shared.credit.take();
+        let name = p.shared.name.clone();
+        let mut records = Vec::with_capacity(unsent.len());
+        for m in unsent {
+            let u = p.desc.publish(m.flags, m.payload);
+            records.push(Record::Message {
+                peer: name.clone(),
+                seq: u.seq,
+                flags: u.flags,
+                payload: u.payload.clone(),
+            });
+        }
+        for r in records {
+            self.journal_record(r);
+        }
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
         Counters::add(&p.shared.counters.undelivered, old.len() as u64);
         self.report_undelivered(&peer.name, old);
     }
@@ -296,14 +322,49 @@ impl IoThread {
         conn.hs = None;
         conn.established = true;
         self.update_gauges();
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let mut resent = 0u64;
+        let acked = p.desc.acked();
+        if let Some(kept) = p.restored_upto.filter(|_| peer_received > p.desc.sent()) {
+            // The peer holds more of our stream than our journal: its tail was lost (a
+            // machine crash under a lazy fsync policy, or a cut for corruption). Those
+            // messages reached the peer; continue after them rather than refuse forever.
+            log::warn!(
+                "{}: '{}' holds {peer_received} of our messages, our journal only {}: its tail was lost; continuing at {}",
+                self.cfg.name,
+                p.shared.name,
+                p.desc.sent(),
+                peer_received + 1
+            );
+            let fresh = p.desc.fast_forward(peer_received, kept);
+            let credit = p.desc.credit_seen();
+            let name = p.shared.name.clone();
+            let mut records = vec![Record::Acked {
+                peer: name.clone(),
+                up_to: peer_received,
+                credit,
+            }];
+            for m in fresh {
+                let u = p.desc.publish(m.flags, m.payload);
+                records.push(Record::Message {
+                    peer: name.clone(),
+                    seq: u.seq,
+                    flags: u.flags,
+                    payload: u.payload.clone(),
+                });
+            }
+            for r in records {
+                self.journal_record(r);
+            }
+        }
         let Some(conn) = self.conns.get_mut(&token) else {
             return;
         };
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
-        let mut resent = 0u64;
-        let acked = p.desc.acked();
         let mut oversized = None;
         let resumed = match p.desc.resume(peer_received) {
             Ok(rest) => {
@@ -345,6 +406,9 @@ impl IoThread {
             Err(e) => return self.protocol_error(token, e.to_string()),
         }
         let p = self.peers.get_mut(&id).expect("peer present");
+        // Every unacked message is on this connection now.
+        let sent = p.desc.sent();
+        p.desc.note_written(sent);
         if p.desc.acked() > acked && self.journal.is_some() {
             let r = Record::Acked {
                 peer: p.shared.name.clone(),

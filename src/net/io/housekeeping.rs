@@ -53,6 +53,10 @@ impl IoThread {
                 self.send_ack(id);
             } else if !established && p.shared.ttl_queued() {
                 self.expire_queued(id, now);
+                if self.journalled() {
+                    // What waited behind an expired message is journalled now.
+                    self.flush_peer(id);
+                }
             }
         }
         self.check_liveness(now);

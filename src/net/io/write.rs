@@ -84,6 +84,22 @@ impl IoThread {
         let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
         if p.desc.received() - covered >= self.cfg.ack_threshold {
             self.send_ack(id);
+            if !self.journalled() {
+                return;
+            }
+            // With a journal the ack covers only what the handler has done and the disk
+            // holds: if that is not everything received, come back for the rest.
+            let Some(p) = self.peers.get_mut(&id) else {
+                return;
+            };
+            let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
+            if p.desc.received() > covered && !p.ack_timer {
+                p.ack_timer = true;
+                self.timers.add(
+                    Instant::now() + self.cfg.ack_delay,
+                    TimerKind::AckDelay { peer: id },
+                );
+            }
         } else if (p.desc.ack_owed() || p.ack_forced) && !p.ack_timer {
             p.ack_timer = true;
             self.timers.add(
@@ -153,7 +169,9 @@ impl IoThread {
     /// disconnected, so that nothing `send` accepted depends on this process surviving; the
     /// handshake resends them. An unreliable message for a disconnected peer then fails at
     /// once (its permits back, counted `failed`): best effort finds no connection, and it
-    /// must not hold back the reliable messages behind it from the journal.
+    /// must not hold back the reliable messages behind it from the journal. A message with
+    /// a ttl stops the eager publishing until it is published to a connection or expires
+    /// (`Node::sync_journal` journals it anyway: from then on it no longer expires).
     pub(super) fn flush_peer(&mut self, id: usize) {
         self.publish_peer(id, self.cfg.write_high_water);
     }
@@ -203,7 +221,10 @@ impl IoThread {
             while let Some(m) = p.pending.pop_front() {
                 let stop = match conn.as_deref() {
                     Some(c) => c.unwritten() >= high,
-                    None => false,
+                    // A message with a ttl waits for a connection (or its expiry, by the
+                    // tick) rather than be journalled, where it could no longer expire; the
+                    // ones behind it wait too, in order. A sync journals it all the same.
+                    None => m.deadline.is_some() && high != usize::MAX,
                 };
                 if stop {
                     p.pending.push_front(m);
@@ -266,6 +287,8 @@ impl IoThread {
                     }
                     if let Some(conn) = conn.as_deref_mut() {
                         wire::encode_data(&mut conn.wbuf, u.flags, Some(u.seq), &u.payload);
+                        let seq = u.seq;
+                        p.desc.note_written(seq);
                     }
                 } else if let Some(conn) = conn.as_deref_mut() {
                     p.desc.publish_unreliable(c);
