@@ -411,7 +411,11 @@ fn sync_journal_never_reports_success_after_a_journal_write_failed() {
     send_patiently(&a.sender(), "b", payload(0, 100));
     a.sync_journal(PATIENCE).expect("the first sync succeeds");
     wait_until("a connected to b", PATIENCE, || is_connected(&a, "b"));
-    std::fs::remove_dir_all(dir.path()).expect("remove the journal directory");
+    // The IO thread may be creating a file meanwhile (a segment, in the pool's absence):
+    // removal can then find the directory not empty; it succeeds on a later try.
+    wait_until("the journal directory removed", PATIENCE, || {
+        std::fs::remove_dir_all(dir.path()).is_ok()
+    });
     // More than a segment: publishing them needs a new segment file.
     for i in 1..=50 {
         send_patiently(&a.sender(), "b", payload(i, 1024));
