@@ -125,7 +125,6 @@ fn credit_for_acked_messages_of_the_previous_process_over_releases_the_window() 
 /// messages were delivered and their credit already returned: the release is taken from
 /// the reliable messages outstanding, and the sender may exceed its window.
 #[test]
-#[ignore = "known limitation (docs/design.md, durable outbox): the restarted receiver's unreliable count starts at zero, so its sender over-commits once, by at most a window; fails until the receiver journals its unreliable consumption with its credit"]
 fn a_receiver_restart_gives_back_permits_of_unreliable_messages_already_credited() {
     const WINDOW: u64 = 64 << 10;
     let a_dir = TempDir::new("review-unrel-a");

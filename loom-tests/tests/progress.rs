@@ -42,7 +42,7 @@ fn a_restart_ignores_the_old_streams_late_completions() {
             let p = p.clone();
             thread::spawn(move || p.complete(old, [6, 7]))
         };
-        let new = p.restart(0);
+        let new = p.restart(0, 0);
         late.join().unwrap();
         assert_eq!(
             p.done(),

@@ -40,6 +40,10 @@ pub trait CreditSink: Send + Sync {
     /// Reliable messages of stream epoch `epoch` with these sequence numbers were handled
     /// (the handler returned). Called before [`consumed`](CreditSink::consumed) for them.
     fn handled(&self, _epoch: u32, _seqs: &[u64]) {}
+    /// Unreliable messages of stream epoch `epoch` costing `cost` window bytes were handled.
+    /// Called after [`consumed`](CreditSink::consumed) for them, so that whoever reads this
+    /// count before taking the credit never counts bytes whose credit it has not taken.
+    fn handled_unreliable(&self, _epoch: u32, _cost: u64) {}
 }
 
 /// What [`MemberQueue::run`] ended with.
@@ -179,6 +183,8 @@ impl MemberQueue {
             let n = batch.len();
             let track = n > 0 && self.credit.tracks_progress();
             let (mut epoch, mut seqs) = (0u32, Vec::new());
+            // (epoch, window bytes) of the unreliable messages handled, for the journal.
+            let mut unreliable: Vec<(u32, u64)> = Vec::new();
             for mut d in batch.drain(..) {
                 if !d.is_named() {
                     d.name_as(&self.name);
@@ -189,6 +195,13 @@ impl MemberQueue {
                 let done = track
                     .then(|| (d.epoch(), d.seq()))
                     .and_then(|(e, s)| Some((e, s?)));
+                if track && d.seq().is_none() {
+                    let (e, c) = (d.epoch(), crate::flow::cost(len));
+                    match unreliable.last_mut() {
+                        Some((le, lc)) if *le == e => *lc += c,
+                        _ => unreliable.push((e, c)),
+                    }
+                }
                 if catch_unwind(AssertUnwindSafe(|| handler(d))).is_err() {
                     self.panics.fetch_add(1, Ordering::Relaxed);
                     log::error!(
@@ -213,6 +226,9 @@ impl MemberQueue {
                 self.delivered.fetch_add(n as u64, Ordering::Relaxed);
                 self.delivered_bytes.fetch_add(bytes, Ordering::Relaxed);
                 self.credit.consumed(cost);
+                for (e, c) in unreliable.drain(..) {
+                    self.credit.handled_unreliable(e, c);
+                }
             }
             done += n;
             if done >= budget {

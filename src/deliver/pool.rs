@@ -304,6 +304,7 @@ fn worker(s: Arc<Shared>) {
             Task::Oob(d, sink) => {
                 let bytes = d.payload().len() as u64;
                 let done = d.seq().map(|seq| (d.epoch(), seq));
+                let epoch = d.epoch();
                 if catch_unwind(AssertUnwindSafe(|| (s.handler)(d))).is_err() {
                     s.panics.fetch_add(1, Ordering::Relaxed);
                     log::error!("message handler panicked on an out-of-band message; continuing");
@@ -314,6 +315,9 @@ fn worker(s: Arc<Shared>) {
                 s.oob_delivered.fetch_add(1, Ordering::Relaxed);
                 s.oob_bytes.fetch_add(bytes, Ordering::Relaxed);
                 sink.consumed(crate::flow::cost(bytes as usize));
+                if done.is_none() && sink.tracks_progress() {
+                    sink.handled_unreliable(epoch, crate::flow::cost(bytes as usize));
+                }
                 sink.idle();
             }
         }

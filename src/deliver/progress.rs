@@ -27,6 +27,8 @@ struct Inner {
     done: u64,
     /// Handled messages above the first gap.
     ahead: BTreeSet<u64>,
+    /// Window bytes of unreliable messages handled in this epoch.
+    unreliable: u64,
 }
 
 impl Progress {
@@ -37,6 +39,7 @@ impl Progress {
                 epoch: 0,
                 done,
                 ahead: BTreeSet::new(),
+                unreliable: 0,
             }),
         }
     }
@@ -48,13 +51,29 @@ impl Progress {
     }
 
     /// The stream restarts (the sender is a new incarnation, or the relationship was
-    /// reset) at `done`: a new epoch begins. Returns it.
-    pub fn restart(&self, done: u64) -> u32 {
+    /// reset, or it is restored from the journal) at `done`, with `unreliable` window bytes
+    /// of unreliable messages handled: a new epoch begins. Returns it.
+    pub fn restart(&self, done: u64, unreliable: u64) -> u32 {
         let mut g = self.inner.lock();
         g.epoch = g.epoch.wrapping_add(1);
         g.done = done;
         g.ahead.clear();
+        g.unreliable = unreliable;
         g.epoch
+    }
+
+    /// Unreliable messages of `epoch` costing `cost` window bytes were handled.
+    pub fn complete_unreliable(&self, epoch: u32, cost: u64) {
+        let mut g = self.inner.lock();
+        if g.epoch == epoch {
+            g.unreliable += cost;
+        }
+    }
+
+    /// Window bytes of unreliable messages handled in this epoch (from the value given to
+    /// [`restart`](Progress::restart)).
+    pub fn unreliable(&self) -> u64 {
+        self.inner.lock().unreliable
     }
 
     /// Messages of `epoch` with these sequence numbers have been handled.
@@ -99,7 +118,7 @@ mod tests {
         assert_eq!(p.done(), 9);
         p.complete(0, [2, 9]);
         assert_eq!(p.done(), 9, "old or repeated completions change nothing");
-        let e = p.restart(0);
+        let e = p.restart(0, 0);
         p.complete(0, [1, 2]);
         assert_eq!(p.done(), 0, "completions of the old stream are ignored");
         p.complete(e, [1]);

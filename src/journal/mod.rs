@@ -56,9 +56,9 @@
 //!
 //! Bodies (names are `u16` length + UTF-8, at most 255 bytes):
 //! message `name, seq: u64, flags: u8, payload (rest)`; acked `name, up_to: u64, credit:
-//! u64`; delivered `name, count: u64, credit: u64`; bound `name, launch: u64`; checkpoint
+//! u64`; delivered `name, count: u64, credit: u64, unreliable: u64`; bound `name, launch: u64`; checkpoint
 //! `n: u32, n × (name, sent, acked, delivered, credit, launch, credit_seen, published,
-//! epoch: u64 each)`. A zero frame header marks the end of the records. Because the CRC mixes
+//! epoch, unreliable: u64 each)`. A zero frame header marks the end of the records. Because the CRC mixes
 //! in the generation, records left from a segment's earlier life never validate, and a
 //! recycled segment needs no zeroing.
 //!
@@ -344,10 +344,12 @@ pub(crate) fn apply(
             peer,
             count,
             credit,
+            unreliable,
         } => {
             let c = entry(counters, peer);
             c.delivered = c.delivered.max(*count);
             c.credit = c.credit.max(*credit);
+            c.unreliable = c.unreliable.max(*unreliable);
         }
         Record::Bound { peer, launch } => {
             let c = entry(counters, peer);
@@ -377,6 +379,7 @@ pub(crate) fn apply(
                     continue;
                 }
                 c.published = c.published.max(p.published);
+                c.unreliable = c.unreliable.max(p.unreliable);
                 c.sent = c.sent.max(p.sent);
                 c.acked = c.acked.max(p.acked);
                 c.delivered = c.delivered.max(p.delivered);

@@ -14,8 +14,8 @@ use crate::sync::SharedStr;
 pub const FRAME_HEADER: usize = 12;
 
 /// Bytes of counters per peer in a checkpoint: sent, acked, delivered, credit, launch,
-/// credit seen, published, epoch.
-pub(crate) const CHECKPOINT_COUNTERS: usize = 64;
+/// credit seen, published, epoch, unreliable.
+pub(crate) const CHECKPOINT_COUNTERS: usize = 72;
 
 /// Longest peer name a record can hold (the wire's limit).
 pub(crate) const MAX_PEER_NAME: usize = crate::wire::MAX_NAME;
@@ -63,6 +63,9 @@ pub enum Record {
         count: u64,
         /// Credit (window bytes consumed) that may be returned so far (cumulative).
         credit: u64,
+        /// Window bytes of unreliable messages handled so far (cumulative): told to the
+        /// sender after a restart, so that it counts as lost only what was not.
+        unreliable: u64,
     },
     /// The counters of `peer` belong to its incarnation `launch` from here on. If they
     /// belonged to another incarnation (or `launch` is 0: the relationship was reset), they
@@ -104,6 +107,8 @@ pub struct PeerCounters {
     /// How many times the peer's stream was reset ([`Record::Bound`]): a checkpoint of a
     /// newer epoch replaces counters of an older one instead of merging with them.
     pub epoch: u64,
+    /// Window bytes of the peer's unreliable messages this member handled, cumulative.
+    pub unreliable: u64,
 }
 
 /// The kind of a record, for counting and display.
@@ -148,7 +153,8 @@ impl Record {
         match self {
             Record::Message { peer, payload, .. } => 2 + peer.len() + 8 + 1 + payload.len(),
             Record::Bound { peer, .. } => 2 + peer.len() + 8,
-            Record::Acked { peer, .. } | Record::Delivered { peer, .. } => 2 + peer.len() + 16,
+            Record::Acked { peer, .. } => 2 + peer.len() + 16,
+            Record::Delivered { peer, .. } => 2 + peer.len() + 24,
             Record::Checkpoint { peers } => {
                 4 + peers
                     .iter()
@@ -205,15 +211,21 @@ impl Record {
                 peer,
                 up_to: count,
                 credit,
-            }
-            | Record::Delivered {
-                peer,
-                count,
-                credit,
             } => {
                 put_name(out, peer);
                 out.extend_from_slice(&count.to_le_bytes());
                 out.extend_from_slice(&credit.to_le_bytes());
+            }
+            Record::Delivered {
+                peer,
+                count,
+                credit,
+                unreliable,
+            } => {
+                put_name(out, peer);
+                out.extend_from_slice(&count.to_le_bytes());
+                out.extend_from_slice(&credit.to_le_bytes());
+                out.extend_from_slice(&unreliable.to_le_bytes());
             }
             Record::Checkpoint { peers } => {
                 out.extend_from_slice(&(peers.len() as u32).to_le_bytes());
@@ -227,6 +239,7 @@ impl Record {
                     out.extend_from_slice(&p.credit_seen.to_le_bytes());
                     out.extend_from_slice(&p.published.to_le_bytes());
                     out.extend_from_slice(&p.epoch.to_le_bytes());
+                    out.extend_from_slice(&p.unreliable.to_le_bytes());
                 }
             }
         }
@@ -352,6 +365,7 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
             peer: c.name()?.into(),
             count: c.u64()?,
             credit: c.u64()?,
+            unreliable: c.u64()?,
         },
         kind::BOUND => Record::Bound {
             peer: c.name()?.into(),
@@ -375,6 +389,7 @@ fn decode_body(kind: u8, body: &[u8]) -> Option<Record> {
                     credit_seen: c.u64()?,
                     published: c.u64()?,
                     epoch: c.u64()?,
+                    unreliable: c.u64()?,
                 });
             }
             Record::Checkpoint { peers }
@@ -411,6 +426,7 @@ mod tests {
                 peer: "beta".into(),
                 count: 9,
                 credit: 1234,
+                unreliable: 77,
             },
             Record::Bound {
                 peer: "beta".into(),
@@ -429,6 +445,7 @@ mod tests {
                         credit_seen: 11,
                         published: 13,
                         epoch: 1,
+                        unreliable: 15,
                     },
                     PeerCounters {
                         peer: "bb".into(),
@@ -440,6 +457,7 @@ mod tests {
                         credit_seen: 12,
                         published: 14,
                         epoch: 2,
+                        unreliable: 16,
                     },
                 ],
             },

@@ -48,6 +48,8 @@ pub struct RecoveredPeer {
     /// Window bytes of every message journalled to the peer in this stream, cumulative:
     /// with `credit_seen`, what is still uncredited after a restart.
     pub published: u64,
+    /// Window bytes of the peer's unreliable messages handled, cumulative.
+    pub unreliable: u64,
 }
 
 /// Where recovery stopped reading because a record was invalid.
@@ -442,6 +444,7 @@ pub(crate) fn recover(
                 launch: c.launch,
                 credit_seen: c.credit_seen,
                 published: c.published,
+                unreliable: c.unreliable,
             },
         );
     }

@@ -74,6 +74,7 @@ fn delivered(peer: &str, count: u64) -> Record {
         peer: peer.into(),
         count,
         credit: count * 10,
+        unreliable: count,
     }
 }
 

@@ -106,6 +106,8 @@ struct PeerIo {
     /// Journal: (messages delivered, credit) recorded for the peer's stream, and the part
     /// known to be on disk (what acks may carry).
     recorded: (u64, u64),
+    /// Journal: window bytes of the peer's unreliable messages recorded as handled.
+    recorded_unreliable: u64,
     durable: (u64, u64),
     /// Journal: the epoch of the peer's stream (see `deliver::Progress`).
     epoch: u32,
@@ -347,6 +349,7 @@ impl IoThread {
                         last_probe: None,
                         warned_episode: 0,
                         recorded: (0, 0),
+                        recorded_unreliable: 0,
                         durable: (0, 0),
                         epoch: 0,
                         restored: false,

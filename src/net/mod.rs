@@ -314,6 +314,11 @@ impl CreditSink for PeerCreditSink {
             p.complete(epoch, seqs.iter().copied());
         }
     }
+    fn handled_unreliable(&self, epoch: u32, cost: u64) {
+        if let Some(p) = &self.progress {
+            p.complete_unreliable(epoch, cost);
+        }
+    }
     fn idle(&self) {
         // Residual credit (below half a window) goes back with the IO thread's next tick,
         // ack or probe answer: waking the IO thread here would cost a syscall per burst

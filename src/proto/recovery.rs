@@ -131,13 +131,15 @@ impl Descriptor {
     /// stream with its unacknowledged messages (`acked+1 ..= sent`, in order), and
     /// `received` (what we recorded as delivered, all of it acknowledged at most) and
     /// `credit_returned` of the peer's stream, and `credit_seen`, the credit the peer had
-    /// returned for ours. Per-connection counters start afresh.
+    /// returned for ours, and `unreliable_received`, the window bytes of the peer's
+    /// unreliable messages we recorded as handled. Per-connection counters start afresh.
     pub fn restore(
         remote_launch: Option<u64>,
         sent: u64,
         acked: u64,
         received: u64,
         credit: (u64, u64),
+        unreliable_received: u64,
         unacked: Vec<Unacked>,
     ) -> Descriptor {
         let (credit_returned, credit_seen) = credit;
@@ -153,6 +155,7 @@ impl Descriptor {
             unacked: unacked.into(),
             credit_returned,
             credit_seen,
+            unreliable_received,
             // Whether the previous process wrote them is unknown: assume it did.
             written: sent,
             ..Descriptor::default()

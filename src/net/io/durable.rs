@@ -63,8 +63,9 @@ struct LeftPeer {
     /// Its handled watermark and receive credit, still moving while the pool drains.
     progress: Arc<crate::deliver::Progress>,
     credit: Arc<crate::flow::RecvCredit>,
-    /// What was recorded, and how many of its messages were received.
-    recorded: (u64, u64),
+    /// What was recorded (delivered, credit, unreliable bytes), and how many of its
+    /// messages were received.
+    recorded: (u64, u64, u64),
     received: u64,
 }
 
@@ -73,13 +74,16 @@ impl JournalLeft {
     pub(crate) fn close(mut self) -> Result<(), JournalError> {
         let mut records = Vec::new();
         for p in self.peers {
+            // The unreliable count before the credit (see `record_progress`).
+            let unreliable = p.progress.unreliable();
             let done = p.progress.done().min(p.received);
             let credit = p.credit.take();
-            if done > p.recorded.0 || credit > 0 {
+            if done > p.recorded.0 || credit > 0 || unreliable > p.recorded.2 {
                 records.push(Record::Delivered {
                     peer: p.name.into(),
                     count: done.max(p.recorded.0),
                     credit: p.recorded.1 + credit,
+                    unreliable: unreliable.max(p.recorded.2),
                 });
             }
         }
@@ -106,7 +110,7 @@ impl IoThread {
                     name: p.shared.name.to_string(),
                     progress,
                     credit: p.shared.credit.clone(),
-                    recorded: p.recorded,
+                    recorded: (p.recorded.0, p.recorded.1, p.recorded_unreliable),
                     received: p.desc.received(),
                 })
             })
@@ -232,16 +236,23 @@ impl IoThread {
         let Some(progress) = &p.shared.progress else {
             return;
         };
+        // The unreliable count is read before the credit is taken: the pool adds to the
+        // credit first, so every unreliable byte recorded has its credit recorded too (a
+        // restarted member tells the sender this count; credit for bytes beyond it would
+        // never come, so the sender gives them back).
+        let unreliable = progress.unreliable();
         let done = progress.done().min(p.desc.received());
         let credit = p.shared.credit.take();
-        if done <= p.recorded.0 && credit == 0 {
+        if done <= p.recorded.0 && credit == 0 && unreliable <= p.recorded_unreliable {
             return;
         }
         p.recorded = (done.max(p.recorded.0), p.recorded.1 + credit);
+        p.recorded_unreliable = p.recorded_unreliable.max(unreliable);
         let record = Record::Delivered {
             peer: p.shared.name.clone(),
             count: p.recorded.0,
             credit: p.recorded.1,
+            unreliable: p.recorded_unreliable,
         };
         if let Some(j) = self.journal.as_mut().filter(|j| !j.failed) {
             j.batch.push(record);
@@ -256,9 +267,10 @@ impl IoThread {
     pub(super) fn restart_progress(&mut self, id: usize) {
         if let Some(p) = self.peers.get_mut(&id) {
             if let Some(progress) = &p.shared.progress {
-                p.epoch = progress.restart(0);
+                p.epoch = progress.restart(0, 0);
             }
             p.recorded = (0, 0);
+            p.recorded_unreliable = 0;
             p.durable = (0, 0);
         }
     }
@@ -326,12 +338,14 @@ impl IoThread {
             r.acked,
             r.delivered,
             (r.credit, r.credit_seen),
+            r.unreliable,
             unacked,
         );
         if let Some(progress) = &p.shared.progress {
-            p.epoch = progress.restart(r.delivered);
+            p.epoch = progress.restart(r.delivered, r.unreliable);
         }
         p.recorded = (r.delivered, r.credit);
+        p.recorded_unreliable = r.unreliable;
         p.durable = p.recorded;
         p.restored = cost > charged;
         p.restored_upto = Some(sent);
