@@ -25,6 +25,25 @@ impl Gate {
     }
 }
 
+/// Member "b" of `cluster` listening on `listen`, admitting any member, counting the
+/// messages it handles in `got`.
+fn counting_receiver(
+    cluster: &str,
+    listen: impl std::net::ToSocketAddrs,
+    got: &Arc<AtomicU64>,
+) -> Node {
+    let g = got.clone();
+    Node::builder("b")
+        .cluster(cluster)
+        .listen(listen)
+        .allow_unknown_members(true)
+        .on_message(move |_d: Delivery| {
+            g.fetch_add(1, Ordering::SeqCst);
+        })
+        .start()
+        .expect("b starts")
+}
+
 fn fill(tx: &cohort::Sender, to: &str, from: u64) -> u64 {
     let mut n = 0;
     while tx.try_send(to, payload(from + n, 1000)).is_ok() {
@@ -205,18 +224,7 @@ fn a_receiver_restart_gives_back_permits_of_unreliable_messages_already_credited
 fn sends_while_peer_is_down(journal: Option<&std::path::Path>, cluster: &str) -> (u64, u64) {
     let b_addr = reserve_addr();
     let got = Arc::new(AtomicU64::new(0));
-    let receiver = || {
-        let g = got.clone();
-        Node::builder("b")
-            .cluster(cluster)
-            .listen(b_addr)
-            .allow_unknown_members(true)
-            .on_message(move |_d: Delivery| {
-                g.fetch_add(1, Ordering::SeqCst);
-            })
-            .start()
-            .expect("b starts")
-    };
+    let receiver = || counting_receiver(cluster, b_addr, &got);
     let b = receiver();
     let mut ab = Node::builder("a")
         .cluster(cluster)
@@ -409,16 +417,7 @@ fn ttl_while_peer_is_down(journal: Option<&std::path::Path>, cluster: &str) -> (
     // The deadline passing is the event waited for.
     wait_until("the ttl passed", PATIENCE, || sent_at.elapsed() > ttl * 4);
     let got = Arc::new(AtomicU64::new(0));
-    let g = got.clone();
-    let b = Node::builder("b")
-        .cluster(cluster)
-        .listen(b_addr)
-        .allow_unknown_members(true)
-        .on_message(move |_d: Delivery| {
-            g.fetch_add(1, Ordering::SeqCst);
-        })
-        .start()
-        .expect("b starts");
+    let b = counting_receiver(cluster, b_addr, &got);
     wait_until_or(
         PATIENCE,
         || {
@@ -456,16 +455,7 @@ fn a_ttl_message_for_a_disconnected_peer_still_expires_with_a_journal() {
 fn messages_whose_journal_write_failed_never_reach_the_peer() {
     let dir = TempDir::new("review-fail");
     let got = Arc::new(AtomicU64::new(0));
-    let g = got.clone();
-    let b = Node::builder("b")
-        .cluster("review-fail")
-        .listen("127.0.0.1:0")
-        .allow_unknown_members(true)
-        .on_message(move |_d: Delivery| {
-            g.fetch_add(1, Ordering::SeqCst);
-        })
-        .start()
-        .expect("b starts");
+    let b = counting_receiver("review-fail", "127.0.0.1:0", &got);
     let a = Node::builder("a")
         .cluster("review-fail")
         .journal(dir.path())
@@ -516,16 +506,7 @@ fn messages_whose_journal_write_failed_never_reach_the_peer() {
 fn a_sender_whose_journal_lost_its_tail_can_still_talk_to_its_peer() {
     let dir = TempDir::new("review-tail");
     let got = Arc::new(AtomicU64::new(0));
-    let g = got.clone();
-    let b = Node::builder("b")
-        .cluster("review-tail")
-        .listen("127.0.0.1:0")
-        .allow_unknown_members(true)
-        .on_message(move |_d: Delivery| {
-            g.fetch_add(1, Ordering::SeqCst);
-        })
-        .start()
-        .expect("b starts");
+    let b = counting_receiver("review-tail", "127.0.0.1:0", &got);
     let sender = || {
         Node::builder("a")
             .cluster("review-tail")
