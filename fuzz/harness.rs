@@ -3,8 +3,8 @@
 //! as a plain module: `pub(crate)` items, no crate attributes.
 //!
 //! - [`decode_stream`]: an arbitrary byte stream split into frames exactly as the IO thread
-//!   does (`peek_len` against the handshake or the data bound, `split_to`, then `decode`,
-//!   with the IO thread's inline fast path for data frames checked against `decode_body`).
+//!   does (`wire::split_frame` against the handshake or the data bound, one frame at a
+//!   time), each checked against `decode`.
 //! - [`handshake`]: arbitrary frames fed to an acceptor or a dialler, `accept` / `refuse`
 //!   with arbitrary counts after `Identified`, `keep_new` on an arbitrary tie-break; or a
 //!   complete acceptor ↔ dialler exchange between two arbitrary identities, checked against
@@ -17,13 +17,13 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
-use bytes::{Buf, BytesMut};
+use bytes::BytesMut;
 use cohort::proto::{keep_new, Handshake, HsEvent, LocalIdentity, Role, Secret, TieBreak};
 use cohort::wire::{self, CloseCode, Frame, WireError};
 
 /// Longest handshake frame after its length prefix: the bound `parse` uses before a
 /// connection is established.
-pub(crate) const HS_MAX: usize = 2 + wire::MAX_HANDSHAKE_BODY;
+pub(crate) const HS_MAX: usize = wire::MAX_HANDSHAKE_FRAME;
 
 /// Largest single allocation the handshake may make while handling one frame: names and
 /// reasons are bounded by the handshake frame, and formatting them into an error message
@@ -90,6 +90,17 @@ pub(crate) fn tracker_is_live() -> bool {
     count == 1 && largest == 1000
 }
 
+/// Runs `f`, asserting it allocates nothing larger than `bound` bytes (bookkeeping of a
+/// fixed size, never anything sized by the input).
+fn small_alloc<T>(what: &str, bound: usize, f: impl FnOnce() -> T) -> T {
+    let (out, count, largest) = tracked(f);
+    assert!(
+        largest <= bound,
+        "{what} allocated {largest} B ({count} allocations), more than {bound} B"
+    );
+    out
+}
+
 /// Runs `f`, asserting it allocates nothing.
 fn no_alloc<T>(what: &str, f: impl FnOnce() -> T) -> T {
     let (out, count, largest) = tracked(f);
@@ -138,29 +149,6 @@ impl<'a> Bytes<'a> {
         s.truncate(end);
         s
     }
-}
-
-/// What the IO thread's inline fast path makes of a complete data frame (`net::io::parse`):
-/// `Ok((flags, seq, payload))` or the error it reports.
-fn io_data_path(frame: &[u8]) -> Result<(u8, Option<u64>, &[u8]), &'static str> {
-    let flags = frame[wire::LEN_BYTES + 1];
-    if flags & !(wire::FLAG_OOB | wire::FLAG_RELIABLE) != 0 {
-        return Err("unknown data flags");
-    }
-    let mut body = &frame[wire::HEADER_BYTES..];
-    let seq = if flags & wire::FLAG_RELIABLE != 0 {
-        if body.len() < 8 {
-            return Err("sequence number");
-        }
-        let s = body.get_u64_le();
-        if s == 0 {
-            return Err("sequence number 0");
-        }
-        Some(s)
-    } else {
-        None
-    };
-    Ok((flags, seq, body))
 }
 
 /// Re-encodes a decoded frame; `None` for the two forms the encoder cannot produce (a close
@@ -219,10 +207,12 @@ fn check_frame(f: &Frame<'_>, frame: &[u8]) {
     }
 }
 
-/// Splits `stream` into frames as `net::io::parse` does and decodes each one. The first two
-/// bytes choose the setting: the bound (handshake, data, or handshake until a `HelloReply`
-/// or `Ready` decodes, then data, as on a connection that completes its handshake), the
-/// node's `max_message`, and the size of the reads the stream arrives in.
+/// Splits `stream` into frames with `wire::split_frame`, as the IO thread does, and checks
+/// each one against `decode`. The first two bytes choose the setting: the bound (handshake,
+/// data, or handshake until a `HelloReply` or `Ready` decodes, then data, as on a
+/// connection that completes its handshake — with chunk 0 the whole stream is one read, so
+/// the frames after the handshake arrive in the same read as its last frame), the node's
+/// `max_message`, and the size of the reads the stream arrives in.
 pub(crate) fn decode_stream(data: &[u8]) {
     let mut cfg = Bytes(data);
     let (mode, chunk) = (cfg.u8(), cfg.u8());
@@ -239,79 +229,73 @@ pub(crate) fn decode_stream(data: &[u8]) {
         rbuf.extend_from_slice(read);
         loop {
             let max = if established { data_max } else { HS_MAX };
-            let peeked = no_alloc("peek_len", || wire::peek_len(&rbuf, max));
-            let len = match peeked {
-                Ok(Some(len)) => len,
+            let before = rbuf.clone();
+            // Splitting shares the buffer: the first split of a buffer allocates its
+            // reference count, nothing else.
+            let split = small_alloc("split_frame", 64, || wire::split_frame(&mut rbuf, max));
+            let decoded = no_alloc("decode", || wire::decode(&before, max));
+            let split = match split {
+                Ok(Some(split)) => split,
                 Ok(None) => {
-                    assert!(rbuf.len() < wire::LEN_BYTES);
-                    let d = no_alloc("decode", || wire::decode(&rbuf, max));
-                    assert_eq!(
-                        d,
-                        Ok(None),
-                        "decode disagrees with peek_len on a short buffer"
-                    );
+                    assert_eq!(rbuf, before, "split_frame consumed a partial frame");
+                    assert_eq!(decoded, Ok(None), "decode disagrees with split_frame");
                     break;
                 }
                 Err(e) => {
-                    // The connection is closed; decode must refuse the same buffer the same way.
-                    assert!(matches!(
-                        e,
-                        WireError::TooLarge { .. } | WireError::Malformed(_)
-                    ));
+                    // The connection is closed; decode must refuse the same buffer the same
+                    // way (split_frame checks data headers only, decode the whole body).
+                    match (&decoded, &e) {
+                        (Err(d), e) if d == e => {}
+                        (Err(WireError::Malformed(_)), WireError::Malformed(_)) => {}
+                        _ => panic!("split_frame says {e:?}, decode {decoded:?}"),
+                    }
                     if let WireError::TooLarge { len, max: m } = e {
                         assert!(len > max && m == max);
                     }
-                    let d = no_alloc("decode", || wire::decode(&rbuf, max));
-                    assert_eq!(d.unwrap_err(), e);
                     return;
                 }
             };
+            let total = before.len() - rbuf.len();
+            let len = total - wire::LEN_BYTES;
             assert!(
                 (2..=max).contains(&len),
-                "peek_len let through {len} (max {max})"
+                "split_frame let through {len} (max {max})"
             );
-            let total = wire::LEN_BYTES + len;
-            if rbuf.len() < total {
-                let d = no_alloc("decode", || wire::decode(&rbuf, max));
-                assert_eq!(d, Ok(None), "decode of a partial frame");
-                break;
-            }
-            let kind = rbuf[wire::LEN_BYTES];
-            let frame = rbuf.split_to(total).freeze();
-            let decoded = no_alloc("decode", || wire::decode(&frame, max));
-            if kind == wire::kind::DATA {
+            let frame = &before[..total];
+            if let wire::Split::Data {
+                flags,
+                seq,
+                payload,
+            } = &split
+            {
                 // The IO thread never calls decode for data; both must agree.
-                let io = io_data_path(&frame);
-                match (&decoded, io) {
-                    (
-                        Ok(Some((
-                            Frame::Data {
-                                flags,
-                                seq,
-                                payload,
-                            },
-                            _,
-                        ))),
-                        Ok((f2, s2, p2)),
-                    ) => assert_eq!((*flags, *seq, *payload), (f2, s2, p2)),
-                    (Err(WireError::Malformed(a)), Err(b)) => {
-                        assert!(*a == b, "decode says '{a}', the IO path '{b}'")
-                    }
-                    (d, io) => panic!("decode {d:?} but the IO data path {io:?}"),
+                match &decoded {
+                    Ok(Some((
+                        Frame::Data {
+                            flags: f2,
+                            seq: s2,
+                            payload: p2,
+                        },
+                        _,
+                    ))) => assert_eq!((*flags, *seq, &payload[..]), (*f2, *s2, *p2)),
+                    d => panic!("decode {d:?} but split_frame a data frame"),
                 }
+            } else if let wire::Split::Control(bytes) = &split {
+                assert_eq!(&bytes[..], frame, "a control frame split whole");
             }
             match decoded {
                 Ok(Some((f, used))) => {
                     assert_eq!(used, total);
-                    check_frame(&f, &frame);
+                    check_frame(&f, frame);
                     if mode & 3 == 2 && matches!(f, Frame::HelloReply(..) | Frame::Ready { .. }) {
                         established = true;
                     }
                 }
                 Ok(None) => panic!("decode calls a complete frame of {total} bytes partial"),
-                Err(WireError::TooLarge { .. }) => panic!("decode refuses what peek_len took"),
+                Err(WireError::TooLarge { .. }) => panic!("decode refuses what split_frame took"),
                 Err(e) => {
                     // Refused body: the body decoder on its own says the same.
+                    let kind = frame[wire::LEN_BYTES];
                     let b = &frame[wire::HEADER_BYTES..];
                     let d = no_alloc("decode_body", || {
                         wire::decode_body(kind, frame[wire::LEN_BYTES + 1], b)

@@ -132,6 +132,17 @@ fn main() {
         "session_7_byte_reads",
         &cat(&[&[2 | 6 << 2, 7], &session]),
     );
+    // The last handshake frame and data frames larger than any handshake frame, in one
+    // read: the data must be bounded by the data limit from the frame after Ready on.
+    let mut after_ready = get("ready");
+    wire::encode_data(&mut after_ready, wire::FLAG_RELIABLE, Some(1), &[0x5a; 1000]);
+    wire::encode_data(&mut after_ready, wire::FLAG_RELIABLE, Some(2), &[0xa5; 3000]);
+    wire::encode_ack(&mut after_ready, 0, 0);
+    write(
+        &dec,
+        "ready_then_large_data_one_read",
+        &cat(&[&[2 | 6 << 2, 0], &after_ready]),
+    );
     let mut big = Vec::new();
     wire::encode_data(&mut big, wire::FLAG_RELIABLE, Some(9), &[0xab; 300]);
     write(&dec, "data_300_limit_255", &cat(&[&[1 | 4 << 2, 0], &big]));

@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
@@ -161,19 +161,6 @@ struct Tally {
     unconnected: u64,
 }
 
-/// A frame read from a connection, owned so that it can be handled with the whole IO state
-/// at hand.
-enum Inbound {
-    Data {
-        flags: u8,
-        seq: Option<u64>,
-        payload: Bytes,
-    },
-    /// Any other frame, decoded again when handled.
-    Other(Bytes),
-    Bad(wire::WireError),
-}
-
 pub(crate) struct IoThread {
     cfg: IoConfig,
     local: LocalIdentity,
@@ -199,7 +186,6 @@ pub(crate) struct IoThread {
     /// Tasks the pool refused; while any is here, no socket is read.
     stash: VecDeque<Task>,
     shutdown: Option<Instant>,
-    inbound: Vec<Inbound>,
     batch: Vec<Delivery>,
     /// The durable outbox, when the node journals.
     journal: Option<durable::JournalIo>,
@@ -241,7 +227,6 @@ impl IoThread {
             dirty: Vec::new(),
             stash: VecDeque::new(),
             shutdown: None,
-            inbound: Vec::new(),
             batch: Vec::new(),
             journal: parts.journal.map(|(j, r)| durable::JournalIo::new(j, r)),
             scratch: Vec::new(),

@@ -16,6 +16,8 @@
 
 use std::fmt;
 
+use bytes::{Buf, Bytes, BytesMut};
+
 /// Magic bytes that open every handshake identity: `"CHRT"`.
 pub const MAGIC: [u8; 4] = *b"CHRT";
 /// Protocol version carried in the handshake; peers with another version are refused.
@@ -39,6 +41,10 @@ pub const AUTH_HMAC_SHA256: u8 = 1;
 /// trailer, with room to spare.
 pub const MAX_HANDSHAKE_BODY: usize =
     4 + 2 + 8 + 8 + 4 + 8 + 8 + 8 + 1 + MAX_NAME + 1 + MAX_NAME + 1 + NONCE_LEN + MAC_LEN + 64;
+
+/// Largest handshake frame after its length prefix (kind, flags, body): the bound a
+/// connection's frames are read with until its handshake completes.
+pub const MAX_HANDSHAKE_FRAME: usize = 2 + MAX_HANDSHAKE_BODY;
 
 /// A handshake nonce: fresh random bytes per connection and side.
 pub type Nonce = [u8; NONCE_LEN];
@@ -499,6 +505,86 @@ pub fn decode(buf: &[u8], max_len: usize) -> Result<Option<(Frame<'_>, usize)>, 
         &buf[HEADER_BYTES..total],
     )?;
     Ok(Some((frame, total)))
+}
+
+/// A frame split off a read buffer by [`split_frame`]. It owns its bytes without copying
+/// them: they share the read buffer's allocation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// An application message, split without building a [`Frame`] (the hot path: its
+    /// header is checked exactly as [`decode_body`] checks it).
+    Data {
+        /// [`FLAG_OOB`] | [`FLAG_RELIABLE`].
+        flags: u8,
+        /// Sequence number, present iff reliable.
+        seq: Option<u64>,
+        /// The message bytes.
+        payload: Bytes,
+    },
+    /// Any other frame, whole (length prefix included): decode it with [`decode`].
+    Control(Bytes),
+}
+
+/// Splits the first complete frame off the front of `buf`, its length prefix checked
+/// against `max_len` before anything is allocated for it. Returns `Ok(None)` while `buf`
+/// holds only part of a frame.
+///
+/// Frames are split one at a time on purpose: the bound is the one of the state the
+/// connection is in when each frame is reached. A caller must handle a frame that can
+/// change that state (the handshake's) before it splits the next one, whatever else the
+/// same read brought in: bytes that arrived with the last handshake frame are data frames,
+/// bounded by the data limit, not by the handshake's.
+///
+/// ```
+/// use cohort::wire::{self, Split};
+/// let mut stream = Vec::new();
+/// wire::encode_ready(&mut stream, 0, 0, None);
+/// wire::encode_data(&mut stream, wire::FLAG_RELIABLE, Some(1), &[7; 1000]);
+/// let mut buf = bytes::BytesMut::from(&stream[..]);
+/// // Until the handshake completes, frames are bounded by the handshake's size...
+/// let ready = wire::split_frame(&mut buf, wire::MAX_HANDSHAKE_FRAME).unwrap().unwrap();
+/// assert!(matches!(ready, Split::Control(_)));
+/// // ...and from the frame after `Ready` on, by the data limit.
+/// let data = wire::split_frame(&mut buf, wire::max_frame_len(1 << 20)).unwrap().unwrap();
+/// assert!(matches!(data, Split::Data { seq: Some(1), .. }));
+/// assert!(buf.is_empty());
+/// ```
+pub fn split_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Split>, WireError> {
+    let Some(len) = peek_len(buf, max_len)? else {
+        return Ok(None);
+    };
+    let total = LEN_BYTES + len;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    let (kind, flags) = (buf[LEN_BYTES], buf[LEN_BYTES + 1]);
+    if kind != kind::DATA {
+        return Ok(Some(Split::Control(buf.split_to(total).freeze())));
+    }
+    if flags & !(FLAG_OOB | FLAG_RELIABLE) != 0 {
+        return Err(WireError::Malformed("unknown data flags"));
+    }
+    let seq = if flags & FLAG_RELIABLE != 0 {
+        if len < 2 + 8 {
+            return Err(WireError::Malformed("sequence number"));
+        }
+        let mut s = [0u8; 8];
+        s.copy_from_slice(&buf[HEADER_BYTES..HEADER_BYTES + 8]);
+        let s = u64::from_le_bytes(s);
+        if s == 0 {
+            return Err(WireError::Malformed("sequence number 0"));
+        }
+        Some(s)
+    } else {
+        None
+    };
+    let mut frame = buf.split_to(total);
+    frame.advance(HEADER_BYTES + if seq.is_some() { 8 } else { 0 });
+    Ok(Some(Split::Data {
+        flags,
+        seq,
+        payload: frame.freeze(),
+    }))
 }
 
 /// Decodes one frame body (what follows kind and flags).

@@ -20,7 +20,7 @@ impl IoThread {
             };
             match conn.read_some(&mut self.scratch) {
                 Ok((0, _)) => {
-                    self.handle_inbound(token);
+                    self.take_frames(token);
                     if self.conns.contains_key(&token) {
                         self.close_conn(token, None);
                     }
@@ -33,8 +33,7 @@ impl IoThread {
                         // TLS: reading made records to send (handshake, alerts).
                         self.dirty.push(token);
                     }
-                    self.parse(token);
-                    self.handle_inbound(token);
+                    self.take_frames(token);
                     if !self.stash.is_empty() || total >= READ_BUDGET {
                         self.mark_read_pending(token);
                         return;
@@ -89,113 +88,49 @@ impl IoThread {
         }
     }
 
-    /// Splits complete frames off the read buffer into `self.inbound`.
-    pub(super) fn parse(&mut self, token: Token) {
-        let Some(conn) = self.conns.get_mut(&token) else {
-            return;
-        };
-        loop {
-            // Until the handshake is done only handshake frames are legal: bound them by
-            // the handshake's size, not by the (much larger) data frame limit.
-            let max = if conn.established {
+    /// Splits the frames the read buffer holds and handles each one before splitting the
+    /// next, so that every frame is bounded by the state its connection is in when it is
+    /// reached: a read that brought the last handshake frame and data frames together
+    /// frames the data by the data limit (see [`wire::split_frame`]). The turn's regular
+    /// messages go to their sender's queue in one push at the end.
+    pub(super) fn take_frames(&mut self, token: Token) {
+        let mut peer_of_batch = None;
+        // Until the connection is closed by a frame, or no complete frame is left.
+        while let Some(conn) = self.conns.get_mut(&token) {
+            let (established, peer) = (conn.established, conn.peer);
+            let max = if established {
                 self.max_len
             } else {
-                2 + wire::MAX_HANDSHAKE_BODY
+                wire::MAX_HANDSHAKE_FRAME
             };
-            let len = match wire::peek_len(&conn.rbuf, max) {
-                Ok(Some(len)) => len,
+            match wire::split_frame(&mut conn.rbuf, max) {
                 Ok(None) => break,
-                Err(e) => {
-                    self.inbound.push(Inbound::Bad(e));
-                    break;
-                }
-            };
-            let total = wire::LEN_BYTES + len;
-            if conn.rbuf.len() < total {
-                break;
-            }
-            let kind = conn.rbuf[wire::LEN_BYTES];
-            let flags = conn.rbuf[wire::LEN_BYTES + 1];
-            let mut frame = conn.rbuf.split_to(total);
-            if kind == wire::kind::DATA {
-                if flags & !(wire::FLAG_OOB | wire::FLAG_RELIABLE) != 0 {
-                    self.inbound.push(Inbound::Bad(wire::WireError::Malformed(
-                        "unknown data flags",
-                    )));
-                    break;
-                }
-                frame.advance(wire::HEADER_BYTES);
-                let seq = if flags & wire::FLAG_RELIABLE != 0 {
-                    if frame.len() < 8 {
-                        self.inbound
-                            .push(Inbound::Bad(wire::WireError::Malformed("sequence number")));
-                        break;
-                    }
-                    let s = frame.get_u64_le();
-                    if s == 0 {
-                        self.inbound.push(Inbound::Bad(wire::WireError::Malformed(
-                            "sequence number 0",
-                        )));
-                        break;
-                    }
-                    Some(s)
-                } else {
-                    None
-                };
-                self.inbound.push(Inbound::Data {
-                    flags,
-                    seq,
-                    payload: frame.freeze(),
-                });
-            } else {
-                self.inbound.push(Inbound::Other(frame.freeze()));
-            }
-        }
-    }
-
-    /// Whether connection `token` is open, and if so whether it is established and for
-    /// which peer.
-    pub(super) fn conn_state(&self, token: Token) -> Option<(bool, Option<usize>)> {
-        self.conns.get(&token).map(|c| (c.established, c.peer))
-    }
-
-    pub(super) fn handle_inbound(&mut self, token: Token) {
-        let mut inbound = std::mem::take(&mut self.inbound);
-        let mut peer_of_batch = None;
-        // Looked up once, and again only after a frame that may change the connection.
-        let mut state = self.conn_state(token);
-        for item in inbound.drain(..) {
-            let Some((established, peer)) = state else {
-                break; // closed by an earlier frame
-            };
-            match item {
-                Inbound::Data {
+                Ok(Some(wire::Split::Data {
                     flags,
                     seq,
                     payload,
-                } => match (established, peer) {
+                })) => match (established, peer) {
                     (true, Some(id)) => {
                         peer_of_batch = Some(id);
                         if !self.on_data(token, id, flags, seq, payload) {
-                            state = None;
+                            break;
                         }
                     }
                     _ => {
                         self.protocol_error(token, "data before the handshake completed".into());
-                        state = None;
+                        break;
                     }
                 },
-                Inbound::Other(bytes) => {
-                    self.on_frame(token, &bytes);
-                    state = self.conn_state(token);
-                }
-                Inbound::Bad(e) => {
+                Ok(Some(wire::Split::Control(bytes))) => self.on_frame(token, &bytes),
+                Err(e) => {
+                    if let Some(id) = peer_of_batch {
+                        self.push_batch(id);
+                    }
                     self.protocol_error(token, e.to_string());
-                    state = None;
+                    break;
                 }
             }
         }
-        self.inbound = inbound;
         if let Some(id) = peer_of_batch {
             self.push_batch(id);
             self.after_data(id);
