@@ -4,7 +4,9 @@
 //! - `member_queue`: one-deliverer-per-sender, as the IO thread does it: each sender's batch
 //!   is pushed to that sender's `MemberQueue`, and `Task::Member` is submitted only when the
 //!   push reports the queue idle. At most one pool thread runs a sender's messages at once.
-//! - `task_per_message`: every message submitted to the pool as its own `Task::Oob`.
+//! - `oob_queue`: the out-of-band path: each sender's batch is pushed to that sender's
+//!   `OobQueue`, drained by at most its fair share of the pool (half of it, here 2 threads)
+//!   at once, in any order.
 //!
 //! One iteration submits the 4 senders' batches from the bench thread (standing in for the
 //! IO thread) and waits until the handler has seen every message; criterion reports time
@@ -22,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use cohort::deliver::{CreditSink, MemberQueue, Pool, Task};
+use cohort::deliver::{CreditSink, MemberQueue, OobQueue, Pool, Task};
 use cohort::{Bytes, Delivery};
 use common::{Progress, Samples};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -36,9 +38,6 @@ const SENDERS: usize = 4;
 /// Messages per sender per iteration.
 const BATCHES: [u64; 3] = [10, 100, 1000];
 
-/// The pool's queue bound: far above the most tasks one iteration submits (4 × 1000).
-const POOL_QUEUE: usize = 64 * 1024;
-
 /// Messages a sender's deliverer runs before yielding its thread (the builder's default).
 const DELIVERY_BUDGET: usize = 256;
 
@@ -49,7 +48,7 @@ const BATCH_TIMEOUT: Duration = Duration::from_secs(30);
 struct NoCredit;
 
 impl CreditSink for NoCredit {
-    fn consumed(&self, _cost: u64) {}
+    fn consumed(&self, _epoch: u32, _cost: u64) {}
     fn idle(&self) {}
 }
 
@@ -118,16 +117,16 @@ impl ThreadTally {
 enum Mode {
     /// Push to the sender's `MemberQueue`; submit `Task::Member` when it was idle.
     MemberQueue,
-    /// Submit every message as its own `Task::Oob`.
-    TaskPerMessage,
+    /// Push to the sender's `OobQueue`; submit the `Task::Oob` drainers it asks for.
+    OobQueue,
 }
 
 /// A pool of [`POOL_THREADS`] whose handler counts deliveries and the threads running them.
 struct Rig {
     pool: Pool,
     queues: Vec<Arc<MemberQueue>>,
+    oob: Vec<Arc<OobQueue>>,
     names: Vec<Arc<str>>,
-    credit: Arc<dyn CreditSink>,
     delivered: Arc<Progress>,
     threads: Arc<ThreadTally>,
     payload: Bytes,
@@ -141,24 +140,32 @@ impl Rig {
         let pool = Pool::start(
             "bench",
             POOL_THREADS,
-            POOL_QUEUE,
             DELIVERY_BUDGET,
             Arc::new(move |_: Delivery| {
                 tally.note();
                 count.add(1);
             }),
-            Box::new(|| {}),
         )?;
         let names: Vec<Arc<str>> = (0..SENDERS).map(|i| format!("sender-{i}").into()).collect();
         let queues = names
             .iter()
             .map(|name| Arc::new(MemberQueue::new(name.clone(), Box::new(NoCredit))))
             .collect();
+        let oob = names
+            .iter()
+            .map(|name| {
+                Arc::new(OobQueue::new(
+                    name.clone(),
+                    POOL_THREADS / 2,
+                    Arc::new(NoCredit),
+                ))
+            })
+            .collect();
         Ok(Rig {
             pool,
             queues,
+            oob,
             names,
-            credit: Arc::new(NoCredit),
             delivered,
             threads,
             payload: Bytes::from(vec![0x42; 64]),
@@ -166,16 +173,14 @@ impl Rig {
     }
 
     fn submit(&self, task: Task) {
-        if let Err(task) = self.pool.try_submit(task) {
-            panic!("the pool refused {task:?}: its queue of {POOL_QUEUE} is full or stopped");
-        }
+        assert!(self.pool.submit(task), "the pool stopped");
     }
 
     /// Hands `per_sender` messages from each sender to the pool and waits until all ran.
     fn run_batch(&self, mode: Mode, per_sender: u64) {
         let target = self.delivered.expect(per_sender * SENDERS as u64);
         self.threads.begin_batch();
-        for (queue, name) in self.queues.iter().zip(&self.names) {
+        for ((queue, oob), name) in self.queues.iter().zip(&self.oob).zip(&self.names) {
             match mode {
                 Mode::MemberQueue => {
                     let batch = (1..=per_sender).map(|seq| {
@@ -185,10 +190,11 @@ impl Rig {
                         self.submit(Task::Member(queue.clone()));
                     }
                 }
-                Mode::TaskPerMessage => {
-                    for _ in 0..per_sender {
-                        let d = Delivery::new(name.clone(), self.payload.clone(), None, true);
-                        self.submit(Task::Oob(d, self.credit.clone()));
+                Mode::OobQueue => {
+                    let batch = (0..per_sender)
+                        .map(|_| Delivery::new(name.clone(), self.payload.clone(), None, true));
+                    for _ in 0..oob.push(batch) {
+                        self.submit(Task::Oob(oob.clone()));
                     }
                 }
             }
@@ -211,6 +217,11 @@ impl Rig {
             most <= Some(1),
             "one deliverer per sender broke: {most:?} at once"
         );
+        let most = self.oob.iter().map(|q| q.max_concurrent()).max();
+        assert!(
+            most <= Some(POOL_THREADS / 2),
+            "a sender's OOB share broke: {most:?} drainers at once"
+        );
     }
 }
 
@@ -222,7 +233,7 @@ fn delivery(c: &mut Criterion) {
         let mut medians = Vec::new();
         for (mode, label) in [
             (Mode::MemberQueue, "member_queue"),
-            (Mode::TaskPerMessage, "task_per_message"),
+            (Mode::OobQueue, "oob_queue"),
         ] {
             let samples = Samples::new(per_sender * SENDERS as u64);
             let rig = Rig::start().expect("start the delivery pool");

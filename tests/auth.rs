@@ -1,18 +1,20 @@
-//! Shared-secret authentication over real TCP (issue 6): a peer without the secret, with
+//! Shared-secret authentication over real TCP: a peer without the secret, with
 //! another secret, replaying a recorded handshake, of another cluster, or sending garbage
 //! after a good handshake is closed and counted, and never disturbs a stream of messages
 //! between two good members in the same process — not even when it claims to be one of them.
 
 mod common;
+#[path = "support/raw.rs"]
+mod raw;
 
-use std::io::{ErrorKind, Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use cohort::proto::{Handshake, HsEvent, LocalIdentity, Secret};
+use cohort::proto::LocalIdentity;
 use cohort::wire::{self, CloseCode, Frame};
 use cohort::{Node, PeerState};
 use common::{wait_until, wait_until_or, PATIENCE, SHUTDOWN};
@@ -139,79 +141,23 @@ impl Pair {
     }
 }
 
-/// Reads one whole frame (prefix included) from a blocking socket; `None` at EOF or reset.
-fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut buf = vec![0u8; wire::LEN_BYTES];
-    s.read_exact(&mut buf).ok()?;
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    assert!(len <= 2 + wire::MAX_HANDSHAKE_BODY, "frame of {len} bytes");
-    buf.resize(wire::LEN_BYTES + len, 0);
-    s.read_exact(&mut buf[wire::LEN_BYTES..]).ok()?;
-    Some(buf)
-}
-
-fn connect(addr: SocketAddr) -> TcpStream {
-    let s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(PATIENCE)).expect("timeout");
-    s
-}
-
-/// Reads until the peer closes: returns the code of the `Close` frame it sent first, if
-/// any. Panics if the connection stays open for the whole patience.
-fn closed_with(s: &mut TcpStream) -> Option<CloseCode> {
-    loop {
-        let frame = read_frame(s)?;
-        match wire::decode(&frame, 1 << 20) {
-            Ok(Some((Frame::Close { code, .. }, _))) => {
-                // Then EOF (or a reset).
-                let mut rest = [0u8; 64];
-                match s.read(&mut rest) {
-                    Ok(0) => {}
-                    Err(e) if e.kind() != ErrorKind::WouldBlock => {}
-                    other => panic!("still open after Close: {other:?}"),
-                }
-                return Some(code);
-            }
-            Ok(Some(_)) => continue, // a heartbeat, say
-            other => panic!("unexpected bytes {other:?}"),
-        }
-    }
-}
-
 /// A member identity for a hand-driven handshake.
 fn identity(name: &str, secret: Option<&[u8]>) -> LocalIdentity {
-    LocalIdentity {
-        launch_id: 0x5eed,
-        window: 1 << 20,
-        max_message: 1 << 16,
-        cluster: CLUSTER.into(),
-        name: name.into(),
-        secret: secret.map(Secret::new),
-    }
+    raw::identity(CLUSTER, name, 1 << 20, secret)
 }
 
 /// Dials `addr` and runs a complete, correct dialler handshake by hand with the crate's own
 /// `proto`/`wire` code; returns the established connection.
 fn raw_member(addr: SocketAddr, name: &str, expected: &str) -> TcpStream {
-    let mut s = connect(addr);
-    let mut hs = Handshake::dialler(
-        identity(name, Some(SECRET)),
-        expected.into(),
-        [0x42; wire::NONCE_LEN],
-    );
-    let hello = read_frame(&mut s).expect("Hello");
-    let (f, _) = wire::decode(&hello, 4096).expect("decodes").expect("whole");
-    assert!(matches!(hs.on_frame(&f), Ok(HsEvent::Identified { .. })));
-    let mut reply = Vec::new();
-    hs.accept(0, 0, 0, &mut reply);
-    s.write_all(&reply).expect("write HelloReply");
-    let ready = read_frame(&mut s).expect("Ready");
-    let (f, _) = wire::decode(&ready, 4096).expect("decodes").expect("whole");
-    assert!(
-        matches!(hs.on_frame(&f), Ok(HsEvent::Established { .. })),
-        "Ready authenticates"
-    );
-    s
+    raw::dial(addr, identity(name, Some(SECRET)), expected, PATIENCE)
+}
+
+fn connect(addr: SocketAddr) -> TcpStream {
+    raw::connect(addr, PATIENCE)
+}
+
+fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+    raw::read_frame(s, wire::MAX_HANDSHAKE_FRAME)
 }
 
 /// A member without a secret is refused both ways: when it dials, and when it is dialled.
@@ -352,7 +298,7 @@ fn a_replayed_handshake_is_refused() {
     let fresh_hello = read_frame(&mut s).expect("Hello");
     assert_ne!(fresh_hello, hello, "a fresh nonce each time");
     s.write_all(&reply).expect("replay");
-    assert_eq!(closed_with(&mut s), Some(CloseCode::Auth));
+    assert_eq!(raw::closed_with(&mut s), Some(CloseCode::Auth));
     wait_until("b counted the replay", PATIENCE, || {
         p.auth_failures() > before
     });
@@ -372,7 +318,7 @@ fn a_replayed_handshake_is_refused() {
     let d_reply = read_frame(&mut s).expect("d answers the Hello");
     assert_ne!(d_reply, reply);
     s.write_all(&ready).expect("replay Ready");
-    assert_eq!(closed_with(&mut s), Some(CloseCode::Auth));
+    assert_eq!(raw::closed_with(&mut s), Some(CloseCode::Auth));
     wait_until("d counted the replay", PATIENCE, || {
         d.stats().connections.auth_failures >= 1
     });
@@ -426,7 +372,7 @@ fn garbage_after_a_good_handshake_is_closed_and_counted() {
     });
     p.stream(200);
     s.write_all(&[2, 0, 0, 0, 0x7f, 0]).expect("junk");
-    assert_eq!(closed_with(&mut s), Some(CloseCode::Protocol));
+    assert_eq!(raw::closed_with(&mut s), Some(CloseCode::Protocol));
     wait_until("b counted the protocol error", PATIENCE, || {
         p.b.stats().connections.protocol_errors > before
     });

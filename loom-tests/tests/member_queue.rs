@@ -34,7 +34,7 @@ struct Credit {
 struct Sink(Arc<Credit>);
 
 impl CreditSink for Sink {
-    fn consumed(&self, cost: u64) {
+    fn consumed(&self, _epoch: u32, cost: u64) {
         self.0.consumed.fetch_add(cost, Ordering::Relaxed);
     }
     fn idle(&self) {

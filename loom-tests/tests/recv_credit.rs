@@ -43,6 +43,9 @@ impl Shared {
     fn new(window: u64) -> Arc<Shared> {
         let credit = RecvCredit::new();
         credit.set_window(window);
+        // What the consumers below will consume was received first (the IO thread counts
+        // it held before any pool thread sees it).
+        credit.received(16);
         Arc::new(Shared {
             credit,
             handed_over: AtomicUsize::new(0),
@@ -60,7 +63,7 @@ impl Shared {
     /// `PeerCreditSink::consumed`.
     fn consumed(&self, bytes: u64) {
         self.consumed.fetch_add(bytes, Ordering::Relaxed);
-        if self.credit.consumed(bytes) {
+        if self.credit.consumed(0, bytes) {
             self.request();
         }
     }
@@ -201,5 +204,64 @@ fn every_consume_requests_a_flush_no_request_lost() {
     loom_tests::model(
         "recv_credit/every_consume_requests_a_flush_no_request_lost",
         || every_consume_requests_a_flush(Checks::All),
+    );
+}
+
+/// A pool thread consumes a message of epoch 0 while the IO thread restarts the stream as
+/// epoch 1 (a new incarnation): the old message's credit is either taken before the
+/// restart, dropped by it, or refused — never credited to epoch 1, whose window it would
+/// over-release.
+#[test]
+fn a_restart_never_credits_the_new_stream_with_old_messages() {
+    loom_tests::model(
+        "recv_credit/a_restart_never_credits_the_new_stream_with_old_messages",
+        || {
+            let credit = Arc::new(RecvCredit::new());
+            credit.set_window(8);
+            credit.received(5);
+            let c = credit.clone();
+            let pool = thread::spawn(move || {
+                c.consumed(0, 5);
+            });
+            let before = credit.take();
+            let dropped = credit.restart(1);
+            pool.join().unwrap();
+            let after = credit.take();
+            assert_eq!(after, 0, "epoch 1 credited with an epoch-0 message");
+            assert!(
+                before + dropped <= 5,
+                "credit made up: {before} + {dropped}"
+            );
+            assert_eq!(credit.held(), 0, "the message is no longer held either way");
+        },
+    );
+}
+
+/// The IO thread pauses reading (the sender holds more than its receive window) while a
+/// pool thread's consumption brings it back within: the pause and the held count are a
+/// Dekker pair, so either the pause sees the consumption (and does not pause), or the
+/// consumption sees the pause (and asks to resume, which then succeeds). A connection is
+/// never left paused with nothing to resume it.
+#[test]
+fn a_pause_racing_the_last_consumption_is_always_resumed() {
+    loom_tests::model(
+        "recv_credit/a_pause_racing_the_last_consumption_is_always_resumed",
+        || {
+            let credit = Arc::new(RecvCredit::new());
+            credit.set_window(8);
+            credit.received(10); // 2 over the window
+            let c = credit.clone();
+            let pool = thread::spawn(move || c.consumed(0, 4));
+            let paused = credit.pause();
+            let asked = pool.join().unwrap();
+            if paused {
+                assert!(
+                    asked,
+                    "paused, back within the window, and nobody asked to resume"
+                );
+                assert!(credit.resume(), "asked to resume, but resume failed");
+            }
+            assert!(!credit.is_paused(), "left paused within the window");
+        },
     );
 }

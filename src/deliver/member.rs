@@ -27,9 +27,9 @@ const NOTIFIED: usize = 0b10;
 /// Where a deliverer reports what the application consumed, so the receiver can return
 /// credit to the sender.
 pub trait CreditSink: Send + Sync {
-    /// Messages costing `cost` window bytes (see [`crate::flow::cost`]) were handled by the
-    /// application.
-    fn consumed(&self, cost: u64);
+    /// Messages of stream epoch `epoch` costing `cost` window bytes (see
+    /// [`crate::flow::cost`]) were handled by the application.
+    fn consumed(&self, epoch: u32, cost: u64);
     /// The sender's queue went idle (end of a burst): flush whatever credit is pending.
     fn idle(&self);
     /// Whether [`handled`](CreditSink::handled) wants the sequence numbers of handled
@@ -55,6 +55,36 @@ pub enum RunOutcome {
     /// The batch budget ran out with the state still `RUNNING`: the caller must submit the
     /// queue to the pool again (to the back, so other senders get their turn).
     Yield,
+}
+
+/// What a deliverer consumed of one stream epoch, reported to the [`CreditSink`] in the
+/// order its contract asks: handled sequence numbers, then the credit, then the unreliable
+/// bytes.
+#[derive(Default)]
+struct Segment {
+    epoch: u32,
+    cost: u64,
+    unreliable: u64,
+}
+
+impl Segment {
+    fn is_empty(&self) -> bool {
+        self.cost == 0
+    }
+
+    fn report(&mut self, sink: &dyn CreditSink, seqs: &mut Vec<u64>) {
+        if !seqs.is_empty() {
+            sink.handled(self.epoch, seqs);
+            seqs.clear();
+        }
+        if self.cost > 0 {
+            sink.consumed(self.epoch, self.cost);
+        }
+        if self.unreliable > 0 {
+            sink.handled_unreliable(self.epoch, self.unreliable);
+        }
+        *self = Segment::default();
+    }
 }
 
 /// A sender's batch queue plus its delivering state word.
@@ -164,6 +194,8 @@ impl MemberQueue {
         let budget = budget.max(1);
         let mut done = 0usize;
         let mut batch = VecDeque::new();
+        // Sequence numbers handled, for a journalling receiver's progress.
+        let mut seqs = Vec::new();
         let outcome = loop {
             // Clear NOTIFIED before draining: any push not seen by this drain sets it again
             // afterwards, and the idle transition below fails. Acquire pairs with the
@@ -179,28 +211,26 @@ impl MemberQueue {
                 }
             }
             let mut bytes = 0u64;
-            let mut cost = 0u64;
             let n = batch.len();
             let track = n > 0 && self.credit.tracks_progress();
-            let (mut epoch, mut seqs) = (0u32, Vec::new());
-            // (epoch, window bytes) of the unreliable messages handled, for the journal.
-            let mut unreliable: Vec<(u32, u64)> = Vec::new();
+            // What the batch consumed, reported per stream epoch (a batch spans two epochs
+            // only right after the sender's stream restarted).
+            let mut seg = Segment::default();
             for mut d in batch.drain(..) {
                 if !d.is_named() {
                     d.name_as(&self.name);
                 }
+                if d.epoch() != seg.epoch && !seg.is_empty() {
+                    seg.report(&*self.credit, &mut seqs);
+                }
+                seg.epoch = d.epoch();
                 let len = d.payload().len();
                 bytes += len as u64;
-                cost += crate::flow::cost(len);
-                let done = track
-                    .then(|| (d.epoch(), d.seq()))
-                    .and_then(|(e, s)| Some((e, s?)));
-                if track && d.seq().is_none() {
-                    let (e, c) = (d.epoch(), crate::flow::cost(len));
-                    match unreliable.last_mut() {
-                        Some((le, lc)) if *le == e => *lc += c,
-                        _ => unreliable.push((e, c)),
-                    }
+                let cost = crate::flow::cost(len);
+                seg.cost += cost;
+                let seq = d.seq();
+                if track && seq.is_none() {
+                    seg.unreliable += cost;
                 }
                 if catch_unwind(AssertUnwindSafe(|| handler(d))).is_err() {
                     self.panics.fetch_add(1, Ordering::Relaxed);
@@ -209,26 +239,15 @@ impl MemberQueue {
                         self.name
                     );
                 }
-                if let Some((e, seq)) = done {
-                    if e != epoch && !seqs.is_empty() {
-                        self.credit.handled(epoch, &seqs);
-                        seqs.clear();
-                    }
-                    epoch = e;
+                if let Some(seq) = seq.filter(|_| track) {
                     seqs.push(seq);
                 }
-            }
-            if !seqs.is_empty() {
-                self.credit.handled(epoch, &seqs);
             }
             if n > 0 {
                 self.queued_bytes.fetch_sub(bytes, Ordering::Relaxed);
                 self.delivered.fetch_add(n as u64, Ordering::Relaxed);
                 self.delivered_bytes.fetch_add(bytes, Ordering::Relaxed);
-                self.credit.consumed(cost);
-                for (e, c) in unreliable.drain(..) {
-                    self.credit.handled_unreliable(e, c);
-                }
+                seg.report(&*self.credit, &mut seqs);
             }
             done += n;
             if done >= budget {

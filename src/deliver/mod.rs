@@ -1,12 +1,15 @@
-//! Delivery to the application: a bounded worker pool, one batch queue per sender with an
-//! atomic delivering state word (at most one pool thread delivers a sender's regular
-//! messages at any moment, in order), and the out-of-band path straight to the pool.
+//! Delivery to the application: a worker pool, one batch queue per sender with an atomic
+//! delivering state word (at most one pool thread delivers a sender's regular messages at
+//! any moment, in order), and per sender an out-of-band queue that at most its fair share of
+//! the pool's threads drain at once, in any order.
 
 mod member;
+mod oob;
 mod pool;
 mod progress;
 
 pub use member::{CreditSink, MemberQueue, RunOutcome};
+pub use oob::{OobQueue, OobRun};
 pub use pool::{Handler, Pool, PoolStats, Task};
 pub use progress::Progress;
 

@@ -1,18 +1,19 @@
-//! The bounded delivery pool: a fixed number of threads fed by a bounded task queue.
+//! The delivery pool: a fixed number of threads fed by one task queue.
 //!
-//! Producers outside the pool (the IO thread) use [`Pool::try_submit`], which refuses when
-//! the queue is full: the IO thread then stops reading sockets until the pool calls its
-//! `on_space` hook, so TCP back-pressure reaches the sender and nothing is dropped.
-//! A deliverer that yields after its batch budget re-submits itself past the bound: there is
-//! at most one such task per sender, so the excess is bounded by the number of senders.
+//! The queue needs no bound of its own: every task is a sender's queue, never a message.
+//! A sender has at most one [`Task::Member`] (its regular messages, one deliverer at a
+//! time) and at most its out-of-band limit of [`Task::Oob`] drainers in the pool at once,
+//! so the queue holds at most `senders × (1 + limit)` tasks, whatever they send; what they
+//! send is bounded by their windows. A full pool therefore never makes the IO thread stop
+//! reading: a slow handler backs up only its own sender, through credit.
 
 use std::collections::VecDeque;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use super::member::{CreditSink, MemberQueue, RunOutcome};
+use super::member::{MemberQueue, RunOutcome};
+use super::oob::OobQueue;
 use super::Delivery;
-use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{thread, wait_timeout, Arc, Condvar, Mutex};
 
 /// The application's message handler.
@@ -22,15 +23,15 @@ pub type Handler = Arc<dyn Fn(Delivery) + Send + Sync>;
 pub enum Task {
     /// Run a sender's queue (the holder of its `RUNNING` bit).
     Member(Arc<MemberQueue>),
-    /// Deliver one out-of-band message, then report its bytes to the sink.
-    Oob(Delivery, Arc<dyn CreditSink>),
+    /// Drain a sender's out-of-band queue (one of its at most `limit` drainers).
+    Oob(Arc<OobQueue>),
 }
 
 impl std::fmt::Debug for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Task::Member(m) => f.debug_tuple("Member").field(&m.name()).finish(),
-            Task::Oob(d, _) => f.debug_tuple("Oob").field(&d.from()).finish(),
+            Task::Oob(q) => f.debug_tuple("Oob").field(&q.name()).finish(),
         }
     }
 }
@@ -44,13 +45,8 @@ struct Shared {
     queue: Mutex<Queue>,
     /// Workers wait here for tasks.
     work: Condvar,
-    capacity: usize,
     budget: usize,
     handler: Handler,
-    /// Set when `try_submit` refused; cleared (and `on_space` called) once the queue has
-    /// drained to half.
-    full: AtomicBool,
-    on_space: Box<dyn Fn() + Send + Sync>,
     /// Workers still running; shutdown waits on `exited` for it to reach zero.
     live: Mutex<usize>,
     exited: Condvar,
@@ -78,7 +74,6 @@ impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pool")
             .field("threads", &self.threads)
-            .field("capacity", &self.shared.capacity)
             .finish()
     }
 }
@@ -88,43 +83,36 @@ impl std::fmt::Debug for Pool {
 pub struct PoolStats {
     /// Worker threads.
     pub threads: usize,
-    /// Tasks waiting in the queue.
+    /// Tasks waiting in the queue (each one a sender's queue: at most one per sender for
+    /// its regular messages, its out-of-band limit for the others).
     pub queue_depth: usize,
-    /// Queue bound for outside submitters.
-    pub queue_capacity: usize,
     /// Workers running a task now.
     pub busy: usize,
-    /// Tasks run so far (sender batches and OOB messages).
+    /// Tasks run so far (batches of a sender's regular or out-of-band messages).
     pub tasks_run: u64,
     /// Handler panics caught in OOB deliveries.
     pub panics: u64,
 }
 
 impl Pool {
-    /// Starts `threads` workers (at least one) named `{name}-deliver-{i}`. `capacity` bounds
-    /// the queue for [`try_submit`](Pool::try_submit); `budget` is the most messages one
-    /// sender's deliverer handles before yielding its thread. `on_space` is called (from a
-    /// worker) when a refused submitter may try again.
+    /// Starts `threads` workers (at least one) named `{name}-deliver-{i}`. `budget` is the
+    /// most messages one task handles before it yields its thread (re-submitted to the back
+    /// of the queue, so one hot sender cannot starve others).
     pub fn start(
         name: &str,
         threads: usize,
-        capacity: usize,
         budget: usize,
         handler: Handler,
-        on_space: Box<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<Pool> {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
-                tasks: VecDeque::with_capacity(capacity.min(4096)),
+                tasks: VecDeque::new(),
                 stopping: false,
             }),
             work: Condvar::new(),
-            capacity: capacity.max(1),
             budget: budget.max(1),
             handler,
-            full: AtomicBool::new(false),
-            on_space,
             live: Mutex::new(0),
             exited: Condvar::new(),
             busy: AtomicUsize::new(0),
@@ -159,16 +147,11 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Queues `task` unless the queue is at capacity, in which case it is handed back and
-    /// `on_space` will be called once there is room again.
-    pub fn try_submit(&self, task: Task) -> Result<(), Task> {
+    /// Queues `task`. Returns `false` (dropping it) only once the pool is stopping.
+    pub fn submit(&self, task: Task) -> bool {
         let mut q = self.shared.queue.lock();
         if q.stopping {
-            return Err(task);
-        }
-        if q.tasks.len() >= self.shared.capacity {
-            self.shared.full.store(true, Ordering::Release);
-            return Err(task);
+            return false;
         }
         q.tasks.push_back(task);
         let queued = q.tasks.len();
@@ -180,7 +163,7 @@ impl Pool {
         if self.shared.spinning.load(Ordering::SeqCst) < queued {
             self.shared.work.notify_one();
         }
-        Ok(())
+        true
     }
 
     /// How long an idle worker spins, yielding its core, before it parks (default zero).
@@ -191,17 +174,11 @@ impl Pool {
         self.shared.spin_nanos.store(nanos, Ordering::Relaxed);
     }
 
-    /// Whether the pool refused a task and has not yet signalled room.
-    pub fn is_full(&self) -> bool {
-        self.shared.full.load(Ordering::Acquire)
-    }
-
     /// Counters now.
     pub fn stats(&self) -> PoolStats {
         PoolStats {
             threads: self.threads,
             queue_depth: self.shared.queue.lock().tasks.len(),
-            queue_capacity: self.shared.capacity,
             busy: self.shared.busy.load(Ordering::Relaxed),
             tasks_run: self.shared.tasks_run.load(Ordering::Relaxed),
             panics: self.shared.panics.load(Ordering::Relaxed),
@@ -283,43 +260,31 @@ fn worker(s: Arc<Shared>) {
             }
         };
         let Some(task) = task else { break };
-        if s.full.load(Ordering::Acquire) && s.queue.lock().tasks.len() <= s.capacity / 2 {
-            // Only one worker calls on_space per full episode.
-            if s.full.swap(false, Ordering::AcqRel) {
-                (s.on_space)();
-            }
-        }
         s.busy.fetch_add(1, Ordering::Relaxed);
-        match task {
-            Task::Member(m) => {
-                if m.run(s.budget, &*s.handler) == RunOutcome::Yield {
-                    // Back of the queue, past the bound (at most one task per sender).
-                    let mut q = s.queue.lock();
-                    q.tasks.push_back(Task::Member(m));
-                    s.queued.store(q.tasks.len(), Ordering::Release);
-                    drop(q);
-                    s.work.notify_one();
+        let again = match task {
+            Task::Member(m) => match m.run(s.budget, &*s.handler) {
+                RunOutcome::Yield => Some(Task::Member(m)),
+                RunOutcome::Idle => None,
+            },
+            Task::Oob(q) => {
+                let run = q.run(s.budget, &*s.handler);
+                s.oob_delivered.fetch_add(run.delivered, Ordering::Relaxed);
+                s.oob_bytes.fetch_add(run.bytes, Ordering::Relaxed);
+                s.panics.fetch_add(run.panics, Ordering::Relaxed);
+                match run.outcome {
+                    RunOutcome::Yield => Some(Task::Oob(q)),
+                    RunOutcome::Idle => None,
                 }
             }
-            Task::Oob(d, sink) => {
-                let bytes = d.payload().len() as u64;
-                let done = d.seq().map(|seq| (d.epoch(), seq));
-                let epoch = d.epoch();
-                if catch_unwind(AssertUnwindSafe(|| (s.handler)(d))).is_err() {
-                    s.panics.fetch_add(1, Ordering::Relaxed);
-                    log::error!("message handler panicked on an out-of-band message; continuing");
-                }
-                if let Some((epoch, seq)) = done.filter(|_| sink.tracks_progress()) {
-                    sink.handled(epoch, &[seq]);
-                }
-                s.oob_delivered.fetch_add(1, Ordering::Relaxed);
-                s.oob_bytes.fetch_add(bytes, Ordering::Relaxed);
-                sink.consumed(crate::flow::cost(bytes as usize));
-                if done.is_none() && sink.tracks_progress() {
-                    sink.handled_unreliable(epoch, crate::flow::cost(bytes as usize));
-                }
-                sink.idle();
-            }
+        };
+        if let Some(task) = again {
+            // Back of the queue: the sender keeps its place (no new task), others get their
+            // turn first.
+            let mut q = s.queue.lock();
+            q.tasks.push_back(task);
+            s.queued.store(q.tasks.len(), Ordering::Release);
+            drop(q);
+            s.work.notify_one();
         }
         s.busy.fetch_sub(1, Ordering::Relaxed);
         s.tasks_run.fetch_add(1, Ordering::Relaxed);

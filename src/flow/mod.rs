@@ -285,19 +285,63 @@ impl SendWindow {
     }
 }
 
-/// Receiver side of flow control for one sender: bytes the application has consumed and
-/// that have not yet been returned as credit.
+/// Bits of [`RecvCredit`]'s pending word that count bytes; the bits above carry the epoch.
+const CREDIT_BYTES_BITS: u32 = 40;
+const CREDIT_BYTES: u64 = (1 << CREDIT_BYTES_BITS) - 1;
+
+/// The largest window a receiver accounts for (1 TiB): credit pending for one sender is
+/// counted in 40 bits. Windows are validated against it at start.
+pub const MAX_WINDOW: u64 = CREDIT_BYTES;
+
+/// Receiver side of flow control for one sender: the window bytes of its messages received
+/// and not yet consumed (what the receiver holds for it), and the bytes the application has
+/// consumed that have not yet been returned as credit.
 ///
-/// Pool threads add to it after the handler returns; the IO thread takes it when it writes
-/// an ack. [`consumed`](RecvCredit::consumed) says when half of the sender's window has
-/// accumulated, so credit returns in halves and never one message at a time.
+/// Pool threads add to the credit after the handler returns; the IO thread takes it when it
+/// writes an ack. [`consumed`](RecvCredit::consumed) says when half of the receive window
+/// has accumulated, so credit returns in halves and never one message at a time.
+///
+/// The receive window (the smaller of the sender's window and the receiver's own bound)
+/// also bounds what is held: past it, the IO thread [`pause`](RecvCredit::pause)s reading
+/// the sender's connection, and the consumption that brings it back within the window
+/// asks the IO thread to resume. The pause flag and the held count form a Dekker pair
+/// (each side writes one and then reads the other, sequentially consistent), so a pause
+/// racing the last consumption is always resumed by one side or the other.
+///
+/// Credit belongs to one **epoch** of the sender's stream: when the stream restarts (the
+/// sender is a new incarnation, or the relationship was reset) the IO thread calls
+/// [`restart`](RecvCredit::restart), and messages of the old stream still being handled no
+/// longer earn credit: the new stream's window is not over-released by them. The epoch and
+/// the byte count share one atomic word, so a consumption racing a restart is either
+/// credited to the old epoch (and dropped by the restart) or refused.
+///
+/// ```
+/// use cohort::flow::RecvCredit;
+/// let c = RecvCredit::new();
+/// c.set_window(100);
+/// c.received(60);
+/// assert!(c.consumed(0, 60)); // crossed half the window: return credit now
+/// assert_eq!(c.take(), 60);
+/// c.received(10);
+/// c.restart(1); // the sender restarted
+/// assert!(!c.consumed(0, 10)); // a message of the old stream: no credit
+/// assert_eq!((c.pending(), c.held()), (0, 0));
+/// ```
 #[derive(Debug)]
 pub struct RecvCredit {
+    /// Consumed bytes not yet returned (low 40 bits) and the stream epoch (high 24 bits).
     pending: CachePadded<AtomicU64>,
-    /// Half of the sender's window; set from its handshake.
+    /// Window bytes received (regular and out-of-band, reliable and unreliable) and not
+    /// yet consumed, all epochs together: what this sender makes the receiver hold.
+    held: AtomicU64,
+    /// The receive window: held bytes above it pause reading; set at the handshake.
+    limit: AtomicU64,
+    /// Half of the receive window: credit goes back when this much is pending.
     half: AtomicU64,
     /// Set while a flush request is with the IO thread, so requests are not duplicated.
     flush_requested: AtomicBool,
+    /// Set by the IO thread while it does not read the sender's connection.
+    paused: AtomicBool,
 }
 
 impl Default for RecvCredit {
@@ -306,33 +350,119 @@ impl Default for RecvCredit {
     }
 }
 
+fn epoch_tag(epoch: u32) -> u64 {
+    u64::from(epoch) << CREDIT_BYTES_BITS
+}
+
 impl RecvCredit {
-    /// No credit pending; threshold unknown until [`set_window`](RecvCredit::set_window).
+    /// No credit pending, nothing held, epoch 0; threshold unknown until
+    /// [`set_window`](RecvCredit::set_window).
     pub fn new() -> RecvCredit {
         RecvCredit {
             pending: CachePadded::new(AtomicU64::new(0)),
+            held: AtomicU64::new(0),
+            limit: AtomicU64::new(u64::MAX),
             half: AtomicU64::new(u64::MAX),
             flush_requested: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
         }
     }
 
-    /// Sets the sender's window (from its handshake).
+    /// Sets the receive window (at the handshake: the smaller of the sender's window and
+    /// the receiver's bound): credit returns in halves of it, and reading pauses past it.
     pub fn set_window(&self, window: u64) {
+        self.limit.store(window, Ordering::Relaxed);
         self.half.store((window / 2).max(1), Ordering::Relaxed);
     }
 
-    /// Records `bytes` consumed. Returns `true` when this crossed half the sender's window:
-    /// the caller should ask the IO thread to return credit now.
-    pub fn consumed(&self, bytes: u64) -> bool {
-        // AcqRel: the IO thread's `take` must see every byte added before a flush request.
-        let prev = self.pending.fetch_add(bytes, Ordering::AcqRel);
+    /// The receive window (`u64::MAX` before the first handshake).
+    pub fn window(&self) -> u64 {
+        self.limit.load(Ordering::Relaxed)
+    }
+
+    /// The IO thread received a message costing `bytes` window bytes (handed to delivery).
+    /// Returns what is held now.
+    pub fn received(&self, bytes: u64) -> u64 {
+        // The pool's subtraction of these bytes comes after the message reached it through
+        // a queue's lock, so the count never underflows.
+        self.held.fetch_add(bytes, Ordering::SeqCst) + bytes
+    }
+
+    /// Window bytes received and not yet consumed (all epochs).
+    pub fn held(&self) -> u64 {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// The IO thread stops reading the sender's connection because it holds more than the
+    /// receive window. Returns `false` if consumption brought it back within the window
+    /// meanwhile: then nothing is paused (and nobody would resume it).
+    pub fn pause(&self) -> bool {
+        // SeqCst, with `consumed`'s: either its load of `paused` sees this store (and it
+        // asks to resume), or this load of `held` sees its subtraction.
+        self.paused.store(true, Ordering::SeqCst);
+        if self.held.load(Ordering::SeqCst) > self.window() {
+            return true;
+        }
+        self.paused.store(false, Ordering::SeqCst);
+        false
+    }
+
+    /// The IO thread: resumes reading if it was paused and the held bytes are back within
+    /// the window. Returns whether it resumed.
+    pub fn resume(&self) -> bool {
+        self.held() <= self.window() && self.paused.swap(false, Ordering::AcqRel)
+    }
+
+    /// Whether reading is paused.
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::SeqCst)
+    }
+
+    /// The IO thread: the paused connection is gone; nothing is paused any more.
+    pub fn unpause(&self) {
+        self.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Records `bytes` consumed by the application from a message of stream epoch
+    /// `epoch`. Returns `true` when the caller should ask the IO thread to act now: this
+    /// crossed half the receive window (credit to return), or brought a paused sender
+    /// back within it (reading to resume). Credit of an epoch that has since restarted is
+    /// dropped (the bytes are no longer held all the same).
+    pub fn consumed(&self, epoch: u32, bytes: u64) -> bool {
+        let before = self.held.fetch_sub(bytes, Ordering::SeqCst);
+        debug_assert!(before >= bytes, "consumed more than was received");
+        let held = before.saturating_sub(bytes);
+        let resume = held <= self.window() && self.paused.load(Ordering::SeqCst);
+        self.credit(epoch, bytes) || resume
+    }
+
+    /// Adds `bytes` of epoch `epoch` to the pending credit; whether it crossed half.
+    fn credit(&self, epoch: u32, bytes: u64) -> bool {
+        let tag = epoch_tag(epoch);
         let half = self.half.load(Ordering::Relaxed);
-        prev < half && prev + bytes >= half
+        // AcqRel: the IO thread's `take` must see every byte added before a flush request.
+        let mut cur = self.pending.load(Ordering::Acquire);
+        loop {
+            if cur & !CREDIT_BYTES != tag {
+                return false; // the stream restarted: no credit for its old messages
+            }
+            let prev = cur & CREDIT_BYTES;
+            let next = (prev + bytes).min(CREDIT_BYTES);
+            match self.pending.compare_exchange_weak(
+                cur,
+                tag | next,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return prev < half && next >= half,
+                Err(now) => cur = now,
+            }
+        }
     }
 
     /// Bytes consumed and not yet returned.
     pub fn pending(&self) -> u64 {
-        self.pending.load(Ordering::Acquire)
+        self.pending.load(Ordering::Acquire) & CREDIT_BYTES
     }
 
     /// Marks a flush as requested; `true` if it was not already.
@@ -346,7 +476,15 @@ impl RecvCredit {
         // A swap, not a store: the same meaning, but loom 0.7 mis-orders a plain store
         // against a concurrent swap (tokio-rs/loom#254) and reports a lost request.
         self.flush_requested.swap(false, Ordering::AcqRel);
-        self.pending.swap(0, Ordering::AcqRel)
+        self.pending.fetch_and(!CREDIT_BYTES, Ordering::AcqRel) & CREDIT_BYTES
+    }
+
+    /// The sender's stream restarts as epoch `epoch` (the IO thread, binding a new
+    /// incarnation or resetting the relationship): credit still pending for the old one is
+    /// dropped and returned, and consumption of its messages no longer earns any.
+    pub fn restart(&self, epoch: u32) -> u64 {
+        self.flush_requested.swap(false, Ordering::AcqRel);
+        self.pending.swap(epoch_tag(epoch), Ordering::AcqRel) & CREDIT_BYTES
     }
 }
 
@@ -419,13 +557,36 @@ mod tests {
     fn credit_crosses_half_once() {
         let c = RecvCredit::new();
         c.set_window(100);
-        assert!(!c.consumed(30));
-        assert!(c.consumed(30));
-        assert!(!c.consumed(30));
+        c.received(90);
+        assert!(!c.consumed(0, 30));
+        assert!(c.consumed(0, 30));
+        assert!(!c.consumed(0, 30));
+        assert_eq!(c.held(), 0);
         assert_eq!(c.take(), 90);
         assert!(c.request_flush());
         assert!(!c.request_flush());
         assert_eq!(c.take(), 0);
         assert!(c.request_flush());
+    }
+
+    #[test]
+    fn credit_of_a_restarted_stream_is_dropped() {
+        let c = RecvCredit::new();
+        c.set_window(100);
+        c.received(40);
+        assert!(!c.consumed(0, 10));
+        assert_eq!(
+            c.restart(1),
+            10,
+            "the old epoch's pending credit is dropped"
+        );
+        assert!(!c.consumed(0, 30), "old messages earn nothing");
+        assert_eq!((c.pending(), c.held()), (0, 0));
+        c.received(60);
+        assert!(c.consumed(1, 60));
+        assert_eq!(c.take(), 60);
+        // Epochs are compared modulo 2^24: a stream 2^24 restarts old is the only one
+        // mistaken for the current one.
+        assert_eq!(epoch_tag(1 << 24), epoch_tag(0));
     }
 }

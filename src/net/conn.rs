@@ -105,6 +105,8 @@ pub(crate) struct Conn {
     writable_interest: bool,
     /// Queued in the IO thread's read-pending list (readable, not drained).
     pub(crate) read_pending: bool,
+    /// Not read for now: the peer has more than its window waiting for delivery.
+    pub(crate) paused: bool,
     /// The peer's launch id (from the handshake).
     pub(crate) launch: Option<u64>,
     /// When bytes last arrived (failure detection).
@@ -134,6 +136,7 @@ impl Conn {
             wpos: 0,
             writable_interest: false,
             read_pending: false,
+            paused: false,
             launch: None,
             last_read: Instant::now(),
             last_write: Instant::now(),

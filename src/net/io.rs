@@ -59,7 +59,11 @@ pub(crate) struct NodeCounters {
     pub(crate) handshake_timeouts: AtomicU64,
     pub(crate) tie_breaks: AtomicU64,
     pub(crate) protocol_errors: AtomicU64,
-    pub(crate) pool_stalls: AtomicU64,
+    /// Connections closed because their peer sent past its window (also protocol errors).
+    pub(crate) window_violations: AtomicU64,
+    /// Times a connection's reading was paused: its peer had more than its window waiting
+    /// for delivery (messages of a previous stream still being handled).
+    pub(crate) read_pauses: AtomicU64,
     pub(crate) idle_timeouts: AtomicU64,
     pub(crate) refused_limit: AtomicU64,
     pub(crate) journal_failures: AtomicU64,
@@ -99,6 +103,9 @@ struct PeerIo {
     ack_forced: bool,
     /// Largest payload the peer accepts (from its handshake).
     peer_max_message: usize,
+    /// The peer's send window (from its handshake): what it may have received here and not
+    /// yet credited back, enforced.
+    peer_window: u64,
     /// When we last sent a credit probe.
     last_probe: Option<Instant>,
     /// The blocked episode we last warned about.
@@ -146,6 +153,17 @@ impl PeerIo {
     }
 }
 
+/// What reading a data frame leaves the connection to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Inflow {
+    /// Go on reading.
+    Go,
+    /// The frame closed the connection.
+    Closed,
+    /// Stop reading until the peer's held bytes are back within its window.
+    Pause,
+}
+
 /// What one `flush_peer` pass did, added to the shared counters once.
 #[derive(Default)]
 struct Tally {
@@ -183,10 +201,12 @@ pub(crate) struct IoThread {
     read_pending: VecDeque<Token>,
     /// Connections with bytes appended to their write buffer this turn.
     dirty: Vec<Token>,
-    /// Tasks the pool refused; while any is here, no socket is read.
-    stash: VecDeque<Task>,
+    /// Connections whose reading is paused (see `pause`).
+    paused: Vec<Token>,
     shutdown: Option<Instant>,
     batch: Vec<Delivery>,
+    /// Out-of-band messages split this turn, for one push to their sender's OOB queue.
+    oob_batch: Vec<Delivery>,
     /// The durable outbox, when the node journals.
     journal: Option<durable::JournalIo>,
     /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
@@ -225,9 +245,10 @@ impl IoThread {
             timers: Timers::default(),
             read_pending: VecDeque::new(),
             dirty: Vec::new(),
-            stash: VecDeque::new(),
+            paused: Vec::new(),
             shutdown: None,
             batch: Vec::new(),
+            oob_batch: Vec::new(),
             journal: parts.journal.map(|(j, r)| durable::JournalIo::new(j, r)),
             scratch: Vec::new(),
         }
@@ -246,8 +267,7 @@ impl IoThread {
             let now = Instant::now();
             // Don't sleep with work in hand: unread input, or bytes published after the last
             // write pass (a drained socket's writer refilled its buffer).
-            let busy =
-                (!self.read_pending.is_empty() && self.stash.is_empty()) || !self.dirty.is_empty();
+            let busy = !self.read_pending.is_empty() || !self.dirty.is_empty();
             let timeout = if busy {
                 Some(Duration::ZERO)
             } else {
@@ -274,12 +294,7 @@ impl IoThread {
             if self.shared.take_wake() {
                 self.handle_requests();
             }
-            if self.shared.pool_space.swap(false, Ordering::AcqRel) {
-                self.unstash();
-            }
-            if self.stash.is_empty() {
-                self.process_read_pending();
-            }
+            self.process_read_pending();
             self.fire_timers();
             self.flush_dirty();
             // Relaxed: a gauge for stats.
@@ -305,8 +320,10 @@ impl IoThread {
             self.flush_peer(id);
         }
         let credit = std::mem::take(&mut *self.shared.credit_flush.lock());
+        let now = Instant::now();
         for id in credit {
             self.send_ack(id);
+            self.resume_peer(id, now);
         }
     }
 
@@ -331,6 +348,7 @@ impl IoThread {
                         ack_unwritten: None,
                         ack_forced: false,
                         peer_max_message: usize::MAX,
+                        peer_window: 0,
                         last_probe: None,
                         warned_episode: 0,
                         recorded: (0, 0),

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 pub(crate) use conn::TlsSetup;
 pub(crate) use io::{IoThread, NodeCounters};
 
-use crate::deliver::{CreditSink, MemberQueue, Pool, Progress};
+use crate::deliver::{CreditSink, MemberQueue, OobQueue, Pool, Progress};
 use crate::flow::RecvCredit;
 use crate::journal::{Journal, Recovered};
 use crate::peer::{OutboundFilter, PeerShared};
@@ -37,6 +37,9 @@ pub(crate) struct IoConfig {
     pub(crate) cluster: String,
     pub(crate) launch_id: u64,
     pub(crate) window: u64,
+    /// The most window bytes of one peer's messages we hold (received, not yet handled);
+    /// a peer's connection is not read while it has more.
+    pub(crate) recv_window: u64,
     pub(crate) max_message: usize,
     pub(crate) allow_unknown: bool,
     pub(crate) ack_threshold: u64,
@@ -183,9 +186,9 @@ pub(crate) struct IoShared {
     pub(crate) ready: Mutex<Vec<usize>>,
     /// Peers whose receive credit should be returned now.
     pub(crate) credit_flush: Mutex<Vec<usize>>,
-    /// The pool has room again after refusing a task.
-    pub(crate) pool_space: AtomicBool,
     next_peer: AtomicUsize,
+    /// Pool threads that may deliver one sender's out-of-band messages at once.
+    oob_limit: usize,
     /// Sends wake-ups skipped because one was already pending (a measure of batching).
     pub(crate) wakes: crate::sync::atomic::AtomicU64,
     /// The node journals: peers track how far their streams have been handled.
@@ -203,15 +206,15 @@ impl std::fmt::Debug for IoShared {
 }
 
 impl IoShared {
-    pub(crate) fn new(waker: mio::Waker, journalled: bool) -> IoShared {
+    pub(crate) fn new(waker: mio::Waker, journalled: bool, oob_limit: usize) -> IoShared {
         IoShared {
             waker,
             wake_pending: AtomicBool::new(false),
             commands: Mutex::new(Vec::new()),
             ready: Mutex::new(Vec::new()),
             credit_flush: Mutex::new(Vec::new()),
-            pool_space: AtomicBool::new(false),
             next_peer: AtomicUsize::new(0),
+            oob_limit,
             wakes: crate::sync::atomic::AtomicU64::new(0),
             journalled,
             journal_stats: Mutex::new(None),
@@ -275,8 +278,9 @@ impl IoShared {
             io: self.clone(),
         });
         let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink)));
+        let oob = Arc::new(OobQueue::new(name.clone(), self.oob_limit, oob_sink));
         Arc::new(PeerShared::new(
-            id, name, window, credit, member, oob_sink, progress,
+            id, name, window, credit, member, oob, progress,
         ))
     }
 }
@@ -301,8 +305,8 @@ impl PeerCreditSink {
 }
 
 impl CreditSink for PeerCreditSink {
-    fn consumed(&self, bytes: u64) {
-        if self.credit.consumed(bytes) {
+    fn consumed(&self, epoch: u32, bytes: u64) {
+        if self.credit.consumed(epoch, bytes) {
             self.request();
         }
     }

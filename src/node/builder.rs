@@ -19,6 +19,10 @@ use crate::sync::Arc;
 /// them. Arguments: the peer's name and the payloads, in send order.
 pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
 
+/// Delivery threads at least, by default: handlers may block, and one sender occupies
+/// at most `1 + oob_concurrency` of them.
+const MIN_POOL_THREADS: usize = 4;
+
 /// Configures and starts a [`Node`].
 ///
 /// ```no_run
@@ -39,7 +43,11 @@ pub struct Builder {
     pub(crate) listen: Result<SocketAddr, String>,
     pub(crate) peers: Vec<(String, Result<SocketAddr, String>)>,
     pub(crate) pool_threads: usize,
-    pub(crate) pool_queue: usize,
+    /// Pool threads one sender's out-of-band messages may occupy at once (`None`: half
+    /// the pool, at least one).
+    pub(crate) oob_concurrency: Option<usize>,
+    /// The most this node holds for one peer (`None`: our own window).
+    pub(crate) recv_window: Option<u64>,
     pub(crate) delivery_batch: usize,
     pub(crate) window: u64,
     pub(crate) max_message: Option<usize>,
@@ -108,8 +116,11 @@ impl Builder {
             cluster: "default".to_owned(),
             listen: Ok(SocketAddr::from(([127, 0, 0, 1], 0))),
             peers: Vec::new(),
-            pool_threads: std::thread::available_parallelism().map_or(2, |n| n.get()),
-            pool_queue: 64 * 1024,
+            pool_threads: std::thread::available_parallelism()
+                .map_or(MIN_POOL_THREADS, |n| n.get())
+                .max(MIN_POOL_THREADS),
+            oob_concurrency: None,
+            recv_window: None,
             delivery_batch: 256,
             window: 4 << 20,
             max_message: None,
@@ -159,17 +170,41 @@ impl Builder {
         self
     }
 
-    /// Delivery pool threads (default: available parallelism).
+    /// Delivery pool threads (default: available parallelism, at least 4).
+    ///
+    /// One sender occupies at most `1 + oob_concurrency` of them at once (one delivers its
+    /// regular messages, at most its share its out-of-band ones), so even handlers that
+    /// block on one sender leave the others `threads - 1 - oob_concurrency` threads: at
+    /// least one with the defaults. Idle threads park and cost nothing.
     pub fn pool_threads(mut self, n: usize) -> Self {
         self.pool_threads = n;
         self
     }
 
-    /// Bound of the delivery pool's task queue (default 65 536). When it is full the IO
-    /// thread stops reading sockets until the pool catches up.
-    pub fn pool_queue(mut self, n: usize) -> Self {
-        self.pool_queue = n;
+    /// The most pool threads that deliver one sender's out-of-band messages at once: its
+    /// fair share of the pool (default: half the pool's threads, at least one; at most the
+    /// whole pool).
+    ///
+    /// Out-of-band messages are unordered, so several threads may run one sender's at once;
+    /// this cap keeps an OOB flood, or a handler that blocks on one sender's OOB messages,
+    /// from taking every thread. With `T` pool threads and the default share, one sender
+    /// occupies at most `1 + max(1, T/2)` threads (its regular messages take at most one),
+    /// and the rest serve the others.
+    ///
+    /// ```
+    /// let b = cohort::Node::builder("alpha").pool_threads(8).oob_concurrency(2);
+    /// # let _ = b;
+    /// ```
+    pub fn oob_concurrency(mut self, n: usize) -> Self {
+        self.oob_concurrency = Some(n.max(1));
         self
+    }
+
+    /// Pool threads that may deliver one sender's out-of-band messages at once.
+    pub(crate) fn effective_oob_concurrency(&self) -> usize {
+        self.oob_concurrency
+            .unwrap_or(self.pool_threads / 2)
+            .clamp(1, self.pool_threads.max(1))
     }
 
     /// Most messages one sender's deliverer handles before yielding its pool thread to other
@@ -193,6 +228,34 @@ impl Builder {
     /// [`MESSAGE_OVERHEAD`](crate::flow::MESSAGE_OVERHEAD) bytes.
     pub fn window_bytes(mut self, bytes: u64) -> Self {
         self.window = bytes;
+        self
+    }
+
+    /// The receive window: the most window bytes of one peer's messages this node holds —
+    /// received and not yet handled by the application, regular and out-of-band, each at
+    /// its window cost (default: this node's own [`window_bytes`](Builder::window_bytes)).
+    ///
+    /// What a peer can make this node hold is bounded by this, whatever the peer does:
+    ///
+    /// - a peer's own send window (declared in its handshake) is enforced: a peer that
+    ///   sends past it ignores flow control and is closed as a protocol error
+    ///   (`ConnStats::window_violations`);
+    /// - a peer whose window is larger than this is read only while it holds less: its
+    ///   connection is paused (TCP pushes back on it) until the handler catches up, and
+    ///   credit goes back to it in halves of this window. Its frames wait in the kernel
+    ///   meanwhile, and the idle timeout does not count the pause as silence.
+    ///
+    /// Memory held per peer is then at most this window plus one message, plus the
+    /// bookkeeping of each message held (about 100 bytes each: at most `recv_window / 16`
+    /// of them, as every message costs at least 16 window bytes).
+    ///
+    /// ```
+    /// // Send with 16 MiB in flight per peer, but hold at most 4 MiB for any one peer.
+    /// let b = cohort::Node::builder("alpha").window_bytes(16 << 20).recv_window(4 << 20);
+    /// # let _ = b;
+    /// ```
+    pub fn recv_window(mut self, bytes: u64) -> Self {
+        self.recv_window = Some(bytes);
         self
     }
 
@@ -520,6 +583,22 @@ impl Builder {
             return Err(Error::Config(format!(
                 "window of {} bytes is too small",
                 self.window
+            )));
+        }
+        if let Some(w) = self.recv_window {
+            if !(2 * (MESSAGE_OVERHEAD + 1)..=crate::flow::MAX_WINDOW).contains(&w) {
+                return Err(Error::Config(format!(
+                    "recv_window of {w} bytes: must be from {} to {} bytes",
+                    2 * (MESSAGE_OVERHEAD + 1),
+                    crate::flow::MAX_WINDOW
+                )));
+            }
+        }
+        if self.window > crate::flow::MAX_WINDOW {
+            return Err(Error::Config(format!(
+                "window of {} bytes exceeds the largest a receiver accounts for ({} bytes)",
+                self.window,
+                crate::flow::MAX_WINDOW
             )));
         }
         let max = self.effective_max_message();

@@ -478,7 +478,11 @@ impl Node {
         poll.registry()
             .register(&mut listener, crate::net::LISTENER, mio::Interest::READABLE)?;
         let waker = mio::Waker::new(poll.registry(), crate::net::WAKER)?;
-        let io = Arc::new(IoShared::new(waker, journal.is_some()));
+        let io = Arc::new(IoShared::new(
+            waker,
+            journal.is_some(),
+            b.effective_oob_concurrency(),
+        ));
 
         let handler = b.handler.clone().unwrap_or_else(|| {
             let warned = Arc::new(AtomicBool::new(false));
@@ -492,17 +496,11 @@ impl Node {
                 }
             })
         });
-        let io_for_pool = io.clone();
         let pool = Arc::new(Pool::start(
             &b.name,
             b.pool_threads,
-            b.pool_queue,
             b.delivery_batch,
             handler,
-            Box::new(move || {
-                io_for_pool.pool_space.store(true, Ordering::Release);
-                io_for_pool.wake();
-            }),
         )?);
 
         pool.set_spin(b.pool_spin);
@@ -535,6 +533,7 @@ impl Node {
             cluster: b.cluster.clone(),
             launch_id,
             window: b.window,
+            recv_window: b.recv_window.unwrap_or(b.window),
             max_message,
             allow_unknown: b.allow_unknown,
             ack_threshold: b.ack_threshold,
@@ -794,7 +793,8 @@ impl Node {
                 handshake_timeouts: g(&c.handshake_timeouts),
                 tie_breaks: g(&c.tie_breaks),
                 protocol_errors: g(&c.protocol_errors),
-                pool_stalls: g(&c.pool_stalls),
+                window_violations: g(&c.window_violations),
+                read_pauses: g(&c.read_pauses),
                 idle_timeouts: g(&c.idle_timeouts),
                 refused_limit: g(&c.refused_limit),
                 tls_failures: g(&c.tls_failures),
@@ -942,6 +942,9 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         delivered: p.member.delivered(),
         delivered_bytes: p.member.delivered_bytes(),
         delivery_queued_bytes: p.member.queued_bytes(),
+        unconsumed_bytes: p.credit.held(),
+        unconsumed_peak: Counters::get(&c.held_peak),
+        oob_delivered: p.oob.delivered(),
         duplicates: Counters::get(&c.duplicates),
         resent: Counters::get(&c.resent),
         connects: Counters::get(&c.connects),
@@ -954,6 +957,7 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         probes: Counters::get(&c.probes),
         unreliable_lost_bytes: p.outbox.returned(crate::peer::Return::Lost),
         max_concurrent_deliverers: p.member.max_concurrent(),
+        max_concurrent_oob: p.oob.max_concurrent(),
     }
 }
 

@@ -49,6 +49,15 @@ pub struct PeerStats {
     pub delivered_bytes: u64,
     /// Payload bytes received from this peer waiting for its deliverer.
     pub delivery_queued_bytes: u64,
+    /// Window bytes of this peer's messages (regular and out-of-band, at their window cost)
+    /// received and not yet handled by the application: what this node holds for it now.
+    /// Bounded by the peer's window, which is enforced.
+    pub unconsumed_bytes: u64,
+    /// The most [`unconsumed_bytes`](PeerStats::unconsumed_bytes) ever reached: at most
+    /// the peer's window plus one message.
+    pub unconsumed_peak: u64,
+    /// Out-of-band messages from this peer delivered to the handler.
+    pub oob_delivered: u64,
     /// Duplicate messages dropped (seen again after a reconnect).
     pub duplicates: u64,
     /// Messages resent after reconnects.
@@ -72,9 +81,12 @@ pub struct PeerStats {
     pub unreliable_lost_bytes: u64,
     /// Credit probes sent to this peer (a sender was parked for a probe interval).
     pub probes: u64,
-    /// The most pool threads ever seen delivering this peer's messages at once (must be
-    /// at most 1).
+    /// The most pool threads ever seen delivering this peer's regular messages at once
+    /// (must be at most 1).
     pub max_concurrent_deliverers: usize,
+    /// The most pool threads ever seen delivering this peer's out-of-band messages at once
+    /// (at most its fair share, `Builder::oob_concurrency`).
+    pub max_concurrent_oob: usize,
 }
 
 /// Node-wide connection counters.
@@ -104,10 +116,17 @@ pub struct ConnStats {
     pub handshake_timeouts: u64,
     /// Duplicate connections resolved (simultaneous dial or reconnect).
     pub tie_breaks: u64,
-    /// Connections closed for a malformed or unexpected frame.
+    /// Connections closed for a malformed or unexpected frame, a sequence gap, or a peer
+    /// that sent past its window.
     pub protocol_errors: u64,
-    /// Times the delivery pool was full and the IO thread paused reading.
-    pub pool_stalls: u64,
+    /// ... of which because the peer sent past its window (it ignores flow control): what
+    /// a peer makes this node hold is bounded by its window, whatever it sends.
+    pub window_violations: u64,
+    /// Times reading a connection was paused because its peer had more than its window
+    /// waiting for delivery: only after the peer's stream restarted (a new incarnation)
+    /// while its previous stream's messages were still being handled. Reading resumes once
+    /// they are; the idle timeout does not count the pause.
+    pub read_pauses: u64,
     /// Connections closed because nothing arrived for the idle timeout.
     pub idle_timeouts: u64,
     /// Accepted connections dropped at once for exceeding `Builder::connection_limits`.
@@ -198,19 +217,19 @@ impl fmt::Display for Stats {
         }
         writeln!(
             f,
-            "pool: {} threads, queue {}/{}, {} busy, {} tasks run, {} OOB delivered, max concurrent deliverers per sender {}",
+            "pool: {} threads, {} tasks queued, {} busy, {} tasks run, {} OOB delivered, {} handler panics, max concurrent deliverers per sender {}",
             self.pool.threads,
             self.pool.queue_depth,
-            self.pool.queue_capacity,
             self.pool.busy,
             self.pool.tasks_run,
             self.oob_delivered,
+            self.pool.panics,
             self.max_concurrent_deliverers
         )?;
         let c = &self.connections;
         write!(
             f,
-            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} auth), {} handshake timeouts, {} idle timeouts, {} tie-breaks, {} protocol errors, {} pool stalls, {} TLS failures",
+            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} auth), {} handshake timeouts, {} idle timeouts, {} tie-breaks, {} protocol errors ({} past the window), {} read pauses, {} TLS failures",
             c.open,
             c.established,
             c.accepted,
@@ -226,7 +245,8 @@ impl fmt::Display for Stats {
             c.idle_timeouts,
             c.tie_breaks,
             c.protocol_errors,
-            c.pool_stalls,
+            c.window_violations,
+            c.read_pauses,
             c.tls_failures
         )
     }

@@ -19,7 +19,7 @@ use std::fmt;
 
 pub use outbox::{Ledger, Outbox, Outgoing, Return};
 
-use crate::deliver::{CreditSink, MemberQueue, Progress};
+use crate::deliver::{MemberQueue, OobQueue, Progress};
 use crate::flow::RecvCredit;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use crate::sync::{Arc, SharedStr};
@@ -129,6 +129,8 @@ pub(crate) struct Counters {
     pub(crate) connects: AtomicU64,
     pub(crate) disconnects: AtomicU64,
     pub(crate) undelivered: AtomicU64,
+    /// The most window bytes ever held for this peer (received, not yet consumed).
+    pub(crate) held_peak: AtomicU64,
 }
 
 impl Counters {
@@ -139,6 +141,13 @@ impl Counters {
     }
     pub(crate) fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Acquire)
+    }
+    /// Raises the held high-water mark to `held` (the IO thread, its only writer).
+    pub(crate) fn note_held(&self, held: u64) {
+        // Relaxed: a gauge; one writer, so a load and a store suffice.
+        if held > self.held_peak.load(Ordering::Relaxed) {
+            self.held_peak.store(held, Ordering::Relaxed);
+        }
     }
 }
 
@@ -159,8 +168,8 @@ pub(crate) struct PeerShared {
     state: AtomicU8,
     pub(crate) credit: Arc<RecvCredit>,
     pub(crate) member: Arc<MemberQueue>,
-    /// Where out-of-band deliveries from this peer report consumption.
-    pub(crate) oob_sink: Arc<dyn CreditSink>,
+    /// Out-of-band messages from this peer, drained by at most its share of the pool.
+    pub(crate) oob: Arc<OobQueue>,
     /// How far the application has handled this peer's reliable stream (journalling
     /// nodes only).
     pub(crate) progress: Option<Arc<Progress>>,
@@ -184,7 +193,7 @@ impl PeerShared {
         window: u64,
         credit: Arc<RecvCredit>,
         member: Arc<MemberQueue>,
-        oob_sink: Arc<dyn CreditSink>,
+        oob: Arc<OobQueue>,
         progress: Option<Arc<Progress>>,
     ) -> PeerShared {
         PeerShared {
@@ -196,7 +205,7 @@ impl PeerShared {
             state: AtomicU8::new(PeerState::Backoff as u8),
             credit,
             member,
-            oob_sink,
+            oob,
             progress,
             counters: Counters::default(),
         }

@@ -59,6 +59,18 @@ pub enum RecoveryError {
         /// What it had acknowledged before.
         acked: u64,
     },
+    /// The peer sent past its window: a message would make the window bytes received from
+    /// it and not yet credited back exceed the window it declared. An honest sender never
+    /// does (its window bounds what it has uncredited, and no credit is returned that it
+    /// has not seen); this one ignores credit.
+    WindowExceeded {
+        /// Window bytes received and not yet credited back before the message.
+        outstanding: u64,
+        /// The message's window bytes.
+        cost: u64,
+        /// The peer's window.
+        window: u64,
+    },
 }
 
 impl std::fmt::Display for RecoveryError {
@@ -79,6 +91,14 @@ impl std::fmt::Display for RecoveryError {
                     "peer claims {claimed} received after acknowledging {acked}"
                 )
             }
+            RecoveryError::WindowExceeded {
+                outstanding,
+                cost,
+                window,
+            } => write!(
+                f,
+                "peer ignores flow control: a message of {cost} window bytes on top of {outstanding} not yet credited exceeds its window of {window}"
+            ),
         }
     }
 }
@@ -106,6 +126,10 @@ pub struct Descriptor {
     unacked_bytes: u64,
     /// Receiver side: credit returned to the peer so far (cumulative, this incarnation).
     credit_returned: u64,
+    /// Receiver side: window bytes of the messages received from this incarnation
+    /// (reliable ones once, and unreliable ones; cumulative). Less `credit_returned`, what
+    /// the peer may have outstanding: never more than its window.
+    received_cost: u64,
     /// Sender side: the highest cumulative credit the peer has reported.
     credit_seen: u64,
     /// Connections established with this incarnation (each successful `resume`).
@@ -154,6 +178,8 @@ impl Descriptor {
             unacked_bytes: unacked.iter().map(|u| u.payload.len() as u64).sum(),
             unacked: unacked.into(),
             credit_returned,
+            // Nothing received in this process is outstanding yet.
+            received_cost: credit_returned,
             credit_seen,
             unreliable_received,
             // Whether the previous process wrote them is unknown: assume it did.
@@ -300,6 +326,50 @@ impl Descriptor {
         self.unacked_bytes -= r.bytes;
         self.acked = received;
         Ok(r)
+    }
+
+    /// Receiver side: admits a data message costing `cost` window bytes — reliable with
+    /// sequence number `seq`, or unreliable (`None`) — from a peer whose window is
+    /// `window`. A duplicate is reported (and costs nothing: it was charged when it first
+    /// arrived); a gap, or a message past the window (see
+    /// [`RecoveryError::WindowExceeded`]), is refused and changes nothing.
+    pub fn accept_data(
+        &mut self,
+        seq: Option<u64>,
+        cost: u64,
+        window: u64,
+    ) -> Result<Receive, RecoveryError> {
+        if let Some(seq) = seq {
+            if seq <= self.received {
+                return Ok(Receive::Duplicate);
+            }
+            if seq != self.received + 1 {
+                return Err(RecoveryError::Gap {
+                    expected: self.received + 1,
+                    got: seq,
+                });
+            }
+        }
+        let outstanding = self.outstanding_received();
+        if outstanding.saturating_add(cost) > window {
+            return Err(RecoveryError::WindowExceeded {
+                outstanding,
+                cost,
+                window,
+            });
+        }
+        self.received_cost += cost;
+        match seq {
+            Some(seq) => self.received = seq,
+            None => self.unreliable_received += cost,
+        }
+        Ok(Receive::Deliver)
+    }
+
+    /// Receiver side: window bytes received from this incarnation and not yet credited
+    /// back (at most the peer's window).
+    pub fn outstanding_received(&self) -> u64 {
+        self.received_cost.saturating_sub(self.credit_returned)
     }
 
     /// Handles an incoming reliable message's sequence number.
@@ -511,6 +581,41 @@ mod tests {
         tx.bind(1);
         tx.bind(2);
         assert_eq!(tx.on_credit(10), 10, "a new incarnation starts from zero");
+    }
+
+    #[test]
+    fn a_peer_is_held_to_its_window() {
+        let mut d = Descriptor::new();
+        d.bind(7);
+        // Window 100: 60 + 40 fit; one more byte does not, and changes nothing.
+        assert_eq!(d.accept_data(Some(1), 60, 100), Ok(Receive::Deliver));
+        assert_eq!(d.accept_data(None, 40, 100), Ok(Receive::Deliver));
+        assert_eq!(
+            d.accept_data(Some(2), 1, 100),
+            Err(RecoveryError::WindowExceeded {
+                outstanding: 100,
+                cost: 1,
+                window: 100
+            })
+        );
+        assert_eq!((d.received(), d.unreliable_received()), (1, 40));
+        // A duplicate costs nothing (it was charged when it first came); credit returned
+        // makes room again.
+        assert_eq!(d.accept_data(Some(1), 60, 100), Ok(Receive::Duplicate));
+        d.return_credit(60);
+        assert_eq!(d.outstanding_received(), 40);
+        assert_eq!(d.accept_data(Some(2), 60, 100), Ok(Receive::Deliver));
+        // A gap is refused before the window is looked at.
+        assert!(matches!(
+            d.accept_data(Some(9), 1, 1000),
+            Err(RecoveryError::Gap { expected: 3, .. })
+        ));
+        // A new incarnation starts with nothing outstanding.
+        d.bind(8);
+        assert_eq!(d.outstanding_received(), 0);
+        // A restored stream: nothing received in this process is outstanding.
+        let r = Descriptor::restore(Some(8), 0, 0, 5, (500, 0), 0, Vec::new());
+        assert_eq!(r.outstanding_received(), 0);
     }
 
     #[test]

@@ -260,6 +260,10 @@ impl IoThread {
         if p.conn != Some(token) {
             return;
         }
+        if conn.paused {
+            // Nothing left to resume; the next connection pauses afresh if need be.
+            p.shared.credit.unpause();
+        }
         p.conn = None;
         p.ack_unwritten = None; // lost with the connection: owed again
         if conn.established {

@@ -262,13 +262,17 @@ impl IoThread {
         }
     }
 
-    /// The peer's stream restarts from zero (new incarnation, or a reset): the handled
-    /// watermark starts a new epoch so late completions of the old stream are ignored.
-    pub(super) fn restart_progress(&mut self, id: usize) {
+    /// The peer's stream restarts from zero (new incarnation, or a reset): a new epoch
+    /// begins, so messages of the old stream still being handled earn no credit (its
+    /// window is not over-released by them) and, with a journal, late completions of the
+    /// old stream do not move the new one's watermark.
+    pub(super) fn restart_stream(&mut self, id: usize) {
         if let Some(p) = self.peers.get_mut(&id) {
-            if let Some(progress) = &p.shared.progress {
-                p.epoch = progress.restart(0, 0);
-            }
+            p.epoch = match &p.shared.progress {
+                Some(progress) => progress.restart(0, 0),
+                None => p.epoch.wrapping_add(1),
+            };
+            let _ = p.shared.credit.restart(p.epoch);
             p.recorded = (0, 0);
             p.recorded_unreliable = 0;
             p.durable = (0, 0);
@@ -343,6 +347,7 @@ impl IoThread {
         );
         if let Some(progress) = &p.shared.progress {
             p.epoch = progress.restart(r.delivered, r.unreliable);
+            let _ = p.shared.credit.restart(p.epoch);
         }
         p.recorded = (r.delivered, r.credit);
         p.recorded_unreliable = r.unreliable;

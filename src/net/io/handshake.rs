@@ -194,7 +194,12 @@ impl IoThread {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
-        p.shared.credit.set_window(peer.window);
+        // What the peer may send is its own window (enforced); what we hold for it, and
+        // return credit in halves of, is the smaller of that and our receive window.
+        p.peer_window = peer.window;
+        p.shared
+            .credit
+            .set_window(peer.window.min(self.cfg.recv_window));
         p.peer_max_message = peer.max_message as usize;
         let restarted = matches!(p.desc.remote_launch(), Some(l) if l != peer.launch_id);
         let first = p.desc.remote_launch().is_none();
@@ -211,7 +216,7 @@ impl IoThread {
         if !restarted {
             return;
         }
-        self.restart_progress(id);
+        self.restart_stream(id);
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
@@ -238,7 +243,6 @@ impl IoThread {
         p.shared
             .outbox
             .give_back(Return::Retired, outstanding - keep);
-        let _ = p.shared.credit.take();
         let name = p.shared.name.clone();
         let mut records = Vec::with_capacity(unsent.len());
         for m in unsent {
@@ -293,15 +297,15 @@ impl IoThread {
             if let Some(launch) = launch {
                 self.journal_record(Record::Bound { peer, launch });
             }
-            self.restart_progress(id);
         }
+        // Credit we owed the old stream is dropped with it.
+        self.restart_stream(id);
         let Some(p) = self.peers.get_mut(&id) else {
             return;
         };
         p.shared
             .outbox
             .give_back(Return::Retired, p.ledger.retire());
-        let _ = p.shared.credit.take();
         Counters::add(&p.shared.counters.undelivered, old.len() as u64);
         let name = p.shared.name.clone();
         self.report_undelivered(&name, old);

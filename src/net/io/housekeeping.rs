@@ -59,20 +59,25 @@ impl IoThread {
                 }
             }
         }
+        if !self.paused.is_empty() {
+            self.resume_paused(now);
+        }
         self.check_liveness(now);
         self.timers.add(now + self.cfg.tick, TimerKind::Tick);
     }
 
     /// Heartbeats on quiet established connections (any traffic suppresses them), and
     /// failure detection: a connection silent for `idle_timeout` is closed, and its peer
-    /// redialled with backoff.
+    /// redialled with backoff. A connection we are not reading (paused) is never silent:
+    /// time we did not read is ours, not the peer's.
     pub(super) fn check_liveness(&mut self, now: Instant) {
         let mut silent = Vec::new();
         for conn in self.conns.values_mut() {
             if !conn.established {
                 continue;
             }
-            if now.saturating_duration_since(conn.last_read) >= self.cfg.idle_timeout {
+            let unread = now.saturating_duration_since(conn.last_read);
+            if !conn.paused && unread >= self.cfg.idle_timeout {
                 silent.push(conn.token);
             } else if now.saturating_duration_since(conn.last_write) >= self.cfg.heartbeat {
                 wire::encode_heartbeat(&mut conn.wbuf);

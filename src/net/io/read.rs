@@ -8,16 +8,16 @@ impl IoThread {
     /// readiness event reported the peer's hang-up (or this is a continuation), so read until
     /// EOF or `WouldBlock` rather than stopping at a short read.
     pub(super) fn read_conn(&mut self, token: Token, hup: bool) {
-        if !self.stash.is_empty() {
-            // The pool is full: leave the bytes in the kernel so TCP pushes back.
-            self.mark_read_pending(token);
-            return;
-        }
         let mut total = 0usize;
         loop {
             let Some(conn) = self.conns.get_mut(&token) else {
                 return;
             };
+            if conn.paused {
+                // Its peer has more than its window waiting for delivery: the bytes stay
+                // in the kernel (TCP pushes back on the peer) until `resume_paused`.
+                return;
+            }
             match conn.read_some(&mut self.scratch) {
                 Ok((0, _)) => {
                     self.take_frames(token);
@@ -34,7 +34,7 @@ impl IoThread {
                         self.dirty.push(token);
                     }
                     self.take_frames(token);
-                    if !self.stash.is_empty() || total >= READ_BUDGET {
+                    if total >= READ_BUDGET {
                         self.mark_read_pending(token);
                         return;
                     }
@@ -75,9 +75,6 @@ impl IoThread {
 
     pub(super) fn process_read_pending(&mut self) {
         for _ in 0..self.read_pending.len() {
-            if !self.stash.is_empty() {
-                return;
-            }
             let Some(t) = self.read_pending.pop_front() else {
                 return;
             };
@@ -97,6 +94,9 @@ impl IoThread {
         let mut peer_of_batch = None;
         // Until the connection is closed by a frame, or no complete frame is left.
         while let Some(conn) = self.conns.get_mut(&token) {
+            if conn.paused {
+                break;
+            }
             let (established, peer) = (conn.established, conn.peer);
             let max = if established {
                 self.max_len
@@ -112,8 +112,14 @@ impl IoThread {
                 })) => match (established, peer) {
                     (true, Some(id)) => {
                         peer_of_batch = Some(id);
-                        if !self.on_data(token, id, flags, seq, payload) {
-                            break;
+                        match self.on_data(token, id, flags, seq, payload) {
+                            Inflow::Go => {}
+                            Inflow::Closed => break,
+                            Inflow::Pause => {
+                                if self.pause(token, id) {
+                                    break;
+                                }
+                            }
                         }
                     }
                     _ => {
@@ -190,6 +196,11 @@ impl IoThread {
         );
     }
 
+    /// A data frame from peer `id` on its established connection `token`: admitted
+    /// against the peer's window (a peer past it is closed: it ignores credit), then
+    /// queued for delivery. Says whether to go on reading, or pause this connection
+    /// because the peer's held bytes, counting messages of a previous stream still being
+    /// handled, exceed its window.
     pub(super) fn on_data(
         &mut self,
         token: Token,
@@ -197,78 +208,141 @@ impl IoThread {
         flags: u8,
         seq: Option<u64>,
         payload: Bytes,
-    ) -> bool {
+    ) -> Inflow {
         let Some(p) = self.peers.get_mut(&id) else {
-            return true;
+            return Inflow::Go;
         };
-        if let Some(seq) = seq {
-            match p.desc.on_data(seq) {
-                Ok(Receive::Deliver) => {}
-                Ok(Receive::Duplicate) => {
-                    Counters::add(&p.shared.counters.duplicates, 1);
-                    // Still acked: the sender resent it because it lacks our ack.
-                    p.ack_forced = true;
-                    return true;
-                }
-                Err(e) => {
-                    self.push_batch(id);
-                    self.protocol_error(token, e.to_string());
-                    return false;
-                }
+        let cost = crate::flow::cost(payload.len());
+        match p.desc.accept_data(seq, cost, p.peer_window) {
+            Ok(Receive::Deliver) => {}
+            Ok(Receive::Duplicate) => {
+                Counters::add(&p.shared.counters.duplicates, 1);
+                // Still acked: the sender resent it because it lacks our ack.
+                p.ack_forced = true;
+                return Inflow::Go;
             }
-        }
-        if seq.is_none() {
-            p.desc.on_unreliable(crate::flow::cost(payload.len()));
+            Err(e) => {
+                if matches!(e, RecoveryError::WindowExceeded { .. }) {
+                    Counters::add(&self.counters.window_violations, 1);
+                }
+                self.push_batch(id);
+                self.protocol_error(token, e.to_string());
+                return Inflow::Closed;
+            }
         }
         Counters::add(&p.shared.counters.received, 1);
         Counters::add(&p.shared.counters.received_bytes, payload.len() as u64);
-        let oob = flags & wire::FLAG_OOB != 0;
-        if oob {
-            let d = Delivery::new(p.shared.name.clone(), payload, seq, true).in_epoch(p.epoch);
-            let sink = p.shared.oob_sink.clone();
-            self.submit(Task::Oob(d, sink));
+        let held = p.shared.credit.received(cost);
+        p.shared.counters.note_held(held);
+        if flags & wire::FLAG_OOB != 0 {
+            self.oob_batch
+                .push(Delivery::new(p.shared.name.clone(), payload, seq, true).in_epoch(p.epoch));
         } else {
             // Named by the deliverer, on the pool thread: cloning the sender's name here and
             // dropping it there would bounce its refcount between cores on every message.
             self.batch
                 .push(Delivery::unnamed(payload, seq).in_epoch(p.epoch));
         }
-        true
+        if held > p.shared.credit.window() {
+            Inflow::Pause
+        } else {
+            Inflow::Go
+        }
     }
 
-    /// Hands the regular messages parsed this turn to the sender's queue.
+    /// Hands the messages split this turn to the sender's queues: regular ones to its
+    /// member queue (one deliverer at a time), out-of-band ones to its OOB queue (at most
+    /// its share of the pool's threads).
     pub(super) fn push_batch(&mut self, id: usize) {
-        if self.batch.is_empty() {
-            return;
-        }
         let Some(p) = self.peers.get(&id) else {
             self.batch.clear();
+            self.oob_batch.clear();
             return;
         };
-        let member = p.shared.member.clone();
-        if member.push(self.batch.drain(..)) {
+        let (member, oob) = (p.shared.member.clone(), p.shared.oob.clone());
+        if !self.batch.is_empty() && member.push(self.batch.drain(..)) {
             self.submit(Task::Member(member));
+        }
+        if !self.oob_batch.is_empty() {
+            for _ in 0..oob.push(self.oob_batch.drain(..)) {
+                self.submit(Task::Oob(oob.clone()));
+            }
         }
     }
 
     pub(super) fn submit(&mut self, task: Task) {
-        if !self.stash.is_empty() {
-            self.stash.push_back(task);
-            return;
-        }
-        if let Err(t) = self.pool.try_submit(task) {
-            Counters::add(&self.counters.pool_stalls, 1);
-            log::debug!("{}: delivery pool full; pausing reads", self.cfg.name);
-            self.stash.push_back(t);
+        if !self.pool.submit(task) {
+            log::debug!(
+                "{}: delivery pool stopped; a delivery task was dropped",
+                self.cfg.name
+            );
         }
     }
 
-    pub(super) fn unstash(&mut self) {
-        while let Some(t) = self.stash.pop_front() {
-            if let Err(t) = self.pool.try_submit(t) {
-                self.stash.push_front(t);
-                return;
-            }
+    /// Stops reading connection `token` of peer `id`, which holds more than its receive
+    /// window: its bytes stay in the kernel and TCP pushes back on the peer, until the
+    /// handler brings it back within the window (the pool then asks the IO thread to
+    /// resume it; the tick checks too). Returns `false` if it is already back within.
+    pub(super) fn pause(&mut self, token: Token, id: usize) -> bool {
+        let Some(p) = self.peers.get(&id) else {
+            return false;
+        };
+        if !p.shared.credit.pause() {
+            return false;
+        }
+        let (held, window) = (p.shared.credit.held(), p.shared.credit.window());
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return false;
+        };
+        if !conn.paused {
+            conn.paused = true;
+            self.paused.push(token);
+            Counters::add(&self.counters.read_pauses, 1);
+            log::debug!(
+                "{}: '{}' has {held} bytes waiting for delivery, more than its receive window of {window}; not reading it until the handler catches up",
+                self.cfg.name,
+                self.peer_name(id)
+            );
+        }
+        true
+    }
+
+    /// Resumes reading peer `id`'s connection if it was paused and the peer is back within
+    /// its receive window. Time spent paused is ours, not the peer's: the idle timeout
+    /// counts from the resumption.
+    pub(super) fn resume_peer(&mut self, id: usize, now: Instant) {
+        let Some(p) = self.peers.get(&id) else {
+            return;
+        };
+        let Some(token) = p.conn else {
+            return;
+        };
+        if !self.conns.get(&token).is_some_and(|c| c.paused) || !p.shared.credit.resume() {
+            return;
+        }
+        self.paused.retain(|&t| t != token);
+        let Some(conn) = self.conns.get_mut(&token) else {
+            return;
+        };
+        conn.paused = false;
+        conn.last_read = now;
+        // What is split off the buffer first, then what the kernel holds: readiness is
+        // edge-triggered, so no event would come for bytes that were already there.
+        self.take_frames(token);
+        self.mark_read_pending(token);
+    }
+
+    /// The tick: resumes paused connections whose peers are back within their windows
+    /// (a fallback: the pool asks for each resumption as it happens).
+    pub(super) fn resume_paused(&mut self, now: Instant) {
+        let ids: Vec<usize> = self
+            .paused
+            .iter()
+            .filter_map(|t| self.conns.get(t).and_then(|c| c.peer))
+            .collect();
+        self.paused.retain(|t| self.conns.contains_key(t));
+        for id in ids {
+            self.resume_peer(id, now);
         }
     }
 
@@ -305,6 +379,10 @@ impl IoThread {
                         log::warn!("{}: {e}", self.cfg.name);
                         self.count_refusal(e.code);
                         self.close_conn(token, None);
+                    } else if e.code == CloseCode::Protocol {
+                        // A frame the handshake cannot take (malformed, or not the one its
+                        // step expects): a protocol error, not a refusal of who the peer is.
+                        self.protocol_error(token, e.reason);
                     } else {
                         self.refuse(token, e.code, &e.reason);
                     }
