@@ -6,6 +6,7 @@
 //! connection written once per turn, and never blocks: a full pool makes it stop reading
 //! (TCP back-pressure), a full socket makes it stop publishing to that peer.
 
+mod admit;
 mod connect;
 mod durable;
 pub(crate) use durable::JournalLeft;
@@ -24,6 +25,7 @@ use bytes::{Buf, Bytes};
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
+use super::admission::{self, Admission, Shedding, Verdict};
 use super::conn::{self, Conn, Transport};
 use super::timer::{Backoff, TimerKind, Timers};
 use super::{
@@ -62,6 +64,12 @@ pub(crate) struct NodeCounters {
     pub(crate) pool_stalls: AtomicU64,
     pub(crate) idle_timeouts: AtomicU64,
     pub(crate) refused_limit: AtomicU64,
+    /// Accepted connections refused because their source held its share of pending ones.
+    pub(crate) refused_per_source: AtomicU64,
+    /// Pending accepted connections closed to make room for a newer one.
+    pub(crate) displaced: AtomicU64,
+    /// Handshake timeouts that came early because the pending table was over half full.
+    pub(crate) pressure_timeouts: AtomicU64,
     pub(crate) journal_failures: AtomicU64,
     /// Connections closed for a TLS failure (handshake, certificate, name).
     pub(crate) tls_failures: AtomicU64,
@@ -71,6 +79,8 @@ pub(crate) struct NodeCounters {
     pub(crate) open: AtomicU64,
     /// Connections established now.
     pub(crate) established: AtomicU64,
+    /// Accepted connections in their handshake now.
+    pub(crate) pending: AtomicU64,
 }
 
 /// IO-thread-only state of one peer.
@@ -206,6 +216,10 @@ pub(crate) struct IoThread {
     /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
     /// connections; stays empty without TLS).
     scratch: Vec<u8>,
+    /// Accepted connections not yet established, by age and source address.
+    admission: Admission,
+    /// What the admission rules shed since the last warning about it.
+    shedding: Shedding,
 }
 
 impl IoThread {
@@ -222,6 +236,8 @@ impl IoThread {
         IoThread {
             max_len: wire::max_frame_len(cfg.max_message),
             backoff: Backoff::new(cfg.launch_id),
+            admission: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
+            shedding: Shedding::default(),
             local,
             cfg,
             poll: parts.poll,
@@ -406,6 +422,9 @@ impl IoThread {
             .store(self.conns.len() as u64, Ordering::Relaxed);
         let est = self.conns.values().filter(|c| c.established).count() as u64;
         self.counters.established.store(est, Ordering::Relaxed);
+        self.counters
+            .pending
+            .store(self.admission.len() as u64, Ordering::Relaxed);
     }
 
     fn new_token(&mut self) -> Token {
@@ -427,13 +446,7 @@ impl IoThread {
                         self.dial(peer);
                     }
                 }
-                TimerKind::Handshake { token } => {
-                    if self.conns.get(&token).is_some_and(|c| !c.established) {
-                        Counters::add(&self.counters.handshake_timeouts, 1);
-                        log::warn!("{}: handshake timed out; closing connection", self.cfg.name);
-                        self.close_conn(token, None);
-                    }
-                }
+                TimerKind::Handshake { token } => self.handshake_due(token, now),
                 TimerKind::AckDelay { peer } => {
                     if let Some(p) = self.peers.get_mut(&peer) {
                         p.ack_timer = false;

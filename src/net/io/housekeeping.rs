@@ -8,6 +8,8 @@ impl IoThread {
     /// credit once a sender's queue is idle, expiry of queued messages.
     pub(super) fn tick(&mut self) {
         let now = Instant::now();
+        self.shed_overdue(now);
+        self.warn_shedding(now);
         let ids: Vec<usize> = self.peers.keys().copied().collect();
         for id in ids {
             let Some(p) = self.peers.get_mut(&id) else {
