@@ -26,6 +26,9 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{thread, Arc, Mutex, RwLock, SharedStr};
 use crate::wire;
 
+/// The listening socket's accept queue (see `Node::start`).
+const LISTEN_BACKLOG: i32 = 4096;
+
 /// What `shutdown` left behind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -469,7 +472,11 @@ impl Node {
         )?;
         socket.set_reuse_address(true)?;
         socket.bind(&listen.into())?;
-        socket.listen(1024)?;
+        // The accept queue absorbs connection bursts while the IO thread is busy or
+        // descheduled: a connection arriving to a full queue is dropped by the kernel, and
+        // its dialler (a member, perhaps) retries only after a second. The kernel caps this
+        // at its own limit (`net.core.somaxconn`, 4096 by default on Linux).
+        socket.listen(LISTEN_BACKLOG)?;
         socket.set_nonblocking(true)?;
         let mut listener = mio::net::TcpListener::from_std(socket.into());
         let local_addr = listener.local_addr()?;
