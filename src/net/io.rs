@@ -46,6 +46,11 @@ use crate::wire::{self, CloseCode, Frame, Nonce};
 /// Bytes read from one connection per loop turn before others get their turn.
 const READ_BUDGET: usize = 512 * 1024;
 
+/// Connections accepted per loop turn before the connections we hold get their turn: a
+/// connect storm faster than the loop would otherwise keep it accepting, and no handshake
+/// in progress would be answered meanwhile.
+const ACCEPT_BUDGET: usize = 256;
+
 /// Node-wide connection counters.
 #[derive(Debug, Default)]
 pub(crate) struct NodeCounters {
@@ -220,6 +225,9 @@ pub(crate) struct IoThread {
     admission: Admission,
     /// What the admission rules shed since the last warning about it.
     shedding: Shedding,
+    /// The listener may hold connections not yet accepted (readiness reported, or the
+    /// accept budget of the last turn ran out).
+    accept_pending: bool,
 }
 
 impl IoThread {
@@ -238,6 +246,7 @@ impl IoThread {
             backoff: Backoff::new(cfg.launch_id),
             admission: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
             shedding: Shedding::default(),
+            accept_pending: false,
             local,
             cfg,
             poll: parts.poll,
@@ -277,8 +286,9 @@ impl IoThread {
             let now = Instant::now();
             // Don't sleep with work in hand: unread input, or bytes published after the last
             // write pass (a drained socket's writer refilled its buffer).
-            let busy =
-                (!self.read_pending.is_empty() && self.stash.is_empty()) || !self.dirty.is_empty();
+            let busy = (!self.read_pending.is_empty() && self.stash.is_empty())
+                || !self.dirty.is_empty()
+                || self.accept_pending;
             let timeout = if busy {
                 Some(Duration::ZERO)
             } else {
@@ -293,7 +303,7 @@ impl IoThread {
             }
             for ev in events.iter() {
                 match ev.token() {
-                    LISTENER => self.accept_all(),
+                    LISTENER => self.accept_pending = true,
                     WAKER => {}
                     t => {
                         let hup = ev.is_read_closed() || ev.is_error();
@@ -301,6 +311,9 @@ impl IoThread {
                         self.conn_event(t, readable, hup, ev.is_writable() || ev.is_error());
                     }
                 }
+            }
+            if self.accept_pending {
+                self.accept_all();
             }
             if self.shared.take_wake() {
                 self.handle_requests();

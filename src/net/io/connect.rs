@@ -8,9 +8,10 @@ impl IoThread {
     /// rules (`net::admission`): refused at once if its source address holds its share of
     /// pending connections, or if the node is full with nothing pending to displace; made
     /// room for by displacing a pending connection when the table or the node is full;
-    /// otherwise admitted with the handshake deadline of the table as it is now.
+    /// otherwise admitted with the handshake deadline of the table as it is now. At most
+    /// `ACCEPT_BUDGET` per call: the rest waits for the next loop turn.
     pub(super) fn accept_all(&mut self) {
-        loop {
+        for _ in 0..ACCEPT_BUDGET {
             match self.listener.accept() {
                 Ok((mut stream, from)) => {
                     if self.shutdown.is_some() {
@@ -71,11 +72,15 @@ impl IoThread {
                     // The table just grew: older connections may be past the shorter deadline.
                     self.shed_overdue(now);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.accept_pending = false;
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // EMFILE and the like: log and try again on the next readiness event.
                     log::error!("{}: accept failed: {e}", self.cfg.name);
+                    self.accept_pending = false;
                     break;
                 }
             }
