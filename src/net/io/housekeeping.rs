@@ -4,8 +4,9 @@
 use super::*;
 
 impl IoThread {
-    /// Periodic work: credit probes for blocked senders, a warning per long block, residual
-    /// credit once a sender's queue is idle, expiry of queued messages.
+    /// Periodic work: accepted connections past their handshake deadline closed (and the
+    /// shedding warning, when due), credit probes for blocked senders, a warning per long
+    /// block, residual credit once a sender's queue is idle, expiry of queued messages.
     pub(super) fn tick(&mut self) {
         let now = Instant::now();
         self.shed_overdue(now);
