@@ -6,6 +6,7 @@
 //! connection written once per turn, and never blocks: a full pool makes it stop reading
 //! (TCP back-pressure), a full socket makes it stop publishing to that peer.
 
+mod admit;
 mod connect;
 mod durable;
 pub(crate) use durable::JournalLeft;
@@ -24,6 +25,7 @@ use bytes::Bytes;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
+use super::admission::{self, Admission, Shedding, Verdict};
 use super::conn::{self, Conn, Transport};
 use super::timer::{Backoff, TimerKind, Timers};
 use super::{
@@ -43,6 +45,11 @@ use crate::wire::{self, CloseCode, Frame, Nonce};
 
 /// Bytes read from one connection per loop turn before others get their turn.
 const READ_BUDGET: usize = 512 * 1024;
+
+/// Connections accepted per loop turn before the connections we hold get their turn: a
+/// connect storm faster than the loop would otherwise keep it accepting, and no handshake
+/// in progress would be answered meanwhile.
+const ACCEPT_BUDGET: usize = 256;
 
 /// Node-wide connection counters.
 #[derive(Debug, Default)]
@@ -66,6 +73,12 @@ pub(crate) struct NodeCounters {
     pub(crate) read_pauses: AtomicU64,
     pub(crate) idle_timeouts: AtomicU64,
     pub(crate) refused_limit: AtomicU64,
+    /// Accepted connections refused because their source held its share of pending ones.
+    pub(crate) refused_per_source: AtomicU64,
+    /// Pending accepted connections closed to make room for a newer one.
+    pub(crate) displaced: AtomicU64,
+    /// Handshake timeouts that came early because the pending table was over half full.
+    pub(crate) pressure_timeouts: AtomicU64,
     pub(crate) journal_failures: AtomicU64,
     /// Connections closed for a TLS failure (handshake, certificate, name).
     pub(crate) tls_failures: AtomicU64,
@@ -75,6 +88,8 @@ pub(crate) struct NodeCounters {
     pub(crate) open: AtomicU64,
     /// Connections established now.
     pub(crate) established: AtomicU64,
+    /// Accepted connections in their handshake now.
+    pub(crate) pending: AtomicU64,
 }
 
 /// IO-thread-only state of one peer.
@@ -212,6 +227,13 @@ pub(crate) struct IoThread {
     /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
     /// connections; stays empty without TLS).
     scratch: Vec<u8>,
+    /// Accepted connections not yet established, by age and source address.
+    admission: Admission,
+    /// What the admission rules shed since the last warning about it.
+    shedding: Shedding,
+    /// The listener may hold connections not yet accepted (readiness reported, or the
+    /// accept budget of the last turn ran out).
+    accept_pending: bool,
 }
 
 impl IoThread {
@@ -228,6 +250,9 @@ impl IoThread {
         IoThread {
             max_len: wire::max_frame_len(cfg.max_message),
             backoff: Backoff::new(cfg.launch_id),
+            admission: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
+            shedding: Shedding::default(),
+            accept_pending: false,
             local,
             cfg,
             poll: parts.poll,
@@ -267,7 +292,8 @@ impl IoThread {
             let now = Instant::now();
             // Don't sleep with work in hand: unread input, or bytes published after the last
             // write pass (a drained socket's writer refilled its buffer).
-            let busy = !self.read_pending.is_empty() || !self.dirty.is_empty();
+            let busy =
+                !self.read_pending.is_empty() || !self.dirty.is_empty() || self.accept_pending;
             let timeout = if busy {
                 Some(Duration::ZERO)
             } else {
@@ -282,7 +308,7 @@ impl IoThread {
             }
             for ev in events.iter() {
                 match ev.token() {
-                    LISTENER => self.accept_all(),
+                    LISTENER => self.accept_pending = true,
                     WAKER => {}
                     t => {
                         let hup = ev.is_read_closed() || ev.is_error();
@@ -290,6 +316,9 @@ impl IoThread {
                         self.conn_event(t, readable, hup, ev.is_writable() || ev.is_error());
                     }
                 }
+            }
+            if self.accept_pending {
+                self.accept_all();
             }
             if self.shared.take_wake() {
                 self.handle_requests();
@@ -409,6 +438,9 @@ impl IoThread {
             .store(self.conns.len() as u64, Ordering::Relaxed);
         let est = self.conns.values().filter(|c| c.established).count() as u64;
         self.counters.established.store(est, Ordering::Relaxed);
+        self.counters
+            .pending
+            .store(self.admission.len() as u64, Ordering::Relaxed);
     }
 
     fn new_token(&mut self) -> Token {
@@ -430,13 +462,7 @@ impl IoThread {
                         self.dial(peer);
                     }
                 }
-                TimerKind::Handshake { token } => {
-                    if self.conns.get(&token).is_some_and(|c| !c.established) {
-                        Counters::add(&self.counters.handshake_timeouts, 1);
-                        log::warn!("{}: handshake timed out; closing connection", self.cfg.name);
-                        self.close_conn(token, None);
-                    }
-                }
+                TimerKind::Handshake { token } => self.handshake_due(token, now),
                 TimerKind::AckDelay { peer } => {
                     if let Some(p) = self.peers.get_mut(&peer) {
                         p.ack_timer = false;

@@ -2,6 +2,7 @@
 //! every timer. Application threads and pool threads talk to it through [`IoShared`]: a few
 //! mutex-guarded lists and one `Waker`, woken at most once per batch of requests.
 
+mod admission;
 mod conn;
 mod io;
 mod timer;
@@ -12,6 +13,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+pub(crate) use admission::default_per_source;
 pub(crate) use conn::TlsSetup;
 pub(crate) use io::{IoThread, NodeCounters};
 
@@ -67,6 +69,8 @@ pub(crate) struct IoConfig {
     pub(crate) max_connections: usize,
     /// Accepted connections still in their handshake at most.
     pub(crate) max_pending: usize,
+    /// ... of which from one source address at most.
+    pub(crate) max_pending_per_source: usize,
     /// TLS for every connection (feature `tls`); always `None` without the feature.
     pub(crate) tls: Option<TlsSetup>,
     /// Shared secret: every handshake is authenticated with it.

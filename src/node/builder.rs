@@ -71,6 +71,7 @@ pub struct Builder {
     pub(crate) idle_timeout: Duration,
     pub(crate) max_connections: usize,
     pub(crate) max_pending: usize,
+    pub(crate) pending_per_source: Option<usize>,
     pub(crate) journal: Option<JournalSettings>,
     /// TLS (feature `tls`); always `None` without the feature.
     pub(crate) tls: Option<crate::net::TlsSetup>,
@@ -144,6 +145,7 @@ impl Builder {
             idle_timeout: Duration::from_secs(5),
             max_connections: 4096,
             max_pending: 128,
+            pending_per_source: None,
             journal: None,
             tls: None,
             secret: None,
@@ -294,6 +296,9 @@ impl Builder {
     }
 
     /// A connection that has not completed its handshake by then is closed (default 5 s).
+    /// For accepted connections this deadline shrinks while more than half the pending
+    /// slots are taken (see [`connection_limits`](Builder::connection_limits)); our own
+    /// dials always have all of it.
     pub fn handshake_timeout(mut self, d: Duration) -> Self {
         self.handshake_timeout = d;
         self
@@ -389,15 +394,63 @@ impl Builder {
     }
 
     /// Limits on what connecting strangers can make us hold: at most `total` connections
-    /// open, and at most `pending` accepted connections still in their handshake (defaults
-    /// 4096 and 128). A connection over a limit is closed at once and counted
-    /// (`ConnStats::refused_limit`); established members are never affected. Handshakes
-    /// also time out (`handshake_timeout`) and their frames are bounded by the handshake's
-    /// size, not by `max_message`.
+    /// open, and at most `pending` accepted connections still in their handshake — with a
+    /// [`secret`](Builder::secret), not yet authenticated (defaults 4096 and 128). Strangers
+    /// filling these limits cannot keep members out:
+    ///
+    /// - **per source**: one source address may hold at most a share of the pending
+    ///   connections (default `pending / 4`, at least 1; see
+    ///   [`pending_per_source`](Builder::pending_per_source)); a connection beyond it is
+    ///   closed at once and counted (`ConnStats::refused_per_source`, and `refused_limit`);
+    /// - **displacement**: when `pending` connections are pending (or `total` are open), a
+    ///   new connection is not refused: it displaces the oldest pending connection of the
+    ///   source address holding the most (among addresses holding as many, the one whose
+    ///   oldest connection is oldest), counted in `ConnStats::displaced`. A flood from one
+    ///   address displaces only its own connections; a member's handshake, which takes a
+    ///   round trip, is young and from an address holding few. Only when nothing is pending
+    ///   (every connection is established or our own dial) is a connection over `total`
+    ///   refused (`ConnStats::refused_limit`);
+    /// - **pressure**: while more than half the pending slots are taken, the handshake
+    ///   deadline of accepted connections shrinks from
+    ///   [`handshake_timeout`](Builder::handshake_timeout) (`t`) to
+    ///   `t × 2 × free slots / pending`, never below `t / 10` nor 100 ms (nor above `t`):
+    ///   5 s when half full, 2.5 s when three quarters full, 500 ms when full, with the
+    ///   default 5 s. A connection past it is closed and counted in
+    ///   `ConnStats::handshake_timeouts` and `pressure_timeouts`.
+    ///
+    /// Established members and our own dials are never displaced, refused or hurried by
+    /// any of this. What is shed is logged per connection at `debug`, and summed up in a
+    /// `warn` at most every 10 s. Handshake frames are bounded by the handshake's size,
+    /// not by `max_message`.
+    ///
+    /// A flood from many addresses at once (more than `pending` of them within a
+    /// handshake's round trip) can still displace a member's handshake; the member redials.
     pub fn connection_limits(mut self, total: usize, pending: usize) -> Self {
         self.max_connections = total.max(1);
         self.max_pending = pending.max(1);
         self
+    }
+
+    /// How many pending (not yet established) accepted connections one source address may
+    /// hold (default: a quarter of the `pending` limit of
+    /// [`connection_limits`](Builder::connection_limits), at least 1; clamped to 1 ..=
+    /// `pending`). A connection beyond it is closed at once and counted in
+    /// `ConnStats::refused_per_source`, so one host cannot take every pending slot. IPv4
+    /// addresses and IPv6 addresses count one by one (an IPv4-mapped IPv6 address as its
+    /// IPv4 address).
+    ///
+    /// Raise it when many members share one address (behind NAT, or many members on one
+    /// host) and may dial this one all at once: the members over it redial with backoff.
+    pub fn pending_per_source(mut self, n: usize) -> Self {
+        self.pending_per_source = Some(n);
+        self
+    }
+
+    /// The per-source share of pending connections in effect.
+    pub(crate) fn effective_pending_per_source(&self) -> usize {
+        self.pending_per_source
+            .unwrap_or_else(|| crate::net::default_per_source(self.max_pending))
+            .clamp(1, self.max_pending)
     }
 
     /// Journals reliable messages and delivery progress in `dir` (created if missing), so

@@ -26,6 +26,9 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{thread, Arc, Mutex, RwLock, SharedStr};
 use crate::wire;
 
+/// The listening socket's accept queue (see `Node::start`).
+const LISTEN_BACKLOG: i32 = 4096;
+
 /// What `shutdown` left behind.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -469,7 +472,11 @@ impl Node {
         )?;
         socket.set_reuse_address(true)?;
         socket.bind(&listen.into())?;
-        socket.listen(1024)?;
+        // The accept queue absorbs connection bursts while the IO thread is busy or
+        // descheduled: a connection arriving to a full queue is dropped by the kernel, and
+        // its dialler (a member, perhaps) retries only after a second. The kernel caps this
+        // at its own limit (`net.core.somaxconn`, 4096 by default on Linux).
+        socket.listen(LISTEN_BACKLOG)?;
         socket.set_nonblocking(true)?;
         let mut listener = mio::net::TcpListener::from_std(socket.into());
         let local_addr = listener.local_addr()?;
@@ -555,6 +562,7 @@ impl Node {
             idle_timeout: b.idle_timeout,
             max_connections: b.max_connections,
             max_pending: b.max_pending,
+            max_pending_per_source: b.effective_pending_per_source(),
             tls: b.tls.clone(),
             secret: b.secret.clone(),
         };
@@ -797,10 +805,14 @@ impl Node {
                 read_pauses: g(&c.read_pauses),
                 idle_timeouts: g(&c.idle_timeouts),
                 refused_limit: g(&c.refused_limit),
+                refused_per_source: g(&c.refused_per_source),
+                displaced: g(&c.displaced),
+                pressure_timeouts: g(&c.pressure_timeouts),
                 tls_failures: g(&c.tls_failures),
                 timers: g(&c.timers),
                 open: g(&c.open),
                 established: g(&c.established),
+                pending: g(&c.pending),
             },
             journal: *self.io.journal_stats.lock(),
             journal_failures: g(&c.journal_failures),

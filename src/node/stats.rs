@@ -114,6 +114,10 @@ pub struct ConnStats {
     pub auth_failures: u64,
     /// Handshakes that did not complete in time.
     pub handshake_timeouts: u64,
+    /// ... of which accepted connections closed before `handshake_timeout` because the
+    /// pending table was over half full: the deadline shrinks under pressure (see
+    /// [`Builder::connection_limits`](crate::Builder::connection_limits)).
+    pub pressure_timeouts: u64,
     /// Duplicate connections resolved (simultaneous dial or reconnect).
     pub tie_breaks: u64,
     /// Connections closed for a malformed or unexpected frame, a sequence gap, or a peer
@@ -129,8 +133,17 @@ pub struct ConnStats {
     pub read_pauses: u64,
     /// Connections closed because nothing arrived for the idle timeout.
     pub idle_timeouts: u64,
-    /// Accepted connections dropped at once for exceeding `Builder::connection_limits`.
+    /// Accepted connections dropped at once by the limits on what strangers can make us
+    /// hold ([`Builder::connection_limits`](crate::Builder::connection_limits)): the node was
+    /// at its limit of open connections with no pending connection to displace, or ...
     pub refused_limit: u64,
+    /// ... of which because their source address already held its share of pending
+    /// connections ([`Builder::pending_per_source`](crate::Builder::pending_per_source)).
+    pub refused_per_source: u64,
+    /// Accepted connections still in their handshake (unauthenticated, with a secret) that
+    /// were closed to make room for a newer connection, the pending table or the node
+    /// being full: the oldest of the source address holding the most pending connections.
+    pub displaced: u64,
     /// Connections closed for a TLS failure: a failed TLS handshake (unknown CA, bad or
     /// expired certificate, a peer that does not speak TLS), or a certificate not valid for
     /// the member name claimed. Always 0 without the `tls` feature.
@@ -141,6 +154,9 @@ pub struct ConnStats {
     pub open: u64,
     /// Connections established now (handshake done).
     pub established: u64,
+    /// Accepted connections in their handshake now (with a secret: not yet
+    /// authenticated); at most the `pending` of `Builder::connection_limits`.
+    pub pending: u64,
 }
 
 /// A snapshot of a node's counters. `Display` prints it as a table.
@@ -229,9 +245,10 @@ impl fmt::Display for Stats {
         let c = &self.connections;
         write!(
             f,
-            "connections: {} open, {} established, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} auth), {} handshake timeouts, {} idle timeouts, {} tie-breaks, {} protocol errors ({} past the window), {} read pauses, {} TLS failures",
+            "connections: {} open, {} established, {} pending, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} auth), {} shed by limits ({} per source, {} displaced), {} handshake timeouts ({} under pressure), {} idle timeouts, {} tie-breaks, {} protocol errors ({} past the window), {} read pauses, {} TLS failures",
             c.open,
             c.established,
+            c.pending,
             c.accepted,
             c.dialled,
             c.dial_failures,
@@ -241,7 +258,11 @@ impl fmt::Display for Stats {
             c.refused_unknown,
             c.refused_version,
             c.auth_failures,
+            c.refused_limit + c.displaced,
+            c.refused_per_source,
+            c.displaced,
             c.handshake_timeouts,
+            c.pressure_timeouts,
             c.idle_timeouts,
             c.tie_breaks,
             c.protocol_errors,

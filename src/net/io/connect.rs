@@ -4,32 +4,30 @@
 use super::*;
 
 impl IoThread {
+    /// Accepts every connection waiting on the listener. Each is judged by the admission
+    /// rules (`net::admission`): refused at once if its source address holds its share of
+    /// pending connections, or if the node is full with nothing pending to displace; made
+    /// room for by displacing a pending connection when the table or the node is full;
+    /// otherwise admitted with the handshake deadline of the table as it is now. At most
+    /// `ACCEPT_BUDGET` per call: the rest waits for the next loop turn.
     pub(super) fn accept_all(&mut self) {
-        loop {
+        for _ in 0..ACCEPT_BUDGET {
             match self.listener.accept() {
                 Ok((mut stream, from)) => {
                     if self.shutdown.is_some() {
                         continue; // dropped: we are closing
                     }
-                    let pending = self
-                        .conns
-                        .values()
-                        .filter(|c| c.dialled.is_none() && !c.established)
-                        .count();
-                    if self.conns.len() >= self.cfg.max_connections
-                        || pending >= self.cfg.max_pending
-                    {
-                        // Dropped at once: an untrusted peer cannot make us hold more.
-                        Counters::add(&self.counters.refused_limit, 1);
-                        log::debug!(
-                            "{}: refusing connection from {from}: {} open, {pending} handshaking (limits {} / {})",
-                            self.cfg.name,
-                            self.conns.len(),
-                            self.cfg.max_connections,
-                            self.cfg.max_pending
-                        );
-                        continue;
-                    }
+                    let now = Instant::now();
+                    let source = admission::source_of(from.ip());
+                    let node_full = self.conns.len() >= self.cfg.max_connections;
+                    let victim = match self.admission.judge(source, node_full) {
+                        Verdict::Admit => None,
+                        Verdict::Displace(victim) => Some(victim),
+                        v @ (Verdict::SourceFull | Verdict::Full) => {
+                            self.refuse_stranger(from, v);
+                            continue; // dropped at once: the stream closes here
+                        }
+                    };
                     let transport = match Transport::new(self.cfg.tls.as_ref(), None) {
                         Ok(t) => t,
                         Err(e) => {
@@ -41,6 +39,9 @@ impl IoThread {
                     let Some(nonce) = self.fresh_nonce() else {
                         continue; // dropped; logged
                     };
+                    if let Some(victim) = victim {
+                        self.displace(victim, from);
+                    }
                     configure(&self.cfg, &stream);
                     let token = self.new_token();
                     if let Err(e) =
@@ -62,22 +63,29 @@ impl IoThread {
                     conn.transport = transport;
                     conn.wbuf = out;
                     self.conns.insert(token, conn);
+                    self.admission.insert(token, source, now);
                     self.update_gauges();
                     self.dirty.push(token);
-                    self.timers.add(
-                        Instant::now() + self.cfg.handshake_timeout,
-                        TimerKind::Handshake { token },
-                    );
+                    let deadline = self.admission.deadline(self.cfg.handshake_timeout);
+                    self.timers
+                        .add(now + deadline, TimerKind::Handshake { token });
+                    // The table just grew: older connections may be past the shorter deadline.
+                    self.shed_overdue(now);
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.accept_pending = false;
+                    break;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     // EMFILE and the like: log and try again on the next readiness event.
                     log::error!("{}: accept failed: {e}", self.cfg.name);
+                    self.accept_pending = false;
                     break;
                 }
             }
         }
+        self.warn_shedding(Instant::now());
     }
 
     pub(super) fn dial(&mut self, id: usize) {
@@ -241,6 +249,7 @@ impl IoThread {
             self.commit_journal();
         }
         let journal_ok = self.journal_ok();
+        self.admission.remove(token);
         let Some(mut conn) = self.conns.remove(&token) else {
             return;
         };

@@ -325,6 +325,7 @@ impl IoThread {
         }
         conn.hs = None;
         conn.established = true;
+        self.admission.remove(token); // no longer pending
         self.update_gauges();
         let Some(p) = self.peers.get_mut(&id) else {
             return;

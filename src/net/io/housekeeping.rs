@@ -4,10 +4,13 @@
 use super::*;
 
 impl IoThread {
-    /// Periodic work: credit probes for blocked senders, a warning per long block, residual
-    /// credit once a sender's queue is idle, expiry of queued messages.
+    /// Periodic work: accepted connections past their handshake deadline closed (and the
+    /// shedding warning, when due), credit probes for blocked senders, a warning per long
+    /// block, residual credit once a sender's queue is idle, expiry of queued messages.
     pub(super) fn tick(&mut self) {
         let now = Instant::now();
+        self.shed_overdue(now);
+        self.warn_shedding(now);
         let ids: Vec<usize> = self.peers.keys().copied().collect();
         for id in ids {
             let Some(p) = self.peers.get_mut(&id) else {
