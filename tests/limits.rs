@@ -3,6 +3,8 @@
 //! counted, while a stream of messages between two good members keeps flowing.
 
 mod common;
+#[path = "support/raw.rs"]
+mod raw;
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -10,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use cohort::wire;
 use cohort::Node;
 use common::wait_until;
 
@@ -121,6 +124,54 @@ fn bad_frames_and_slow_handshakes_close_only_their_connection() {
         1,
         "never disturbed: {s}"
     );
+    a.shutdown(Duration::from_secs(5)).expect("shutdown a");
+    b.shutdown(Duration::from_secs(5)).expect("shutdown b");
+}
+
+/// Frames of a known kind sent at the wrong step of the handshake — a `Hello` to the
+/// acceptor, or an `Ack`, `Ready`, `Probe` or `Heartbeat` instead of a `HelloReply` — break
+/// the protocol: each closes its connection with `Close{Protocol}` and counts as a protocol
+/// error, not as a refusal (which says the peer was refused for who it is: cluster, name,
+/// version, authentication).
+#[test]
+fn frames_at_the_wrong_handshake_step_are_protocol_errors_not_refusals() {
+    let (a, b, got) = pair("step");
+    stream(&a, &b, &got, 100);
+    let before = b.stats().connections;
+    let mut hello = Vec::new();
+    let id = wire::Identity {
+        version: wire::VERSION,
+        launch_id: 1,
+        window: 1 << 20,
+        max_message: 1 << 16,
+        cluster: "t-limits",
+        name: "stranger",
+        nonce: None,
+    };
+    wire::encode_hello(&mut hello, &id);
+    let mut ack = Vec::new();
+    wire::encode_ack(&mut ack, 1, 1);
+    let mut ready = Vec::new();
+    wire::encode_ready(&mut ready, 0, 0, None);
+    let mut probe = Vec::new();
+    wire::encode_probe(&mut probe);
+    let mut heartbeat = Vec::new();
+    wire::encode_heartbeat(&mut heartbeat);
+    let frames = [hello, ack, ready, probe, heartbeat];
+    for frame in &frames {
+        let mut s = raw::connect(b.local_addr(), PATIENCE);
+        raw::read_frame(&mut s, wire::MAX_HANDSHAKE_FRAME).expect("the acceptor's Hello");
+        s.write_all(frame).expect("write");
+        assert_eq!(raw::closed_with(&mut s), Some(wire::CloseCode::Protocol));
+    }
+    let n = frames.len() as u64;
+    wait_until("every wrong-step frame counted", PATIENCE, || {
+        b.stats().connections.protocol_errors >= before.protocol_errors + n
+    });
+    stream(&a, &b, &got, 100);
+    let after = b.stats().connections;
+    assert_eq!(after.protocol_errors, before.protocol_errors + n, "{after:?}");
+    assert_eq!(after.refused, before.refused, "not refusals: {after:?}");
     a.shutdown(Duration::from_secs(5)).expect("shutdown a");
     b.shutdown(Duration::from_secs(5)).expect("shutdown b");
 }

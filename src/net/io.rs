@@ -3,8 +3,9 @@
 //! One thread owns the `Poll`, the listener, every connection, every peer's recovery
 //! descriptor and every timer. It drains readiness until `WouldBlock` (bounded per
 //! connection per turn, for fairness), coalesces outgoing frames into one buffer per
-//! connection written once per turn, and never blocks: a full pool makes it stop reading
-//! (TCP back-pressure), a full socket makes it stop publishing to that peer.
+//! connection written once per turn, and never blocks: a peer holding more than its receive
+//! window is not read until its handler catches up (TCP back-pressure on that peer only), a
+//! full socket makes it stop publishing to that peer.
 
 mod admit;
 mod connect;

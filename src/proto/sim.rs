@@ -18,7 +18,7 @@
 //! | [`Sim::establish`] | `establish` | `resume(peer_received)`: resend before anything new, then a forced ack |
 //! | [`Sim::flush_peer`] | `flush_peer` | `publish` + `encode_data` while below the high-water mark |
 //! | [`Sim::write_conn`] | `write_conn` | bytes leave; a drained buffer makes its ack count (`ack_written`) |
-//! | [`Sim::read_conn`] | `read_conn` + `parse` + `handle_inbound` | frames in; EOF closes |
+//! | [`Sim::read_conn`] | `read_conn` + `take_frames` | frames in; EOF closes |
 //! | [`Sim::on_data`] | `on_data` | `Deliver` / `Duplicate` / gap |
 //! | [`Sim::after_data`] | `after_data` | ack at the threshold, else arm the ack timer |
 //! | [`Sim::write_ack`] | `write_ack` | cumulative ack + cumulative credit (`return_credit`) |
