@@ -1,20 +1,12 @@
-//! The IO thread's event loop.
+//! The IO thread: drives the node's protocol ([`Endpoint`]) with sockets.
 //!
-//! One thread owns the `Poll`, the listener, every connection, every peer's recovery
-//! descriptor and every timer. It drains readiness until `WouldBlock` (bounded per
-//! connection per turn, for fairness), coalesces outgoing frames into one buffer per
-//! connection written once per turn, and never blocks: a peer holding more than its receive
-//! window is not read until its handler catches up (TCP back-pressure on that peer only), a
-//! full socket makes it stop publishing to that peer.
-
-mod admit;
-mod connect;
-mod durable;
-pub(crate) use durable::JournalLeft;
-mod handshake;
-mod housekeeping;
-mod read;
-mod write;
+//! It owns the mio `Poll`, the listener and one socket per link, and does only what needs
+//! them: accepting and dialling connections, reading into links' read buffers and writing
+//! from their write buffers (draining readiness until `WouldBlock`, bounded per connection
+//! per turn for fairness), waking for the endpoint's timers, handing the requests of other
+//! threads (commands, peers with new messages, credit to return) to the endpoint, and doing
+//! what its events ask (open a connection, close one, submit pool tasks, report undelivered
+//! messages). Every decision about what the bytes mean is the endpoint's. It never blocks.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -22,182 +14,28 @@ use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
-use super::admission::{self, Admission, Shedding, Verdict};
 use super::conn::{self, Conn, Transport};
-use super::timer::{Backoff, TimerKind, Timers};
-use super::{
-    Command, IdHash, IoConfig, IoParts, IoShared, NameHash, PeerMap, UndeliveredHook, FIRST_CONN,
-    LISTENER, WAKER,
-};
-use crate::deliver::{Delivery, Pool, Task};
-use crate::journal::Record;
-use crate::peer::{Counters, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
-use crate::proto::{
-    keep_new, Descriptor, Handshake, HsEvent, LocalIdentity, PeerIdentity, Receive, RecoveryError,
-    TieBreak,
-};
-use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use crate::sync::{Arc, SharedStr};
-use crate::wire::{self, CloseCode, Frame, Nonce};
+use super::{Command, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN, LISTENER, WAKER};
+use crate::deliver::Pool;
+use crate::proto::{Endpoint, Event, LinkId, NodeCounters, Verdict};
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::Arc;
+use crate::util::IdHash;
+use crate::wire::{self, Nonce};
 
 /// Bytes read from one connection per loop turn before others get their turn.
 const READ_BUDGET: usize = 512 * 1024;
 
-/// Connections accepted per loop turn before the connections we hold get their turn: a
-/// connect storm faster than the loop would otherwise keep it accepting, and no handshake
-/// in progress would be answered meanwhile.
+/// Connections accepted per loop turn at most: the rest wait in the kernel's accept queue
+/// for the next turn, so a connect storm cannot keep the loop from the connections it
+/// already holds.
 const ACCEPT_BUDGET: usize = 256;
-
-/// Node-wide connection counters.
-#[derive(Debug, Default)]
-pub(crate) struct NodeCounters {
-    pub(crate) accepted: AtomicU64,
-    pub(crate) dialled: AtomicU64,
-    pub(crate) dial_failures: AtomicU64,
-    pub(crate) handshakes: AtomicU64,
-    pub(crate) refused: AtomicU64,
-    pub(crate) refused_cluster: AtomicU64,
-    pub(crate) refused_unknown: AtomicU64,
-    pub(crate) refused_version: AtomicU64,
-    pub(crate) auth_failures: AtomicU64,
-    pub(crate) handshake_timeouts: AtomicU64,
-    pub(crate) tie_breaks: AtomicU64,
-    pub(crate) protocol_errors: AtomicU64,
-    /// Connections closed because their peer sent past its window (also protocol errors).
-    pub(crate) window_violations: AtomicU64,
-    /// Times a connection's reading was paused: its peer had more than its window waiting
-    /// for delivery (messages of a previous stream still being handled).
-    pub(crate) read_pauses: AtomicU64,
-    pub(crate) idle_timeouts: AtomicU64,
-    pub(crate) refused_limit: AtomicU64,
-    /// Accepted connections refused because their source held its share of pending ones.
-    pub(crate) refused_per_source: AtomicU64,
-    /// Pending accepted connections closed to make room for a newer one.
-    pub(crate) displaced: AtomicU64,
-    /// Handshake timeouts that came early because the pending table was over half full.
-    pub(crate) pressure_timeouts: AtomicU64,
-    pub(crate) journal_failures: AtomicU64,
-    /// Connections closed for a TLS failure (handshake, certificate, name).
-    pub(crate) tls_failures: AtomicU64,
-    /// Timers pending in the IO thread now.
-    pub(crate) timers: AtomicU64,
-    /// Connections open now (any state).
-    pub(crate) open: AtomicU64,
-    /// Connections established now.
-    pub(crate) established: AtomicU64,
-    /// Accepted connections in their handshake now.
-    pub(crate) pending: AtomicU64,
-}
-
-/// IO-thread-only state of one peer.
-struct PeerIo {
-    shared: Arc<PeerShared>,
-    addr: Option<SocketAddr>,
-    state: PeerState,
-    /// The connection that speaks for this peer: our dial in progress, or a connection that
-    /// identified as this peer (handshaking or established).
-    conn: Option<Token>,
-    desc: Descriptor,
-    /// Consecutive failed attempts (backoff exponent).
-    attempt: u32,
-    /// Reconnect timers carry this; bumping it cancels them.
-    gen: u64,
-    /// Taken from the shared outbox, not yet published (the socket buffer was full).
-    pending: VecDeque<Outgoing>,
-    /// Window bytes published and not yet credited back by the peer.
-    ledger: Ledger,
-    ack_timer: bool,
-    /// The received count of an ack encoded but not yet written out: the descriptor's
-    /// `acks_sent` advances only once the bytes have left (a connection that breaks first
-    /// loses the ack, and it is owed again).
-    ack_unwritten: Option<u64>,
-    /// A duplicate arrived: ack even if nothing new is owed.
-    ack_forced: bool,
-    /// Largest payload the peer accepts (from its handshake).
-    peer_max_message: usize,
-    /// The peer's send window (from its handshake): what it may have received here and not
-    /// yet credited back, enforced.
-    peer_window: u64,
-    /// When we last sent a credit probe.
-    last_probe: Option<Instant>,
-    /// The blocked episode we last warned about.
-    warned_episode: u64,
-    /// Journal: (messages delivered, credit) recorded for the peer's stream, and the part
-    /// known to be on disk (what acks may carry).
-    recorded: (u64, u64),
-    /// Journal: window bytes of the peer's unreliable messages recorded as handled.
-    recorded_unreliable: u64,
-    durable: (u64, u64),
-    /// Journal: the epoch of the peer's stream (see `deliver::Progress`).
-    epoch: u32,
-    /// Journal: the stream was restored after a restart with more bytes than the window
-    /// could be charged for: credit for the excess finds nothing outstanding, and is
-    /// clamped quietly.
-    restored: bool,
-    /// Journal: the last sequence number restored from the journal at start (`None`: not
-    /// restored). Only a restored stream may find its peer ahead of it.
-    restored_upto: Option<u64>,
-}
-
-impl PeerIo {
-    fn set_state(&mut self, next: PeerState) {
-        if self.state == next {
-            return;
-        }
-        debug_assert!(
-            self.state.can_become(next),
-            "illegal peer transition {:?} -> {:?} for '{}'",
-            self.state,
-            next,
-            self.shared.name
-        );
-        if !self.state.can_become(next) {
-            log::error!(
-                "peer '{}': illegal transition {} -> {} ignored",
-                self.shared.name,
-                self.state,
-                next
-            );
-            return;
-        }
-        self.state = next;
-        self.shared.set_state(next);
-    }
-}
-
-/// What reading a data frame leaves the connection to do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Inflow {
-    /// Go on reading.
-    Go,
-    /// The frame closed the connection.
-    Closed,
-    /// Stop reading until the peer's held bytes are back within its window.
-    Pause,
-}
-
-/// What one `flush_peer` pass did, added to the shared counters once.
-#[derive(Default)]
-struct Tally {
-    sent: u64,
-    sent_bytes: u64,
-    filtered: u64,
-    filtered_bytes: u64,
-    failed: u64,
-    failed_bytes: u64,
-    expired: u64,
-    too_large: u64,
-    /// Unreliable messages failed for want of a connection (journalling nodes).
-    unconnected: u64,
-}
 
 pub(crate) struct IoThread {
     cfg: IoConfig,
-    local: LocalIdentity,
     poll: Poll,
     listener: TcpListener,
     shared: Arc<IoShared>,
@@ -206,56 +44,37 @@ pub(crate) struct IoThread {
     counters: Arc<NodeCounters>,
     undelivered: Option<UndeliveredHook>,
     stopped: Arc<AtomicBool>,
-    max_len: usize,
-    conns: HashMap<Token, Conn, IdHash>,
+    endpoint: Endpoint,
+    conns: HashMap<LinkId, Conn, IdHash>,
     next_token: usize,
-    peers: HashMap<usize, PeerIo, IdHash>,
-    by_name: HashMap<SharedStr, usize, NameHash>,
-    timers: Timers,
-    backoff: Backoff,
-    /// Connections with unread input left over (budget reached, or reading paused).
-    read_pending: VecDeque<Token>,
-    /// Connections with bytes appended to their write buffer this turn.
-    dirty: Vec<Token>,
-    /// Connections whose reading is paused (see `pause`).
-    paused: Vec<Token>,
-    shutdown: Option<Instant>,
-    batch: Vec<Delivery>,
-    /// Out-of-band messages split this turn, for one push to their sender's OOB queue.
-    oob_batch: Vec<Delivery>,
-    /// The durable outbox, when the node journals.
-    journal: Option<durable::JournalIo>,
+    /// Connections with unread input left over (budget reached).
+    read_pending: VecDeque<LinkId>,
+    /// Links to write this turn (taken from the endpoint).
+    dirty: Vec<LinkId>,
+    /// The listener reported connections and not all were accepted yet.
+    accept_pending: bool,
     /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
     /// connections; stays empty without TLS).
     scratch: Vec<u8>,
-    /// Accepted connections not yet established, by age and source address.
-    admission: Admission,
-    /// What the admission rules shed since the last warning about it.
-    shedding: Shedding,
-    /// The listener may hold connections not yet accepted (readiness reported, or the
-    /// accept budget of the last turn ran out).
-    accept_pending: bool,
+}
+
+fn link(token: Token) -> LinkId {
+    LinkId(token.0)
 }
 
 impl IoThread {
     pub(crate) fn new(parts: IoParts) -> IoThread {
-        let cfg = parts.config;
-        let local = LocalIdentity {
-            launch_id: cfg.launch_id,
-            window: cfg.window,
-            max_message: cfg.max_message as u32,
-            cluster: cfg.cluster.clone(),
-            name: cfg.name.to_string(),
-            secret: cfg.secret.clone(),
-        };
+        let (shared, window) = (parts.shared.clone(), parts.config.proto.window);
+        let new_peer: crate::proto::NewPeer = Box::new(move |name| shared.new_peer(name, window));
+        let endpoint = Endpoint::new(
+            parts.config.proto.clone(),
+            parts.counters.clone(),
+            parts.journal,
+            new_peer,
+            Instant::now(),
+        );
         IoThread {
-            max_len: wire::max_frame_len(cfg.max_message),
-            backoff: Backoff::new(cfg.launch_id),
-            admission: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
-            shedding: Shedding::default(),
-            accept_pending: false,
-            local,
-            cfg,
+            cfg: parts.config,
             poll: parts.poll,
             listener: parts.listener,
             shared: parts.shared,
@@ -264,18 +83,12 @@ impl IoThread {
             counters: parts.counters,
             undelivered: parts.undelivered,
             stopped: parts.stopped,
+            endpoint,
             conns: HashMap::default(),
             next_token: FIRST_CONN,
-            peers: HashMap::default(),
-            by_name: HashMap::default(),
-            timers: Timers::default(),
             read_pending: VecDeque::new(),
             dirty: Vec::new(),
-            paused: Vec::new(),
-            shutdown: None,
-            batch: Vec::new(),
-            oob_batch: Vec::new(),
-            journal: parts.journal.map(|(j, r)| durable::JournalIo::new(j, r)),
+            accept_pending: false,
             scratch: Vec::new(),
         }
     }
@@ -285,20 +98,21 @@ impl IoThread {
         let mut events = Events::with_capacity(1024);
         // The configured peers first (their journalled streams are restored as they are
         // added), then a word about journalled streams no configured peer claimed.
-        self.handle_requests();
-        self.warn_unclaimed();
-        self.timers
-            .add(Instant::now() + self.cfg.tick, TimerKind::Tick);
+        self.handle_requests(Instant::now());
+        self.endpoint.warn_unclaimed();
+        self.settle(Instant::now());
         loop {
             let now = Instant::now();
-            // Don't sleep with work in hand: unread input, or bytes published after the last
-            // write pass (a drained socket's writer refilled its buffer).
+            // Don't sleep with work in hand: unread input, bytes to write, connections to
+            // accept.
             let busy =
-                !self.read_pending.is_empty() || !self.dirty.is_empty() || self.accept_pending;
+                !self.read_pending.is_empty() || self.accept_pending || self.endpoint.has_dirty();
             let timeout = if busy {
                 Some(Duration::ZERO)
             } else {
-                self.timers.next_in(now)
+                self.endpoint
+                    .poll_timeout()
+                    .map(|at| at.saturating_duration_since(now))
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -314,134 +128,142 @@ impl IoThread {
                     t => {
                         let hup = ev.is_read_closed() || ev.is_error();
                         let readable = ev.is_readable() || hup;
-                        self.conn_event(t, readable, hup, ev.is_writable() || ev.is_error());
+                        let writable = ev.is_writable() || ev.is_error();
+                        self.conn_event(link(t), readable, hup, writable);
                     }
                 }
             }
+            let now = Instant::now();
             if self.accept_pending {
-                self.accept_all();
+                self.accept_all(now);
             }
             if self.shared.take_wake() {
-                self.handle_requests();
+                self.handle_requests(now);
             }
             self.process_read_pending();
-            self.fire_timers();
-            self.flush_dirty();
-            // Relaxed: a gauge for stats.
-            self.counters
-                .timers
-                .store(self.timers.len() as u64, Ordering::Relaxed);
-            if let Some(deadline) = self.shutdown {
-                if self.shutdown_flushed() || Instant::now() >= deadline {
-                    break;
-                }
+            self.endpoint.handle_timeout(now);
+            self.settle(now);
+            if self.endpoint.shutdown_done(Instant::now()) {
+                break;
             }
         }
         self.finish();
     }
 
-    fn handle_requests(&mut self) {
-        let commands = std::mem::take(&mut *self.shared.commands.lock());
-        for c in commands {
-            self.command(c);
-        }
-        let ready = std::mem::take(&mut *self.shared.ready.lock());
-        for id in ready {
-            self.flush_peer(id);
-        }
-        let credit = std::mem::take(&mut *self.shared.credit_flush.lock());
-        let now = Instant::now();
-        for id in credit {
-            self.send_ack(id);
-            self.resume_peer(id, now);
+    /// Does what the endpoint asked (events, pool tasks), then one write pass over the
+    /// links with bytes to write — the journal first. What the pass publishes anew is
+    /// written on the next turn (the loop does not sleep while there is some).
+    fn settle(&mut self, now: Instant) {
+        self.drain_events(now);
+        self.endpoint.take_dirty(&mut self.dirty);
+        if !self.dirty.is_empty() {
+            // Nothing leaves before the journal holds it (`write_link` commits too; once
+            // here covers the whole pass).
+            self.endpoint.commit_journal(now);
+            if self.cfg.proto.journalled {
+                *self.shared.journal_stats.lock() = self.endpoint.journal_stats();
+            }
+            let dirty = std::mem::take(&mut self.dirty);
+            for &id in &dirty {
+                self.write_link(id, now);
+            }
+            self.dirty = dirty;
+            self.dirty.clear();
+            self.drain_events(now);
         }
     }
 
-    fn command(&mut self, c: Command) {
-        match c {
-            Command::AddPeer { peer, addr } => {
-                let id = peer.id;
-                self.by_name.insert(peer.name.clone(), id);
-                self.peers.insert(
-                    id,
-                    PeerIo {
-                        shared: peer,
-                        addr,
-                        state: PeerState::Backoff,
-                        conn: None,
-                        desc: Descriptor::new(),
-                        attempt: 0,
-                        gen: 0,
-                        pending: VecDeque::new(),
-                        ledger: Ledger::default(),
-                        ack_timer: false,
-                        ack_unwritten: None,
-                        ack_forced: false,
-                        peer_max_message: usize::MAX,
-                        peer_window: 0,
-                        last_probe: None,
-                        warned_episode: 0,
-                        recorded: (0, 0),
-                        recorded_unreliable: 0,
-                        durable: (0, 0),
-                        epoch: 0,
-                        restored: false,
-                        restored_upto: None,
-                    },
+    /// Submits the pool tasks the endpoint produced.
+    fn submit_tasks(&mut self) {
+        for t in self.endpoint.tasks().drain(..) {
+            if !self.pool.submit(t) {
+                log::debug!(
+                    "{}: delivery pool stopped; a delivery task was dropped",
+                    self.cfg.proto.name
                 );
-                self.restore_peer(id);
-                if self.shutdown.is_none() {
-                    self.dial(id);
-                }
             }
+        }
+    }
+
+    /// Does what the endpoint's events ask, and submits its pool tasks.
+    fn drain_events(&mut self, now: Instant) {
+        self.submit_tasks();
+        while let Some(ev) = self.endpoint.poll_event() {
+            match ev {
+                Event::Dial { peer, name, addr } => self.dial(now, peer, &name, addr),
+                Event::Close { link, last } => {
+                    if let Some(mut c) = self.conns.remove(&link) {
+                        if !self.endpoint.journal_ok() {
+                            // The buffer may hold messages the journal could not take: they
+                            // must not reach the peer.
+                        } else {
+                            c.write_last(&last);
+                        }
+                        let _ = self.poll.registry().deregister(&mut c.stream);
+                    }
+                }
+                Event::Resume(link) => self.mark_read_pending(link),
+                Event::Undelivered { peer, messages } => {
+                    if let Some(hook) = &self.undelivered {
+                        if catch_unwind(AssertUnwindSafe(|| hook(&peer, messages))).is_err() {
+                            log::error!(
+                                "{}: the on_undelivered hook panicked; continuing",
+                                self.cfg.proto.name
+                            );
+                        }
+                    }
+                }
+                Event::Admitted(shared) => {
+                    self.peers_map.write().insert(shared.name.clone(), shared);
+                }
+                Event::JournalFailed => {}
+            }
+            self.submit_tasks();
+        }
+    }
+
+    fn handle_requests(&mut self, now: Instant) {
+        let commands = std::mem::take(&mut *self.shared.commands.lock());
+        for c in commands {
+            self.command(now, c);
+        }
+        let ready = std::mem::take(&mut *self.shared.ready.lock());
+        for id in ready {
+            self.endpoint.publish(now, id);
+        }
+        let credit = std::mem::take(&mut *self.shared.credit_flush.lock());
+        for id in credit {
+            self.endpoint.flush_credit(now, id);
+        }
+    }
+
+    fn command(&mut self, now: Instant, c: Command) {
+        match c {
+            Command::AddPeer { peer, addr } => self.endpoint.add_peer(now, peer, addr),
             Command::RemovePeer { id, done } => {
-                self.remove_peer(id);
+                self.endpoint.remove_peer(now, id);
                 done.complete();
             }
-            Command::Disconnect { id } => {
-                if let Some(t) = self.peers.get(&id).and_then(|p| p.conn) {
-                    log::info!(
-                        "{}: disconnecting '{}' on request",
-                        self.cfg.name,
-                        self.peer_name(id)
-                    );
-                    self.close_conn(t, Some((CloseCode::Other, "disconnect requested")));
-                }
-            }
-            Command::Shutdown { deadline } => self.begin_shutdown(deadline),
+            Command::Disconnect { id } => self.endpoint.disconnect(now, id),
+            Command::Shutdown { deadline } => self.endpoint.begin_shutdown(now, deadline),
             Command::Barrier { done } => done.complete(),
             Command::SyncJournal { done } => {
-                let ids: Vec<usize> = self.peers.keys().copied().collect();
-                for id in ids {
-                    self.flush_peer_for_sync(id);
-                }
                 // After a journal failure the caller is never told the sync succeeded: it
                 // sees the node stop (`Error::Closed`).
-                if self.sync_journal() {
+                if self.endpoint.sync_journal_now(now) {
                     done.complete();
                 }
             }
         }
     }
 
-    fn peer_name(&self, id: usize) -> SharedStr {
-        self.peers
-            .get(&id)
-            .map(|p| p.shared.name.clone())
-            .unwrap_or_else(|| "?".into())
-    }
-
-    /// Publishes the connection gauges after the connection set changed.
-    fn update_gauges(&self) {
-        // Relaxed: gauges for stats only.
-        self.counters
-            .open
-            .store(self.conns.len() as u64, Ordering::Relaxed);
-        let est = self.conns.values().filter(|c| c.established).count() as u64;
-        self.counters.established.store(est, Ordering::Relaxed);
-        self.counters
-            .pending
-            .store(self.admission.len() as u64, Ordering::Relaxed);
+    fn finish(&mut self) {
+        let now = Instant::now();
+        let left = self.endpoint.finish(now);
+        self.drain_events(now);
+        *self.shared.journal_left.lock() = left;
+        self.stopped.store(true, Ordering::Release);
+        log::debug!("{}: IO thread stopped", self.cfg.proto.name);
     }
 
     fn new_token(&mut self) -> Token {
@@ -450,132 +272,326 @@ impl IoThread {
         t
     }
 
-    fn fire_timers(&mut self) {
-        let now = Instant::now();
-        while let Some(t) = self.timers.pop_due(now) {
-            match t {
-                TimerKind::Reconnect { peer, gen } => {
-                    if self
-                        .peers
-                        .get(&peer)
-                        .is_some_and(|p| p.gen == gen && p.conn.is_none())
-                    {
-                        self.dial(peer);
+    // ---- connections ---------------------------------------------------------------
+
+    /// Accepts connections waiting on the listener, each judged by the endpoint's
+    /// admission rules first; at most [`ACCEPT_BUDGET`] per call.
+    fn accept_all(&mut self, now: Instant) {
+        for _ in 0..ACCEPT_BUDGET {
+            match self.listener.accept() {
+                Ok((mut stream, from)) => {
+                    if self.endpoint.refuses_all() {
+                        continue; // dropped: we are closing
                     }
-                }
-                TimerKind::Handshake { token } => self.handshake_due(token, now),
-                TimerKind::AckDelay { peer } => {
-                    if let Some(p) = self.peers.get_mut(&peer) {
-                        p.ack_timer = false;
+                    let verdict = self.endpoint.judge(from);
+                    if matches!(verdict, Verdict::SourceFull | Verdict::Full) {
+                        continue; // dropped at once: the stream closes here
                     }
-                    self.send_ack(peer);
-                    if self.journalled() {
-                        // The handler may not have reached what arrived: ask again later
-                        // while an ack is owed.
-                        if let Some(p) = self.peers.get_mut(&peer) {
-                            let covered = p.ack_unwritten.unwrap_or(0).max(p.desc.acks_sent());
-                            if p.desc.received() > covered && !p.ack_timer && p.conn.is_some() {
-                                p.ack_timer = true;
-                                self.timers
-                                    .add(now + self.cfg.ack_delay, TimerKind::AckDelay { peer });
-                            }
+                    let transport = match Transport::new(self.cfg.tls.as_ref(), None) {
+                        Ok(t) => t,
+                        Err(e) => {
+                            Counters::add(&self.counters.tls_failures, 1);
+                            log::warn!(
+                                "{}: connection from {from} dropped: {e}",
+                                self.cfg.proto.name
+                            );
+                            continue;
                         }
+                    };
+                    let Some(nonce) = self.fresh_nonce() else {
+                        continue; // dropped; logged
+                    };
+                    configure(&self.cfg, &stream);
+                    let token = self.new_token();
+                    if let Err(e) =
+                        self.poll
+                            .registry()
+                            .register(&mut stream, token, Interest::READABLE)
+                    {
+                        log::warn!(
+                            "{}: cannot register connection from {from}: {e}",
+                            self.cfg.proto.name
+                        );
+                        continue;
                     }
+                    self.conns
+                        .insert(link(token), Conn::new(token, stream, transport, false));
+                    self.endpoint
+                        .accepted(now, link(token), from, verdict, nonce);
+                    self.settle(now);
                 }
-                TimerKind::Tick => self.tick(),
-                TimerKind::JournalSync => self.journal_sync_due(),
-                TimerKind::Deadline => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.accept_pending = false;
+                    break;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    // EMFILE and the like: log and try again on the next readiness event.
+                    log::error!("{}: accept failed: {e}", self.cfg.proto.name);
+                    self.accept_pending = false;
+                    break;
+                }
+            }
+        }
+        self.endpoint.warn_shedding(now);
+    }
+
+    /// Opens a connection to `addr` for peer `peer`, named `name` (the endpoint asked).
+    fn dial(&mut self, now: Instant, peer: usize, name: &str, addr: SocketAddr) {
+        let transport = match Transport::new(self.cfg.tls.as_ref(), Some(name)) {
+            Ok(t) => t,
+            Err(e) => {
+                Counters::add(&self.counters.tls_failures, 1);
+                log::warn!("{}: cannot dial '{name}': {e}", self.cfg.proto.name);
+                return self.endpoint.dial_failed(now, peer);
+            }
+        };
+        let Some(nonce) = self.fresh_nonce() else {
+            return self.endpoint.dial_failed(now, peer); // logged
+        };
+        match TcpStream::connect(addr) {
+            Ok(mut stream) => {
+                let token = self.new_token();
+                if let Err(e) = self.poll.registry().register(
+                    &mut stream,
+                    token,
+                    Interest::READABLE | Interest::WRITABLE,
+                ) {
+                    log::warn!(
+                        "{}: cannot register dial to {addr}: {e}",
+                        self.cfg.proto.name
+                    );
+                    return self.endpoint.dial_failed(now, peer);
+                }
+                self.conns
+                    .insert(link(token), Conn::new(token, stream, transport, true));
+                self.endpoint.dialled(now, peer, link(token), nonce);
+            }
+            Err(e) => {
+                log::debug!(
+                    "{}: dial '{name}' at {addr} failed: {e}",
+                    self.cfg.proto.name
+                );
+                self.endpoint.dial_failed(now, peer);
             }
         }
     }
 
-    fn begin_shutdown(&mut self, deadline: Instant) {
-        if self.shutdown.is_some() {
+    /// A fresh handshake nonce: OS randomness when a secret is configured (the nonce is not
+    /// used otherwise). `None` if the OS has no randomness to give: logged, and the
+    /// connection is not made rather than authenticated with a predictable nonce.
+    fn fresh_nonce(&self) -> Option<Nonce> {
+        let mut nonce = [0u8; wire::NONCE_LEN];
+        if self.cfg.proto.secret.is_none() {
+            return Some(nonce);
+        }
+        match getrandom::getrandom(&mut nonce) {
+            Ok(()) => Some(nonce),
+            Err(e) => {
+                log::error!(
+                    "{}: no OS randomness for a handshake nonce ({e}); connection not made",
+                    self.cfg.proto.name
+                );
+                None
+            }
+        }
+    }
+
+    fn conn_event(&mut self, id: LinkId, readable: bool, hup: bool, writable: bool) {
+        let now = Instant::now();
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return; // stale token: a spurious event for a connection already closed
+        };
+        let connecting = self.endpoint.link_mut(id).is_some_and(|l| l.connecting);
+        if connecting {
+            match conn.stream.take_error() {
+                Ok(None) => {}
+                Ok(Some(e)) | Err(e) => return self.connect_failed(now, id, e),
+            }
+            match conn.stream.peer_addr() {
+                Ok(_) => {
+                    configure(&self.cfg, &conn.stream);
+                    self.endpoint.connected(id);
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotConnected => return, // not yet
+                Err(e) => return self.connect_failed(now, id, e),
+            }
+        }
+        if writable {
+            self.write_link(id, now);
+        }
+        if readable {
+            self.read_link(id, hup);
+        }
+        self.settle(now);
+    }
+
+    fn connect_failed(&mut self, now: Instant, id: LinkId, e: io::Error) {
+        log::debug!("{}: connect failed: {e}", self.cfg.proto.name);
+        self.endpoint.link_failed(now, id);
+        self.settle(now);
+    }
+
+    // ---- reading -------------------------------------------------------------------
+
+    /// Reads and hands to the endpoint what connection `id` has, up to the per-turn budget.
+    /// `hup`: the readiness event reported the peer's hang-up (or this is a continuation),
+    /// so read until EOF or `WouldBlock` rather than stopping at a short read.
+    fn read_link(&mut self, id: LinkId, hup: bool) {
+        let mut total = 0usize;
+        loop {
+            let now = Instant::now();
+            let (Some(conn), Some(link)) = (self.conns.get_mut(&id), self.endpoint.link_mut(id))
+            else {
+                return;
+            };
+            if !link.wants_read() {
+                // Connecting, or paused: its peer holds more than its receive window, and the
+                // bytes stay in the kernel (TCP pushes back on the peer) until it resumes.
+                return;
+            }
+            match conn.read_some(link.read_buffer(), &mut self.scratch) {
+                Ok((0, _)) => {
+                    self.hand_over(now, id);
+                    self.endpoint.link_failed(now, id);
+                    return;
+                }
+                Ok((n, short)) => {
+                    total += n;
+                    self.hand_over(now, id);
+                    if total >= READ_BUDGET {
+                        self.mark_read_pending(id);
+                        return;
+                    }
+                    if short && !hup {
+                        // Drained: skip the read that would only say WouldBlock. Not after
+                        // a hang-up event, whose EOF the next read must see.
+                        return;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    self.tls_records(id);
+                    return;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if conn::is_tls_failure(&e) => {
+                    let from = conn.stream.peer_addr().ok();
+                    conn.write_last(&[]); // the alert telling the peer why
+                    self.endpoint.tls_failed(now, id, &e.to_string(), from);
+                    return;
+                }
+                Err(e) => {
+                    log::info!(
+                        "{}: read failed, closing connection: {e}",
+                        self.cfg.proto.name
+                    );
+                    self.endpoint.link_failed(now, id);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Hands what was just read on `id` to the endpoint (with the TLS certificate check
+    /// for the member name a handshake claims).
+    fn hand_over(&mut self, now: Instant, id: LinkId) {
+        self.tls_records(id);
+        let conns = &self.conns;
+        let cert = |name: &str| {
+            conns
+                .get(&id)
+                .map_or(Ok(()), |c| c.peer_cert_valid_for(name))
+        };
+        self.endpoint.handle_input(now, id, &cert);
+    }
+
+    /// TLS: reading made records of the transport's own to send (handshake, alerts).
+    fn tls_records(&mut self, id: LinkId) {
+        if self
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.transport.wants_write())
+        {
+            self.dirty.push(id);
+        }
+    }
+
+    fn mark_read_pending(&mut self, id: LinkId) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            if !c.read_pending {
+                c.read_pending = true;
+                self.read_pending.push_back(id);
+            }
+        }
+    }
+
+    fn process_read_pending(&mut self) {
+        for _ in 0..self.read_pending.len() {
+            let Some(id) = self.read_pending.pop_front() else {
+                return;
+            };
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.read_pending = false;
+                self.read_link(id, true);
+            }
+        }
+    }
+
+    // ---- writing -------------------------------------------------------------------
+
+    /// Writes what link `id` has buffered (and, over TLS, the transport's own records).
+    fn write_link(&mut self, id: LinkId, now: Instant) {
+        // Nothing leaves before the journal holds it.
+        self.endpoint.commit_journal(now);
+        if !self.endpoint.journal_ok() {
+            // The buffer may hold messages the journal could not take: they must not reach
+            // the peer (a restart would give their sequence numbers to other messages).
+            self.endpoint.link_failed(now, id);
             return;
         }
-        self.shutdown = Some(deadline);
-        self.timers.add(deadline, TimerKind::Deadline);
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
-        for id in ids {
-            let p = self.peers.get_mut(&id).expect("listed");
-            p.gen += 1; // no more reconnects
-                        // No new messages; what is queued is still flushed.
-            p.shared.outbox.close_keep();
-            p.shared.outbox.window().close();
-            let connected = p
-                .conn
-                .is_some_and(|t| self.conns.get(&t).is_some_and(|c| c.established));
-            // With a journal, what is queued for a disconnected peer is journalled now and
-            // resent after the restart.
-            if connected || self.journal.is_some() {
-                self.flush_peer(id);
-            }
+        let (Some(conn), Some(link)) = (self.conns.get_mut(&id), self.endpoint.link_mut(id)) else {
+            return;
+        };
+        if link.connecting {
+            return;
         }
-    }
-
-    /// Whether everything queued to connected peers is written and acknowledged.
-    fn shutdown_flushed(&self) -> bool {
-        self.peers.values().all(|p| {
-            let established = p
-                .conn
-                .and_then(|t| self.conns.get(&t))
-                .filter(|c| c.established);
-            match established {
-                None => true, // not connected: nothing more can be flushed
-                Some(c) => {
-                    p.pending.is_empty()
-                        && p.shared.outbox.is_empty()
-                        && c.unwritten() == 0
-                        && p.desc.unacked_len() == 0
+        match conn.write(link.to_write()) {
+            Ok(n) => {
+                self.endpoint.wrote(now, id, n);
+                let wants = self.endpoint.link_mut(id).is_some_and(|l| l.wants_write());
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    if let Err(e) = conn.update_interest(self.poll.registry(), wants) {
+                        log::warn!("{}: reregister failed: {e}", self.cfg.proto.name);
+                    }
                 }
             }
-        })
-    }
-
-    fn finish(&mut self) {
-        let tokens: Vec<Token> = self.conns.keys().copied().collect();
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
-        for id in ids {
-            self.retire_peer(id, CloseCode::Shutdown);
+            Err(e) => {
+                log::info!(
+                    "{}: write failed, closing connection: {e}",
+                    self.cfg.proto.name
+                );
+                self.endpoint.link_failed(now, id);
+            }
         }
-        for t in tokens {
-            self.close_conn(t, Some((CloseCode::Shutdown, "node shutting down")));
-        }
-        // A failure is logged and counted; `leave_journal` then leaves nothing to record.
-        let _ = self.sync_journal();
-        self.leave_journal();
-        self.stopped.store(true, Ordering::Release);
-        log::debug!("{}: IO thread stopped", self.cfg.name);
     }
 }
+
+use crate::peer::Counters;
 
 /// Socket options for every connection, through socket2.
 fn configure(cfg: &IoConfig, stream: &TcpStream) {
     let sock = socket2::SockRef::from(stream);
     if let Err(e) = sock.set_tcp_nodelay(true) {
-        log::warn!("{}: cannot set TCP_NODELAY: {e}", cfg.name);
+        log::warn!("{}: cannot set TCP_NODELAY: {e}", cfg.proto.name);
     }
     if let Some(n) = cfg.send_buffer {
         if let Err(e) = sock.set_send_buffer_size(n) {
-            log::warn!("{}: cannot set SO_SNDBUF: {e}", cfg.name);
+            log::warn!("{}: cannot set SO_SNDBUF: {e}", cfg.proto.name);
         }
     }
     if let Some(n) = cfg.recv_buffer {
         if let Err(e) = sock.set_recv_buffer_size(n) {
-            log::warn!("{}: cannot set SO_RCVBUF: {e}", cfg.name);
+            log::warn!("{}: cannot set SO_RCVBUF: {e}", cfg.proto.name);
         }
     }
-}
-
-/// Fails every message of `p` not yet published, giving back its permits. Returns how many.
-fn fail_queued(p: &mut PeerIo) -> u64 {
-    let mut queued = std::mem::take(&mut p.pending);
-    queued.extend(p.shared.outbox.close());
-    let n = queued.len() as u64;
-    let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
-    let permits: u64 = queued.iter().map(Outgoing::cost).sum();
-    p.shared.outbox.give_back(Return::Failed, permits);
-    Counters::add(&p.shared.counters.failed_bytes, bytes);
-    Counters::add(&p.shared.counters.failed, n);
-    n
 }

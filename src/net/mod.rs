@@ -1,29 +1,28 @@
-//! The network layer: one IO thread owns a mio `Poll`, the listener, every connection and
-//! every timer. Application threads and pool threads talk to it through [`IoShared`]: a few
-//! mutex-guarded lists and one `Waker`, woken at most once per batch of requests.
+//! The network layer: one IO thread drives the node's protocol (`proto::Endpoint`) with a
+//! mio `Poll`, the listener and one socket per link. Application threads and pool threads
+//! talk to it through [`IoShared`]: a few mutex-guarded lists and one `Waker`, woken at
+//! most once per batch of requests.
 
-mod admission;
 mod conn;
 mod io;
-mod timer;
 #[cfg(feature = "tls")]
 mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-pub(crate) use admission::default_per_source;
 pub(crate) use conn::TlsSetup;
-pub(crate) use io::{IoThread, NodeCounters};
+pub(crate) use io::IoThread;
 
 use crate::deliver::{CreditSink, MemberQueue, OobQueue, Pool, Progress};
 use crate::flow::RecvCredit;
 use crate::journal::{Journal, Recovered};
-use crate::peer::{OutboundFilter, PeerShared};
-use crate::proto::Unacked;
+use crate::peer::PeerShared;
+use crate::proto::{JournalLeft, NodeCounters, Unacked};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::{Arc, Condvar, Mutex, RwLock, SharedStr};
+use crate::util::NameHash;
 
 /// Token of the listener.
 pub(crate) const LISTENER: mio::Token = mio::Token(0);
@@ -32,49 +31,14 @@ pub(crate) const WAKER: mio::Token = mio::Token(1);
 /// First token handed to a connection.
 pub(crate) const FIRST_CONN: usize = 2;
 
-/// Settings the IO thread needs.
+/// Settings the IO thread needs: the protocol's, and the sockets'.
 #[derive(Clone)]
 pub(crate) struct IoConfig {
-    pub(crate) name: SharedStr,
-    pub(crate) cluster: String,
-    pub(crate) launch_id: u64,
-    pub(crate) window: u64,
-    /// The most window bytes of one peer's messages we hold (received, not yet handled);
-    /// a peer's connection is not read while it has more.
-    pub(crate) recv_window: u64,
-    pub(crate) max_message: usize,
-    pub(crate) allow_unknown: bool,
-    pub(crate) ack_threshold: u64,
-    pub(crate) ack_delay: Duration,
-    pub(crate) backoff_min: Duration,
-    pub(crate) backoff_max: Duration,
-    pub(crate) handshake_timeout: Duration,
-    pub(crate) write_high_water: usize,
+    pub(crate) proto: crate::proto::Config,
     pub(crate) send_buffer: Option<usize>,
     pub(crate) recv_buffer: Option<usize>,
-    pub(crate) outbound_filter: Option<Arc<OutboundFilter>>,
-    /// A sender blocked this long on an empty window makes the IO thread send a probe.
-    pub(crate) probe_interval: Duration,
-    /// A sender blocked this long is logged (once per blocked episode).
-    pub(crate) block_warning: Duration,
-    /// Return residual credit (below half a window) once the sender's queue is idle.
-    pub(crate) credit_on_idle: bool,
-    /// Period of the housekeeping tick.
-    pub(crate) tick: Duration,
-    /// A heartbeat goes out on a connection with nothing written for this long.
-    pub(crate) heartbeat: Duration,
-    /// A connection with nothing read for this long is closed and its peer redialled.
-    pub(crate) idle_timeout: Duration,
-    /// Connections open at most (accepted ones beyond are dropped at once).
-    pub(crate) max_connections: usize,
-    /// Accepted connections still in their handshake at most.
-    pub(crate) max_pending: usize,
-    /// ... of which from one source address at most.
-    pub(crate) max_pending_per_source: usize,
     /// TLS for every connection (feature `tls`); always `None` without the feature.
     pub(crate) tls: Option<TlsSetup>,
-    /// Shared secret: every handshake is authenticated with it.
-    pub(crate) secret: Option<crate::proto::Secret>,
 }
 
 /// Requests from the node handle to the IO thread.
@@ -127,55 +91,6 @@ impl Completion {
 /// (which adds members that dial in when unknown members are allowed).
 pub(crate) type PeerMap = Arc<RwLock<HashMap<SharedStr, Arc<PeerShared>, NameHash>>>;
 
-/// FNV-1a: member names are short and come from configuration or authenticated handshakes,
-/// so a fast non-keyed hash fits the send path's lookup.
-pub(crate) type NameHash = std::hash::BuildHasherDefault<Fnv>;
-
-/// Hashes integer keys (tokens, peer ids) to themselves: they are unique and come from
-/// counters of ours, so there is nothing to scramble.
-pub(crate) type IdHash = std::hash::BuildHasherDefault<IdHasher>;
-
-/// The identity hasher of [`IdHash`].
-#[derive(Debug, Default)]
-pub(crate) struct IdHasher(u64);
-
-impl std::hash::Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        // Not used by usize keys; fold anything else in so the hasher stays correct.
-        for b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(*b);
-        }
-    }
-    fn write_usize(&mut self, n: usize) {
-        self.0 = n as u64;
-    }
-}
-
-/// FNV-1a 64-bit hasher.
-#[derive(Debug)]
-pub(crate) struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl std::hash::Hasher for Fnv {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-}
-
 /// What the application receives about messages that will never be delivered.
 pub(crate) type UndeliveredHook = Arc<dyn Fn(&str, Vec<Unacked>) + Send + Sync>;
 
@@ -200,7 +115,7 @@ pub(crate) struct IoShared {
     /// The journal's counters as of its last write (journalling nodes only).
     pub(crate) journal_stats: Mutex<Option<crate::journal::JournalStats>>,
     /// The journal, handed over by the IO thread when it exits.
-    pub(crate) journal_left: Mutex<Option<io::JournalLeft>>,
+    pub(crate) journal_left: Mutex<Option<JournalLeft>>,
 }
 
 impl std::fmt::Debug for IoShared {

@@ -14,7 +14,6 @@
 //!   `io::Error` wrapping [`TlsFailure`], which the IO thread counts and closes on.
 
 use std::io::{self, BufRead, Read, Write};
-use std::time::Instant;
 
 use bytes::BytesMut;
 use mio::net::TcpStream;
@@ -93,8 +92,8 @@ impl TlsSession {
         rbuf: &mut BytesMut,
         scratch: &mut Vec<u8>,
     ) -> io::Result<(usize, bool)> {
-        if scratch.len() < super::conn::READ_CHUNK {
-            scratch.resize(super::conn::READ_CHUNK, 0);
+        if scratch.len() < crate::proto::READ_CHUNK {
+            scratch.resize(crate::proto::READ_CHUNK, 0);
         }
         loop {
             if self.closed {
@@ -143,28 +142,24 @@ impl TlsSession {
         Ok(plain)
     }
 
-    /// Moves `wbuf[*wpos..]` into rustls and writes records until the socket is full or
-    /// everything is out. Returns `Ok(true)` when all of `wbuf` was taken and nothing is
-    /// left to write (before the handshake completes, rustls holds the plaintext until it
-    /// can encrypt it, and writes it as soon as the handshake is done).
-    pub(crate) fn flush(
-        &mut self,
-        stream: &mut TcpStream,
-        wbuf: &[u8],
-        wpos: &mut usize,
-        last_write: &mut Instant,
-    ) -> io::Result<bool> {
+    /// Moves as much of `buf` as rustls takes into it and writes records until the socket is
+    /// full or everything is out. Returns how many bytes of `buf` were taken (before the
+    /// handshake completes, rustls holds the plaintext until it can encrypt it, and writes
+    /// it as soon as the handshake is done; records not yet written keep
+    /// [`wants_write`](TlsSession::wants_write) true).
+    pub(crate) fn write(&mut self, stream: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
+        let mut taken = 0;
         loop {
-            if *wpos < wbuf.len() {
-                *wpos += self.conn.writer().write(&wbuf[*wpos..])?;
+            if taken < buf.len() {
+                taken += self.conn.writer().write(&buf[taken..])?;
             }
             if !self.conn.wants_write() {
-                return Ok(*wpos == wbuf.len());
+                return Ok(taken);
             }
             match self.conn.write_tls(stream) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(_) => *last_write = Instant::now(),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(taken),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(e),
             }
@@ -260,11 +255,8 @@ mod tests {
 
         /// One write pass and one read pass, as the IO thread would on readiness.
         fn pump(&mut self, scratch: &mut Vec<u8>) -> io::Result<()> {
-            let mut last = Instant::now();
-            if self
-                .tls
-                .flush(&mut self.stream, &self.wbuf, &mut self.wpos, &mut last)?
-            {
+            self.wpos += self.tls.write(&mut self.stream, &self.wbuf[self.wpos..])?;
+            if self.wpos == self.wbuf.len() {
                 self.wbuf.clear();
                 self.wpos = 0;
             }

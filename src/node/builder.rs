@@ -449,7 +449,7 @@ impl Builder {
     /// The per-source share of pending connections in effect.
     pub(crate) fn effective_pending_per_source(&self) -> usize {
         self.pending_per_source
-            .unwrap_or_else(|| crate::net::default_per_source(self.max_pending))
+            .unwrap_or_else(|| crate::proto::admission::default_per_source(self.max_pending))
             .clamp(1, self.max_pending)
     }
 

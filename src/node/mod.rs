@@ -18,9 +18,9 @@ use bytes::Bytes;
 use crate::deliver::Pool;
 use crate::flow::{cost, AcquireError};
 use crate::net::{
-    Command, Completion, IoConfig, IoParts, IoShared, IoThread, NodeCounters, PeerMap,
-    UndeliveredHook,
+    Command, Completion, IoConfig, IoParts, IoShared, IoThread, PeerMap, UndeliveredHook,
 };
+use crate::proto::NodeCounters;
 use crate::peer::{Counters, Outgoing, PeerShared};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{thread, Arc, Mutex, RwLock, SharedStr};
@@ -536,6 +536,7 @@ impl Node {
             h
         });
         let config = IoConfig {
+            proto: crate::proto::Config {
             name: name.clone(),
             cluster: b.cluster.clone(),
             launch_id,
@@ -549,8 +550,6 @@ impl Node {
             backoff_max: b.backoff_max,
             handshake_timeout: b.handshake_timeout,
             write_high_water: b.write_high_water,
-            send_buffer: b.send_buffer,
-            recv_buffer: b.recv_buffer,
             outbound_filter: b.outbound_filter.clone(),
             probe_interval: b.probe_interval,
             block_warning: b.block_warning,
@@ -563,8 +562,12 @@ impl Node {
             max_connections: b.max_connections,
             max_pending: b.max_pending,
             max_pending_per_source: b.effective_pending_per_source(),
-            tls: b.tls.clone(),
             secret: b.secret.clone(),
+            journalled: journal.is_some(),
+            },
+            send_buffer: b.send_buffer,
+            recv_buffer: b.recv_buffer,
+            tls: b.tls.clone(),
         };
         let tls = b.tls.is_some();
         let io_done = Arc::new(Completion::default());

@@ -1,13 +1,30 @@
-//! Sans-IO protocol state machines: the handshake and the recovery descriptor. Driven by
-//! calls (`on_frame`, `on_ack`, `on_data`, `resume`) and appending their output to a byte
-//! buffer; no sockets, no clock, no threads, so they are tested in memory.
+//! Sans-IO protocol: the handshake, the recovery descriptor, and above them a member's whole
+//! protocol — its links ([`Link`]: one connection's buffers and handshake), its peers
+//! (`Peer`: one member's state across connections) and the [`Endpoint`] that routes between
+//! them, with admission, timers and the journal's group commit. Driven by calls that carry
+//! the time and answered through byte buffers and polled events; no sockets, no clock, no
+//! threads, so the IO thread drives it with sockets and the simulation in memory.
 
+pub(crate) mod admission;
+pub(crate) mod endpoint;
 pub mod handshake;
+pub(crate) mod link;
+pub(crate) mod peer;
 pub mod recovery;
-#[cfg(test)]
+// The simulation is rewritten on the endpoint next.
+#[cfg(any())]
 mod sim;
+pub(crate) mod timer;
 
+pub(crate) use admission::Verdict;
+pub(crate) use endpoint::{
+    Config, Endpoint, Event, JournalLeft, NewPeer, NodeCounters,
+};
 pub use handshake::{
     keep_new, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Role, Secret, TieBreak,
 };
+pub(crate) use link::LinkId;
 pub use recovery::{Descriptor, Receive, RecoveryError, Retired, Unacked};
+
+/// Bytes read per `read` call at most; a link's read buffer grows to hold one maximal frame.
+pub(crate) const READ_CHUNK: usize = 64 * 1024;

@@ -6,15 +6,16 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::time::{Duration, Instant};
 
-use mio::Token;
+use super::LinkId;
+
 
 /// What a timer is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum TimerKind {
     /// Dial peer `peer` again if its reconnect generation is still `gen`.
     Reconnect { peer: usize, gen: u64 },
-    /// Close connection `token` if it is still connecting or handshaking.
-    Handshake { token: Token },
+    /// Close link `link` if it is still connecting or handshaking.
+    Handshake { link: LinkId },
     /// Send an ack to `peer` if one is still owed.
     AckDelay { peer: usize },
     /// Periodic housekeeping: probes, block warnings, residual credit, expiry.
@@ -37,11 +38,9 @@ impl Timers {
         self.heap.push(Reverse((at, self.seq, kind)));
     }
 
-    /// Time until the next timer, or `None` when there is none.
-    pub(crate) fn next_in(&self, now: Instant) -> Option<Duration> {
-        self.heap
-            .peek()
-            .map(|Reverse((at, _, _))| at.saturating_duration_since(now))
+    /// When the next timer is due, or `None` when there is none.
+    pub(crate) fn next_at(&self) -> Option<Instant> {
+        self.heap.peek().map(|Reverse((at, _, _))| *at)
     }
 
     /// Pops one timer due at `now`.
@@ -106,7 +105,7 @@ mod tests {
         t.add(now, TimerKind::AckDelay { peer: 1 });
         assert_eq!(t.pop_due(now), Some(TimerKind::AckDelay { peer: 1 }));
         assert_eq!(t.pop_due(now), None);
-        assert!(t.next_in(now).unwrap() <= Duration::from_millis(5));
+        assert!(t.next_at().unwrap() <= now + Duration::from_millis(5));
         assert_eq!(
             t.pop_due(now + Duration::from_millis(5)),
             Some(TimerKind::Deadline)

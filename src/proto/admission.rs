@@ -21,9 +21,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use mio::Token;
 
-use super::IdHash;
+use super::LinkId;
+use crate::util::IdHash;
 
 /// The pressure deadline is never below this (nor above `handshake_timeout`).
 pub(crate) const MIN_PRESSURE_DEADLINE: Duration = Duration::from_millis(100);
@@ -40,7 +40,7 @@ pub(crate) enum Verdict {
     /// There is room: admit it.
     Admit,
     /// The table (or the node) is full: admit it after closing this pending connection.
-    Displace(Token),
+    Displace(LinkId),
     /// Full, and nothing pending to displace (every connection is a member's or our own
     /// dial): refuse it.
     Full,
@@ -61,11 +61,11 @@ pub(crate) struct Admission {
     max_pending: usize,
     per_source: usize,
     next_seq: u64,
-    entries: HashMap<Token, Entry, IdHash>,
+    entries: HashMap<LinkId, Entry, IdHash>,
     /// Per source, its pending connections, oldest first.
-    sources: HashMap<IpAddr, VecDeque<(u64, Token)>>,
+    sources: HashMap<IpAddr, VecDeque<(u64, LinkId)>>,
     /// Every pending connection, oldest first.
-    by_age: BTreeMap<u64, Token>,
+    by_age: BTreeMap<u64, LinkId>,
     /// (connections held, the oldest one's age rank reversed, source): the last element is
     /// the source displacement takes from.
     by_load: BTreeSet<(usize, Reverse<u64>, IpAddr)>,
@@ -116,7 +116,7 @@ impl Admission {
     }
 
     /// Whether `token` is pending here, and since when.
-    pub(crate) fn since(&self, token: Token) -> Option<Instant> {
+    pub(crate) fn since(&self, token: LinkId) -> Option<Instant> {
         self.entries.get(&token).map(|e| e.since)
     }
 
@@ -138,13 +138,13 @@ impl Admission {
 
     /// The connection displacement takes: the oldest of the source holding the most
     /// (among equals, the source whose oldest connection is oldest).
-    fn victim(&self) -> Option<Token> {
+    fn victim(&self) -> Option<LinkId> {
         let &(_, _, ip) = self.by_load.last()?;
         self.sources.get(&ip)?.front().map(|&(_, t)| t)
     }
 
     /// Records `token`, accepted from `source` at `now`, as pending.
-    pub(crate) fn insert(&mut self, token: Token, source: IpAddr, now: Instant) {
+    pub(crate) fn insert(&mut self, token: LinkId, source: IpAddr, now: Instant) {
         self.remove(token);
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -167,7 +167,7 @@ impl Admission {
     }
 
     /// Forgets `token` (established or closed). Returns whether it was pending.
-    pub(crate) fn remove(&mut self, token: Token) -> bool {
+    pub(crate) fn remove(&mut self, token: LinkId) -> bool {
         let Some(e) = self.entries.remove(&token) else {
             return false;
         };
@@ -207,7 +207,7 @@ impl Admission {
     /// The oldest pending connection if it is past its deadline at `now` (see
     /// [`deadline`](Admission::deadline)), with the deadline that applied. The caller closes
     /// it and calls again: each closing lengthens the deadline of the rest.
-    pub(crate) fn overdue(&self, now: Instant, full: Duration) -> Option<(Token, Duration)> {
+    pub(crate) fn overdue(&self, now: Instant, full: Duration) -> Option<(LinkId, Duration)> {
         let (_, &token) = self.by_age.first_key_value()?;
         let since = self.entries.get(&token)?.since;
         let limit = self.deadline(full);
@@ -278,12 +278,12 @@ mod tests {
     fn the_per_source_share_is_refused_beyond() {
         let mut a = Admission::new(8, 2);
         let now = Instant::now();
-        a.insert(Token(1), ip(1), now);
+        a.insert(LinkId(1), ip(1), now);
         assert_eq!(a.judge(ip(1), false), Verdict::Admit);
-        a.insert(Token(2), ip(1), now);
+        a.insert(LinkId(2), ip(1), now);
         assert_eq!(a.judge(ip(1), false), Verdict::SourceFull);
         assert_eq!(a.judge(ip(2), false), Verdict::Admit);
-        a.remove(Token(1));
+        a.remove(LinkId(1));
         assert_eq!(a.judge(ip(1), false), Verdict::Admit);
         assert_eq!(default_per_source(128), 32);
         assert_eq!(default_per_source(2), 1);
@@ -295,30 +295,30 @@ mod tests {
         let mut a = Admission::new(6, 4);
         let now = Instant::now();
         // A member's handshake from .1, then a flood from .9 and one from .5.
-        a.insert(Token(1), ip(1), now);
+        a.insert(LinkId(1), ip(1), now);
         for t in 2..=5 {
-            a.insert(Token(t), ip(9), now);
+            a.insert(LinkId(t), ip(9), now);
         }
-        a.insert(Token(6), ip(5), now);
+        a.insert(LinkId(6), ip(5), now);
         assert_eq!(a.biggest(), Some((ip(9), 4)));
         // The flood's own oldest goes, whoever arrives.
         assert_eq!(a.judge(ip(9), false), Verdict::SourceFull);
-        assert_eq!(a.judge(ip(7), false), Verdict::Displace(Token(2)));
-        a.remove(Token(2));
-        a.insert(Token(7), ip(7), now);
-        assert_eq!(a.judge(ip(1), false), Verdict::Displace(Token(3)));
-        a.remove(Token(3));
-        a.insert(Token(8), ip(1), now);
+        assert_eq!(a.judge(ip(7), false), Verdict::Displace(LinkId(2)));
+        a.remove(LinkId(2));
+        a.insert(LinkId(7), ip(7), now);
+        assert_eq!(a.judge(ip(1), false), Verdict::Displace(LinkId(3)));
+        a.remove(LinkId(3));
+        a.insert(LinkId(8), ip(1), now);
         // .9 and .1 now hold two each: .1's oldest (token 1) is older than .9's (token 4).
-        assert_eq!(a.judge(ip(3), false), Verdict::Displace(Token(1)));
-        a.remove(Token(1));
-        a.insert(Token(9), ip(3), now);
-        assert_eq!(a.judge(ip(3), false), Verdict::Displace(Token(4)));
+        assert_eq!(a.judge(ip(3), false), Verdict::Displace(LinkId(1)));
+        a.remove(LinkId(1));
+        a.insert(LinkId(9), ip(3), now);
+        assert_eq!(a.judge(ip(3), false), Verdict::Displace(LinkId(4)));
         // The node at its connection limit displaces as well, even with free slots.
         let mut b = Admission::new(6, 4);
         assert_eq!(b.judge(ip(1), true), Verdict::Full);
-        b.insert(Token(1), ip(1), now);
-        assert_eq!(b.judge(ip(2), true), Verdict::Displace(Token(1)));
+        b.insert(LinkId(1), ip(1), now);
+        assert_eq!(b.judge(ip(2), true), Verdict::Displace(LinkId(1)));
     }
 
     #[test]
@@ -327,15 +327,15 @@ mod tests {
         let mut a = Admission::new(100, 100);
         let now = Instant::now();
         for t in 0..50 {
-            a.insert(Token(t), ip(1), now);
+            a.insert(LinkId(t), ip(1), now);
         }
         assert_eq!(a.deadline(full), full);
         for t in 50..75 {
-            a.insert(Token(t), ip(1), now);
+            a.insert(LinkId(t), ip(1), now);
         }
         assert_eq!(a.deadline(full), Duration::from_millis(2_500));
         for t in 75..100 {
-            a.insert(Token(t), ip(1), now);
+            a.insert(LinkId(t), ip(1), now);
         }
         assert_eq!(a.deadline(full), Duration::from_millis(500));
         let short = Duration::from_millis(50);
@@ -352,22 +352,22 @@ mod tests {
         let mut a = Admission::new(4, 4);
         let t0 = Instant::now();
         for t in 0..4 {
-            a.insert(Token(t), ip(1), t0 + Duration::from_millis(10 * t as u64));
+            a.insert(LinkId(t), ip(1), t0 + Duration::from_millis(10 * t as u64));
         }
         // Full: deadline 100 ms.
         let at = t0 + Duration::from_millis(115);
         assert_eq!(
             a.overdue(at, full),
-            Some((Token(0), Duration::from_millis(100)))
+            Some((LinkId(0), Duration::from_millis(100)))
         );
-        a.remove(Token(0));
+        a.remove(LinkId(0));
         // Three of four taken: 500 ms, nobody is that old.
         assert_eq!(a.overdue(at, full), None);
-        assert_eq!(a.since(Token(1)), Some(t0 + Duration::from_millis(10)));
+        assert_eq!(a.since(LinkId(1)), Some(t0 + Duration::from_millis(10)));
         assert_eq!(
             a.overdue(t0 + Duration::from_millis(510), full)
                 .map(|o| o.0),
-            Some(Token(1))
+            Some(LinkId(1))
         );
     }
 
@@ -376,18 +376,18 @@ mod tests {
         let mut a = Admission::new(64, 64);
         let now = Instant::now();
         for t in 0..40usize {
-            a.insert(Token(t), ip((t % 5) as u8), now);
+            a.insert(LinkId(t), ip((t % 5) as u8), now);
         }
         for t in (0..40usize).step_by(3) {
-            assert!(a.remove(Token(t)));
-            assert!(!a.remove(Token(t)));
+            assert!(a.remove(LinkId(t)));
+            assert!(!a.remove(LinkId(t)));
         }
         let held: usize = (0..5).map(|i| a.held_by(ip(i))).sum();
         assert_eq!(held, a.len());
         assert_eq!(a.by_load.len(), a.sources.len());
         assert_eq!(a.by_age.len(), a.len());
         for t in 0..40usize {
-            a.remove(Token(t));
+            a.remove(LinkId(t));
         }
         assert_eq!((a.len(), a.sources.len(), a.by_load.len()), (0, 0, 0));
         assert_eq!(a.biggest(), None);

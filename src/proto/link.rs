@@ -1,0 +1,134 @@
+//! One connection's protocol state, without the socket: its handshake, the bytes read and
+//! not yet split into frames, the frames encoded and not yet written, and what liveness
+//! needs to know. The IO thread moves bytes between a link's buffers and its socket; the
+//! simulation moves them through memory. Either way the [`Endpoint`](super::Endpoint) owns
+//! the link and decides what its frames mean.
+
+use std::time::Instant;
+
+use bytes::BytesMut;
+
+use super::Handshake;
+use crate::wire;
+
+/// Identifies a link for as long as it lives; never reused, so an id that outlived its link
+/// names nothing (a stale event is ignored).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct LinkId(pub(crate) usize);
+
+/// Written bytes at the front of the write buffer before it is compacted.
+const COMPACT_AT: usize = 64 * 1024;
+
+/// The protocol state of one connection.
+#[derive(Debug)]
+pub(crate) struct Link {
+    pub(crate) id: LinkId,
+    /// The member we dialled (outgoing links only).
+    pub(crate) dialled: Option<usize>,
+    /// The member this link speaks for once identified (a dialled link from the start).
+    pub(crate) peer: Option<usize>,
+    /// Until the handshake completes.
+    pub(crate) hs: Option<Handshake>,
+    /// The transport is not connected yet (a dial in progress): nothing is read or written.
+    pub(crate) connecting: bool,
+    /// Handshake done and adopted by its peer: data may flow.
+    pub(crate) established: bool,
+    /// The peer's launch id (from the handshake).
+    pub(crate) launch: Option<u64>,
+    /// Not read for now: its peer holds more than its receive window.
+    pub(crate) paused: bool,
+    /// Bytes read and not yet split into frames.
+    pub(crate) rbuf: BytesMut,
+    /// Frames encoded and not yet written; `wpos` is how far they were.
+    pub(crate) wbuf: Vec<u8>,
+    pub(crate) wpos: usize,
+    /// When bytes last arrived (failure detection).
+    pub(crate) last_read: Instant,
+    /// When bytes were last written (heartbeats go out only on a quiet link).
+    pub(crate) last_write: Instant,
+}
+
+impl Link {
+    /// A new link: dialled (`dialled`: the member, and the transport still connecting) or
+    /// accepted, with its handshake and whatever the handshake wrote first (the acceptor's
+    /// `Hello`).
+    pub(crate) fn new(
+        id: LinkId,
+        dialled: Option<usize>,
+        hs: Handshake,
+        first: Vec<u8>,
+        now: Instant,
+    ) -> Link {
+        Link {
+            id,
+            dialled,
+            peer: dialled,
+            hs: Some(hs),
+            connecting: dialled.is_some(),
+            established: false,
+            launch: None,
+            paused: false,
+            rbuf: BytesMut::with_capacity(super::READ_CHUNK),
+            wbuf: first,
+            wpos: 0,
+            last_read: now,
+            last_write: now,
+        }
+    }
+
+    /// The bound of the next frame's length: the handshake's until the link is
+    /// established, then `data_max` (see [`wire::split_frame`]).
+    pub(crate) fn frame_limit(&self, data_max: usize) -> usize {
+        if self.established {
+            data_max
+        } else {
+            wire::MAX_HANDSHAKE_FRAME
+        }
+    }
+
+    /// Bytes encoded and not yet written.
+    pub(crate) fn unwritten(&self) -> usize {
+        self.wbuf.len() - self.wpos
+    }
+
+    /// The bytes to write next.
+    pub(crate) fn to_write(&self) -> &[u8] {
+        &self.wbuf[self.wpos..]
+    }
+
+    /// `n` bytes of [`to_write`](Link::to_write) were written at `now`. Returns `true` when
+    /// the buffer is empty: everything encoded so far has left.
+    pub(crate) fn wrote(&mut self, n: usize, now: Instant) -> bool {
+        if n > 0 {
+            self.wpos += n;
+            self.last_write = now;
+        }
+        if self.wpos >= self.wbuf.len() {
+            self.wbuf.clear();
+            self.wpos = 0;
+            return true;
+        }
+        // Drop the written prefix once it is most of the buffer, so a socket that never
+        // fully drains cannot make the buffer grow without bound.
+        if self.wpos >= COMPACT_AT && self.wpos * 2 >= self.wbuf.len() {
+            self.wbuf.drain(..self.wpos);
+            self.wpos = 0;
+        }
+        false
+    }
+
+    /// The read buffer, for the transport to read into.
+    pub(crate) fn read_buffer(&mut self) -> &mut BytesMut {
+        &mut self.rbuf
+    }
+
+    /// Whether the link wants its input read now (not connecting, not paused).
+    pub(crate) fn wants_read(&self) -> bool {
+        !self.connecting && !self.paused
+    }
+
+    /// Whether it has bytes to write.
+    pub(crate) fn wants_write(&self) -> bool {
+        self.unwritten() > 0
+    }
+}
