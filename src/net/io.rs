@@ -5,6 +5,10 @@
 //! connection per turn, for fairness), coalesces outgoing frames into one buffer per
 //! connection written once per turn, and never blocks: a full pool makes it stop reading
 //! (TCP back-pressure), a full socket makes it stop publishing to that peer.
+//!
+//! A turn can last long — on a machine with more busy threads than cores the thread waits
+//! for a CPU many times within one turn — so timeouts that blame a peer (idle, handshake)
+//! are judged as of the last `poll`, never by time the loop did not look.
 
 mod connect;
 mod durable;
@@ -206,6 +210,11 @@ pub(crate) struct IoThread {
     /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
     /// connections; stays empty without TLS).
     scratch: Vec<u8>,
+    /// When the last `poll` returned. What the loop knows of its sockets is as of then:
+    /// bytes that arrive later in a turn are seen at the next poll, however long the turn
+    /// takes (a descheduled IO thread, a slow callback). Timeouts that blame a peer are
+    /// judged as of this instant, never by time the loop did not look.
+    polled_at: Instant,
 }
 
 impl IoThread {
@@ -245,6 +254,7 @@ impl IoThread {
             batch: Vec::new(),
             journal: parts.journal.map(|(j, r)| durable::JournalIo::new(j, r)),
             scratch: Vec::new(),
+            polled_at: Instant::now(),
         }
     }
 
@@ -275,6 +285,7 @@ impl IoThread {
                 log::error!("IO thread: poll failed, stopping: {e}");
                 break;
             }
+            self.polled_at = Instant::now();
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept_all(),
@@ -416,7 +427,9 @@ impl IoThread {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
-        while let Some(t) = self.timers.pop_due(now) {
+        // Handshake deadlines that passed after the last poll: judged after the next one.
+        let mut unjudged = Vec::new();
+        while let Some((at, t)) = self.timers.pop_due(now) {
             match t {
                 TimerKind::Reconnect { peer, gen } => {
                     if self
@@ -429,6 +442,12 @@ impl IoThread {
                 }
                 TimerKind::Handshake { token } => {
                     if self.conns.get(&token).is_some_and(|c| !c.established) {
+                        if self.polled_at < at {
+                            // The deadline passed during this turn: what the peer sent since
+                            // the last poll is unread yet (a Ready waiting in the socket).
+                            unjudged.push((at, t));
+                            continue;
+                        }
                         Counters::add(&self.counters.handshake_timeouts, 1);
                         log::warn!("{}: handshake timed out; closing connection", self.cfg.name);
                         self.close_conn(token, None);
@@ -456,6 +475,10 @@ impl IoThread {
                 TimerKind::JournalSync => self.journal_sync_due(),
                 TimerKind::Deadline => {}
             }
+        }
+        // Due already: the next turn polls without waiting, then judges them.
+        for (at, t) in unjudged {
+            self.timers.add(at, t);
         }
     }
 

@@ -66,20 +66,28 @@ impl IoThread {
     /// Heartbeats on quiet established connections (any traffic suppresses them), and
     /// failure detection: a connection silent for `idle_timeout` is closed, and its peer
     /// redialled with backoff.
+    ///
+    /// Silence is what the loop saw, not the time that passed: it runs from the last read
+    /// to the last poll, so a turn that took long (the IO thread without the CPU, a slow
+    /// callback) does not count against the peer, whose bytes may be waiting unread since.
+    /// A connection whose input waits in `read_pending` (reading paused while the pool is
+    /// full, or the read budget spent) has spoken and is not silent.
     pub(super) fn check_liveness(&mut self, now: Instant) {
+        let seen = self.polled_at;
         let mut silent = Vec::new();
         for conn in self.conns.values_mut() {
             if !conn.established {
                 continue;
             }
-            if now.saturating_duration_since(conn.last_read) >= self.cfg.idle_timeout {
-                silent.push(conn.token);
+            let quiet = seen.saturating_duration_since(conn.last_read);
+            if quiet >= self.cfg.idle_timeout && !conn.read_pending {
+                silent.push((conn.token, quiet));
             } else if now.saturating_duration_since(conn.last_write) >= self.cfg.heartbeat {
                 wire::encode_heartbeat(&mut conn.wbuf);
                 self.dirty.push(conn.token);
             }
         }
-        for token in silent {
+        for (token, quiet) in silent {
             Counters::add(&self.counters.idle_timeouts, 1);
             let who = self
                 .conns
@@ -87,7 +95,7 @@ impl IoThread {
                 .and_then(|c| c.peer)
                 .map(|id| self.peer_name(id));
             log::warn!(
-                "{}: connection to '{}' silent for {:?}; closing it",
+                "{}: connection to '{}' silent for {quiet:.1?} (idle timeout {:?}); closing it",
                 self.cfg.name,
                 who.as_deref().unwrap_or("?"),
                 self.cfg.idle_timeout
