@@ -8,7 +8,9 @@
 //!
 //! A turn can last long — on a machine with more busy threads than cores the thread waits
 //! for a CPU many times within one turn — so timeouts that blame a peer (idle, handshake)
-//! are judged as of the last `poll`, never by time the loop did not look.
+//! are judged as of the last `poll`, never by time the loop did not look, and handshake
+//! frames and a new connection's first frames are written at once, not at the end of the
+//! turn.
 
 mod connect;
 mod durable;

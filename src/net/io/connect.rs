@@ -63,11 +63,13 @@ impl IoThread {
                     conn.wbuf = out;
                     self.conns.insert(token, conn);
                     self.update_gauges();
-                    self.dirty.push(token);
                     self.timers.add(
                         Instant::now() + self.cfg.handshake_timeout,
                         TimerKind::Handshake { token },
                     );
+                    // The Hello leaves now, not at the end of the turn: the dialler's
+                    // handshake deadline is running.
+                    self.write_conn(token);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
