@@ -208,6 +208,8 @@ fn sched_by_role() -> Sched {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
         return s;
     };
+    // The main thread (the application's, which broadcasts) has the process's id.
+    let main_tid = std::process::id().to_string();
     for task in tasks.flatten() {
         let p = task.path();
         let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
@@ -221,7 +223,7 @@ fn sched_by_role() -> Sched {
             &mut s.io
         } else if comm.contains("-deliver-") {
             &mut s.pool
-        } else if comm == "mesh" {
+        } else if task.file_name().to_str() == Some(&main_tid) {
             &mut s.app
         } else {
             &mut s.other
@@ -734,15 +736,18 @@ fn parent(o: &Opts) -> Result<bool, Box<dyn Error>> {
                 d.as_secs_f64()
             );
         }
-        per_run.push((r.secs, idle));
+        per_run.push((r.secs, idle, total(&r, "handshake_timeouts")));
     }
     let runs = per_run.len();
-    let with = per_run.iter().filter(|(_, i)| *i > 0).count();
-    let sum: u64 = per_run.iter().map(|(_, i)| i).sum();
-    let max_t = per_run.iter().map(|(t, _)| *t).fold(0.0, f64::max);
-    let mean_t = per_run.iter().map(|(t, _)| t).sum::<f64>() / runs.max(1) as f64;
+    let with = per_run.iter().filter(|(_, i, _)| *i > 0).count();
+    let sum: u64 = per_run.iter().map(|(_, i, _)| i).sum();
+    let with_hs = per_run.iter().filter(|(_, _, h)| *h > 0).count();
+    let sum_hs: u64 = per_run.iter().map(|(_, _, h)| h).sum();
+    let max_t = per_run.iter().map(|(t, _, _)| *t).fold(0.0, f64::max);
+    let mean_t = per_run.iter().map(|(t, _, _)| t).sum::<f64>() / runs.max(1) as f64;
     println!(
-        "summary: {runs} runs, {with} with idle timeouts ({sum} in all); run time mean {mean_t:.1} s, max {max_t:.1} s"
+        "summary: {runs} runs, {with} with idle timeouts ({sum} in all), {with_hs} with handshake \
+         timeouts ({sum_hs} in all); run time mean {mean_t:.1} s, max {max_t:.1} s"
     );
     Ok(ok && with == 0)
 }
