@@ -6,6 +6,12 @@
 //! connection written once per turn, and never blocks: a peer holding more than its receive
 //! window is not read until its handler catches up (TCP back-pressure on that peer only), a
 //! full socket makes it stop publishing to that peer.
+//!
+//! A turn can last long — on a machine with more busy threads than cores the thread waits
+//! for a CPU many times within one turn — so timeouts that blame a peer (idle, handshake)
+//! are judged as of the last `poll`, never by time the loop did not look, and handshake
+//! frames and a new connection's first frames are written at once, not at the end of the
+//! turn.
 
 mod admit;
 mod connect;
@@ -235,6 +241,11 @@ pub(crate) struct IoThread {
     /// The listener may hold connections not yet accepted (readiness reported, or the
     /// accept budget of the last turn ran out).
     accept_pending: bool,
+    /// When the last `poll` returned. What the loop knows of its sockets is as of then:
+    /// bytes that arrive later in a turn are seen at the next poll, however long the turn
+    /// takes (a descheduled IO thread, a slow callback). Timeouts that blame a peer are
+    /// judged as of this instant, never by time the loop did not look.
+    polled_at: Instant,
 }
 
 impl IoThread {
@@ -277,6 +288,7 @@ impl IoThread {
             oob_batch: Vec::new(),
             journal: parts.journal.map(|(j, r)| durable::JournalIo::new(j, r)),
             scratch: Vec::new(),
+            polled_at: Instant::now(),
         }
     }
 
@@ -307,6 +319,7 @@ impl IoThread {
                 log::error!("IO thread: poll failed, stopping: {e}");
                 break;
             }
+            self.polled_at = Instant::now();
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept_pending = true,
@@ -452,7 +465,9 @@ impl IoThread {
 
     fn fire_timers(&mut self) {
         let now = Instant::now();
-        while let Some(t) = self.timers.pop_due(now) {
+        // Handshake deadlines that passed after the last poll: judged after the next one.
+        let mut unjudged = Vec::new();
+        while let Some((at, t)) = self.timers.pop_due(now) {
             match t {
                 TimerKind::Reconnect { peer, gen } => {
                     if self
@@ -463,7 +478,16 @@ impl IoThread {
                         self.dial(peer);
                     }
                 }
-                TimerKind::Handshake { token } => self.handshake_due(token, now),
+                TimerKind::Handshake { token } => {
+                    let open = self.conns.get(&token).is_some_and(|c| !c.established);
+                    if open && self.polled_at < at {
+                        // The deadline passed during this turn: what the peer sent since the
+                        // last poll is unread yet (a Ready waiting in the socket).
+                        unjudged.push((at, t));
+                        continue;
+                    }
+                    self.handshake_due(token, self.polled_at);
+                }
                 TimerKind::AckDelay { peer } => {
                     if let Some(p) = self.peers.get_mut(&peer) {
                         p.ack_timer = false;
@@ -486,6 +510,10 @@ impl IoThread {
                 TimerKind::JournalSync => self.journal_sync_due(),
                 TimerKind::Deadline => {}
             }
+        }
+        // Due already: the next turn polls without waiting, then judges them.
+        for (at, t) in unjudged {
+            self.timers.add(at, t);
         }
     }
 

@@ -65,12 +65,14 @@ impl IoThread {
                     self.conns.insert(token, conn);
                     self.admission.insert(token, source, now);
                     self.update_gauges();
-                    self.dirty.push(token);
                     let deadline = self.admission.deadline(self.cfg.handshake_timeout);
                     self.timers
                         .add(now + deadline, TimerKind::Handshake { token });
                     // The table just grew: older connections may be past the shorter deadline.
                     self.shed_overdue(now);
+                    // The Hello leaves now, not at the end of the turn: the dialler's
+                    // handshake deadline is running.
+                    self.write_conn(token);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.accept_pending = false;

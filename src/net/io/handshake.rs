@@ -48,7 +48,9 @@ impl IoThread {
         };
         let Some(hs) = conn.hs.as_mut() else { return };
         hs.accept(received, connections, unreliable, &mut conn.wbuf);
-        self.dirty.push(token);
+        // The Ready leaves now, not at the end of the turn: the dialler cannot speak before
+        // it has it, and its silence counts from the HelloReply we just read.
+        self.write_conn(token);
         self.establish(token, peer_received, peer_unreliable);
     }
 
@@ -82,7 +84,8 @@ impl IoThread {
         };
         let Some(hs) = conn.hs.as_mut() else { return };
         hs.accept(received, connections, unreliable, &mut conn.wbuf);
-        self.dirty.push(token);
+        // Now, not at the end of the turn: the handshake's deadline is running.
+        self.write_conn(token);
     }
 
     /// Dialler: Ready arrived (and authenticated the acceptor, with a secret). Adopt the
@@ -453,5 +456,8 @@ impl IoThread {
             self.write_ack(id, true);
         }
         self.flush_peer(id);
+        // The first frames on the new connection leave now rather than at the end of the
+        // turn: the peer's liveness clock for it is already running.
+        self.write_conn(token);
     }
 }

@@ -9,7 +9,9 @@ impl IoThread {
     /// block, residual credit once a sender's queue is idle, expiry of queued messages.
     pub(super) fn tick(&mut self) {
         let now = Instant::now();
-        self.shed_overdue(now);
+        // Pending handshakes are judged as of the last poll: a handshake frame that arrived
+        // since is read first.
+        self.shed_overdue(self.polled_at);
         self.warn_shedding(now);
         let ids: Vec<usize> = self.peers.keys().copied().collect();
         for id in ids {
@@ -71,23 +73,30 @@ impl IoThread {
 
     /// Heartbeats on quiet established connections (any traffic suppresses them), and
     /// failure detection: a connection silent for `idle_timeout` is closed, and its peer
-    /// redialled with backoff. A connection we are not reading (paused) is never silent:
-    /// time we did not read is ours, not the peer's.
+    /// redialled with backoff.
+    ///
+    /// Silence is what the loop saw, not the time that passed: it runs from the last read
+    /// to the last poll, so a turn that took long (the IO thread without the CPU, a slow
+    /// callback) does not count against the peer, whose bytes may be waiting unread since.
+    /// A connection whose input waits in `read_pending` (the read budget spent), or that we
+    /// are not reading (paused: its peer holds more than its receive window), has spoken
+    /// and is not silent: time we did not read is ours, not the peer's.
     pub(super) fn check_liveness(&mut self, now: Instant) {
+        let seen = self.polled_at;
         let mut silent = Vec::new();
         for conn in self.conns.values_mut() {
             if !conn.established {
                 continue;
             }
-            let unread = now.saturating_duration_since(conn.last_read);
-            if !conn.paused && unread >= self.cfg.idle_timeout {
-                silent.push(conn.token);
+            let quiet = seen.saturating_duration_since(conn.last_read);
+            if quiet >= self.cfg.idle_timeout && !conn.read_pending && !conn.paused {
+                silent.push((conn.token, quiet));
             } else if now.saturating_duration_since(conn.last_write) >= self.cfg.heartbeat {
                 wire::encode_heartbeat(&mut conn.wbuf);
                 self.dirty.push(conn.token);
             }
         }
-        for token in silent {
+        for (token, quiet) in silent {
             Counters::add(&self.counters.idle_timeouts, 1);
             let who = self
                 .conns
@@ -95,7 +104,7 @@ impl IoThread {
                 .and_then(|c| c.peer)
                 .map(|id| self.peer_name(id));
             log::warn!(
-                "{}: connection to '{}' silent for {:?}; closing it",
+                "{}: connection to '{}' silent for {quiet:.1?} (idle timeout {:?}); closing it",
                 self.cfg.name,
                 who.as_deref().unwrap_or("?"),
                 self.cfg.idle_timeout
