@@ -170,7 +170,11 @@ fn frames_at_the_wrong_handshake_step_are_protocol_errors_not_refusals() {
     });
     stream(&a, &b, &got, 100);
     let after = b.stats().connections;
-    assert_eq!(after.protocol_errors, before.protocol_errors + n, "{after:?}");
+    assert_eq!(
+        after.protocol_errors,
+        before.protocol_errors + n,
+        "{after:?}"
+    );
     assert_eq!(after.refused, before.refused, "not refusals: {after:?}");
     a.shutdown(Duration::from_secs(5)).expect("shutdown a");
     b.shutdown(Duration::from_secs(5)).expect("shutdown b");

@@ -89,7 +89,12 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub(crate) fn new(token: Token, stream: TcpStream, transport: Transport, writable: bool) -> Conn {
+    pub(crate) fn new(
+        token: Token,
+        stream: TcpStream,
+        transport: Transport,
+        writable: bool,
+    ) -> Conn {
         Conn {
             token,
             stream,
@@ -181,7 +186,11 @@ impl Conn {
     /// Registers for writable readiness while bytes are pending (`link_wants`: the link's
     /// buffer holds some, or the transport has records of its own) and drops it once there
     /// are none (level of interest follows `wants_write`, as in rustls+mio).
-    pub(crate) fn update_interest(&mut self, registry: &Registry, link_wants: bool) -> io::Result<()> {
+    pub(crate) fn update_interest(
+        &mut self,
+        registry: &Registry,
+        link_wants: bool,
+    ) -> io::Result<()> {
         let want = link_wants || self.transport.wants_write();
         if want != self.writable_interest {
             let interest = if want {

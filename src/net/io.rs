@@ -18,7 +18,9 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use super::conn::{self, Conn, Transport};
-use super::{Command, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN, LISTENER, WAKER};
+use super::{
+    Command, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN, LISTENER, WAKER,
+};
 use crate::deliver::Pool;
 use crate::proto::{Endpoint, Event, LinkId, NodeCounters, Verdict};
 use crate::sync::atomic::{AtomicBool, Ordering};
@@ -121,6 +123,10 @@ impl IoThread {
                 log::error!("IO thread: poll failed, stopping: {e}");
                 break;
             }
+            // What the loop knows of its sockets is as of now: bytes that arrive later in
+            // this turn are seen at the next poll, however long the turn takes (a
+            // descheduled IO thread, a slow callback). Timeouts are judged as of this instant.
+            let polled_at = Instant::now();
             for ev in events.iter() {
                 match ev.token() {
                     LISTENER => self.accept_pending = true,
@@ -141,7 +147,7 @@ impl IoThread {
                 self.handle_requests(now);
             }
             self.process_read_pending();
-            self.endpoint.handle_timeout(now);
+            self.endpoint.handle_timeout(polled_at);
             self.settle(now);
             if self.endpoint.shutdown_done(Instant::now()) {
                 break;
@@ -171,6 +177,10 @@ impl IoThread {
             self.dirty.clear();
             self.drain_events(now);
         }
+        // What waited for this write pass (publishing to peers whose handshake completed)
+        // is written on the next.
+        self.endpoint.run_deferred(now);
+        self.drain_events(now);
     }
 
     /// Submits the pool tasks the endpoint produced.

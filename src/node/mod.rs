@@ -20,8 +20,8 @@ use crate::flow::{cost, AcquireError};
 use crate::net::{
     Command, Completion, IoConfig, IoParts, IoShared, IoThread, PeerMap, UndeliveredHook,
 };
-use crate::proto::NodeCounters;
 use crate::peer::{Counters, Outgoing, PeerShared};
+use crate::proto::NodeCounters;
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{thread, Arc, Mutex, RwLock, SharedStr};
 use crate::wire;
@@ -537,33 +537,33 @@ impl Node {
         });
         let config = IoConfig {
             proto: crate::proto::Config {
-            name: name.clone(),
-            cluster: b.cluster.clone(),
-            launch_id,
-            window: b.window,
-            recv_window: b.recv_window.unwrap_or(b.window),
-            max_message,
-            allow_unknown: b.allow_unknown,
-            ack_threshold: b.ack_threshold,
-            ack_delay: b.ack_delay,
-            backoff_min: b.backoff_min,
-            backoff_max: b.backoff_max,
-            handshake_timeout: b.handshake_timeout,
-            write_high_water: b.write_high_water,
-            outbound_filter: b.outbound_filter.clone(),
-            probe_interval: b.probe_interval,
-            block_warning: b.block_warning,
-            credit_on_idle: b.credit_on_idle,
-            tick: (b.probe_interval / 2)
-                .min(b.heartbeat / 2)
-                .clamp(Duration::from_millis(5), Duration::from_millis(50)),
-            heartbeat: b.heartbeat,
-            idle_timeout: b.idle_timeout,
-            max_connections: b.max_connections,
-            max_pending: b.max_pending,
-            max_pending_per_source: b.effective_pending_per_source(),
-            secret: b.secret.clone(),
-            journalled: journal.is_some(),
+                name: name.clone(),
+                cluster: b.cluster.clone(),
+                launch_id,
+                window: b.window,
+                recv_window: b.recv_window.unwrap_or(b.window),
+                max_message,
+                allow_unknown: b.allow_unknown,
+                ack_threshold: b.ack_threshold,
+                ack_delay: b.ack_delay,
+                backoff_min: b.backoff_min,
+                backoff_max: b.backoff_max,
+                handshake_timeout: b.handshake_timeout,
+                write_high_water: b.write_high_water,
+                outbound_filter: b.outbound_filter.clone(),
+                probe_interval: b.probe_interval,
+                block_warning: b.block_warning,
+                credit_on_idle: b.credit_on_idle,
+                tick: (b.probe_interval / 2)
+                    .min(b.heartbeat / 2)
+                    .clamp(Duration::from_millis(5), Duration::from_millis(50)),
+                heartbeat: b.heartbeat,
+                idle_timeout: b.idle_timeout,
+                max_connections: b.max_connections,
+                max_pending: b.max_pending,
+                max_pending_per_source: b.effective_pending_per_source(),
+                secret: b.secret.clone(),
+                journalled: journal.is_some(),
             },
             send_buffer: b.send_buffer,
             recv_buffer: b.recv_buffer,

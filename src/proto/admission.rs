@@ -21,7 +21,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-
 use super::LinkId;
 use crate::util::IdHash;
 

@@ -242,6 +242,9 @@ pub(crate) struct Endpoint {
     dirty: Vec<LinkId>,
     /// Links whose reading is paused.
     paused: Vec<LinkId>,
+    /// Peers whose queued messages are published once the frames written so far have left
+    /// (a handshake's last frame goes first: see [`run_deferred`](Endpoint::run_deferred)).
+    deferred: Vec<usize>,
     shutdown: Option<Instant>,
     journal: Option<JournalIo>,
     out: Out,
@@ -288,6 +291,7 @@ impl Endpoint {
             timers,
             dirty: Vec::new(),
             paused: Vec::new(),
+            deferred: Vec::new(),
             shutdown: None,
             out: Out {
                 records: Vec::new(),
@@ -330,9 +334,20 @@ impl Endpoint {
         into.append(&mut self.dirty);
     }
 
-    /// Whether some link has bytes to write that the driver has not taken yet.
+    /// Whether some link has bytes to write that the driver has not taken yet, or work
+    /// waits for the next write pass.
     pub(crate) fn has_dirty(&self) -> bool {
-        !self.dirty.is_empty()
+        !self.dirty.is_empty() || !self.deferred.is_empty()
+    }
+
+    /// Publishes what was deferred until the frames written so far had left: the messages
+    /// queued for peers whose handshake just completed. The driver calls it after a write
+    /// pass, so a handshake's last frame reaches the peer before anything slow (the
+    /// outbound filter, a journal write) runs.
+    pub(crate) fn run_deferred(&mut self, now: Instant) {
+        for id in std::mem::take(&mut self.deferred) {
+            self.publish(now, id);
+        }
     }
 
     /// Whether the endpoint is shutting down and done: everything queued to connected
@@ -384,7 +399,12 @@ impl Endpoint {
 
     /// Starts managing a peer (restoring its journalled stream, dialling it if it has an
     /// address).
-    pub(crate) fn add_peer(&mut self, now: Instant, shared: Arc<PeerShared>, addr: Option<SocketAddr>) {
+    pub(crate) fn add_peer(
+        &mut self,
+        now: Instant,
+        shared: Arc<PeerShared>,
+        addr: Option<SocketAddr>,
+    ) {
         let id = shared.id;
         self.by_name.insert(shared.name.clone(), id);
         let mut peer = Peer::new(shared, addr);
@@ -481,7 +501,7 @@ impl Endpoint {
                 continue;
             };
             p.gen += 1; // no more reconnects
-            // No new messages; what is queued is still flushed.
+                        // No new messages; what is queued is still flushed.
             p.shared.outbox.close_keep();
             p.shared.outbox.window().close();
             let connected = p
@@ -770,7 +790,13 @@ impl Endpoint {
 
     /// A TLS failure on link `id` (handshake, certificate, or a certificate not valid for
     /// the member name claimed): closed, counted.
-    pub(crate) fn tls_failed(&mut self, now: Instant, id: LinkId, reason: &str, from: Option<SocketAddr>) {
+    pub(crate) fn tls_failed(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        reason: &str,
+        from: Option<SocketAddr>,
+    ) {
         Counters::add(&self.counters.tls_failures, 1);
         let who = match (self.links.get(&id).and_then(|l| l.peer), from) {
             (Some(p), _) => format!("'{}'", self.peer_name(p)),
@@ -1221,7 +1247,13 @@ impl Endpoint {
 
     /// Dialler: Ready arrived (and authenticated the acceptor, with a secret). Adopt the
     /// link for the peer, then establish it.
-    fn on_established(&mut self, now: Instant, id: LinkId, peer_received: u64, peer_unreliable: u64) {
+    fn on_established(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        peer_received: u64,
+        peer_unreliable: u64,
+    ) {
         let Some(link) = self.links.get(&id) else {
             return;
         };
@@ -1324,11 +1356,19 @@ impl Endpoint {
             return;
         };
         self.admission.remove(id);
-        match p.establish(&self.cfg, &mut self.out, link, peer_received, peer_unreliable, now) {
+        match p.establish(
+            &self.cfg,
+            &mut self.out,
+            link,
+            peer_received,
+            peer_unreliable,
+            now,
+        ) {
             Ok(()) => {
                 Counters::add(&self.counters.handshakes, 1);
                 self.update_gauges();
                 self.dirty.push(id);
+                self.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
                 self.close_link(now, id, Some((CloseCode::Duplicate, "superseded")));
@@ -1373,9 +1413,12 @@ impl Endpoint {
 
     // ---- time --------------------------------------------------------------------------
 
-    /// Runs every timer due at `now`.
+    /// Runs every timer due at `now`. A driver passes the time its view of the links was
+    /// last refreshed (the IO thread: when its last `poll` returned), not the present:
+    /// timeouts that blame a peer (idle, handshake) must never count time it did not look
+    /// at its links — bytes that arrived since are read before they are judged.
     pub(crate) fn handle_timeout(&mut self, now: Instant) {
-        while let Some(t) = self.timers.pop_due(now) {
+        while let Some((_, t)) = self.timers.pop_due(now) {
             match t {
                 TimerKind::Reconnect { peer, gen } => {
                     if self
@@ -1646,5 +1689,4 @@ impl Endpoint {
             peers,
         })
     }
-
 }

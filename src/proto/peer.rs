@@ -251,7 +251,9 @@ impl Peer {
         'outer: loop {
             if self.pending.is_empty() {
                 // Clear before taking: a send that pushes after this reschedules the peer.
-                shared.scheduled.store(false, crate::sync::atomic::Ordering::Release);
+                shared
+                    .scheduled
+                    .store(false, crate::sync::atomic::Ordering::Release);
                 shared.outbox.take_into(&mut self.pending);
             }
             if self.pending.is_empty() {
@@ -773,7 +775,8 @@ impl Peer {
 
     /// The handshake completed on `link`, which speaks for this peer: resend what the peer
     /// lacks (`peer_received` of our messages; `peer_unreliable` window bytes of our
-    /// unreliable ones), then an ack carrying whatever is owed, then new messages.
+    /// unreliable ones), then an ack carrying whatever is owed. New messages are published
+    /// after, by the caller.
     pub(crate) fn establish(
         &mut self,
         cfg: &Config,
@@ -903,7 +906,10 @@ impl Peer {
             self.record_progress(out);
             self.write_ack(Some(link), true);
         }
-        self.publish(cfg, out, Some(link), cfg.write_high_water, now);
+        // New messages follow once the handshake's last frame has left (the endpoint
+        // publishes them next): its peer's deadline is running, and publishing can take
+        // long (an outbound filter, a full journal batch).
+        let _ = now;
         Ok(())
     }
 

@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use super::LinkId;
 
-
 /// What a timer is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum TimerKind {
@@ -43,10 +42,12 @@ impl Timers {
         self.heap.peek().map(|Reverse((at, _, _))| *at)
     }
 
-    /// Pops one timer due at `now`.
-    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<TimerKind> {
+    /// Pops one timer due at `now`, with the instant it was due.
+    pub(crate) fn pop_due(&mut self, now: Instant) -> Option<(Instant, TimerKind)> {
         match self.heap.peek() {
-            Some(Reverse((at, _, _))) if *at <= now => self.heap.pop().map(|Reverse((_, _, k))| k),
+            Some(Reverse((at, _, _))) if *at <= now => {
+                self.heap.pop().map(|Reverse((at, _, k))| (at, k))
+            }
             _ => None,
         }
     }
@@ -103,12 +104,12 @@ mod tests {
         let now = Instant::now();
         t.add(now + Duration::from_millis(5), TimerKind::Deadline);
         t.add(now, TimerKind::AckDelay { peer: 1 });
-        assert_eq!(t.pop_due(now), Some(TimerKind::AckDelay { peer: 1 }));
+        assert_eq!(t.pop_due(now), Some((now, TimerKind::AckDelay { peer: 1 })));
         assert_eq!(t.pop_due(now), None);
         assert!(t.next_at().unwrap() <= now + Duration::from_millis(5));
         assert_eq!(
             t.pop_due(now + Duration::from_millis(5)),
-            Some(TimerKind::Deadline)
+            Some((now + Duration::from_millis(5), TimerKind::Deadline))
         );
         assert_eq!(t.len(), 0);
     }

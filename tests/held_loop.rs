@@ -1,0 +1,477 @@
+//! An IO thread that does not run for a while — descheduled on a busy machine (64 member
+//! processes on two cores), or held by a slow callback — must not blame its peers for the
+//! time it did not look (invariant 9: time we did not read is never counted as a peer's
+//! silence), and must not make them wait for the rest of its turn to learn that a
+//! handshake went through. Real TCP on 127.0.0.1. The loop is held in the middle of a turn
+//! by its outbound filter (which runs on the IO thread when a message is published), the
+//! way the CPU scheduler holds it when it takes the core away.
+//!
+//! Also here, the back-pressure path the mesh harness (`examples/mesh.rs`) pointed at:
+//! bytes left in a socket while reading is paused (its peer holds more than the receive
+//! window) are read once the handler catches up, with no new readiness edge to announce
+//! them.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cohort::proto::{Handshake, HsEvent, LocalIdentity};
+use cohort::wire;
+use cohort::{Node, Outgoing, PeerInfo, PeerState};
+use common::{
+    counter_of, payload, reserve_addr, wait_until, wait_until_or, Gate, OrderCheck, PATIENCE,
+    SHUTDOWN,
+};
+
+const CLUSTER: &str = "t-held";
+
+/// The payload that makes a node's outbound filter hold its IO thread.
+const HOLD: &[u8] = b"hold the loop";
+
+/// Holds a node's IO thread inside its outbound filter, in the middle of a loop turn, from
+/// the moment it publishes a [`HOLD`] message until the test releases it.
+#[derive(Default)]
+struct Hold {
+    /// (held now, released)
+    state: Mutex<(bool, bool)>,
+    cond: Condvar,
+}
+
+impl Hold {
+    fn new() -> Arc<Hold> {
+        Arc::new(Hold::default())
+    }
+
+    /// The outbound filter to install: passes every message, holding on [`HOLD`].
+    fn filter(self: &Arc<Self>) -> impl Fn(&PeerInfo<'_>, &Outgoing) -> bool + Send + Sync {
+        let hold = self.clone();
+        move |_, m| {
+            if m.payload().as_ref() == HOLD {
+                hold.enter();
+            }
+            true
+        }
+    }
+
+    /// On the IO thread: holds until released (or, if the test went wrong, for PATIENCE).
+    fn enter(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut s = self.state.lock().unwrap();
+        s.0 = true;
+        self.cond.notify_all();
+        while !s.1 {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            s = self.cond.wait_timeout(s, deadline - now).unwrap().0;
+        }
+        s.0 = false;
+    }
+
+    /// Waits until the IO thread is held.
+    fn wait_held(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        let mut s = self.state.lock().unwrap();
+        while !s.0 {
+            let now = Instant::now();
+            assert!(now < deadline, "the IO thread never reached the hold");
+            s = self.cond.wait_timeout(s, deadline - now).unwrap().0;
+        }
+    }
+
+    fn release(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.cond.notify_all();
+    }
+}
+
+/// Whether `node` sees `peer` as connected.
+fn connected(node: &Node, peer: &str) -> bool {
+    node.stats()
+        .peer(peer)
+        .is_some_and(|p| p.state == PeerState::Connected)
+}
+
+/// A member identity for a hand-driven handshake.
+fn identity(name: &str) -> LocalIdentity {
+    LocalIdentity {
+        launch_id: 0x40_1d,
+        window: 1 << 20,
+        max_message: 1 << 16,
+        cluster: CLUSTER.into(),
+        name: name.into(),
+        secret: None,
+    }
+}
+
+/// Reads one whole frame (prefix included) from a blocking socket; `None` at EOF, reset or
+/// the socket's read timeout.
+fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut buf = vec![0u8; wire::LEN_BYTES];
+    s.read_exact(&mut buf).ok()?;
+    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+    assert!(len <= 1 << 20, "frame of {len} bytes");
+    buf.resize(wire::LEN_BYTES + len, 0);
+    s.read_exact(&mut buf[wire::LEN_BYTES..]).ok()?;
+    Some(buf)
+}
+
+/// Bytes waiting unread in the receive queue of the established TCP socket whose local
+/// port is `port` (from `/proc/net/tcp`), if there is exactly one such socket.
+fn receive_queue(port: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let mut found = None;
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 5 || f[3] != "01" {
+            continue; // not ESTABLISHED
+        }
+        let local_port = f[1]
+            .rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok());
+        if local_port != Some(port) {
+            continue;
+        }
+        if found.is_some() {
+            return None;
+        }
+        found = f[4]
+            .split(':')
+            .nth(1)
+            .and_then(|q| u64::from_str_radix(q, 16).ok());
+    }
+    found
+}
+
+/// `b`, whose IO thread is held mid-turn for three idle timeouts while `a` keeps writing to
+/// it, does not close the connection for silence: `a`'s messages and heartbeats were
+/// waiting in the socket, and the loop had not looked. (Before, the turn went on to the
+/// housekeeping tick, which measured the silence up to the present and closed the
+/// connection; the mesh harness saw such connections closed with 128 000 unread bytes in
+/// their socket.)
+#[test]
+fn a_held_loop_does_not_blame_a_peer_whose_bytes_wait_unread() {
+    const N: u64 = 200;
+    const IDLE: Duration = Duration::from_millis(750);
+    let hold = Hold::new();
+    let order = OrderCheck::new();
+    let seen = order.clone();
+    let b = Node::builder("held-b")
+        .cluster(CLUSTER)
+        .allow_unknown_members(true)
+        .heartbeat(Duration::from_millis(50), IDLE)
+        .outbound_filter(hold.filter())
+        .on_message(move |d| seen.record(&d))
+        .start()
+        .expect("start b");
+    // `a` does not mind `b`'s silence while it is held: only `b`'s judgement is tested.
+    let a = Node::builder("held-a")
+        .cluster(CLUSTER)
+        .heartbeat(Duration::from_millis(50), Duration::from_secs(60))
+        .peer("held-b", b.local_addr())
+        .start()
+        .expect("start a");
+    wait_until("connected both ways", PATIENCE, || {
+        connected(&a, "held-b") && connected(&b, "held-a")
+    });
+
+    b.send("held-a", HOLD).expect("send");
+    hold.wait_held();
+    for i in 0..N {
+        a.send("held-b", payload(i, 64)).expect("send");
+    }
+    // Pacing the fault: held for three idle timeouts, with a's bytes arriving meanwhile.
+    thread::sleep(3 * IDLE);
+    hold.release();
+
+    wait_until_or(
+        PATIENCE,
+        || order.count_from("held-a") == N,
+        || format!("everything from a delivered:\n{}", b.stats()),
+    );
+    order.assert_ok();
+    let s = b.stats();
+    assert_eq!(
+        s.connections.idle_timeouts, 0,
+        "a's bytes were waiting: not silence\n{s}"
+    );
+    let p = s.peer("held-a").expect("peer");
+    assert_eq!(
+        (p.connects, p.disconnects),
+        (1, 0),
+        "the same connection:\n{s}"
+    );
+    a.shutdown(SHUTDOWN).expect("shutdown a");
+    b.shutdown(SHUTDOWN).expect("shutdown b");
+}
+
+/// Two members whose `b` holds at most 4 KiB of `a`'s messages (`recv_window`) and whose
+/// handler blocks on an OOB message `block` until the gate opens (one thread delivers `a`'s
+/// OOB messages). `a` (a 64 KiB window) then sends `block` and three more OOB messages of
+/// 2 KiB: the handler blocks on the first, the others wait behind it, `b` holds more than
+/// its receive window, and stops reading `a`'s connection (TCP back-pressure).
+struct Paused {
+    a: Node,
+    b: Node,
+    gate: Arc<Gate>,
+    /// Regular messages handled, and those that came out of order (OOB messages share
+    /// their sequence numbers, so only the payload counters are checked).
+    regular: Arc<AtomicU64>,
+    disorder: Arc<AtomicU64>,
+    oob: Arc<AtomicU64>,
+}
+
+impl Paused {
+    fn new(prefix: &str, heartbeat: Duration, b_idle: Duration) -> Paused {
+        let gate = Gate::new();
+        let regular = Arc::new(AtomicU64::new(0));
+        let disorder = Arc::new(AtomicU64::new(0));
+        let oob = Arc::new(AtomicU64::new(0));
+        let (g, r, dis, n) = (gate.clone(), regular.clone(), disorder.clone(), oob.clone());
+        let b = Node::builder(&format!("{prefix}-b"))
+            .cluster(CLUSTER)
+            .allow_unknown_members(true)
+            .recv_window(4096)
+            .oob_concurrency(1)
+            .heartbeat(heartbeat, b_idle)
+            .on_message(move |d| {
+                if d.is_oob() {
+                    if d.payload().as_ref() == b"block" {
+                        g.pass();
+                    }
+                    n.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    // One deliverer at a time per sender: a plain load and store will do.
+                    let next = r.load(Ordering::SeqCst);
+                    if counter_of(d.payload()) != Ok(next) {
+                        dis.fetch_add(1, Ordering::SeqCst);
+                    }
+                    r.store(next + 1, Ordering::SeqCst);
+                }
+            })
+            .start()
+            .expect("start b");
+        let a = Node::builder(&format!("{prefix}-a"))
+            .cluster(CLUSTER)
+            .window_bytes(64 * 1024)
+            .heartbeat(heartbeat, Duration::from_secs(60))
+            .peer(&format!("{prefix}-b"), b.local_addr())
+            .start()
+            .expect("start a");
+        let p = Paused {
+            a,
+            b,
+            gate,
+            regular,
+            disorder,
+            oob,
+        };
+        wait_until("connected both ways", PATIENCE, || {
+            connected(&p.a, p.b.name()) && connected(&p.b, p.a.name())
+        });
+        p.a.send_oob(p.b.name(), &b"block"[..]).expect("send_oob");
+        for i in 0..3 {
+            p.a.send_oob(p.b.name(), payload(i, 2048))
+                .expect("send_oob");
+        }
+        wait_until_or(
+            PATIENCE,
+            || p.b.stats().connections.read_pauses >= 1,
+            || format!("b paused reading a:\n{}", p.b.stats()),
+        );
+        p
+    }
+
+    /// Opens the gate and waits until `b` has handled the four OOB messages and `n`
+    /// regular ones.
+    fn drain(&self, n: u64) {
+        self.gate.open();
+        wait_until_or(
+            PATIENCE,
+            || self.oob.load(Ordering::SeqCst) == 4 && self.regular.load(Ordering::SeqCst) == n,
+            || format!("everything handled:\n{}", self.b.stats()),
+        );
+        assert_eq!(self.disorder.load(Ordering::SeqCst), 0, "in order");
+    }
+
+    fn shutdown(self) {
+        self.a.shutdown(SHUTDOWN).expect("shutdown a");
+        self.b.shutdown(SHUTDOWN).expect("shutdown b");
+    }
+}
+
+/// Reading paused (the peer holds more than the receive window) for three idle timeouts,
+/// while the peer keeps writing, is not the peer's silence: its bytes wait in the socket,
+/// and the connection stays.
+#[test]
+fn reading_paused_for_a_peer_over_its_receive_window_is_not_silence() {
+    const N: u64 = 100;
+    const IDLE: Duration = Duration::from_millis(750);
+    let p = Paused::new("paused", Duration::from_millis(50), IDLE);
+    for i in 0..N {
+        p.a.send(p.b.name(), payload(i, 64)).expect("send");
+    }
+    // Pacing the fault: paused for three idle timeouts, with a's heartbeats arriving.
+    thread::sleep(3 * IDLE);
+    p.drain(N);
+    let s = p.b.stats();
+    assert_eq!(
+        s.connections.idle_timeouts, 0,
+        "reading was paused here, not silent there\n{s}"
+    );
+    let peer = s.peer(p.a.name()).expect("peer");
+    assert_eq!(
+        (peer.connects, peer.disconnects),
+        (1, 0),
+        "the same connection:\n{s}"
+    );
+    p.shutdown();
+}
+
+/// Bytes that reached the socket while reading was paused are read once the handler has
+/// caught up, although nothing more arrives to raise a new readiness edge (edge-triggered
+/// polling reports arrivals, not bytes waiting): the resumed socket is read until it would
+/// block.
+#[test]
+fn bytes_left_in_a_paused_socket_are_read_without_a_new_edge() {
+    const N: u64 = 50;
+    const SIZE: usize = 1000;
+    // No heartbeats for the length of the test: after its burst `a` writes nothing more.
+    let quiet = Duration::from_secs(60);
+    let p = Paused::new("edge", quiet, quiet);
+    for i in 0..N {
+        p.a.send(p.b.name(), payload(i, SIZE)).expect("send");
+    }
+    let burst = N * wire::data_frame_len(true, SIZE) as u64;
+    let port = p.b.local_addr().port();
+    wait_until_or(
+        PATIENCE,
+        || receive_queue(port).is_some_and(|q| q >= burst),
+        || {
+            format!(
+                "the burst waiting in b's socket ({:?} of {burst} bytes)",
+                receive_queue(port)
+            )
+        },
+    );
+    p.drain(N);
+    assert_eq!(p.b.stats().connections.idle_timeouts, 0);
+    p.shutdown();
+}
+
+/// A dialler whose loop is held while the acceptor's Ready arrives, and past its handshake
+/// deadline, reads the Ready before it judges the deadline: the handshake completed in
+/// time as far as the peer is concerned, and the loop had not looked. (Before, the turn
+/// went on to the timers and closed the connection as a handshake timeout.)
+#[test]
+fn a_handshake_deadline_passing_while_the_loop_is_held_is_judged_after_a_poll() {
+    const HANDSHAKE: Duration = Duration::from_secs(3);
+    let hold = Hold::new();
+    let c = Node::builder("hsd-c")
+        .cluster(CLUSTER)
+        .allow_unknown_members(true)
+        .start()
+        .expect("start c");
+    let b = Node::builder("hsd-b")
+        .cluster(CLUSTER)
+        .handshake_timeout(HANDSHAKE)
+        .outbound_filter(hold.filter())
+        .peer("hsd-c", c.local_addr())
+        .start()
+        .expect("start b");
+    wait_until("b connected to c", PATIENCE, || connected(&b, "hsd-c"));
+
+    // b dials a member played by hand, here.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr: SocketAddr = listener.local_addr().expect("addr");
+    let dialled = Instant::now();
+    b.add_peer("hsd-r", addr).expect("add_peer");
+    let (mut s, _) = listener.accept().expect("accept b's dial");
+    s.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    let mut hello = Vec::new();
+    let mut hs = Handshake::acceptor(identity("hsd-r"), [0; wire::NONCE_LEN], &mut hello);
+    s.write_all(&hello).expect("write Hello");
+    let reply = read_frame(&mut s).expect("HelloReply");
+    let (f, _) = wire::decode(&reply, 4096).expect("decodes").expect("whole");
+    assert!(matches!(hs.on_frame(&f), Ok(HsEvent::Identified { .. })));
+    let mut ready = Vec::new();
+    hs.accept(0, 0, 0, &mut ready);
+
+    // Hold b's loop (publishing to c), answer while it is held, and keep it held until
+    // its handshake deadline has passed (pacing the fault).
+    b.send("hsd-c", HOLD).expect("send");
+    hold.wait_held();
+    s.write_all(&ready).expect("write Ready");
+    thread::sleep((dialled + HANDSHAKE + HANDSHAKE / 4).saturating_duration_since(Instant::now()));
+    hold.release();
+
+    wait_until_or(
+        PATIENCE,
+        || connected(&b, "hsd-r") || b.stats().connections.handshake_timeouts > 0,
+        || format!("the handshake judged:\n{}", b.stats()),
+    );
+    let st = b.stats();
+    assert_eq!(
+        st.connections.handshake_timeouts, 0,
+        "the Ready was waiting in the socket\n{st}"
+    );
+    assert!(connected(&b, "hsd-r"), "{st}");
+    b.shutdown(SHUTDOWN).expect("shutdown b");
+    c.shutdown(SHUTDOWN).expect("shutdown c");
+}
+
+/// An acceptor writes its Ready as soon as it accepts the handshake, not at the end of its
+/// loop turn: here the rest of the turn is held (publishing the message queued for the
+/// new peer), and the Ready reaches the dialler meanwhile. The dialler's silence is
+/// measured from the moment the acceptor read its HelloReply, so a Ready held back by the
+/// acceptor's own turn was counted against the dialler.
+#[test]
+fn an_acceptor_writes_its_ready_before_the_rest_of_its_turn() {
+    let hold = Hold::new();
+    // b knows d at an address where nobody listens: its dial fails, and a message for d
+    // waits until d dials in.
+    let nowhere = reserve_addr();
+    let b = Node::builder("rdy-b")
+        .cluster(CLUSTER)
+        .reconnect_backoff(Duration::from_secs(30), Duration::from_secs(60))
+        .peer("rdy-d", nowhere)
+        .outbound_filter(hold.filter())
+        .start()
+        .expect("start b");
+    wait_until_or(
+        PATIENCE,
+        || b.stats().connections.dial_failures >= 1,
+        || format!("b's dial failed:\n{}", b.stats()),
+    );
+    b.send("rdy-d", HOLD).expect("send");
+
+    let mut s = TcpStream::connect(b.local_addr()).expect("connect");
+    s.set_read_timeout(Some(PATIENCE)).expect("timeout");
+    let mut hs = Handshake::dialler(identity("rdy-d"), "rdy-b".into(), [0; wire::NONCE_LEN]);
+    let hello = read_frame(&mut s).expect("Hello");
+    let (f, _) = wire::decode(&hello, 4096).expect("decodes").expect("whole");
+    assert!(matches!(hs.on_frame(&f), Ok(HsEvent::Identified { .. })));
+    let mut reply = Vec::new();
+    hs.accept(0, 0, 0, &mut reply);
+    s.write_all(&reply).expect("write HelloReply");
+
+    // b accepts, establishes, publishes the held message: its loop is held from there.
+    hold.wait_held();
+    // Pacing: how long the Ready may take while b is held (it is written before the hold).
+    s.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    let ready = read_frame(&mut s);
+    hold.release();
+    let ready = ready.expect("the Ready arrived while b's loop was held");
+    let (f, _) = wire::decode(&ready, 4096).expect("decodes").expect("whole");
+    assert!(matches!(hs.on_frame(&f), Ok(HsEvent::Established { .. })));
+    wait_until("b connected to d", PATIENCE, || connected(&b, "rdy-d"));
+    b.shutdown(SHUTDOWN).expect("shutdown b");
+}
