@@ -1,7 +1,8 @@
-//! Failure detection (issue 4): a connection that goes silent — the network stops carrying
-//! bytes but neither side sees a reset, as with a half-open connection after a partition —
-//! is closed after the idle timeout and redialled, and recovery delivers everything sent
-//! meanwhile exactly once, in order. Heartbeats keep an idle but healthy connection open.
+//! Failure detection: a connection that goes silent — the network stops carrying bytes but
+//! neither side sees a reset, as with a half-open connection after a partition — is closed
+//! after the idle timeout and redialled, and recovery delivers everything sent meanwhile
+//! exactly once, in order. (That heartbeats keep an idle but healthy connection open for
+//! ever is shown in simulated time: `proto::sim::an_hour_of_quiet_costs_only_heartbeats`.)
 
 mod common;
 
@@ -200,50 +201,6 @@ fn silent_connection_is_closed_and_redialled_without_loss() {
         let p = s.peer("live-b").expect("peer");
         p.available == p.window
     });
-    alpha
-        .shutdown(Duration::from_secs(5))
-        .expect("shutdown alpha");
-    beta.shutdown(Duration::from_secs(5))
-        .expect("shutdown beta");
-}
-
-/// Heartbeats keep a healthy connection that carries no messages open well past the idle
-/// timeout: nothing is closed for silence.
-#[test]
-fn heartbeats_keep_an_idle_connection_open() {
-    let beta = Node::builder("hb-b")
-        .cluster("t-live")
-        .allow_unknown_members(true)
-        .heartbeat(Duration::from_millis(10), Duration::from_millis(100))
-        .start()
-        .expect("start beta");
-    let alpha = Node::builder("hb-a")
-        .cluster("t-live")
-        .heartbeat(Duration::from_millis(10), Duration::from_millis(100))
-        .peer("hb-b", beta.local_addr())
-        .start()
-        .expect("start alpha");
-    alpha.send("hb-b", &b"hello"[..]).expect("send");
-    wait_until("the hello delivered", PATIENCE, || {
-        beta.stats().peer("hb-a").is_some_and(|p| p.delivered == 1)
-    });
-    let before = alpha.stats().peer("hb-b").expect("peer").connects;
-    // Not waiting for an event: letting five idle timeouts' worth of quiet pass, which
-    // would close the connection were it not for the heartbeats.
-    thread::sleep(Duration::from_millis(500));
-    let s = alpha.stats();
-    assert_eq!(
-        s.connections.idle_timeouts, 0,
-        "heartbeats kept it alive: {s}"
-    );
-    assert_eq!(s.connections.established, 1, "{s}");
-    assert_eq!(
-        s.peer("hb-b").expect("peer").connects,
-        before,
-        "never reconnected: {s}"
-    );
-    let b = beta.stats();
-    assert_eq!(b.connections.idle_timeouts, 0, "nor on the other side: {b}");
     alpha
         .shutdown(Duration::from_secs(5))
         .expect("shutdown alpha");

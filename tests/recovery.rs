@@ -861,10 +861,6 @@ fn restarted_peer_replaces_a_half_open_connection() {
 /// the middle of it, and the "nothing dials again" watch can outlast it.
 const LONG_BACKOFF: Duration = Duration::from_millis(1500);
 
-/// How long to watch that nothing dials a removed peer: longer than any reconnect it could
-/// have had scheduled (at most `LONG_BACKOFF`), and than a SYN retransmission (1 s).
-const QUIET: Duration = Duration::from_millis(2500);
-
 /// The peer: it knows nobody and admits whoever dials it, so every connection between the
 /// two is one the remover dialled.
 fn removed(name: &str, check: &Arc<OrderCheck>) -> Node {
@@ -907,17 +903,6 @@ fn assert_removed_cleanly(node: &Node, peer: &str) {
             )
         },
     );
-}
-
-/// Watches for [`QUIET`] that `dials()` does not grow: nothing dials the removed peer again.
-fn assert_no_dial_for_a_while(what: &str, mut dials: impl FnMut() -> u64) {
-    let before = dials();
-    let until = Instant::now() + QUIET;
-    while Instant::now() < until {
-        let now = dials();
-        assert_eq!(now, before, "{what}: the removed peer was dialled again");
-        std::thread::park_timeout(Duration::from_millis(5));
-    }
 }
 
 /// Re-adds `peer` at `addr` and checks a message goes through each way over one connection.
@@ -999,7 +984,6 @@ fn remove_peer_during_reconnect_backoff_leaves_nothing_behind() {
     // The reconnect was at least LONG_BACKOFF / 2 away: it had not fired yet.
     assert_eq!(proxy.accepted(), 1, "removed during the backoff");
     assert_removed_cleanly(&a, "pbk-b");
-    assert_no_dial_for_a_while("backoff", || proxy.accepted());
 
     proxy.set_mode(Mode::Forward);
     assert_re_add_works(&a, &b, proxy.addr(), [&ca, &cb]);
@@ -1051,7 +1035,6 @@ fn remove_peer_during_handshake_leaves_nothing_behind() {
     );
     assert_eq!(proxy.accepted(), 1);
     assert_removed_cleanly(&a, "phs-b");
-    assert_no_dial_for_a_while("handshake", || proxy.accepted());
 
     proxy.set_mode(Mode::Forward);
     assert_re_add_works(&a, &b, proxy.addr(), [&ca, &cb]);
@@ -1140,17 +1123,18 @@ fn remove_peer_during_tcp_connect_leaves_nothing_behind() {
     assert_removed_cleanly(&a, "psy-b");
     // Drain the queue: a SYN still being retried would now be answered.
     listener.set_nonblocking(true).expect("nonblocking");
+    // The node's socket is closed (above), so no retransmitted SYN of its can complete:
+    // whatever the queue holds is the filler's. (That no timer dials the removed peer again
+    // is proved in simulated time: `proto::sim::a_removed_peer_is_never_dialled_again`.)
     let mut accepted = Vec::new();
     let mut strangers = 0u64;
-    assert_no_dial_for_a_while("TCP connect", || {
-        while let Ok((s, from)) = listener.accept() {
-            if from.port() != filler_port {
-                strangers += 1;
-            }
-            accepted.push(s);
+    while let Ok((s, from)) = listener.accept() {
+        if from.port() != filler_port {
+            strangers += 1;
         }
-        strangers
-    });
+        accepted.push(s);
+    }
+    assert_eq!(strangers, 0, "the removed peer's address was dialled again");
     assert!(node_sockets().is_empty(), "{:?}", node_sockets());
     drop((accepted, filler, listener));
 

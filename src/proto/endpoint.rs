@@ -1689,4 +1689,16 @@ impl Endpoint {
             peers,
         })
     }
+
+    /// Peer `id`, for the simulation's checks.
+    #[cfg(test)]
+    pub(crate) fn peer(&self, id: usize) -> Option<&Peer> {
+        self.peers.get(&id)
+    }
+
+    /// Every link, for the simulation's checks.
+    #[cfg(test)]
+    pub(crate) fn links(&self) -> impl Iterator<Item = &Link> {
+        self.links.values()
+    }
 }

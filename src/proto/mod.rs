@@ -11,8 +11,7 @@ pub mod handshake;
 pub(crate) mod link;
 pub(crate) mod peer;
 pub mod recovery;
-// The simulation is rewritten on the endpoint next.
-#[cfg(any())]
+#[cfg(test)]
 mod sim;
 pub(crate) mod timer;
 
