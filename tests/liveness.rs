@@ -1,4 +1,4 @@
-//! Failure detection (issue 4): a connection that goes silent — the network stops carrying
+//! Failure detection: a connection that goes silent — the network stops carrying
 //! bytes but neither side sees a reset, as with a half-open connection after a partition —
 //! is closed after the idle timeout and redialled, and recovery delivers everything sent
 //! meanwhile exactly once, in order. Heartbeats keep an idle but healthy connection open.
@@ -251,7 +251,7 @@ fn heartbeats_keep_an_idle_connection_open() {
         .expect("shutdown beta");
 }
 
-/// Unreliable sends (issue 4): delivered with no sequence number while the connection
+/// Unreliable sends: delivered with no sequence number while the connection
 /// lives; those a broken connection swallows are lost — never resent, never duplicated —
 /// and their window permits come back at the next handshake, so the window ends whole.
 /// Reliable messages interleaved with them are still delivered exactly once, in order.

@@ -1,4 +1,4 @@
-//! Every permit comes back (issue 3; invariants 2 and 3), end to end over real TCP:
+//! Every permit comes back (invariants 2 and 3), end to end over real TCP:
 //!
 //! - an outbound filter that drops 60% of 20 windows' worth of messages: the run completes,
 //!   the receiver gets exactly the kept messages in order with consecutive sequence numbers,
@@ -114,12 +114,11 @@ fn recorder(got: &Got) -> impl Fn(cohort::Delivery) + Send + Sync + 'static {
     }
 }
 
-/// Issue 3's headline test (invariants 2 and 3). An outbound filter drops 60% of the
-/// messages at random (a seeded PRNG, so the run is reproducible), with a window of W bytes
-/// and 20×W bytes sent in messages of a few hundred bytes, by one thread calling the
-/// blocking `send`. The run completes — with the filter's permits leaking, the window would
-/// run dry after about W of drops and the sender would park for good (see the issue's
-/// closing note) — and:
+/// Filtered messages give their permits back (invariants 2 and 3). An outbound filter drops
+/// 60% of the messages at random (a seeded PRNG, so the run is reproducible), with a window
+/// of W bytes and 20×W bytes sent in messages of a few hundred bytes, by one thread calling
+/// the blocking `send`. The run completes — with the filter's permits leaking, the window
+/// would run dry after about W of drops and the sender would park for good — and:
 ///
 /// - the filter is consulted once per message, in send order, with the peer as it is;
 /// - the receiver got exactly the kept messages, in order, with seq 1, 2, 3, … (a filtered
@@ -695,7 +694,7 @@ fn probe_returns_credit_stranded_below_half_a_window() {
     shutdown_all(&nodes);
 }
 
-/// No silent stall (invariant 2; issue 3: "the stats show blocked time per peer"): while a
+/// No silent stall (invariant 2: the stats show blocked time per peer): while a
 /// sender is parked on a dry window, the peer's `blocked` time shows it — a stall in
 /// progress is exactly what a monitor polling `stats()` needs to see, not only stalls that
 /// have already ended.
@@ -737,7 +736,7 @@ fn blocked_time_shows_a_sender_parked_now() {
     assert_eq!((p.available, p.failed), (W, n), "{p:?}");
 }
 
-/// Slow-peer isolation (invariant 2; issue 3): `broadcast` to three peers, one of which has
+/// Slow-peer isolation (invariant 2): `broadcast` to three peers, one of which has
 /// its handler stalled on a gate. Once the stalled peer's window is full, only it is
 /// refused (`Error::Full`, never anything else); the other two are never refused and keep
 /// receiving — each gets N more messages after the stalled one's window filled. When the

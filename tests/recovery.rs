@@ -1,4 +1,4 @@
-//! Recovery over the handshake and a lifecycle without orphans (issue 4; invariants 5 and 6),
+//! Recovery over the handshake and a lifecycle without orphans (invariants 5 and 6),
 //! over real TCP on 127.0.0.1:
 //!
 //! - three members exchange 200 000 reliable messages each way through fault-injecting
@@ -1161,12 +1161,12 @@ fn remove_peer_during_tcp_connect_leaves_nothing_behind() {
     });
 }
 
-/// Removing a peer one has talked to, and adding it again, must connect again (issue 4:
-/// "re-adding the peer connects"; `remove_peer`'s doc: "It can be added again later as a new
-/// peer"), while the other member, which was not told to forget anything, keeps its peer.
-/// Here the two exchanged 100 messages each way first, all acknowledged, so the other
-/// member's recovery descriptor for this incarnation holds sent = acked = received = 100;
-/// the remover's new peer entry starts from zero.
+/// Removing a peer one has talked to, and adding it again, must connect again
+/// (`remove_peer`'s doc: "It can be added again later as a new peer"), while the other
+/// member, which was not told to forget anything, keeps its peer. Here the two exchanged 100
+/// messages each way first, all acknowledged, so the other member's recovery descriptor for
+/// this incarnation holds sent = acked = received = 100; the remover's new peer entry starts
+/// from zero.
 #[test]
 fn re_added_peer_with_history_connects_and_delivers() {
     let (ca, cb) = (OrderCheck::new(), OrderCheck::new());

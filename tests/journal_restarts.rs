@@ -1,4 +1,7 @@
-//! Review of the journal wiring: failing tests for bugs found (over real TCP on 127.0.0.1).
+//! The durable outbox across restarts and failures, over real TCP on 127.0.0.1: what a
+//! journalling member promises its peer (credit, unreliable bytes, acks, the handshake's
+//! counts) stays true when it or its peer restarts, when the peer is down, when the journal
+//! loses its tail or fails to write.
 
 mod common;
 
@@ -52,15 +55,16 @@ fn fill(tx: &cohort::Sender, to: &str, from: u64) -> u64 {
     n
 }
 
-/// Bug 1: a journalling sender restarts with the same launch id, so its peer keeps
-/// returning credit for messages of the previous process. Messages that were acknowledged
-/// but not yet credited at the restart are not charged to the new window (only unacked
-/// ones are restored and charged), so their late credit releases permits of *new*
-/// messages that the receiver has not consumed: the receiver ends up holding two windows.
+/// A journalling sender restarts with the same launch id, so its peer keeps returning
+/// credit for messages of the previous process. Messages that were acknowledged but not yet
+/// credited at the restart must be charged to the new window, like the unacked ones
+/// restored from the journal: otherwise their late credit releases permits of *new*
+/// messages that the receiver has not consumed, and the receiver ends up holding two
+/// windows.
 #[test]
-fn credit_for_acked_messages_of_the_previous_process_over_releases_the_window() {
+fn credit_for_acked_messages_of_the_previous_process_never_over_releases_the_window() {
     const WINDOW: u64 = 64 << 10;
-    let dir = TempDir::new("review-credit");
+    let dir = TempDir::new("credit-restart");
     let b_addr = reserve_addr();
     let old_gate = Arc::new(Gate::default());
     let new_gate = Arc::new(Gate::default());
@@ -68,7 +72,7 @@ fn credit_for_acked_messages_of_the_previous_process_over_releases_the_window() 
     let (og, ng, od) = (old_gate.clone(), new_gate.clone(), old_done.clone());
     // b does not journal: it acks on receipt and returns credit once handled.
     let b = Node::builder("b")
-        .cluster("review-credit")
+        .cluster("credit-restart")
         .listen(b_addr)
         .window_bytes(WINDOW)
         .allow_unknown_members(true)
@@ -85,7 +89,7 @@ fn credit_for_acked_messages_of_the_previous_process_over_releases_the_window() 
         .expect("b starts");
     let sender = || {
         Node::builder("a")
-            .cluster("review-credit")
+            .cluster("credit-restart")
             .window_bytes(WINDOW)
             .journal(dir.path())
             .peer("b", b_addr)
@@ -137,24 +141,24 @@ fn credit_for_acked_messages_of_the_previous_process_over_releases_the_window() 
     shutdown_all(&[a, b]);
 }
 
-/// Bug 2: a journalling receiver restarts with the same launch id but counts the
-/// unreliable window bytes it received from zero again. At the handshake the sender takes
-/// every unreliable byte it ever sent to that incarnation for lost with the connection and
-/// gives the permits back (`Descriptor::unreliable_lost` / `Ledger::forget`), although those
-/// messages were delivered and their credit already returned: the release is taken from
-/// the reliable messages outstanding, and the sender may exceed its window.
+/// A journalling receiver restarts with the same launch id, and must not count the
+/// unreliable window bytes it received from zero again: at the handshake the sender would
+/// take every unreliable byte it ever sent to that incarnation for lost with the connection
+/// and give the permits back (`Descriptor::unreliable_lost` / `Ledger::forget`), although
+/// those messages were delivered and their credit already returned; the release would be
+/// taken from the reliable messages outstanding, and the sender could exceed its window.
 #[test]
-fn a_receiver_restart_gives_back_permits_of_unreliable_messages_already_credited() {
+fn a_receiver_restart_never_gives_back_permits_of_unreliable_messages_already_credited() {
     const WINDOW: u64 = 64 << 10;
-    let a_dir = TempDir::new("review-unrel-a");
-    let b_dir = TempDir::new("review-unrel-b");
+    let a_dir = TempDir::new("unreliable-restart-a");
+    let b_dir = TempDir::new("unreliable-restart-b");
     let b_addr = reserve_addr();
     let handled = Arc::new(AtomicU64::new(0));
     let gate = Arc::new(Gate::default());
     let receiver = |block: bool| {
         let (h, g) = (handled.clone(), gate.clone());
         Node::builder("b")
-            .cluster("review-unrel")
+            .cluster("unreliable-restart")
             .listen(b_addr)
             .window_bytes(WINDOW)
             .journal(b_dir.path())
@@ -170,7 +174,7 @@ fn a_receiver_restart_gives_back_permits_of_unreliable_messages_already_credited
     };
     let b = receiver(false);
     let a = Node::builder("a")
-        .cluster("review-unrel")
+        .cluster("unreliable-restart")
         .window_bytes(WINDOW)
         .journal(a_dir.path())
         .peer("b", b_addr)
@@ -267,17 +271,17 @@ fn sends_while_peer_is_down(journal: Option<&std::path::Path>, cluster: &str) ->
     r
 }
 
-/// Bug 3: with a journal, messages sent while the peer is down are published (sequenced)
-/// at once; when the peer comes back as a new incarnation, `bind_incarnation` retires them
-/// as "unacknowledged messages to its old incarnation" although they never left this
-/// node. Without a journal the same messages wait in the queue and reach the new
-/// incarnation: turning the journal on loses them.
+/// Messages sent while the peer is down never left this node: when the peer comes back as
+/// a new incarnation they are not "unacknowledged messages to its old incarnation" to
+/// retire (`bind_incarnation`), even though a journalling sender may have sequenced them
+/// already. Without a journal they wait in the queue and reach the new incarnation; turning
+/// the journal on must not lose them.
 #[test]
 fn messages_sent_while_the_peer_is_down_reach_its_next_incarnation() {
-    let control = sends_while_peer_is_down(None, "review-down-nj");
+    let control = sends_while_peer_is_down(None, "peer-down-plain");
     assert_eq!(control, (10, 0), "without a journal: all delivered");
-    let dir = TempDir::new("review-down");
-    let journalled = sends_while_peer_is_down(Some(dir.path()), "review-down-j");
+    let dir = TempDir::new("peer-down");
+    let journalled = sends_while_peer_is_down(Some(dir.path()), "peer-down-journal");
     assert_eq!(
         journalled,
         (10, 0),
@@ -285,18 +289,18 @@ fn messages_sent_while_the_peer_is_down_reach_its_next_incarnation() {
     );
 }
 
-/// Bug 4: with a journal, an ack triggered by `ack_threshold` (`after_data` -> `send_ack`)
-/// usually finds the handler not done yet, writes nothing, and arms no ack timer (the
-/// timer is armed only on the other branch). Nothing re-asks unless credit crosses half a
-/// window or the idle-credit tick fires: with `credit_on_idle(false)` a handled message is
-/// never acknowledged, and the sender's shutdown reports it undelivered.
+/// With a journal, an ack triggered by `ack_threshold` (`after_data` -> `send_ack`) usually
+/// finds the handler not done yet and writes nothing; it must be tried again, since nothing
+/// else asks unless credit crosses half a window or the idle-credit tick fires: with
+/// `credit_on_idle(false)` a handled message would never be acknowledged, and the sender's
+/// shutdown would report it undelivered.
 #[test]
 fn a_threshold_ack_that_finds_the_handler_behind_is_retried() {
-    let dir = TempDir::new("review-threshold");
+    let dir = TempDir::new("threshold-ack");
     let got = Arc::new(AtomicU64::new(0));
     let g = got.clone();
     let b = Node::builder("b")
-        .cluster("review-threshold")
+        .cluster("threshold-ack")
         .journal(dir.path())
         .ack_threshold(1)
         .credit_on_idle(false)
@@ -307,7 +311,7 @@ fn a_threshold_ack_that_finds_the_handler_behind_is_retried() {
         .start()
         .expect("b starts");
     let a = Node::builder("a")
-        .cluster("review-threshold")
+        .cluster("threshold-ack")
         .peer("b", b.local_addr())
         .start()
         .expect("a starts");
@@ -321,22 +325,22 @@ fn a_threshold_ack_that_finds_the_handler_behind_is_retried() {
     b.shutdown(SHUTDOWN).expect("b stops");
 }
 
-/// Bug 5: acks follow the disk, but the handshake does not. On a reconnect a journalling
-/// receiver tells the sender its raw received count (`adopt` / `answer_hello` use
-/// `desc.received()`), not what its journal holds as delivered; the sender retires those
-/// messages at `resume`. If the receiver then stops before handling them (a crash; here a
-/// shutdown whose pool is stuck, so no final record), its journal says "delivered 0", the
-/// sender no longer has them, and they are lost.
+/// Acks follow the disk, and so must the handshake. On a reconnect a journalling receiver
+/// tells the sender what its journal holds as delivered, not its raw received count
+/// (`adopt` / `answer_hello`): the sender retires at `resume` what that count covers. If
+/// the receiver then stops before handling them (a crash; here a shutdown whose pool is
+/// stuck, so no final record), its journal says "delivered 0", and messages the sender
+/// retired on the raw count would be lost.
 #[test]
 fn the_handshake_does_not_acknowledge_what_the_receivers_journal_lacks() {
-    let dir = TempDir::new("review-hs");
+    let dir = TempDir::new("handshake-durable");
     let b_addr = reserve_addr();
     let gate = Arc::new(Gate::default());
     let first_b = Arc::new(AtomicU64::new(0));
     let second_b = Arc::new(AtomicU64::new(0));
     let receiver = |count: Arc<AtomicU64>, gate: Option<Arc<Gate>>| {
         Node::builder("b")
-            .cluster("review-hs")
+            .cluster("handshake-durable")
             .listen(b_addr)
             .journal(dir.path())
             .allow_unknown_members(true)
@@ -352,7 +356,7 @@ fn the_handshake_does_not_acknowledge_what_the_receivers_journal_lacks() {
     };
     let b = receiver(first_b.clone(), Some(gate.clone()));
     let a = Node::builder("a")
-        .cluster("review-hs")
+        .cluster("handshake-durable")
         .peer("b", b_addr)
         .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
         .start()
@@ -431,33 +435,33 @@ fn ttl_while_peer_is_down(journal: Option<&std::path::Path>, cluster: &str) -> (
     r
 }
 
-/// Bug 6 (semantics): `SendOptions::ttl` promises to fail a message not published within
-/// its ttl, "for instance because the peer is disconnected". With a journal, a message
-/// for a disconnected peer is published at once, so its ttl never applies: it is delivered
-/// however late the peer comes back.
+/// `SendOptions::ttl` promises to fail a message not published within its ttl, "for
+/// instance because the peer is disconnected". It holds with a journal too: a message with
+/// a ttl for a disconnected peer is not journalled (published) at once, so it expires
+/// rather than being delivered however late the peer comes back.
 #[test]
 fn a_ttl_message_for_a_disconnected_peer_still_expires_with_a_journal() {
-    let control = ttl_while_peer_is_down(None, "review-ttl-nj");
+    let control = ttl_while_peer_is_down(None, "ttl-down-plain");
     assert_eq!(control, (0, 1), "without a journal: expired, not delivered");
-    let dir = TempDir::new("review-ttl");
-    let journalled = ttl_while_peer_is_down(Some(dir.path()), "review-ttl-j");
+    let dir = TempDir::new("ttl-down");
+    let journalled = ttl_while_peer_is_down(Some(dir.path()), "ttl-down-journal");
     assert_eq!(journalled, (0, 1), "with a journal: (delivered, expired)");
 }
 
-/// Bug 7: when a journal append fails, `write_conn` still writes the connection's buffer,
-/// holding the messages of the batch that could not be journalled (`commit_journal` is
-/// called, its failure is not checked before `conn.flush()`). The peer then holds messages
-/// the journal lacks; after a restart their sequence numbers are given to other messages,
-/// which the peer drops as duplicates. Here the journal's directory is removed (as in
+/// When a journal append fails, nothing of the connection's write buffer may leave: it
+/// holds the messages of the batch that could not be journalled. The peer would then hold
+/// messages the journal lacks, and after a restart their sequence numbers would be given to
+/// other messages, which the peer drops as duplicates. Here the journal's directory is
+/// removed (as in
 /// `sync_journal_never_reports_success_after_a_journal_write_failed`): its 8 KiB segment
 /// holds at most 8 messages of 1 KiB, so b may receive no more than that.
 #[test]
 fn messages_whose_journal_write_failed_never_reach_the_peer() {
-    let dir = TempDir::new("review-fail");
+    let dir = TempDir::new("journal-write-failed");
     let got = Arc::new(AtomicU64::new(0));
-    let b = counting_receiver("review-fail", "127.0.0.1:0", &got);
+    let b = counting_receiver("journal-write-failed", "127.0.0.1:0", &got);
     let a = Node::builder("a")
-        .cluster("review-fail")
+        .cluster("journal-write-failed")
         .journal(dir.path())
         .journal_segment_size(8 << 10)
         .peer("b", b.local_addr())
@@ -496,20 +500,21 @@ fn messages_whose_journal_write_failed_never_reach_the_peer() {
     );
 }
 
-/// Bug 9: with `FsyncPolicy::Never` or `Interval`, a machine crash can take the journal's
-/// unsynced tail while the peer already holds those messages (they leave after the append,
-/// before the sync). Here the tail is cut by damaging the record of message 15 (recovery
-/// cuts the journal there). The restarted sender resumes at seq 15 while the peer has
-/// received 20: `resume` fails with `AckBeyondSent`, the connection is closed as a protocol
-/// error, redialled, and fails again — for ever: nothing reaches the peer any more.
+/// With `FsyncPolicy::Never` or `Interval`, a machine crash can take the journal's unsynced
+/// tail while the peer already holds those messages (they leave after the append, before
+/// the sync). Here the tail is cut by damaging the record of message 14, seq 15 (recovery
+/// cuts the journal there): the restarted sender resumes at seq 15 while the peer has
+/// received 20. Were that (`AckBeyondSent` at `resume`) a protocol error, the connection
+/// would be closed, redialled and fail again for ever, and nothing would reach the peer any
+/// more: the sender must get past it.
 #[test]
 fn a_sender_whose_journal_lost_its_tail_can_still_talk_to_its_peer() {
-    let dir = TempDir::new("review-tail");
+    let dir = TempDir::new("lost-tail");
     let got = Arc::new(AtomicU64::new(0));
-    let b = counting_receiver("review-tail", "127.0.0.1:0", &got);
+    let b = counting_receiver("lost-tail", "127.0.0.1:0", &got);
     let sender = || {
         Node::builder("a")
-            .cluster("review-tail")
+            .cluster("lost-tail")
             .journal(dir.path())
             .journal_fsync(cohort::FsyncPolicy::Never)
             .peer("b", b.local_addr())
