@@ -10,7 +10,7 @@
 //! The tests print the genuine dials' success rate and time to establish (run with
 //! `--nocapture`); they assert on success and on counters, never on timings.
 
-mod common;
+mod support;
 
 use std::io::{ErrorKind, Read};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -20,8 +20,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use cohort::{ConnStats, Node};
-use common::{is_connected, wait_until, wait_until_or, PATIENCE, SHUTDOWN};
 use socket2::{Domain, Protocol, Socket, Type};
+use support::*;
 
 const SECRET: &[u8] = b"admission: a 32-byte secret.....";
 const CLUSTER: &str = "t-admission";
@@ -318,7 +318,7 @@ impl Bystanders {
         self.talker = Some(thread::spawn(move || {
             let mut sent = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                common::send_patiently(&sender, &to, sent.to_le_bytes().to_vec());
+                send_patiently(&sender, &to, sent.to_le_bytes().to_vec());
                 sent += 1;
                 if sent % 100 == 0 {
                     thread::sleep(Duration::from_millis(5)); // paces the stream

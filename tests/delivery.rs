@@ -1,7 +1,7 @@
 //! Delivery to the application: out-of-band messages, and at most one pool thread
 //! delivering a given sender's messages while different senders are delivered in parallel.
 
-mod common;
+mod support;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cohort::Node;
-use common::*;
+use support::*;
 
 /// Out-of-band messages are delivered exactly once, flagged `is_oob()`, without a sequence
 /// number, and counted in `oob_delivered` (not in the per-peer regular `delivered`); the

@@ -2,7 +2,7 @@
 //! run dry, and everything flows again, in order, once it is released; message and window
 //! size limits.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cohort::flow::{cost, MESSAGE_OVERHEAD};
 use cohort::{Error, Node, TrySendError};
-use common::*;
+use support::*;
 
 const WINDOW: u64 = 64 * 1024;
 const SIZE: usize = 1024;

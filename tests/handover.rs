@@ -8,15 +8,12 @@
 //! protocol error and nothing resent — on plain TCP, with authentication (the handshake's
 //! MAC checks), and over TLS (the TLS handshake's records, then cohort's, then data).
 
-#[cfg(feature = "tls")]
-#[path = "support/certs.rs"]
-mod certs;
-mod common;
+mod support;
 
 use std::thread;
 
 use cohort::{Builder, Node};
-use common::{payload, send_patiently, wait_until_or, OrderCheck, PATIENCE};
+use support::*;
 
 /// How the two members secure their connection.
 #[derive(Clone, Copy)]
@@ -110,7 +107,7 @@ fn dial_each_other_and_stream(setup: Setup<'_>, run: usize, sizes: Sizes, count:
                 "run {run} ({sizes:?}): both streams delivered (a got {}, b got {})\n{}",
                 got_a.total(),
                 got_b.total(),
-                common::all_stats(&nodes)
+                all_stats(&nodes)
             )
         },
     );
@@ -140,7 +137,7 @@ fn dial_each_other_and_stream(setup: Setup<'_>, run: usize, sizes: Sizes, count:
             other.name()
         );
     }
-    common::shutdown_all(&nodes);
+    shutdown_all(&nodes);
 }
 
 fn runs(first: usize, n: usize, sizes: impl Fn(usize) -> Sizes, count: u64) {

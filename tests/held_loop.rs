@@ -11,7 +11,7 @@
 //! window) are read once the handler catches up, with no new readiness edge to announce
 //! them.
 
-mod common;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -23,10 +23,7 @@ use std::time::{Duration, Instant};
 use cohort::proto::{Handshake, HsEvent, LocalIdentity};
 use cohort::wire;
 use cohort::{Node, Outgoing, PeerInfo, PeerState};
-use common::{
-    counter_of, payload, reserve_addr, wait_until, wait_until_or, Gate, OrderCheck, PATIENCE,
-    SHUTDOWN,
-};
+use support::*;
 
 const CLUSTER: &str = "t-held";
 

@@ -10,9 +10,7 @@
 //! - a handler blocked for longer than the idle timeout stalls only its own sender, and
 //!   neither connection is closed for silence.
 
-mod common;
-#[path = "support/raw.rs"]
-mod raw;
+mod support;
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -24,10 +22,7 @@ use std::time::{Duration, Instant};
 use cohort::flow::cost;
 use cohort::wire::{self, CloseCode};
 use cohort::{Delivery, Node};
-use common::{
-    payload, peer_stats, send_patiently, shutdown_all, wait_until, wait_until_or, Gate, OrderCheck,
-    PATIENCE,
-};
+use support::*;
 
 const CLUSTER: &str = "t-isolation";
 
@@ -228,7 +223,7 @@ fn members_with_different_windows_exchange_everything_each_holding_at_most_its_o
     wait_until_or(
         PATIENCE,
         || got_a.total() == N && got_b.total() == N,
-        || format!("both streams delivered:\n{}", common::all_stats(&nodes)),
+        || format!("both streams delivered:\n{}", all_stats(&nodes)),
     );
     got_a.assert_ok();
     got_b.assert_ok();

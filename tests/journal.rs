@@ -1,14 +1,14 @@
 //! The durable outbox end to end, over real TCP on 127.0.0.1: messages and delivery progress
 //! survive restarts of the sender and of the receiver.
 
-mod common;
+mod support;
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cohort::{Delivery, FsyncPolicy, Node};
-use common::*;
+use support::*;
 
 /// Every delivery a receiver saw: (sender's counter, seq), in order.
 type Log = Arc<Mutex<Vec<(u64, u64)>>>;

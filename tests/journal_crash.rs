@@ -29,7 +29,7 @@
 //! The randomness comes from one seed, printed at the start; `COHORT_CRASH_SEED=<seed>`
 //! replays the same choices (the kill points still depend on timing).
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use cohort::journal::{Journal, JournalConfig, SegmentStatus};
 use cohort::{Delivery, FsyncPolicy, Node};
-use common::*;
+use support::*;
 
 /// Rounds of start, send, SIGKILL.
 const ROUNDS: u64 = 20;

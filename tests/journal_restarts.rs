@@ -3,14 +3,14 @@
 //! counts) stays true when it or its peer restarts, when the peer is down, when the journal
 //! loses its tail or fails to write.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use cohort::{Delivery, Node};
-use common::*;
+use support::*;
 
 /// A gate a handler can wait on until the test opens it.
 #[derive(Default)]

@@ -3,7 +3,7 @@
 //! its blocked senders, a dropped connection recovers without losing or repeating a
 //! message, and the errors of a closed node or an unknown peer.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cohort::flow::cost;
 use cohort::{Error, Node, PeerState, ShutdownReport, TrySendError};
-use common::*;
+use support::*;
 
 /// Runs `node.shutdown(deadline)` on another thread and waits for its result, so that a
 /// shutdown that hangs fails the test instead of hanging it.

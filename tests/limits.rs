@@ -2,9 +2,7 @@
 //! nothing, send an oversized or malformed frame, or trickle a handshake are each closed and
 //! counted, while a stream of messages between two good members keeps flowing.
 
-mod common;
-#[path = "support/raw.rs"]
-mod raw;
+mod support;
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -14,7 +12,7 @@ use std::time::Duration;
 
 use cohort::wire;
 use cohort::Node;
-use common::wait_until;
+use support::*;
 
 const PATIENCE: Duration = Duration::from_secs(30);
 

@@ -13,7 +13,7 @@
 //!
 //! No test sleeps to wait for an event: each waits on a condition with a deadline.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use cohort::flow::{cost, MESSAGE_OVERHEAD};
 use cohort::{Error, Node, PeerState, PeerStats, SendOptions, TrySendError};
-use common::*;
+use support::*;
 
 /// The send window of the tests, bytes.
 const W: u64 = 64 * 1024;

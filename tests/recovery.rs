@@ -21,9 +21,7 @@
 //! (the cutter sleeps to pace the faults it injects; the "nothing happens" checks watch for a
 //! bounded time longer than the backoff they rule out).
 
-mod common;
-#[path = "support/proxy.rs"]
-mod proxy;
+mod support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
@@ -35,8 +33,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cohort::{Builder, Bytes, Node, PeerState, Sender};
-use common::*;
-use proxy::{Mode, Proxy, XorShift};
+use support::proxy::{Mode, Proxy, XorShift};
+use support::*;
 
 // ----- the volume test through cutting proxies ------------------------------------------
 

@@ -5,22 +5,17 @@
 //! while the good members keep talking; configuration errors say what is wrong.
 #![cfg(feature = "tls")]
 
-#[path = "support/certs.rs"]
-mod certs;
-mod common;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use certs::TestCa;
 use cohort::tls::{TlsConfig, TlsError};
 use cohort::{Error, Node};
-use common::{
-    is_connected, payload, peer_stats, send_patiently, shutdown_all, wait_until, wait_until_or,
-    OrderCheck, PATIENCE,
-};
+use support::certs::TestCa;
+use support::*;
 
 const CLUSTER: &str = "t-tls";
 
@@ -225,7 +220,7 @@ fn impostor(ca: &TestCa, target: &Node, cert_name: &str, claimed: &str) -> Vec<u
 fn a_member_whose_certificate_names_another_member_is_refused_by_the_acceptor() {
     let ca = TestCa::new("cohort test CA");
     let (a, b, _, b_got) = pair(&ca, "alpha", "beta");
-    b.add_peer("gamma", common::reserve_addr()).expect("gamma");
+    b.add_peer("gamma", reserve_addr()).expect("gamma");
     // A client holding alpha's certificate (valid, from our CA) claims to be gamma.
     let back = impostor(&ca, &b, "alpha", "gamma");
     wait_tls_failures(&b, 1, "beta refuses the impostor");

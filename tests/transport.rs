@@ -2,14 +2,14 @@
 //! exchanging 100k messages each way, a member that starts after its peers, a member of
 //! another cluster, and both members dialling each other at the same moment.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use cohort::{Node, PeerState};
-use common::*;
+use support::*;
 
 /// Per-sender ordered, exactly-once delivery at volume, and stats that add up (invariants 1,
 /// 2 and 3): three members in a full mesh each send 100 000 messages to each other member;
