@@ -63,19 +63,9 @@ fn oob_messages_are_delivered() {
             }
             drop(s);
             t.fetch_add(1, Ordering::SeqCst);
-        })
-        .start()
-        .expect("start");
-    let sender = Node::builder("tx")
-        .cluster("t-oob")
-        .pool_threads(1)
-        .start()
-        .expect("start");
-    let nodes = [sender, receiver];
-    for (a, b) in [(&nodes[0], &nodes[1]), (&nodes[1], &nodes[0])] {
-        a.add_peer(b.name(), b.local_addr()).expect("add_peer");
-    }
-    wait_mesh_connected(&nodes);
+        });
+    let sender = Node::builder("tx").cluster("t-oob").pool_threads(1);
+    let nodes = connected([sender, receiver]);
     let [sender, receiver] = &nodes;
 
     // OOB counters are offset so they cannot be mistaken for regular ones.
