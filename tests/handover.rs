@@ -71,16 +71,15 @@ fn dial_each_other_and_stream(setup: Setup<'_>, run: usize, sizes: Sizes, count:
     let cluster = format!("handover-{run}");
     let got_a = OrderCheck::new();
     let got_b = OrderCheck::new();
-    let (ga, gb) = (got_a.clone(), got_b.clone());
     let b = setup
         .builder(&format!("b{run}"), &cluster)
-        .on_message(move |d| gb.record(&d))
+        .on_message(got_b.handler())
         .start()
         .expect("start b");
     let a = setup
         .builder(&format!("a{run}"), &cluster)
         .peer(b.name(), b.local_addr())
-        .on_message(move |d| ga.record(&d))
+        .on_message(got_a.handler())
         .start()
         .expect("start a");
     let (sa, b_name) = (a.sender(), b.name().to_owned());

@@ -185,7 +185,7 @@ fn members_with_different_windows_exchange_everything_each_holding_at_most_its_o
     const SMALL: u64 = 128 * 1024;
     const N: u64 = 3_000;
     let (got_a, got_b) = (OrderCheck::new(), OrderCheck::new());
-    let (ga, gb) = (got_a.clone(), got_b.clone());
+    let gb = got_b.clone();
     let b = Node::builder("windows-b")
         .cluster(CLUSTER)
         .window_bytes(SMALL)
@@ -200,7 +200,7 @@ fn members_with_different_windows_exchange_everything_each_holding_at_most_its_o
         .cluster(CLUSTER)
         .window_bytes(4 << 20)
         .peer(b.name(), b.local_addr())
-        .on_message(move |d: Delivery| ga.record(&d))
+        .on_message(got_a.handler())
         .start()
         .expect("start a");
     b.add_peer(a.name(), a.local_addr()).expect("add_peer");
