@@ -10,7 +10,7 @@
 //! takes an address, not a bound listener, so the port cannot be handed over bound;
 //! [`HeldAddr`] keeps it bound instead, in a way that still lets the node listen on it.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
@@ -57,11 +57,4 @@ impl HeldAddr {
     pub(crate) fn addr(&self) -> SocketAddr {
         self.addr
     }
-}
-
-/// A port on 127.0.0.1 that was free a moment ago: bound to an ephemeral port, then
-/// released (racy: see the module's doc; use [`HeldAddr`]).
-pub(crate) fn reserve_addr() -> SocketAddr {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr")
 }

@@ -53,12 +53,5 @@ pub(crate) use nodes::{
 pub(crate) use tempdir::TempDir;
 #[allow(unused_imports)]
 pub(crate) use threads::{blocked_sender, join_within, threads_named, wait_threads_gone, Watched};
-// Until every test uses `HeldAddr` and `connected`.
-#[allow(unused_imports)]
-pub(crate) use addr::reserve_addr;
-#[allow(unused_imports)]
-pub(crate) use nodes::start_mesh;
-#[allow(unused_imports)]
-pub(crate) use threads::{current_tid, thread_state};
 #[allow(unused_imports)]
 pub(crate) use wait::{poll_until, wait_until, wait_until_or, PATIENCE, SHUTDOWN};

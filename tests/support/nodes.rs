@@ -25,17 +25,6 @@ impl BuilderExt for Builder {
     }
 }
 
-/// Starts every builder, then makes each node a peer of every other (`add_peer`), so the
-/// members dial each other at about the same time.
-pub(crate) fn start_mesh(builders: Vec<Builder>) -> Vec<Node> {
-    let nodes: Vec<Node> = builders
-        .into_iter()
-        .map(|b| b.start().expect("node starts"))
-        .collect();
-    introduce(&nodes);
-    nodes
-}
-
 /// Makes each of `nodes` a peer of every other (`add_peer`), so that they dial each other
 /// at about the same time.
 pub(crate) fn introduce(nodes: &[Node]) {
