@@ -106,9 +106,7 @@ fn a_receiver_restart_resumes_where_its_journal_says_it_delivered() {
             .start()
             .expect("b starts")
     };
-    let a = Node::builder("a")
-        .cluster("j-receiver")
-        .peer("b", b_addr.addr())
+    let a = sender_a("j-receiver", b_addr.addr(), None)
         .redial_quickly()
         .start()
         .expect("a starts");
@@ -204,9 +202,7 @@ fn a_threshold_ack_that_finds_the_handler_behind_is_retried() {
         .on_message(got.handler())
         .start()
         .expect("b starts");
-    let a = Node::builder("a")
-        .cluster("threshold-ack")
-        .peer("b", b.local_addr())
+    let a = sender_a("threshold-ack", b.local_addr(), None)
         .start()
         .expect("a starts");
     send_patiently(&a.sender(), "b", payload(0, 100));
@@ -523,14 +519,10 @@ fn an_unreliable_message_for_a_disconnected_peer_fails_and_holds_nothing_back() 
 fn ttl_while_peer_is_down(journal: Option<&std::path::Path>, cluster: &str) -> (u64, u64) {
     // b is down: nothing listens at its address until it starts.
     let b_addr = HeldAddr::new();
-    let mut ab = Node::builder("a")
-        .cluster(cluster)
-        .peer("b", b_addr.addr())
-        .redial_quickly();
-    if let Some(dir) = journal {
-        ab = ab.journal(dir);
-    }
-    let a = ab.start().expect("a starts");
+    let a = sender_a(cluster, b_addr.addr(), journal)
+        .redial_quickly()
+        .start()
+        .expect("a starts");
     let ttl = Duration::from_millis(50);
     let sent_at = std::time::Instant::now();
     a.send_with("b", payload(0, 100), cohort::SendOptions::new().ttl(ttl))

@@ -175,14 +175,10 @@ fn sends_while_peer_is_down(journal: Option<&std::path::Path>, cluster: &str) ->
     let got = Counter::new();
     let receiver = || counting_receiver(cluster, b_addr.addr(), &got);
     let b = receiver();
-    let mut ab = Node::builder("a")
-        .cluster(cluster)
-        .peer("b", b_addr.addr())
-        .redial_quickly();
-    if let Some(dir) = journal {
-        ab = ab.journal(dir);
-    }
-    let a = ab.start().expect("a starts");
+    let a = sender_a(cluster, b_addr.addr(), journal)
+        .redial_quickly()
+        .start()
+        .expect("a starts");
     send_patiently(&a.sender(), "b", payload(0, 100));
     wait_until("first delivered", PATIENCE, || got.get() == 1);
     // Credit comes back in an ack, which also acknowledges the message.
@@ -253,9 +249,7 @@ fn the_handshake_does_not_acknowledge_what_the_receivers_journal_lacks() {
             .expect("b starts")
     };
     let b = receiver(first_b.clone(), Some(gate.clone()));
-    let a = Node::builder("a")
-        .cluster("handshake-durable")
-        .peer("b", b_addr.addr())
+    let a = sender_a("handshake-durable", b_addr.addr(), None)
         .redial_quickly()
         .start()
         .expect("a starts");

@@ -11,11 +11,11 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`wait`] | waiting on a condition with a deadline: `wait_until`, `PATIENCE`, `SHUTDOWN` |
+//! | [`wait`] | waiting on a condition with a deadline: `wait_until`, `poll_until`, `PATIENCE`, `SHUTDOWN` |
 //! | [`addr`] | `HeldAddr`: an address kept for a member that is not up (yet, or any more) |
-//! | [`nodes`] | fixtures: a connected pair or mesh, members `a` and `b` of the journal tests, stats |
-//! | [`messages`] | numbered test payloads, a handler checking per-sender order, a counting handler, a gate |
-//! | [`threads`] | this process's threads by name, a sender parked on a dry window |
+//! | [`nodes`] | fixtures: `connected` pair or mesh, `introduce_at_once`, the receiver `b` and the journalling sender `a` of two-member tests, `fill_window`, waits for whole windows, stats |
+//! | [`messages`] | numbered test payloads, `OrderCheck` (per-sender order), `Counter`, `Gate` |
+//! | [`threads`] | this process's threads by name, `Watched` threads parking on a dry window, `join_within` |
 //! | [`tempdir`] | `TempDir`, removed on drop, kept when the test fails |
 //! | [`raw`] | a member driven by hand over a blocking socket, with the crate's `proto`/`wire` |
 //! | [`proxy`] | a fault-injecting TCP proxy (cuts mid-frame, refuses, holds, half-open) |
@@ -46,8 +46,8 @@ pub(crate) use messages::{counter_of, payload, Counter, Gate, OrderCheck};
 #[allow(unused_imports)]
 pub(crate) use nodes::{
     all_stats, connected, fill_window, introduce, introduce_at_once, is_connected, journalled_a,
-    peer_stats, receiver_b, send_patiently, send_to_every_other, shutdown_all, wait_mesh_connected,
-    wait_window_whole, wait_windows_whole, BuilderExt,
+    peer_stats, receiver_b, send_patiently, send_to_every_other, sender_a, shutdown_all,
+    wait_mesh_connected, wait_window_whole, wait_windows_whole, BuilderExt,
 };
 #[allow(unused_imports)]
 pub(crate) use tempdir::TempDir;

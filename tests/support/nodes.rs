@@ -101,13 +101,20 @@ pub(crate) fn receiver_b(cluster: &str, listen: impl ToSocketAddrs) -> Builder {
         .allow_unknown_members(true)
 }
 
+/// The sending member `a` of a two-member test: its static peer `b` is at `b_addr`; it
+/// journals in `journal` if given (for a scenario run both with and without a journal).
+pub(crate) fn sender_a(cluster: &str, b_addr: SocketAddr, journal: Option<&Path>) -> Builder {
+    let a = Node::builder("a").cluster(cluster).peer("b", b_addr);
+    match journal {
+        Some(dir) => a.journal(dir),
+        None => a,
+    }
+}
+
 /// The journalling member `a` of a two-member test: journals in `dir` and sends to its
 /// static peer `b` at `b_addr`.
 pub(crate) fn journalled_a(cluster: &str, dir: &Path, b_addr: SocketAddr) -> Builder {
-    Node::builder("a")
-        .cluster(cluster)
-        .journal(dir)
-        .peer("b", b_addr)
+    sender_a(cluster, b_addr, Some(dir))
 }
 
 /// Every node's stats table, for failure messages.
