@@ -10,18 +10,18 @@
 //! The tests print the genuine dials' success rate and time to establish (run with
 //! `--nocapture`); they assert on success and on counters, never on timings.
 
-mod common;
+mod support;
 
 use std::io::{ErrorKind, Read};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use cohort::{ConnStats, Node};
-use common::{is_connected, wait_until, wait_until_or, PATIENCE, SHUTDOWN};
 use socket2::{Domain, Protocol, Socket, Type};
+use support::*;
 
 const SECRET: &[u8] = b"admission: a 32-byte secret.....";
 const CLUSTER: &str = "t-admission";
@@ -133,17 +133,14 @@ impl Attack {
 
 /// The node under attack: a secret, unknown members admitted (so that any member with the
 /// secret may dial in), messages counted.
-fn server(name: &str, handshake_timeout: Duration) -> (Node, Arc<AtomicU64>) {
-    let got = Arc::new(AtomicU64::new(0));
-    let g = got.clone();
+fn server(name: &str, handshake_timeout: Duration) -> (Node, Arc<Counter>) {
+    let got = Counter::new();
     let node = Node::builder(name)
         .cluster(CLUSTER)
         .secret(SECRET)
         .allow_unknown_members(true)
         .handshake_timeout(handshake_timeout)
-        .on_message(move |_| {
-            g.fetch_add(1, Ordering::SeqCst);
-        })
+        .on_message(got.handler())
         .start()
         .expect("start the node under attack");
     (node, got)
@@ -189,24 +186,8 @@ fn genuine_dial(server_name: &str, server_addr: SocketAddr, name: &str) -> Dial 
         .peer(server_name, server_addr)
         .start()
         .expect("start a genuine member");
-    let deadline = start + DIAL_PATIENCE;
-    let mut established = None;
-    let mut spins = 0u32;
-    loop {
-        if is_connected(&node, server_name) {
-            established = Some(start.elapsed());
-            break;
-        }
-        if Instant::now() >= deadline {
-            break;
-        }
-        if spins < 64 {
-            spins += 1;
-            thread::yield_now();
-        } else {
-            thread::park_timeout(Duration::from_millis(1));
-        }
-    }
+    let established =
+        poll_until(DIAL_PATIENCE, || is_connected(&node, server_name)).then(|| start.elapsed());
     let dials = node.stats().connections.dialled;
     node.shutdown(SHUTDOWN)
         .unwrap_or_else(|e| panic!("shutdown of {name} failed: {e}"));
@@ -318,7 +299,7 @@ impl Bystanders {
         self.talker = Some(thread::spawn(move || {
             let mut sent = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                common::send_patiently(&sender, &to, sent.to_le_bytes().to_vec());
+                send_patiently(&sender, &to, sent.to_le_bytes().to_vec());
                 sent += 1;
                 if sent % 100 == 0 {
                     thread::sleep(Duration::from_millis(5)); // paces the stream
@@ -330,14 +311,14 @@ impl Bystanders {
 
     /// After the attack (stopped): `old` never lost its connection and everything it sent
     /// arrived; `srv`'s dial to `out` completed on its first attempt.
-    fn check(self, srv: &Node, got: &AtomicU64) {
+    fn check(self, srv: &Node, got: &Counter) {
         wait_until("our own dial connected", PATIENCE, || {
             is_connected(srv, self.out.name())
         });
         let sent = self.talker.map_or(0, |t| t.join().expect("talker"));
         wait_until_or(
             PATIENCE,
-            || got.load(Ordering::SeqCst) == sent,
+            || got.get() == sent,
             || {
                 format!(
                     "the old member's {sent} messages delivered; {}",

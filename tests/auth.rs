@@ -3,9 +3,7 @@
 //! after a good handshake is closed and counted, and never disturbs a stream of messages
 //! between two good members in the same process — not even when it claims to be one of them.
 
-mod common;
-#[path = "support/raw.rs"]
-mod raw;
+mod support;
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -17,7 +15,7 @@ use std::time::Duration;
 use cohort::proto::LocalIdentity;
 use cohort::wire::{self, CloseCode, Frame};
 use cohort::{Node, PeerState};
-use common::{wait_until, wait_until_or, PATIENCE, SHUTDOWN};
+use support::*;
 
 const SECRET: &[u8] = b"the cluster's 32-byte secret....";
 const CLUSTER: &str = "t-auth";

@@ -1,7 +1,7 @@
 //! Delivery to the application: out-of-band messages, and at most one pool thread
 //! delivering a given sender's messages while different senders are delivered in parallel.
 
-mod common;
+mod support;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cohort::Node;
-use common::*;
+use support::*;
 
 /// Out-of-band messages are delivered exactly once, flagged `is_oob()`, without a sequence
 /// number, and counted in `oob_delivered` (not in the per-peer regular `delivered`); the
@@ -63,19 +63,9 @@ fn oob_messages_are_delivered() {
             }
             drop(s);
             t.fetch_add(1, Ordering::SeqCst);
-        })
-        .start()
-        .expect("start");
-    let sender = Node::builder("tx")
-        .cluster("t-oob")
-        .pool_threads(1)
-        .start()
-        .expect("start");
-    let nodes = [sender, receiver];
-    for (a, b) in [(&nodes[0], &nodes[1]), (&nodes[1], &nodes[0])] {
-        a.add_peer(b.name(), b.local_addr()).expect("add_peer");
-    }
-    wait_mesh_connected(&nodes);
+        });
+    let sender = Node::builder("tx").cluster("t-oob").pool_threads(1);
+    let nodes = connected([sender, receiver]);
     let [sender, receiver] = &nodes;
 
     // OOB counters are offset so they cannot be mistaken for regular ones.

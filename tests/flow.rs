@@ -2,7 +2,7 @@
 //! run dry, and everything flows again, in order, once it is released; message and window
 //! size limits.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use cohort::flow::{cost, MESSAGE_OVERHEAD};
 use cohort::{Error, Node, TrySendError};
-use common::*;
+use support::*;
 
 const WINDOW: u64 = 64 * 1024;
 const SIZE: usize = 1024;
@@ -34,20 +34,12 @@ fn blocked_handler_runs_the_window_dry_then_everything_flows() {
             e.store(true, Ordering::SeqCst);
             g.pass();
             k.record(&d);
-        })
-        .start()
-        .expect("start");
+        });
     let sender = Node::builder("bp-tx")
         .cluster("t-backpressure")
         .pool_threads(1)
-        .window_bytes(WINDOW)
-        .start()
-        .expect("start");
-    let nodes = [sender, receiver];
-    for (a, b) in [(&nodes[0], &nodes[1]), (&nodes[1], &nodes[0])] {
-        a.add_peer(b.name(), b.local_addr()).expect("add_peer");
-    }
-    wait_mesh_connected(&nodes);
+        .window_bytes(WINDOW);
+    let nodes = connected([sender, receiver]);
     let [sender, receiver] = &nodes;
 
     // Fill the window with try_send until it refuses. It must refuse: the handler consumes
@@ -91,9 +83,7 @@ fn blocked_handler_runs_the_window_dry_then_everything_flows() {
     const MORE: u64 = 300;
     let blocked_sender = sender.sender();
     let first_more = accepted;
-    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let more = std::thread::spawn(move || {
-        tid_tx.send(current_tid()).expect("report tid");
+    let more = Watched::spawn("blocking-sender", move || {
         for n in first_more..first_more + MORE {
             blocked_sender
                 .send("bp-rx", payload(n, SIZE))
@@ -132,10 +122,7 @@ fn blocked_handler_runs_the_window_dry_then_everything_flows() {
     );
     assert!(rx.delivery_queued_bytes <= WINDOW, "{rx:?}");
     // The blocking sender parks (sleeps in the kernel) on the dry window.
-    let tid = tid_rx.recv().expect("tid");
-    wait_until("the blocking sender to park", PATIENCE, || {
-        more.is_finished() || thread_state(tid) == Some('S')
-    });
+    more.wait_parked("the blocking sender to park");
     assert!(
         !more.is_finished(),
         "a blocking send got through a dry window"
@@ -143,18 +130,11 @@ fn blocked_handler_runs_the_window_dry_then_everything_flows() {
     assert_eq!(peer_stats(sender, "bp-rx").accepted, max_fit);
 
     gate.open();
-    wait_until_or(
-        PATIENCE,
-        || more.is_finished(),
-        || {
-            format!(
-                "the blocking sender to finish; stats:\n{}",
-                all_stats(&nodes)
-            )
-        },
+    join_within(
+        "the blocking sender to finish once credit flows",
+        &nodes,
+        more.into_handle(),
     );
-    more.join()
-        .expect("the blocking sender finishes once credit flows");
     let total = accepted + MORE;
     wait_until_or(
         PATIENCE,
@@ -194,12 +174,13 @@ fn blocked_handler_runs_the_window_dry_then_everything_flows() {
 /// `max_message` bytes is accepted.
 #[test]
 fn message_over_max_message_is_too_large() {
+    let absent = HeldAddr::new();
     let node = Node::builder("big")
         .cluster("t-limits")
         .pool_threads(1)
         .window_bytes(WINDOW)
         .max_message(1000)
-        .peer("absent", reserve_addr())
+        .peer("absent", absent.addr())
         .start()
         .expect("start");
     let too_large = |r: Result<(), Error>| match r {

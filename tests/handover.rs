@@ -8,15 +8,12 @@
 //! protocol error and nothing resent — on plain TCP, with authentication (the handshake's
 //! MAC checks), and over TLS (the TLS handshake's records, then cohort's, then data).
 
-#[cfg(feature = "tls")]
-#[path = "support/certs.rs"]
-mod certs;
-mod common;
+mod support;
 
 use std::thread;
 
 use cohort::{Builder, Node};
-use common::{payload, send_patiently, wait_until_or, OrderCheck, PATIENCE};
+use support::*;
 
 /// How the two members secure their connection.
 #[derive(Clone, Copy)]
@@ -74,16 +71,15 @@ fn dial_each_other_and_stream(setup: Setup<'_>, run: usize, sizes: Sizes, count:
     let cluster = format!("handover-{run}");
     let got_a = OrderCheck::new();
     let got_b = OrderCheck::new();
-    let (ga, gb) = (got_a.clone(), got_b.clone());
     let b = setup
         .builder(&format!("b{run}"), &cluster)
-        .on_message(move |d| gb.record(&d))
+        .on_message(got_b.handler())
         .start()
         .expect("start b");
     let a = setup
         .builder(&format!("a{run}"), &cluster)
         .peer(b.name(), b.local_addr())
-        .on_message(move |d| ga.record(&d))
+        .on_message(got_a.handler())
         .start()
         .expect("start a");
     let (sa, b_name) = (a.sender(), b.name().to_owned());
@@ -110,7 +106,7 @@ fn dial_each_other_and_stream(setup: Setup<'_>, run: usize, sizes: Sizes, count:
                 "run {run} ({sizes:?}): both streams delivered (a got {}, b got {})\n{}",
                 got_a.total(),
                 got_b.total(),
-                common::all_stats(&nodes)
+                all_stats(&nodes)
             )
         },
     );
@@ -140,7 +136,7 @@ fn dial_each_other_and_stream(setup: Setup<'_>, run: usize, sizes: Sizes, count:
             other.name()
         );
     }
-    common::shutdown_all(&nodes);
+    shutdown_all(&nodes);
 }
 
 fn runs(first: usize, n: usize, sizes: impl Fn(usize) -> Sizes, count: u64) {

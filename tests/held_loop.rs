@@ -11,9 +11,9 @@
 //! window) are read once the handler catches up, with no new readiness edge to announce
 //! them.
 
-mod common;
+mod support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -22,11 +22,8 @@ use std::time::{Duration, Instant};
 
 use cohort::proto::{Handshake, HsEvent, LocalIdentity};
 use cohort::wire;
-use cohort::{Node, Outgoing, PeerInfo, PeerState};
-use common::{
-    counter_of, payload, reserve_addr, wait_until, wait_until_or, Gate, OrderCheck, PATIENCE,
-    SHUTDOWN,
-};
+use cohort::{Node, Outgoing, PeerInfo};
+use support::*;
 
 const CLUSTER: &str = "t-held";
 
@@ -91,35 +88,15 @@ impl Hold {
     }
 }
 
-/// Whether `node` sees `peer` as connected.
-fn connected(node: &Node, peer: &str) -> bool {
-    node.stats()
-        .peer(peer)
-        .is_some_and(|p| p.state == PeerState::Connected)
-}
-
 /// A member identity for a hand-driven handshake.
 fn identity(name: &str) -> LocalIdentity {
-    LocalIdentity {
-        launch_id: 0x40_1d,
-        window: 1 << 20,
-        max_message: 1 << 16,
-        cluster: CLUSTER.into(),
-        name: name.into(),
-        secret: None,
-    }
+    raw::identity(CLUSTER, name, 1 << 20, None)
 }
 
 /// Reads one whole frame (prefix included) from a blocking socket; `None` at EOF, reset or
 /// the socket's read timeout.
 fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut buf = vec![0u8; wire::LEN_BYTES];
-    s.read_exact(&mut buf).ok()?;
-    let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    assert!(len <= 1 << 20, "frame of {len} bytes");
-    buf.resize(wire::LEN_BYTES + len, 0);
-    s.read_exact(&mut buf[wire::LEN_BYTES..]).ok()?;
-    Some(buf)
+    raw::read_frame(s, 1 << 20)
 }
 
 /// Bytes waiting unread in the receive queue of the established TCP socket whose local
@@ -162,13 +139,12 @@ fn a_held_loop_does_not_blame_a_peer_whose_bytes_wait_unread() {
     const IDLE: Duration = Duration::from_millis(750);
     let hold = Hold::new();
     let order = OrderCheck::new();
-    let seen = order.clone();
     let b = Node::builder("held-b")
         .cluster(CLUSTER)
         .allow_unknown_members(true)
         .heartbeat(Duration::from_millis(50), IDLE)
         .outbound_filter(hold.filter())
-        .on_message(move |d| seen.record(&d))
+        .on_message(order.handler())
         .start()
         .expect("start b");
     // `a` does not mind `b`'s silence while it is held: only `b`'s judgement is tested.
@@ -179,7 +155,7 @@ fn a_held_loop_does_not_blame_a_peer_whose_bytes_wait_unread() {
         .start()
         .expect("start a");
     wait_until("connected both ways", PATIENCE, || {
-        connected(&a, "held-b") && connected(&b, "held-a")
+        is_connected(&a, "held-b") && is_connected(&b, "held-a")
     });
 
     b.send("held-a", HOLD).expect("send");
@@ -274,7 +250,7 @@ impl Paused {
             oob,
         };
         wait_until("connected both ways", PATIENCE, || {
-            connected(&p.a, p.b.name()) && connected(&p.b, p.a.name())
+            is_connected(&p.a, p.b.name()) && is_connected(&p.b, p.a.name())
         });
         p.a.send_oob(p.b.name(), &b"block"[..]).expect("send_oob");
         for i in 0..3 {
@@ -386,7 +362,7 @@ fn a_handshake_deadline_passing_while_the_loop_is_held_is_judged_after_a_poll() 
         .peer("hsd-c", c.local_addr())
         .start()
         .expect("start b");
-    wait_until("b connected to c", PATIENCE, || connected(&b, "hsd-c"));
+    wait_until("b connected to c", PATIENCE, || is_connected(&b, "hsd-c"));
 
     // b dials a member played by hand, here.
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -414,7 +390,7 @@ fn a_handshake_deadline_passing_while_the_loop_is_held_is_judged_after_a_poll() 
 
     wait_until_or(
         PATIENCE,
-        || connected(&b, "hsd-r") || b.stats().connections.handshake_timeouts > 0,
+        || is_connected(&b, "hsd-r") || b.stats().connections.handshake_timeouts > 0,
         || format!("the handshake judged:\n{}", b.stats()),
     );
     let st = b.stats();
@@ -422,7 +398,7 @@ fn a_handshake_deadline_passing_while_the_loop_is_held_is_judged_after_a_poll() 
         st.connections.handshake_timeouts, 0,
         "the Ready was waiting in the socket\n{st}"
     );
-    assert!(connected(&b, "hsd-r"), "{st}");
+    assert!(is_connected(&b, "hsd-r"), "{st}");
     b.shutdown(SHUTDOWN).expect("shutdown b");
     c.shutdown(SHUTDOWN).expect("shutdown c");
 }
@@ -437,11 +413,11 @@ fn an_acceptor_writes_its_ready_before_the_rest_of_its_turn() {
     let hold = Hold::new();
     // b knows d at an address where nobody listens: its dial fails, and a message for d
     // waits until d dials in.
-    let nowhere = reserve_addr();
+    let nowhere = HeldAddr::new();
     let b = Node::builder("rdy-b")
         .cluster(CLUSTER)
         .reconnect_backoff(Duration::from_secs(30), Duration::from_secs(60))
-        .peer("rdy-d", nowhere)
+        .peer("rdy-d", nowhere.addr())
         .outbound_filter(hold.filter())
         .start()
         .expect("start b");
@@ -472,6 +448,6 @@ fn an_acceptor_writes_its_ready_before_the_rest_of_its_turn() {
     let ready = ready.expect("the Ready arrived while b's loop was held");
     let (f, _) = wire::decode(&ready, 4096).expect("decodes").expect("whole");
     assert!(matches!(hs.on_frame(&f), Ok(HsEvent::Established { .. })));
-    wait_until("b connected to d", PATIENCE, || connected(&b, "rdy-d"));
+    wait_until("b connected to d", PATIENCE, || is_connected(&b, "rdy-d"));
     b.shutdown(SHUTDOWN).expect("shutdown b");
 }

@@ -10,9 +10,7 @@
 //! - a handler blocked for longer than the idle timeout stalls only its own sender, and
 //!   neither connection is closed for silence.
 
-mod common;
-#[path = "support/raw.rs"]
-mod raw;
+mod support;
 
 use std::io::Write;
 use std::net::TcpStream;
@@ -24,10 +22,7 @@ use std::time::{Duration, Instant};
 use cohort::flow::cost;
 use cohort::wire::{self, CloseCode};
 use cohort::{Delivery, Node};
-use common::{
-    payload, peer_stats, send_patiently, shutdown_all, wait_until, wait_until_or, Gate, OrderCheck,
-    PATIENCE,
-};
+use support::*;
 
 const CLUSTER: &str = "t-isolation";
 
@@ -190,7 +185,7 @@ fn members_with_different_windows_exchange_everything_each_holding_at_most_its_o
     const SMALL: u64 = 128 * 1024;
     const N: u64 = 3_000;
     let (got_a, got_b) = (OrderCheck::new(), OrderCheck::new());
-    let (ga, gb) = (got_a.clone(), got_b.clone());
+    let gb = got_b.clone();
     let b = Node::builder("windows-b")
         .cluster(CLUSTER)
         .window_bytes(SMALL)
@@ -205,7 +200,7 @@ fn members_with_different_windows_exchange_everything_each_holding_at_most_its_o
         .cluster(CLUSTER)
         .window_bytes(4 << 20)
         .peer(b.name(), b.local_addr())
-        .on_message(move |d: Delivery| ga.record(&d))
+        .on_message(got_a.handler())
         .start()
         .expect("start a");
     b.add_peer(a.name(), a.local_addr()).expect("add_peer");
@@ -228,7 +223,7 @@ fn members_with_different_windows_exchange_everything_each_holding_at_most_its_o
     wait_until_or(
         PATIENCE,
         || got_a.total() == N && got_b.total() == N,
-        || format!("both streams delivered:\n{}", common::all_stats(&nodes)),
+        || format!("both streams delivered:\n{}", all_stats(&nodes)),
     );
     got_a.assert_ok();
     got_b.assert_ok();

@@ -29,7 +29,7 @@
 //! The randomness comes from one seed, printed at the start; `COHORT_CRASH_SEED=<seed>`
 //! replays the same choices (the kill points still depend on timing).
 
-mod common;
+mod support;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -45,7 +45,7 @@ use std::time::{Duration, Instant};
 
 use cohort::journal::{Journal, JournalConfig, SegmentStatus};
 use cohort::{Delivery, FsyncPolicy, Node};
-use common::*;
+use support::*;
 
 /// Rounds of start, send, SIGKILL.
 const ROUNDS: u64 = 20;
@@ -521,10 +521,7 @@ fn sigkill_at_random_points_loses_nothing_synced_and_never_replays_garbage() {
     let mut rng = Rng(seed);
     let dir = TempDir::new("sigkill");
     let log: Arc<Mutex<BLog>> = Arc::default();
-    let b = Node::builder("b")
-        .cluster(CLUSTER)
-        .listen("127.0.0.1:0")
-        .allow_unknown_members(true)
+    let b = receiver_b(CLUSTER, "127.0.0.1:0")
         .on_message(logging(&log))
         .start()
         .expect("b starts");
@@ -790,12 +787,15 @@ fn a_receiver_killed_at_random_points_loses_nothing_and_redelivers_in_order() {
     eprintln!("receiver crash test seed {seed} (replay the choices with COHORT_CRASH_SEED={seed})");
     let mut rng = Rng(seed);
     let dir = TempDir::new("sigkill-rx");
-    let listen = reserve_addr();
+    // Every incarnation of b (a child process) listens here; held for the whole test, so the
+    // port stays b's while it is dead.
+    let held = HeldAddr::new();
+    let listen = held.addr();
     let a = Node::builder("a")
         .cluster(CLUSTER_RX)
         .peer("b", listen)
         .window_bytes(RX_WINDOW)
-        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .redial_quickly()
         .start()
         .expect("a starts");
     let stop = Arc::new(AtomicBool::new(false));
@@ -1002,14 +1002,11 @@ fn crash_child() {
 /// ends.
 fn sender_child(dir: &str, b: SocketAddr, run: u64, send: bool) {
     say("starting");
-    let a = Node::builder("a")
-        .cluster(CLUSTER)
-        .journal(dir)
+    let a = journalled_a(CLUSTER, Path::new(dir), b)
         .journal_fsync(FsyncPolicy::EveryBatch)
         .journal_segment_size(SEGMENT)
         .window_bytes(WINDOW)
-        .peer("b", b)
-        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .redial_quickly()
         .start()
         .expect("a starts from its journal");
     say("started");
@@ -1043,13 +1040,10 @@ fn sender_child(dir: &str, b: SocketAddr, run: u64, send: bool) {
 /// or `bad <why>` for a corrupt one; shuts down cleanly when its stdin ends.
 fn receiver_child(dir: &str, listen: SocketAddr) {
     say("starting");
-    let b = Node::builder("b")
-        .cluster(CLUSTER_RX)
-        .listen(listen)
+    let b = receiver_b(CLUSTER_RX, listen)
         .journal(dir)
         .journal_fsync(FsyncPolicy::EveryBatch)
         .journal_segment_size(SEGMENT)
-        .allow_unknown_members(true)
         .on_message(|d: Delivery| {
             let line = match (counter_of(d.payload()), d.seq()) {
                 (Ok(v), Some(seq)) if d.payload().len() == size_of(v) => format!("d {seq} {v}"),

@@ -3,7 +3,7 @@
 //! its blocked senders, a dropped connection recovers without losing or repeating a
 //! message, and the errors of a closed node or an unknown peer.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use cohort::flow::cost;
 use cohort::{Error, Node, PeerState, ShutdownReport, TrySendError};
-use common::*;
+use support::*;
 
 /// Runs `node.shutdown(deadline)` on another thread and waits for its result, so that a
 /// shutdown that hangs fails the test instead of hanging it.
@@ -25,28 +25,16 @@ fn shutdown_or_hang(node: Arc<Node>, deadline: Duration) -> Result<ShutdownRepor
         .unwrap_or_else(|_| panic!("shutdown({deadline:?}) did not return"))
 }
 
-/// Waits until no thread whose name starts with `prefix` is left. A joined thread's
-/// `/proc` entry can outlive `pthread_join` by a moment (the kernel wakes the joiner before
-/// it reaps the task), so this waits rather than checks once.
-fn wait_threads_gone(prefix: &str) {
-    wait_until_or(
-        PATIENCE,
-        || threads_named(prefix).is_empty(),
-        || format!("threads {:?} to end", threads_named(prefix)),
-    );
-}
-
 /// `shutdown` stops the node within its deadline and joins every thread it started: the IO
 /// thread and each delivery pool thread (seen by name in `/proc/self/task`) are gone once
 /// it returns `Ok`, and calling it again returns at once.
 #[test]
 fn shutdown_joins_every_thread() {
     let check = OrderCheck::new();
-    let k = check.clone();
     let a = Node::builder("ja")
         .cluster("t-threads")
         .pool_threads(3)
-        .on_message(move |d| k.record(&d))
+        .on_message(check.handler())
         .start()
         .expect("start");
     let b = Node::builder("jb")
@@ -148,17 +136,15 @@ fn shutdown_with_a_stuck_handler_times_out() {
 fn remove_peer_fails_queued_messages_and_wakes_blocked_senders() {
     const SIZE: usize = 1000;
     const WINDOW: u64 = 64 * 1024;
+    let ghost = HeldAddr::new();
     let node = Node::builder("rm")
         .cluster("t-remove")
         .pool_threads(1)
         .window_bytes(WINDOW)
-        .peer("ghost", reserve_addr())
+        .peer("ghost", ghost.addr())
         .start()
         .expect("start");
-    let mut queued = 0u64;
-    while node.try_send("ghost", payload(queued, SIZE)).is_ok() {
-        queued += 1;
-    }
+    let queued = fill_window(&node.sender(), "ghost", 0, SIZE);
     assert_eq!(queued, WINDOW / cost(SIZE));
     let p = peer_stats(&node, "ghost");
     assert_ne!(p.state, PeerState::Connected, "{p:?}");
@@ -171,10 +157,11 @@ fn remove_peer_fails_queued_messages_and_wakes_blocked_senders() {
 
     let blocked = blocked_sender(node.sender(), "ghost", SIZE);
     node.remove_peer("ghost").expect("remove_peer");
-    wait_until("the blocked sender to wake", PATIENCE, || {
-        blocked.is_finished()
-    });
-    match blocked.join().expect("sender thread") {
+    match join_within(
+        "the blocked sender to wake",
+        std::slice::from_ref(&node),
+        blocked,
+    ) {
         Err(Error::Closed) => {}
         other => panic!("a sender blocked on a removed peer must wake with Closed: {other:?}"),
     }
@@ -189,7 +176,7 @@ fn remove_peer_fails_queued_messages_and_wakes_blocked_senders() {
         other => panic!("expected UnknownPeer, got {other:?}"),
     }
 
-    node.add_peer("ghost", reserve_addr())
+    node.add_peer("ghost", ghost.addr())
         .expect("a removed peer can be added again");
     let p = peer_stats(&node, "ghost");
     assert_eq!(
@@ -208,25 +195,24 @@ fn remove_peer_fails_queued_messages_and_wakes_blocked_senders() {
 fn shutdown_fails_queued_messages_and_gives_back_every_permit() {
     const SIZE: usize = 500;
     const WINDOW: u64 = 32 * 1024;
+    let never = HeldAddr::new();
     let node = Node::builder("sf")
         .cluster("t-fail")
         .pool_threads(1)
         .window_bytes(WINDOW)
-        .peer("never", reserve_addr())
+        .peer("never", never.addr())
         .start()
         .expect("start");
-    let mut queued = 0u64;
-    while node.try_send("never", payload(queued, SIZE)).is_ok() {
-        queued += 1;
-    }
+    let queued = fill_window(&node.sender(), "never", 0, SIZE);
     assert!(queued > 0);
     let blocked = blocked_sender(node.sender(), "never", SIZE);
 
     let report = node.shutdown(SHUTDOWN).expect("shutdown");
-    wait_until("the blocked sender to wake", PATIENCE, || {
-        blocked.is_finished()
-    });
-    match blocked.join().expect("sender thread") {
+    match join_within(
+        "the blocked sender to wake",
+        std::slice::from_ref(&node),
+        blocked,
+    ) {
         Err(Error::Closed) => {}
         other => panic!("a sender blocked at shutdown must wake with Closed: {other:?}"),
     }
@@ -256,25 +242,17 @@ fn disconnect_then_more_sends_delivers_everything_exactly_once_in_order() {
     const FIRST: u64 = 2_000;
     const CONCURRENT: u64 = 20_000;
     let check = OrderCheck::new();
-    let k = check.clone();
-    let a = Node::builder("rc-a")
-        .cluster("t-recover")
-        .pool_threads(1)
-        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
-        .start()
-        .expect("start");
-    let b = Node::builder("rc-b")
-        .cluster("t-recover")
-        .pool_threads(2)
-        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
-        .on_message(move |d| k.record(&d))
-        .start()
-        .expect("start");
-    let nodes = [a, b];
-    for (x, y) in [(&nodes[0], &nodes[1]), (&nodes[1], &nodes[0])] {
-        x.add_peer(y.name(), y.local_addr()).expect("add_peer");
-    }
-    wait_mesh_connected(&nodes);
+    let nodes = connected([
+        Node::builder("rc-a")
+            .cluster("t-recover")
+            .pool_threads(1)
+            .redial_quickly(),
+        Node::builder("rc-b")
+            .cluster("t-recover")
+            .pool_threads(2)
+            .redial_quickly()
+            .on_message(check.handler()),
+    ]);
     let [a, b] = &nodes;
     let connects = || peer_stats(a, "rc-b").connects;
     // Drops the connection from `side` and waits for a new handshake.
@@ -366,10 +344,11 @@ fn disconnect_then_more_sends_delivers_everything_exactly_once_in_order() {
 /// well as `add_peer` after shutdown.
 #[test]
 fn unknown_peer_and_closed_node_errors() {
+    let (known, other) = (HeldAddr::new(), HeldAddr::new());
     let node = Node::builder("err")
         .cluster("t-errors")
         .pool_threads(1)
-        .peer("known", reserve_addr())
+        .peer("known", known.addr())
         .start()
         .expect("start");
     match node.send("stranger", &b"x"[..]) {
@@ -384,7 +363,7 @@ fn unknown_peer_and_closed_node_errors() {
         Err(Error::UnknownPeer(_)) => {}
         other => panic!("expected UnknownPeer, got {other:?}"),
     }
-    match node.add_peer("known", reserve_addr()) {
+    match node.add_peer("known", other.addr()) {
         Err(Error::PeerExists(name)) => assert_eq!(name, "known"),
         other => panic!("expected PeerExists, got {other:?}"),
     }
@@ -402,7 +381,7 @@ fn unknown_peer_and_closed_node_errors() {
         node.send_timeout("known", &b"x"[..], Duration::from_millis(10)),
     );
     closed("send_oob", node.send_oob("known", &b"x"[..]));
-    closed("add_peer", node.add_peer("late", reserve_addr()));
+    closed("add_peer", node.add_peer("late", other.addr()));
     match node.try_send("known", &b"y"[..]) {
         Err(TrySendError::Failed(back, Error::Closed)) => assert_eq!(&back[..], b"y"),
         other => panic!("try_send after shutdown: expected Failed(_, Closed), got {other:?}"),

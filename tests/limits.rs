@@ -2,33 +2,25 @@
 //! nothing, send an oversized or malformed frame, or trickle a handshake are each closed and
 //! counted, while a stream of messages between two good members keeps flowing.
 
-mod common;
-#[path = "support/raw.rs"]
-mod raw;
+mod support;
 
 use std::io::Write;
 use std::net::TcpStream;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cohort::wire;
 use cohort::Node;
-use common::wait_until;
-
-const PATIENCE: Duration = Duration::from_secs(30);
+use support::*;
 
 /// Two good members with a stream flowing from `a` to `b`; `b` has tight limits.
-fn pair(prefix: &str) -> (Node, Node, Arc<AtomicU64>) {
-    let got = Arc::new(AtomicU64::new(0));
-    let g = got.clone();
+fn pair(prefix: &str) -> (Node, Node, Arc<Counter>) {
+    let got = Counter::new();
     let b = Node::builder(&format!("{prefix}-b"))
         .cluster("t-limits")
         .connection_limits(64, 16)
         .handshake_timeout(Duration::from_millis(300))
-        .on_message(move |_| {
-            g.fetch_add(1, Ordering::SeqCst);
-        })
+        .on_message(got.handler())
         .start()
         .expect("start b");
     let a = Node::builder(&format!("{prefix}-a"))
@@ -41,14 +33,12 @@ fn pair(prefix: &str) -> (Node, Node, Arc<AtomicU64>) {
 }
 
 /// Sends `n` messages from `a` to `b` and waits until `b` has them all.
-fn stream(a: &Node, b: &Node, got: &AtomicU64, n: u64) {
-    let target = got.load(Ordering::SeqCst) + n;
+fn stream(a: &Node, b: &Node, got: &Counter, n: u64) {
+    let target = got.get() + n;
     for i in 0..n {
         a.send(b.name(), i.to_le_bytes().to_vec()).expect("send");
     }
-    wait_until("the stream delivered", PATIENCE, || {
-        got.load(Ordering::SeqCst) >= target
-    });
+    wait_until("the stream delivered", PATIENCE, || got.get() >= target);
 }
 
 /// 1,000 connections opened and left idle: the ones over the limits are dropped at once,

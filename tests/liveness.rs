@@ -4,120 +4,15 @@
 //! exactly once, in order. (That heartbeats keep an idle but healthy connection open for
 //! ever is shown in simulated time: `proto::sim::an_hour_of_quiet_costs_only_heartbeats`.)
 
-mod common;
+mod support;
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread;
 use std::time::Duration;
 
 use cohort::Node;
-use common::wait_until;
-
-const PATIENCE: Duration = Duration::from_secs(30);
-
-/// A TCP forwarder whose existing connections can be frozen: their bytes stop flowing in
-/// both directions, but the sockets stay open, so no side sees EOF or a reset.
-struct FreezingProxy {
-    addr: SocketAddr,
-    frozen: Arc<AtomicBool>,
-    stop: Arc<AtomicBool>,
-    sockets: Arc<Mutex<Vec<TcpStream>>>,
-    acceptor: Option<thread::JoinHandle<()>>,
-}
-
-impl FreezingProxy {
-    fn start(target: SocketAddr) -> FreezingProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind proxy");
-        let addr = listener.local_addr().expect("proxy addr");
-        let frozen = Arc::new(AtomicBool::new(false));
-        let stop = Arc::new(AtomicBool::new(false));
-        let sockets: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
-        let (f, st, socks) = (frozen.clone(), stop.clone(), sockets.clone());
-        let acceptor = thread::spawn(move || {
-            for client in listener.incoming() {
-                if st.load(Ordering::SeqCst) {
-                    break;
-                }
-                let Ok(client) = client else { continue };
-                let Ok(server) = TcpStream::connect(target) else {
-                    continue;
-                };
-                // Connections made while frozen stay frozen too.
-                let pair_frozen = Arc::new(AtomicBool::new(f.load(Ordering::SeqCst)));
-                {
-                    let mut s = socks.lock().expect("sockets");
-                    s.push(client.try_clone().expect("clone"));
-                    s.push(server.try_clone().expect("clone"));
-                }
-                for (from, to) in [
-                    (
-                        client.try_clone().expect("clone"),
-                        server.try_clone().expect("clone"),
-                    ),
-                    (server, client),
-                ] {
-                    let (global, pair) = (f.clone(), pair_frozen.clone());
-                    thread::spawn(move || pump(from, to, &global, &pair));
-                }
-            }
-        });
-        FreezingProxy {
-            addr,
-            frozen,
-            stop,
-            sockets,
-            acceptor: Some(acceptor),
-        }
-    }
-
-    /// Freezes every connection open now (and any made while frozen).
-    fn freeze(&self) {
-        self.frozen.store(true, Ordering::SeqCst);
-    }
-
-    /// New connections flow again; the frozen ones stay frozen (they are dead to both ends).
-    fn thaw_new(&self) {
-        self.frozen.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for FreezingProxy {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        for s in self.sockets.lock().expect("sockets").drain(..) {
-            let _ = s.shutdown(Shutdown::Both);
-        }
-        let _ = TcpStream::connect(self.addr); // unblock accept
-        if let Some(h) = self.acceptor.take() {
-            let _ = h.join();
-        }
-    }
-}
-
-/// Copies `from` to `to` until either closes. Once `pair` is frozen the bytes read are
-/// dropped on the floor: the connection is silent in both directions but stays open.
-fn pump(mut from: TcpStream, mut to: TcpStream, global: &AtomicBool, pair: &AtomicBool) {
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        let n = match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        if global.load(Ordering::SeqCst) {
-            pair.store(true, Ordering::SeqCst);
-        }
-        if pair.load(Ordering::SeqCst) {
-            continue;
-        }
-        if to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-    }
-    let _ = to.shutdown(Shutdown::Write);
-}
+use support::freeze::FreezingProxy;
+use support::*;
 
 /// A connection that stops carrying bytes is detected by the idle timeout on both ends,
 /// closed, redialled, and the messages sent before and during the silence are delivered
@@ -145,8 +40,8 @@ fn silent_connection_is_closed_and_redialled_without_loss() {
     let alpha = Node::builder("live-a")
         .cluster("t-live")
         .heartbeat(Duration::from_millis(20), Duration::from_millis(300))
-        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
-        .peer("live-b", proxy.addr)
+        .redial_quickly()
+        .peer("live-b", proxy.addr())
         .start()
         .expect("start alpha");
 
@@ -165,7 +60,7 @@ fn silent_connection_is_closed_and_redialled_without_loss() {
     // Silence: the connection stays open but carries nothing.
     proxy.freeze();
     send(N / 2..N);
-    common::wait_until_or(
+    wait_until_or(
         PATIENCE,
         // Whichever side notices first closes; the other then sees the close (here the
         // proxy passes the FIN on) or times out too.
@@ -196,11 +91,7 @@ fn silent_connection_is_closed_and_redialled_without_loss() {
         N,
         "exactly once: {b}"
     );
-    wait_until("the window whole again", PATIENCE, || {
-        let s = alpha.stats();
-        let p = s.peer("live-b").expect("peer");
-        p.available == p.window
-    });
+    wait_window_whole(&alpha, "live-b");
     alpha
         .shutdown(Duration::from_secs(5))
         .expect("shutdown alpha");
@@ -208,7 +99,7 @@ fn silent_connection_is_closed_and_redialled_without_loss() {
         .expect("shutdown beta");
 }
 
-/// Unreliable sends (issue 4): delivered with no sequence number while the connection
+/// Unreliable sends: delivered with no sequence number while the connection
 /// lives; those a broken connection swallows are lost — never resent, never duplicated —
 /// and their window permits come back at the next handshake, so the window ends whole.
 /// Reliable messages interleaved with them are still delivered exactly once, in order.
@@ -237,8 +128,8 @@ fn unreliable_messages_lost_with_a_connection_give_their_permits_back() {
     let alpha = Node::builder("unrel-a")
         .cluster("t-live")
         .heartbeat(Duration::from_millis(20), Duration::from_millis(300))
-        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
-        .peer("unrel-b", proxy.addr)
+        .redial_quickly()
+        .peer("unrel-b", proxy.addr())
         .start()
         .expect("start alpha");
     let payload = |i: u64| {
@@ -261,7 +152,7 @@ fn unreliable_messages_lost_with_a_connection_give_their_permits_back() {
     });
     proxy.freeze();
     send_both(N..2 * N); // the unreliable half of these dies with the frozen connection
-    common::wait_until_or(
+    wait_until_or(
         PATIENCE,
         || alpha.stats().connections.idle_timeouts + beta.stats().connections.idle_timeouts >= 1,
         || format!("the idle timeout:\n{}\n{}", alpha.stats(), beta.stats()),
@@ -270,21 +161,7 @@ fn unreliable_messages_lost_with_a_connection_give_their_permits_back() {
     wait_until("every reliable message delivered", PATIENCE, || {
         reliable.lock().expect("lock").len() as u64 == 2 * N
     });
-    common::wait_until_or(
-        PATIENCE,
-        || {
-            let s = alpha.stats();
-            let p = s.peer("unrel-b").expect("peer");
-            p.available == p.window
-        },
-        || {
-            format!(
-                "the window whole again:\n{}\n{}",
-                alpha.stats(),
-                beta.stats()
-            )
-        },
-    );
+    wait_window_whole(&alpha, "unrel-b");
     let got = reliable.lock().expect("lock").clone();
     assert_eq!(
         got,

@@ -1,14 +1,14 @@
 //! `Sender::to`: a send handle bound to one peer delivers like the by-name API, in order, and
 //! fails with `Closed` once that peer is removed (a re-added peer needs a new handle).
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cohort::{Error, Node};
-use common::*;
+use support::*;
 
 #[test]
 fn a_bound_handle_delivers_in_order_and_closes_with_its_peer() {

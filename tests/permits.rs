@@ -1,4 +1,4 @@
-//! Every permit comes back (issue 3; invariants 2 and 3), end to end over real TCP:
+//! Every permit comes back (invariants 2 and 3), end to end over real TCP:
 //!
 //! - an outbound filter that drops 60% of 20 windows' worth of messages: the run completes,
 //!   the receiver gets exactly the kept messages in order with consecutive sequence numbers,
@@ -13,16 +13,15 @@
 //!
 //! No test sleeps to wait for an event: each waits on a condition with a deadline.
 
-mod common;
+mod support;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 use cohort::flow::{cost, MESSAGE_OVERHEAD};
 use cohort::{Error, Node, PeerState, PeerStats, SendOptions, TrySendError};
-use common::*;
+use support::*;
 
 /// The send window of the tests, bytes.
 const W: u64 = 64 * 1024;
@@ -48,14 +47,6 @@ impl Rng {
     }
 }
 
-/// Starts `builders` and makes each node a peer of every other, then waits until the mesh
-/// is connected.
-fn connected(builders: Vec<cohort::Builder>) -> Vec<Node> {
-    let nodes = start_mesh(builders);
-    wait_mesh_connected(&nodes);
-    nodes
-}
-
 /// The counters add up: `accepted == sent + filtered + failed + queued` (messages and
 /// bytes), the window is never over-committed, and `expired` is part of `failed`.
 fn assert_adds_up(p: &PeerStats) {
@@ -76,7 +67,7 @@ fn assert_adds_up(p: &PeerStats) {
 
 /// Waits until `node`'s window to `peer` is whole (`available == window`, nothing in
 /// flight, nothing queued).
-fn wait_window_whole(nodes: &[Node], node: &Node, peer: &str) {
+fn wait_window_whole_and_idle(nodes: &[Node], node: &Node, peer: &str) {
     wait_until_or(
         PATIENCE,
         || {
@@ -93,16 +84,6 @@ fn wait_window_whole(nodes: &[Node], node: &Node, peer: &str) {
     );
 }
 
-/// Waits (with a deadline) for a thread to finish and returns its result.
-fn join_within<T>(what: &str, nodes: &[Node], h: JoinHandle<T>) -> T {
-    wait_until_or(
-        PATIENCE,
-        || h.is_finished(),
-        || format!("{what}; stats:\n{}", all_stats(nodes)),
-    );
-    h.join().expect("thread panicked")
-}
-
 /// One message the receiver got: payload counter, `seq()`, payload length.
 type Got = Arc<Mutex<Vec<(u64, Option<u64>, usize)>>>;
 
@@ -114,12 +95,11 @@ fn recorder(got: &Got) -> impl Fn(cohort::Delivery) + Send + Sync + 'static {
     }
 }
 
-/// Issue 3's headline test (invariants 2 and 3). An outbound filter drops 60% of the
-/// messages at random (a seeded PRNG, so the run is reproducible), with a window of W bytes
-/// and 20×W bytes sent in messages of a few hundred bytes, by one thread calling the
-/// blocking `send`. The run completes — with the filter's permits leaking, the window would
-/// run dry after about W of drops and the sender would park for good (see the issue's
-/// closing note) — and:
+/// Filtered messages give their permits back (invariants 2 and 3). An outbound filter drops
+/// 60% of the messages at random (a seeded PRNG, so the run is reproducible), with a window
+/// of W bytes and 20×W bytes sent in messages of a few hundred bytes, by one thread calling
+/// the blocking `send`. The run completes — with the filter's permits leaking, the window
+/// would run dry after about W of drops and the sender would park for good — and:
 ///
 /// - the filter is consulted once per message, in send order, with the peer as it is;
 /// - the receiver got exactly the kept messages, in order, with seq 1, 2, 3, … (a filtered
@@ -169,9 +149,7 @@ fn filter_drops_60_percent_of_20_windows_and_every_permit_comes_back() {
         .start()
         .expect("start");
     let nodes = [sender, receiver];
-    for (a, b) in [(&nodes[0], &nodes[1]), (&nodes[1], &nodes[0])] {
-        a.add_peer(b.name(), b.local_addr()).expect("add_peer");
-    }
+    introduce(&nodes);
     wait_mesh_connected(&nodes);
     let [sender, receiver] = &nodes;
 
@@ -218,7 +196,7 @@ fn filter_drops_60_percent_of_20_windows_and_every_permit_comes_back() {
             )
         },
     );
-    wait_window_whole(&nodes, sender, "fl-rx");
+    wait_window_whole_and_idle(&nodes, sender, "fl-rx");
 
     let filter_errors = filter_errors.lock().unwrap();
     assert!(filter_errors.is_empty(), "{filter_errors:?}");
@@ -287,7 +265,7 @@ fn filter_drops_60_percent_of_20_windows_and_every_permit_comes_back() {
 #[test]
 fn too_large_takes_no_permit_and_too_large_for_the_peer_gives_it_back() {
     let got: Got = Arc::default();
-    let nodes = connected(vec![
+    let nodes = connected([
         Node::builder("tl-tx")
             .cluster("t-permits-large")
             .pool_threads(1)
@@ -357,7 +335,7 @@ fn too_large_takes_no_permit_and_too_large_for_the_peer_gives_it_back() {
             )
         },
     );
-    wait_window_whole(&nodes, sender, "tl-rx");
+    wait_window_whole_and_idle(&nodes, sender, "tl-rx");
     let p = peer_stats(sender, "tl-rx");
     assert_adds_up(&p);
     assert_eq!(
@@ -386,11 +364,12 @@ fn too_large_takes_no_permit_and_too_large_for_the_peer_gives_it_back() {
 #[test]
 fn queued_to_a_down_peer_expire_or_fail_at_shutdown_with_every_permit_back() {
     const SIZE: usize = 300;
+    let down = HeldAddr::new();
     let node = Node::builder("dn-tx")
         .cluster("t-permits-down")
         .pool_threads(1)
         .window_bytes(W)
-        .peer("dn-down", reserve_addr())
+        .peer("dn-down", down.addr())
         .start()
         .expect("start");
     let nodes = std::slice::from_ref(&node);
@@ -486,8 +465,7 @@ fn queued_to_a_down_peer_expire_or_fail_at_shutdown_with_every_permit_back() {
 fn removing_a_peer_with_queued_messages_wakes_its_blocked_sender_with_closed() {
     const SIZE: usize = 400;
     let check = OrderCheck::new();
-    let k = check.clone();
-    let nodes = connected(vec![
+    let nodes = connected([
         Node::builder("rm-tx")
             .cluster("t-permits-remove")
             .pool_threads(1)
@@ -495,12 +473,11 @@ fn removing_a_peer_with_queued_messages_wakes_its_blocked_sender_with_closed() {
         Node::builder("rm-rx")
             .cluster("t-permits-remove")
             .pool_threads(1)
-            .on_message(move |d| k.record(&d)),
+            .on_message(check.handler()),
     ]);
     let (sender, receiver) = (&nodes[0], &nodes[1]);
-    sender
-        .add_peer("rm-gone", reserve_addr())
-        .expect("add_peer");
+    let gone = HeldAddr::new();
+    sender.add_peer("rm-gone", gone.addr()).expect("add_peer");
 
     let mut queued = 0u64;
     while sender.try_send("rm-gone", payload(queued, SIZE)).is_ok() {
@@ -527,7 +504,7 @@ fn removing_a_peer_with_queued_messages_wakes_its_blocked_sender_with_closed() {
         other => panic!("expected UnknownPeer, got {other:?}"),
     }
     sender
-        .add_peer("rm-gone", reserve_addr())
+        .add_peer("rm-gone", gone.addr())
         .expect("added again");
     let p = peer_stats(sender, "rm-gone");
     assert_eq!((p.accepted, p.available, p.in_flight), (0, W, 0), "{p:?}");
@@ -547,7 +524,7 @@ fn removing_a_peer_with_queued_messages_wakes_its_blocked_sender_with_closed() {
         },
     );
     check.assert_ok();
-    wait_window_whole(&nodes, sender, "rm-rx");
+    wait_window_whole_and_idle(&nodes, sender, "rm-rx");
     let p = peer_stats(sender, "rm-rx");
     assert_adds_up(&p);
     assert_eq!((p.accepted, p.sent), (queued + 100, queued + 100), "{p:?}");
@@ -591,7 +568,7 @@ fn probe_returns_credit_stranded_below_half_a_window() {
         plug_entered.clone(),
         plug.clone(),
     );
-    let nodes = connected(vec![
+    let nodes = connected([
         Node::builder("pr-tx")
             .cluster("t-permits-probe")
             .pool_threads(1)
@@ -686,7 +663,7 @@ fn probe_returns_credit_stranded_below_half_a_window() {
         || format!("everything delivered; stats:\n{}", all_stats(&nodes)),
     );
     check.assert_ok();
-    wait_window_whole(&nodes, sender, "pr-rx");
+    wait_window_whole_and_idle(&nodes, sender, "pr-rx");
     let p = peer_stats(sender, "pr-rx");
     assert_adds_up(&p);
     assert_eq!((p.accepted, p.sent), (n, n), "{p:?}");
@@ -695,24 +672,22 @@ fn probe_returns_credit_stranded_below_half_a_window() {
     shutdown_all(&nodes);
 }
 
-/// No silent stall (invariant 2; issue 3: "the stats show blocked time per peer"): while a
+/// No silent stall (invariant 2: the stats show blocked time per peer): while a
 /// sender is parked on a dry window, the peer's `blocked` time shows it — a stall in
 /// progress is exactly what a monitor polling `stats()` needs to see, not only stalls that
 /// have already ended.
 #[test]
 fn blocked_time_shows_a_sender_parked_now() {
     const SIZE: usize = 1000;
+    let down = HeldAddr::new();
     let node = Node::builder("bt-tx")
         .cluster("t-permits-blocked")
         .pool_threads(1)
         .window_bytes(W)
-        .peer("bt-down", reserve_addr())
+        .peer("bt-down", down.addr())
         .start()
         .expect("start");
-    let mut n = 0u64;
-    while node.try_send("bt-down", payload(n, SIZE)).is_ok() {
-        n += 1;
-    }
+    let n = fill_window(&node.sender(), "bt-down", 0, SIZE);
     assert_eq!(n, W / cost(SIZE));
     assert_eq!(peer_stats(&node, "bt-down").blocked, Duration::ZERO);
     let blocked = blocked_sender(node.sender(), "bt-down", SIZE);
@@ -737,7 +712,7 @@ fn blocked_time_shows_a_sender_parked_now() {
     assert_eq!((p.available, p.failed), (W, n), "{p:?}");
 }
 
-/// Slow-peer isolation (invariant 2; issue 3): `broadcast` to three peers, one of which has
+/// Slow-peer isolation (invariant 2): `broadcast` to three peers, one of which has
 /// its handler stalled on a gate. Once the stalled peer's window is full, only it is
 /// refused (`Error::Full`, never anything else); the other two are never refused and keep
 /// receiving — each gets N more messages after the stalled one's window filled. When the
@@ -749,29 +724,30 @@ fn broadcast_with_a_stalled_peer_refuses_only_that_peer() {
     const WINDOW: u64 = 32 * 1024;
     const N: u64 = 300;
     let gate = Gate::new();
-    let checks: Vec<Arc<OrderCheck>> = (0..3).map(|_| OrderCheck::new()).collect();
+    let checks: [Arc<OrderCheck>; 3] = Default::default();
     let names = ["iso-a", "iso-b", "iso-c"];
-    let mut builders = vec![Node::builder("iso-tx")
-        .cluster("t-permits-iso")
-        .pool_threads(1)
-        .window_bytes(WINDOW)];
-    for (i, name) in names.iter().enumerate() {
-        let k = checks[i].clone();
-        let g = gate.clone();
-        let stalled = *name == "iso-c";
-        builders.push(
-            Node::builder(name)
-                .cluster("t-permits-iso")
-                .pool_threads(1)
-                .on_message(move |d| {
-                    if stalled {
-                        g.pass();
-                    }
-                    k.record(&d);
-                }),
-        );
-    }
-    let nodes = connected(builders);
+    let receiver = |i: usize| {
+        let (k, g) = (checks[i].clone(), gate.clone());
+        let stalled = names[i] == "iso-c";
+        Node::builder(names[i])
+            .cluster("t-permits-iso")
+            .pool_threads(1)
+            .on_message(move |d| {
+                if stalled {
+                    g.pass();
+                }
+                k.record(&d);
+            })
+    };
+    let nodes = connected([
+        Node::builder("iso-tx")
+            .cluster("t-permits-iso")
+            .pool_threads(1)
+            .window_bytes(WINDOW),
+        receiver(0),
+        receiver(1),
+        receiver(2),
+    ]);
     let sender = &nodes[0];
     let room = |name: &str| peer_stats(sender, name).available >= cost(SIZE);
 
@@ -851,7 +827,7 @@ fn broadcast_with_a_stalled_peer_refuses_only_that_peer() {
         k.assert_ok();
     }
     for name in names {
-        wait_window_whole(&nodes, sender, name);
+        wait_window_whole_and_idle(&nodes, sender, name);
     }
     let c = peer_stats(sender, "iso-c");
     assert_eq!((c.accepted, c.sent), (c_accepted, c_accepted), "{c:?}");
@@ -872,7 +848,7 @@ fn stats_add_up_at_every_instant_while_traffic_flows() {
     const MESSAGES: u64 = 20_000;
     const WINDOW: u64 = 32 * 1024;
     let rng = Mutex::new(Rng::new(0x0dd_ba11));
-    let nodes = connected(vec![
+    let nodes = connected([
         Node::builder("st-tx")
             .cluster("t-permits-stats")
             .pool_threads(1)
@@ -958,7 +934,7 @@ fn stats_add_up_at_every_instant_while_traffic_flows() {
         busy > 0,
         "sampled {samples} times, {busy} of them mid-traffic"
     );
-    wait_window_whole(&nodes, sender, "st-rx");
+    wait_window_whole_and_idle(&nodes, sender, "st-rx");
     let tx = peer_stats(sender, "st-rx");
     assert_adds_up(&tx);
     assert!(tx.filtered > 0 && tx.sent > 0, "{tx:?}");

@@ -1,4 +1,4 @@
-//! Recovery over the handshake and a lifecycle without orphans (issue 4; invariants 5 and 6),
+//! Recovery over the handshake and a lifecycle without orphans (invariants 5 and 6),
 //! over real TCP on 127.0.0.1:
 //!
 //! - three members exchange 200 000 reliable messages each way through fault-injecting
@@ -21,22 +21,20 @@
 //! (the cutter sleeps to pace the faults it injects; the "nothing happens" checks watch for a
 //! bounded time longer than the backoff they rule out).
 
-mod common;
-#[path = "support/proxy.rs"]
-mod proxy;
+mod support;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Barrier, Condvar, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use cohort::{Builder, Bytes, Node, PeerState, Sender};
-use common::*;
-use proxy::{Mode, Proxy, XorShift};
+use support::proxy::{Mode, Proxy, XorShift};
+use support::*;
 
 // ----- the volume test through cutting proxies ------------------------------------------
 
@@ -119,24 +117,23 @@ fn three_members_200k_each_way_through_cutting_proxies() {
     // Cuts that found a live connection, each pair gets at least.
     const MIN_CUTS: u64 = 3;
     let started = Instant::now();
-    let checks: Vec<Arc<OrderCheck>> = NAMES.iter().map(|_| OrderCheck::new()).collect();
+    let checks = NAMES.map(|_| OrderCheck::new());
     let builders = NAMES
         .iter()
         .zip(&checks)
         .map(|(name, check)| {
-            let check = check.clone();
             Node::builder(name)
                 .cluster("t-cut")
                 .pool_threads(2)
-                .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
-                .on_message(move |d| check.record(&d))
+                .redial_quickly()
+                .on_message(check.handler())
         })
         .collect();
     let mesh = ProxiedMesh::start(builders, SEED, 512);
     let nodes = &mesh.nodes;
     wait_mesh_connected(nodes);
 
-    let senders_done = AtomicUsize::new(0);
+    let senders_done = AtomicBool::new(false);
     let pairs = [(0usize, 1usize), (0, 2), (1, 2)];
     let total = 2 * COUNT * NAMES.len() as u64;
     let progress = || checks.iter().map(|c| c.total()).sum::<u64>();
@@ -164,7 +161,7 @@ fn three_members_200k_each_way_through_cutting_proxies() {
             loop {
                 let delivered = progress();
                 let flowing = delivered < total;
-                if senders_done_at.is_none() && senders_done.load(Ordering::SeqCst) == NAMES.len() {
+                if senders_done_at.is_none() && senders_done.load(Ordering::SeqCst) {
                     senders_done_at = Some(Instant::now());
                 }
                 // Stop once everything is delivered and each pair had its cuts, or (a lost
@@ -194,23 +191,8 @@ fn three_members_200k_each_way_through_cutting_proxies() {
                 std::thread::sleep(Duration::from_millis(1));
             }
         });
-        for node in nodes {
-            let senders_done = &senders_done;
-            s.spawn(move || {
-                let sender = node.sender();
-                let others: Vec<&str> = NAMES
-                    .iter()
-                    .copied()
-                    .filter(|n| *n != node.name())
-                    .collect();
-                for i in 0..COUNT {
-                    for to in &others {
-                        send_patiently(&sender, to, payload(i, 16));
-                    }
-                }
-                senders_done.fetch_add(1, Ordering::SeqCst);
-            });
-        }
+        send_to_every_other(nodes, COUNT, 16);
+        senders_done.store(true, Ordering::SeqCst);
         cutter.join().expect("cutter")
     });
     let traffic = started.elapsed();
@@ -228,24 +210,13 @@ fn three_members_200k_each_way_through_cutting_proxies() {
         },
     );
     for (check, name) in checks.iter().zip(NAMES) {
-        check.assert_ok();
-        for from in NAMES.iter().filter(|n| **n != name) {
-            assert_eq!(check.count_from(from), COUNT, "{name} from {from}");
-        }
-        assert_eq!(check.total(), 2 * COUNT, "{name}: nothing delivered twice");
+        let others: Vec<&str> = NAMES.into_iter().filter(|n| *n != name).collect();
+        check.assert_got_exactly(name, &others, COUNT);
     }
     // The cutter has stopped: the mesh comes back to one connection per pair, and the credit
     // of the last messages comes home.
     wait_mesh_connected(nodes);
-    wait_until_or(
-        PATIENCE,
-        || {
-            nodes
-                .iter()
-                .all(|n| n.stats().peers.iter().all(|p| p.available == p.window))
-        },
-        || format!("every window whole again; stats:\n{}", all_stats(nodes)),
-    );
+    wait_windows_whole(nodes);
 
     let (mut resent, mut duplicates) = (0, 0);
     for node in nodes {
@@ -330,7 +301,7 @@ fn victim_main() -> ! {
         .cluster("t-restart")
         .listen(listen)
         .pool_threads(1)
-        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .redial_quickly()
         .ack_threshold(u64::MAX)
         .ack_delay(Duration::from_secs(3600))
         .peer("survivor", survivor)
@@ -384,13 +355,7 @@ struct Victim {
 
 impl Victim {
     /// Starts a victim on `listen` (running test `test`) and waits for it to be ready.
-    /// `Err` if it could not start its node (the port was taken).
-    fn spawn(
-        test: &str,
-        listen: SocketAddr,
-        survivor: SocketAddr,
-        stall: Option<u64>,
-    ) -> Result<Victim, String> {
+    fn spawn(test: &str, listen: SocketAddr, survivor: SocketAddr, stall: Option<u64>) -> Victim {
         let mut cmd = Command::new(std::env::current_exe().expect("the test binary"));
         cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
             .env(VICTIM_ENV, "1")
@@ -434,13 +399,11 @@ impl Victim {
                 .find(|l| l.starts_with("ready ") || l.starts_with("start-failed "))
                 .cloned()
         });
-        match first.strip_prefix("ready ") {
-            Some(hex) => {
-                v.launch = u64::from_str_radix(hex.trim(), 16).expect("a launch id");
-                Ok(v)
-            }
-            None => Err(first),
-        }
+        let Some(hex) = first.strip_prefix("ready ") else {
+            panic!("the victim failed to start its node: {first}");
+        };
+        v.launch = u64::from_str_radix(hex.trim(), 16).expect("a launch id");
+        v
     }
 
     /// Waits (deadline-bounded) until `f` finds what it looks for in the reports so far.
@@ -501,37 +464,6 @@ impl Drop for Victim {
     fn drop(&mut self) {
         self.kill();
     }
-}
-
-/// Starts a victim on a free port, trying another port if the one reserved was taken.
-fn spawn_victim(test: &str, survivor: SocketAddr, stall: Option<u64>) -> (Victim, SocketAddr) {
-    let mut last = String::new();
-    for _ in 0..20 {
-        let addr = reserve_addr();
-        match Victim::spawn(test, addr, survivor, stall) {
-            Ok(v) => return (v, addr),
-            Err(e) => last = e,
-        }
-    }
-    panic!("no victim could start: {last}");
-}
-
-/// Starts a victim on `addr` again, retrying while the port is (briefly) unavailable.
-fn respawn_victim(test: &str, addr: SocketAddr, survivor: SocketAddr) -> Victim {
-    let mut v = None;
-    wait_until(
-        "the new victim to bind the old port",
-        PATIENCE,
-        || match Victim::spawn(test, addr, survivor, None) {
-            Ok(new) => {
-                v = Some(new);
-                true
-            }
-            Err(e) if e.contains("in use") => false,
-            Err(e) => panic!("the new victim failed to start: {e}"),
-        },
-    );
-    v.expect("started")
 }
 
 /// What the survivor saw: the payloads reported undelivered (by peer), and the echoes it
@@ -616,7 +548,7 @@ fn restart_scenario(test: &str, half_open: bool) {
         .cluster("t-restart")
         .pool_threads(1)
         .window_bytes(WINDOW)
-        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .redial_quickly()
         .on_undelivered(move |peer, msgs| {
             l1.undelivered.lock().unwrap().push((peer.to_owned(), msgs));
         })
@@ -628,7 +560,11 @@ fn restart_scenario(test: &str, half_open: bool) {
         })
         .start()
         .expect("survivor starts");
-    let (mut first, victim_addr) = spawn_victim(test, survivor.local_addr(), Some(STALL));
+    // Both incarnations of the victim listen here; held for the whole scenario, so that the
+    // port stays the victim's while it is dead.
+    let held = HeldAddr::new();
+    let victim_addr = held.addr();
+    let mut first = Victim::spawn(test, victim_addr, survivor.local_addr(), Some(STALL));
     let proxy = half_open.then(|| {
         let p = Proxy::start("rs", victim_addr, 0x5EED_0003, 256);
         p.set_close_through(false);
@@ -662,14 +598,8 @@ fn restart_scenario(test: &str, half_open: bool) {
         send_patiently(&tx, "victim", payload(i, 1000));
     }
     first.wait_got(PHASE1 - 1);
-    wait_until_or(
-        PATIENCE,
-        || {
-            let p = peer_stats(&survivor, "victim");
-            p.available == p.window
-        },
-        || format!("the window whole (all acked); stats:\n{}", survivor.stats()),
-    );
+    // The window whole: all acked.
+    wait_window_whole(&survivor, "victim");
     wait_until("the echoes of the first incarnation", PATIENCE, || {
         log.echoes_of(first.launch).len() == PHASE1 as usize
     });
@@ -727,7 +657,7 @@ fn restart_scenario(test: &str, half_open: bool) {
     assert_eq!(before.undelivered, 0, "{before:?}");
 
     // 4. The new incarnation.
-    let second = respawn_victim(test, victim_addr, survivor.local_addr());
+    let second = Victim::spawn(test, victim_addr, survivor.local_addr(), None);
     assert_ne!(second.launch, first.launch);
     wait_until_or(
         PATIENCE,
@@ -800,14 +730,7 @@ fn restart_scenario(test: &str, half_open: bool) {
         &expected_second,
         "the second incarnation",
     );
-    wait_until_or(
-        PATIENCE,
-        || {
-            let p = peer_stats(&survivor, "victim");
-            p.available == p.window
-        },
-        || format!("the window whole again; stats:\n{}", survivor.stats()),
-    );
+    wait_window_whole(&survivor, "victim");
     let p = peer_stats(&survivor, "victim");
     assert_eq!(p.undelivered, undelivered.len() as u64, "{}", ctx());
     assert_eq!(p.accepted, PHASE4_END, "{}", ctx());
@@ -864,14 +787,22 @@ const LONG_BACKOFF: Duration = Duration::from_millis(1500);
 /// The peer: it knows nobody and admits whoever dials it, so every connection between the
 /// two is one the remover dialled.
 fn removed(name: &str, check: &Arc<OrderCheck>) -> Node {
-    let check = check.clone();
     Node::builder(name)
         .cluster("t-pulsar")
         .pool_threads(1)
         .allow_unknown_members(true)
-        .on_message(move |d| check.record(&d))
+        .on_message(check.handler())
         .start()
         .expect("start")
+}
+
+/// The node that removes its peer, with a [`LONG_BACKOFF`].
+fn remover(name: &str, check: &Arc<OrderCheck>) -> cohort::Builder {
+    Node::builder(name)
+        .cluster("t-pulsar")
+        .pool_threads(1)
+        .reconnect_backoff(LONG_BACKOFF, LONG_BACKOFF)
+        .on_message(check.handler())
 }
 
 /// After `node.remove_peer(peer)`: the peer is gone from the stats, no connection is open
@@ -951,16 +882,7 @@ fn assert_re_add_works(a: &Node, b: &Node, addr: SocketAddr, checks: [&OrderChec
 fn remove_peer_during_reconnect_backoff_leaves_nothing_behind() {
     let (ca, cb) = (OrderCheck::new(), OrderCheck::new());
     let b = removed("pbk-b", &cb);
-    let a = {
-        let ca = ca.clone();
-        Node::builder("pbk-a")
-            .cluster("t-pulsar")
-            .pool_threads(1)
-            .reconnect_backoff(LONG_BACKOFF, LONG_BACKOFF)
-            .on_message(move |d| ca.record(&d))
-            .start()
-            .expect("start")
-    };
+    let a = remover("pbk-a", &ca).start().expect("start");
     let proxy = Proxy::start("pbk", b.local_addr(), 1, 4096);
     proxy.set_mode(Mode::Refuse);
     a.add_peer("pbk-b", proxy.addr()).expect("add_peer");
@@ -989,9 +911,7 @@ fn remove_peer_during_reconnect_backoff_leaves_nothing_behind() {
     assert_re_add_works(&a, &b, proxy.addr(), [&ca, &cb]);
     shutdown_all(&[a, b]);
     proxy.stop();
-    wait_until("the nodes' threads to end", PATIENCE, || {
-        threads_named("pbk-").is_empty()
-    });
+    wait_threads_gone("pbk-");
 }
 
 /// `remove_peer` while a handshake is in flight: the proxy in front of the peer accepts the
@@ -1002,17 +922,10 @@ fn remove_peer_during_reconnect_backoff_leaves_nothing_behind() {
 fn remove_peer_during_handshake_leaves_nothing_behind() {
     let (ca, cb) = (OrderCheck::new(), OrderCheck::new());
     let b = removed("phs-b", &cb);
-    let a = {
-        let ca = ca.clone();
-        Node::builder("phs-a")
-            .cluster("t-pulsar")
-            .pool_threads(1)
-            .reconnect_backoff(LONG_BACKOFF, LONG_BACKOFF)
-            .handshake_timeout(Duration::from_secs(60))
-            .on_message(move |d| ca.record(&d))
-            .start()
-            .expect("start")
-    };
+    let a = remover("phs-a", &ca)
+        .handshake_timeout(Duration::from_secs(60))
+        .start()
+        .expect("start");
     let proxy = Proxy::start("phs", b.local_addr(), 2, 4096);
     proxy.set_mode(Mode::Hold);
     a.add_peer("phs-b", proxy.addr()).expect("add_peer");
@@ -1040,9 +953,7 @@ fn remove_peer_during_handshake_leaves_nothing_behind() {
     assert_re_add_works(&a, &b, proxy.addr(), [&ca, &cb]);
     shutdown_all(&[a, b]);
     proxy.stop();
-    wait_until("the nodes' threads to end", PATIENCE, || {
-        threads_named("phs-").is_empty()
-    });
+    wait_threads_gone("phs-");
 }
 
 /// Sockets of this host (IPv4) connected, or connecting, to `port` on 127.0.0.1, from
@@ -1075,16 +986,7 @@ fn remove_peer_during_tcp_connect_leaves_nothing_behind() {
     use socket2::{Domain, Socket, Type};
     let (ca, cb) = (OrderCheck::new(), OrderCheck::new());
     let b = removed("psy-b", &cb);
-    let a = {
-        let ca = ca.clone();
-        Node::builder("psy-a")
-            .cluster("t-pulsar")
-            .pool_threads(1)
-            .reconnect_backoff(LONG_BACKOFF, LONG_BACKOFF)
-            .on_message(move |d| ca.record(&d))
-            .start()
-            .expect("start")
-    };
+    let a = remover("psy-a", &ca).start().expect("start");
     let sock = Socket::new(Domain::IPV4, Type::STREAM, None).expect("socket");
     sock.bind(&SocketAddr::from(([127, 0, 0, 1], 0)).into())
         .expect("bind");
@@ -1140,27 +1042,24 @@ fn remove_peer_during_tcp_connect_leaves_nothing_behind() {
 
     assert_re_add_works(&a, &b, b.local_addr(), [&ca, &cb]);
     shutdown_all(&[a, b]);
-    wait_until("the nodes' threads to end", PATIENCE, || {
-        threads_named("psy-").is_empty()
-    });
+    wait_threads_gone("psy-");
 }
 
-/// Removing a peer one has talked to, and adding it again, must connect again (issue 4:
-/// "re-adding the peer connects"; `remove_peer`'s doc: "It can be added again later as a new
-/// peer"), while the other member, which was not told to forget anything, keeps its peer.
-/// Here the two exchanged 100 messages each way first, all acknowledged, so the other
-/// member's recovery descriptor for this incarnation holds sent = acked = received = 100;
-/// the remover's new peer entry starts from zero.
+/// Removing a peer one has talked to, and adding it again, must connect again
+/// (`remove_peer`'s doc: "It can be added again later as a new peer"), while the other
+/// member, which was not told to forget anything, keeps its peer. Here the two exchanged 100
+/// messages each way first, all acknowledged, so the other member's recovery descriptor for
+/// this incarnation holds sent = acked = received = 100; the remover's new peer entry starts
+/// from zero.
 #[test]
 fn re_added_peer_with_history_connects_and_delivers() {
     let (ca, cb) = (OrderCheck::new(), OrderCheck::new());
     let builder = |name: &str, check: &Arc<OrderCheck>| {
-        let check = check.clone();
         Node::builder(name)
             .cluster("t-readd")
             .pool_threads(1)
-            .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
-            .on_message(move |d| check.record(&d))
+            .redial_quickly()
+            .on_message(check.handler())
             .start()
             .expect("start")
     };
@@ -1246,7 +1145,7 @@ fn simultaneous_dial_1000_rounds_keeps_exactly_one_connection() {
             Node::builder(name)
                 .cluster("t-tie1000")
                 .pool_threads(1)
-                .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+                .redial_quickly()
                 .on_message(move |d| {
                     let n = counter_of(d.payload()).expect("a test payload");
                     got.lock().unwrap().push((d.from().to_owned(), n, d.seq()));
@@ -1255,21 +1154,10 @@ fn simultaneous_dial_1000_rounds_keeps_exactly_one_connection() {
                 .expect("start")
         })
         .collect();
-    let barrier = Barrier::new(2);
     let mut tie_break_rounds = 0u64;
     let mut last_tie_breaks = 0u64;
     for round in 0..ROUNDS {
-        std::thread::scope(|s| {
-            for (i, node) in nodes.iter().enumerate() {
-                let other = &nodes[1 - i];
-                let barrier = &barrier;
-                s.spawn(move || {
-                    barrier.wait();
-                    node.add_peer(other.name(), other.local_addr())
-                        .expect("add_peer");
-                });
-            }
-        });
+        introduce_at_once(&nodes);
         let one_connection = |n: &Node, peer: &str| {
             let s = n.stats();
             s.peer(peer)

@@ -5,32 +5,26 @@
 //! while the good members keep talking; configuration errors say what is wrong.
 #![cfg(feature = "tls")]
 
-#[path = "support/certs.rs"]
-mod certs;
-mod common;
+mod support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use certs::TestCa;
 use cohort::tls::{TlsConfig, TlsError};
 use cohort::{Error, Node};
-use common::{
-    is_connected, payload, peer_stats, send_patiently, shutdown_all, wait_until, wait_until_or,
-    OrderCheck, PATIENCE,
-};
+use support::certs::TestCa;
+use support::*;
 
 const CLUSTER: &str = "t-tls";
 
 /// A TLS member named `name` with a certificate from `ca`, recording deliveries in `check`.
 fn member(ca: &TestCa, name: &str, check: &Arc<OrderCheck>) -> cohort::Builder {
-    let c = check.clone();
     Node::builder(name)
         .cluster(CLUSTER)
         .tls(ca.tls(name))
-        .on_message(move |d| c.record(&d))
+        .on_message(check.handler())
 }
 
 /// Two TLS members from one CA, connected both ways.
@@ -225,7 +219,9 @@ fn impostor(ca: &TestCa, target: &Node, cert_name: &str, claimed: &str) -> Vec<u
 fn a_member_whose_certificate_names_another_member_is_refused_by_the_acceptor() {
     let ca = TestCa::new("cohort test CA");
     let (a, b, _, b_got) = pair(&ca, "alpha", "beta");
-    b.add_peer("gamma", common::reserve_addr()).expect("gamma");
+    // "gamma" is configured on beta but never up: nothing listens at its address.
+    let gamma = HeldAddr::new();
+    b.add_peer("gamma", gamma.addr()).expect("gamma");
     // A client holding alpha's certificate (valid, from our CA) claims to be gamma.
     let back = impostor(&ca, &b, "alpha", "gamma");
     wait_tls_failures(&b, 1, "beta refuses the impostor");
@@ -298,8 +294,9 @@ fn a_plain_client_to_a_tls_node_is_refused_without_harm() {
 
 #[test]
 fn tls_configuration_errors_name_the_file_and_the_problem() {
-    let dir = std::env::temp_dir().join(format!("cohort-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let tmp = TempDir::new("tls-config");
+    let dir = tmp.path();
+    std::fs::create_dir_all(dir).expect("temp dir");
     let ca = TestCa::new("cohort test CA");
     let m = ca.member("alpha");
     let (ca_path, cert_path, key_path) = (
@@ -350,7 +347,6 @@ fn tls_configuration_errors_name_the_file_and_the_problem() {
     // Converts into the node's error for `?`.
     let e: Error = TlsError::Verifier("x".into()).into();
     assert!(e.to_string().contains("TLS"), "{e}");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]

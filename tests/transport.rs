@@ -2,14 +2,12 @@
 //! exchanging 100k messages each way, a member that starts after its peers, a member of
 //! another cluster, and both members dialling each other at the same moment.
 
-mod common;
+mod support;
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use cohort::{Node, PeerState};
-use common::*;
+use support::*;
 
 /// Per-sender ordered, exactly-once delivery at volume, and stats that add up (invariants 1,
 /// 2 and 3): three members in a full mesh each send 100 000 messages to each other member;
@@ -20,38 +18,14 @@ use common::*;
 fn three_members_exchange_100k_messages_each_way() {
     const COUNT: u64 = 100_000;
     const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
-    let checks: Vec<Arc<OrderCheck>> = NAMES.iter().map(|_| OrderCheck::new()).collect();
-    let builders = NAMES
-        .iter()
-        .zip(&checks)
-        .map(|(name, check)| {
-            let check = check.clone();
-            Node::builder(name)
-                .cluster("t-volume")
-                .pool_threads(2)
-                .on_message(move |d| check.record(&d))
-        })
-        .collect();
-    let nodes = start_mesh(builders);
-    wait_mesh_connected(&nodes);
-
-    std::thread::scope(|s| {
-        for node in &nodes {
-            s.spawn(move || {
-                let sender = node.sender();
-                let others: Vec<&str> = NAMES
-                    .iter()
-                    .copied()
-                    .filter(|n| *n != node.name())
-                    .collect();
-                for i in 0..COUNT {
-                    for to in &others {
-                        send_patiently(&sender, to, payload(i, 16));
-                    }
-                }
-            });
-        }
-    });
+    let checks = NAMES.map(|_| OrderCheck::new());
+    let nodes: [Node; 3] = connected(std::array::from_fn(|i| {
+        Node::builder(NAMES[i])
+            .cluster("t-volume")
+            .pool_threads(2)
+            .on_message(checks[i].handler())
+    }));
+    send_to_every_other(&nodes, COUNT, 16);
 
     wait_until_or(
         PATIENCE * 2,
@@ -65,23 +39,12 @@ fn three_members_exchange_100k_messages_each_way() {
         },
     );
     for (check, name) in checks.iter().zip(NAMES) {
-        check.assert_ok();
-        for from in NAMES.iter().filter(|n| **n != name) {
-            assert_eq!(check.count_from(from), COUNT, "{name} from {from}");
-        }
-        assert_eq!(check.total(), 2 * COUNT, "{name}: nothing extra delivered");
+        let others: Vec<&str> = NAMES.into_iter().filter(|n| *n != name).collect();
+        check.assert_got_exactly(name, &others, COUNT);
     }
 
     // Credit comes back asynchronously (after the handler returns, in halves of the window).
-    wait_until_or(
-        PATIENCE,
-        || {
-            nodes
-                .iter()
-                .all(|n| n.stats().peers.iter().all(|p| p.available == p.window))
-        },
-        || format!("every window whole again; stats:\n{}", all_stats(&nodes)),
-    );
+    wait_windows_whole(&nodes);
     for node in &nodes {
         let s = node.stats();
         assert_eq!(s.peers.len(), 2, "{s}");
@@ -118,12 +81,13 @@ fn three_members_exchange_100k_messages_each_way() {
 #[test]
 fn member_started_after_its_peers_is_connected_to() {
     const COUNT: u64 = 200;
-    let late_addr = reserve_addr();
+    // Held until the late member listens there: meanwhile dials to it are refused.
+    let late_addr = HeldAddr::new();
     let early = Node::builder("early")
         .cluster("t-late")
         .pool_threads(1)
         .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(100))
-        .peer("late", late_addr)
+        .peer("late", late_addr.addr())
         .start()
         .expect("early starts");
     for i in 0..COUNT {
@@ -146,34 +110,14 @@ fn member_started_after_its_peers_is_connected_to() {
     assert_eq!(p.queued, COUNT, "{p:?}");
 
     let check = OrderCheck::new();
-    let late = {
-        let mut late = None;
-        // The reserved port could in principle be taken meanwhile (e.g. as the source port
-        // of a dial); retry the bind a few times rather than fail on that.
-        wait_until(
-            "the late member to bind its reserved port",
-            PATIENCE,
-            || {
-                let c = check.clone();
-                match Node::builder("late")
-                    .cluster("t-late")
-                    .pool_threads(1)
-                    .listen(late_addr)
-                    .allow_unknown_members(true)
-                    .on_message(move |d| c.record(&d))
-                    .start()
-                {
-                    Ok(n) => {
-                        late = Some(n);
-                        true
-                    }
-                    Err(cohort::Error::Io(e)) if e.kind() == std::io::ErrorKind::AddrInUse => false,
-                    Err(e) => panic!("late member failed to start: {e}"),
-                }
-            },
-        );
-        late.expect("started")
-    };
+    let late = Node::builder("late")
+        .cluster("t-late")
+        .pool_threads(1)
+        .listen(late_addr.addr())
+        .allow_unknown_members(true)
+        .on_message(check.handler())
+        .start()
+        .expect("the late member starts on its address");
 
     wait_until_or(
         PATIENCE,
@@ -211,16 +155,13 @@ fn member_started_after_its_peers_is_connected_to() {
 /// nothing is delivered. Messages accepted for it fail at shutdown.
 #[test]
 fn wrong_cluster_is_refused_and_counted() {
-    let delivered = Arc::new(AtomicU64::new(0));
+    let delivered = Counter::new();
     let builder = |name: &str, cluster: &str| {
-        let delivered = delivered.clone();
         Node::builder(name)
             .cluster(cluster)
             .pool_threads(1)
-            .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
-            .on_message(move |_| {
-                delivered.fetch_add(1, Ordering::SeqCst);
-            })
+            .redial_quickly()
+            .on_message(delivered.handler())
     };
     let red = builder("red", "t-cluster-red").start().expect("start");
     let blue = builder("blue", "t-cluster-blue").start().expect("start");
@@ -265,14 +206,14 @@ fn wrong_cluster_is_refused_and_counted() {
         assert_eq!(p.queued, 10, "{s}");
         assert_eq!(p.connects, 0, "{s}");
     }
-    assert_eq!(delivered.load(Ordering::SeqCst), 0);
+    assert_eq!(delivered.get(), 0);
 
     for n in [&red, &blue] {
         let report = n.shutdown(SHUTDOWN).expect("shutdown");
         assert_eq!(report.failed, 10, "{}: {report:?}", n.name());
         assert_eq!(report.undelivered, 0, "{}: {report:?}", n.name());
     }
-    assert_eq!(delivered.load(Ordering::SeqCst), 0);
+    assert_eq!(delivered.get(), 0);
 }
 
 /// Two members dialling each other at the same moment end with exactly one connection
@@ -287,32 +228,16 @@ fn simultaneous_dial_keeps_exactly_one_connection() {
     for round in 0..ROUNDS {
         let checks = [OrderCheck::new(), OrderCheck::new()];
         let names = [format!("a{round}"), format!("b{round}")];
-        let nodes: Vec<Node> = names
-            .iter()
-            .zip(&checks)
-            .map(|(name, check)| {
-                let check = check.clone();
-                Node::builder(name)
-                    .cluster("t-tie")
-                    .pool_threads(1)
-                    .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
-                    .on_message(move |d| check.record(&d))
-                    .start()
-                    .expect("start")
-            })
-            .collect();
-        let barrier = Barrier::new(2);
-        std::thread::scope(|s| {
-            for (i, node) in nodes.iter().enumerate() {
-                let other = &nodes[1 - i];
-                let barrier = &barrier;
-                s.spawn(move || {
-                    barrier.wait();
-                    node.add_peer(other.name(), other.local_addr())
-                        .expect("add_peer");
-                });
-            }
+        let nodes: [Node; 2] = std::array::from_fn(|i| {
+            Node::builder(&names[i])
+                .cluster("t-tie")
+                .pool_threads(1)
+                .redial_quickly()
+                .on_message(checks[i].handler())
+                .start()
+                .expect("start")
         });
+        introduce_at_once(&nodes);
         wait_until_or(
             PATIENCE,
             || {

@@ -1,4 +1,4 @@
-//! Recovery (issue 4): loom models of the ack counters and the unacked queue, with the code
+//! Recovery: loom models of the ack counters and the unacked queue, with the code
 //! that ships: `cohort::peer::Outbox` (the hand-off from the application to the IO thread)
 //! and `cohort::proto::Descriptor` (sequence numbers, acks, the resend set).
 //!

@@ -1,4 +1,4 @@
-//! Invariant 2, permits are conserved (issue 3): loom models of the writer — the IO thread
+//! Invariant 2, permits are conserved: loom models of the writer — the IO thread
 //! filtering or publishing a peer's queued messages while credit arrives, an application
 //! thread takes permits, and the peer is removed — with the code that ships:
 //! `cohort::peer::{Outbox, Outgoing, Return, Ledger}` and `cohort::flow::SendWindow`.

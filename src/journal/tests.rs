@@ -812,12 +812,12 @@ fn delivered_credit_and_a_reset_survive_a_restart() {
     assert_eq!(seqs(&r, "beta"), vec![1]);
 }
 
-/// Review, bug 8: segments are retired out of order (`take_retired` takes any covered
-/// segment whose pins are acked), so the segment holding a `Bound` reset can go back to
-/// the pool while an older segment, pinned by another peer, still holds messages of the
-/// reset stream. Recovery then replays those old messages without the reset, and the
-/// newer checkpoint's counters are merged with `max`, so they come back as unacknowledged
-/// messages of the new stream: retired (reported undelivered) messages are resent to the
+/// Segments are retired out of order (`take_retired` takes any covered segment whose pins
+/// are acked), so the segment holding a `Bound` reset can go back to the pool while an
+/// older segment, pinned by another peer, still holds messages of the reset stream.
+/// Recovery must not replay those old messages without the reset: with the newer
+/// checkpoint's counters merged with `max`, they would come back as unacknowledged messages
+/// of the new stream, and retired (reported undelivered) messages would be resent to the
 /// peer's new incarnation.
 #[test]
 fn a_reset_survives_the_retirement_of_the_segment_that_recorded_it() {

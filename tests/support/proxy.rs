@@ -16,7 +16,6 @@
 //! To tell whether a cut landed mid-frame, each direction follows the frame boundaries of
 //! the bytes it forwarded: every cohort frame starts with a 4-byte little-endian length of
 //! what follows (`docs/wire.md`). The proxy never looks inside a frame.
-#![allow(dead_code)]
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};

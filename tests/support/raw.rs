@@ -1,7 +1,6 @@
 //! A member driven by hand over a blocking socket, with the crate's own `proto` and `wire`
 //! code: it completes a real handshake and then writes whatever frames a test wants —
 //! garbage, or data past its window — as a buggy or hostile peer would.
-#![allow(dead_code)]
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};

@@ -1,0 +1,57 @@
+//! Support for the integration tests: every test file includes it the same way,
+//!
+//! ```ignore
+//! mod support;
+//! use support::*;
+//! ```
+//!
+//! which brings the everyday vocabulary into scope (the re-exports below); the rest is
+//! reached through its module (`raw::dial`, `proxy::Proxy`, `certs::TestCa`). Each test
+//! binary uses only part of it.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`wait`] | waiting on a condition with a deadline: `wait_until`, `poll_until`, `PATIENCE`, `SHUTDOWN` |
+//! | [`addr`] | `HeldAddr`: an address kept for a member that is not up (yet, or any more) |
+//! | [`nodes`] | fixtures: `connected` pair or mesh, `introduce_at_once`, the receiver `b` and the journalling sender `a` of two-member tests, `fill_window`, waits for whole windows, stats |
+//! | [`messages`] | numbered test payloads, `OrderCheck` (per-sender order), `Counter`, `Gate` |
+//! | [`threads`] | this process's threads by name, `Watched` threads parking on a dry window, `join_within` |
+//! | [`tempdir`] | `TempDir`, removed on drop, kept when the test fails |
+//! | [`raw`] | a member driven by hand over a blocking socket, with the crate's `proto`/`wire` |
+//! | [`proxy`] | a fault-injecting TCP proxy (cuts mid-frame, refuses, holds, half-open) |
+//! | [`freeze`] | a forwarder whose connections can go silent without a reset |
+//! | [`certs`] | (feature `tls`) a test CA and member certificates made at run time |
+//!
+//! No helper sleeps to wait for an event: they wait on a condition with a deadline.
+#![allow(dead_code)]
+
+pub(crate) mod addr;
+#[cfg(feature = "tls")]
+pub(crate) mod certs;
+pub(crate) mod freeze;
+pub(crate) mod messages;
+pub(crate) mod nodes;
+pub(crate) mod proxy;
+pub(crate) mod raw;
+pub(crate) mod tempdir;
+pub(crate) mod threads;
+pub(crate) mod wait;
+
+// The everyday vocabulary, for `use support::*`; a binary that leaves some of it unused is
+// not told so.
+#[allow(unused_imports)]
+pub(crate) use addr::HeldAddr;
+#[allow(unused_imports)]
+pub(crate) use messages::{counter_of, payload, Counter, Gate, OrderCheck};
+#[allow(unused_imports)]
+pub(crate) use nodes::{
+    all_stats, connected, fill_window, introduce, introduce_at_once, is_connected, journalled_a,
+    peer_stats, receiver_b, send_patiently, send_to_every_other, sender_a, shutdown_all,
+    wait_mesh_connected, wait_window_whole, wait_windows_whole, BuilderExt,
+};
+#[allow(unused_imports)]
+pub(crate) use tempdir::TempDir;
+#[allow(unused_imports)]
+pub(crate) use threads::{blocked_sender, join_within, threads_named, wait_threads_gone, Watched};
+#[allow(unused_imports)]
+pub(crate) use wait::{poll_until, wait_until, wait_until_or, PATIENCE, SHUTDOWN};
