@@ -215,6 +215,39 @@ fn a_threshold_ack_that_finds_the_handler_behind_is_retried() {
     b.shutdown(SHUTDOWN).expect("b stops");
 }
 
+/// A journalling receiver records its delivery progress as the handler goes, and its acks
+/// (which wait for the record to be durable) go out without waiting for other traffic to
+/// carry the journal write along: with heartbeats a minute apart, the sender's window still
+/// comes back whole, and the journal holds the progress before the receiver stops.
+#[test]
+fn delivery_progress_is_journalled_and_acknowledged_without_other_traffic() {
+    let dir = TempDir::new("progress-alone");
+    let quiet = Duration::from_secs(60);
+    let got = Counter::new();
+    let b = receiver_b("progress-alone", "127.0.0.1:0")
+        .journal(dir.path())
+        .heartbeat(quiet, quiet)
+        .on_message(got.handler())
+        .start()
+        .expect("b starts");
+    let a = sender_a("progress-alone", b.local_addr(), None)
+        .heartbeat(quiet, quiet)
+        .start()
+        .expect("a starts");
+    for i in 0..100 {
+        send_patiently(&a.sender(), "b", payload(i, 100));
+    }
+    wait_until("delivered", PATIENCE, || got.get() == 100);
+    wait_window_whole(&a, "b");
+    let j = b.stats().journal.expect("journal stats");
+    assert!(
+        j.records >= 2,
+        "the binding and the delivery progress journalled while running: {j:?}"
+    );
+    assert_eq!(a.stats().peer("b").expect("peer").undelivered, 0);
+    shutdown_all(&[a, b]);
+}
+
 #[test]
 fn sync_journal_without_a_journal_is_a_config_error() {
     let node = Node::builder("solo").start().expect("start");

@@ -161,14 +161,15 @@ impl IoThread {
     /// written on the next turn (the loop does not sleep while there is some).
     fn settle(&mut self, now: Instant) {
         self.drain_events(now);
+        // The turn's journal records go to the journal now, whether or not bytes are to be
+        // written: delivery progress (and the acks that wait for it to be durable) must not
+        // wait for unrelated traffic. Before any write, too: nothing leaves before the
+        // journal holds it (`write_link` commits as well; once here covers the pass).
+        if self.endpoint.commit_journal(now) {
+            *self.shared.journal_stats.lock() = self.endpoint.journal_stats();
+        }
         self.endpoint.take_dirty(&mut self.dirty);
         if !self.dirty.is_empty() {
-            // Nothing leaves before the journal holds it (`write_link` commits too; once
-            // here covers the whole pass).
-            self.endpoint.commit_journal(now);
-            if self.cfg.proto.journalled {
-                *self.shared.journal_stats.lock() = self.endpoint.journal_stats();
-            }
             let dirty = std::mem::take(&mut self.dirty);
             for &id in &dirty {
                 self.write_link(id, now);
@@ -552,7 +553,9 @@ impl IoThread {
     /// Writes what link `id` has buffered (and, over TLS, the transport's own records).
     fn write_link(&mut self, id: LinkId, now: Instant) {
         // Nothing leaves before the journal holds it.
-        self.endpoint.commit_journal(now);
+        if self.endpoint.commit_journal(now) {
+            *self.shared.journal_stats.lock() = self.endpoint.journal_stats();
+        }
         if !self.endpoint.journal_ok() {
             // The buffer may hold messages the journal could not take: they must not reach
             // the peer (a restart would give their sequence numbers to other messages).

@@ -1563,13 +1563,14 @@ impl Endpoint {
     // ---- the journal -------------------------------------------------------------------
 
     /// Appends this turn's records (one write, at most one fsync), then acknowledges the
-    /// progress that is now on disk. Called before any byte is written to a link.
-    pub(crate) fn commit_journal(&mut self, now: Instant) {
+    /// progress that is now on disk. The driver calls it at the end of every turn and
+    /// before any byte is written to a link. Returns whether anything was appended.
+    pub(crate) fn commit_journal(&mut self, now: Instant) -> bool {
         let Some(j) = self.journal.as_mut() else {
-            return;
+            return false;
         };
         if self.out.records.is_empty() || j.failed {
-            return;
+            return false;
         }
         let result = j.journal.append(&self.out.records);
         self.out.records.clear();
@@ -1577,6 +1578,7 @@ impl Endpoint {
             Ok(()) => self.journal_written(now),
             Err(e) => self.journal_failed(now, e),
         }
+        true
     }
 
     /// Forces the journal to disk now. Returns whether everything journalled is on disk:
