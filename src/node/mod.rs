@@ -584,11 +584,18 @@ impl Node {
             journal,
         };
         let guard = DoneGuard(io_done.clone(), stopped.clone());
+        let io_state = match IoThread::new(parts) {
+            Ok(t) => t,
+            Err(e) => {
+                pool.stop();
+                return Err(Error::Io(e));
+            }
+        };
         let io_thread = thread::Builder::new()
             .name(format!("{}-io", b.name))
             .spawn(move || {
                 let _guard = guard;
-                IoThread::new(parts).run();
+                io_state.run();
             });
         let io_thread = match io_thread {
             Ok(h) => h,

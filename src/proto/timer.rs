@@ -21,8 +21,6 @@ pub(crate) enum TimerKind {
     Tick,
     /// Shutdown's deadline.
     Deadline,
-    /// The journal's interval fsync is due.
-    JournalSync,
 }
 
 #[derive(Debug, Default)]
