@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use bytes::Bytes;
 use cohort::flow::cost;
-use cohort::peer::{Outbox, Outgoing};
+use cohort::peer::{Ledger, Outbox, Outgoing};
 use cohort::proto::Descriptor;
 use cohort::wire;
 use loom::sync::{Arc, Mutex};
@@ -53,10 +53,11 @@ const MESSAGES: u8 = 3;
 /// The application's send: the window's permits, then `admit`. The window holds every
 /// message of the model, so nothing parks (the window has its own models).
 fn admit(ob: &Outbox, tag: u8) {
-    let m = Outgoing::new(Bytes::from(vec![tag]), false, None);
-    ob.window()
-        .try_acquire(m.cost())
+    let permit = ob
+        .window()
+        .try_acquire(cost(1))
         .expect("the window holds every message of the model");
+    let m = Outgoing::new(Bytes::from(vec![tag]), false, None, permit);
     ob.admit(m).expect("the outbox is open");
 }
 
@@ -97,6 +98,8 @@ struct Io {
     /// After the reconnect: the peer's received count, and every sequence number written on
     /// the new connection, in order (the resend set, then new messages).
     new_conn: Option<(u64, Vec<u64>)>,
+    /// The permits of what was published (no credit comes back in these models).
+    ledger: Ledger,
     reached: &'static Reached,
 }
 
@@ -108,6 +111,7 @@ impl Io {
             desc,
             published: Vec::new(),
             new_conn: None,
+            ledger: Ledger::default(),
             reached,
         }
     }
@@ -116,6 +120,7 @@ impl Io {
     /// unacked queue. Returns its sequence number.
     fn publish(&mut self, m: Outgoing) -> u64 {
         let u = self.desc.publish(wire::FLAG_RELIABLE, m.payload().clone());
+        self.ledger.publish(m.into_permit());
         let (seq, tag) = (u.seq, u.payload[0]);
         assert_eq!(
             seq,

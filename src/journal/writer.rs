@@ -318,7 +318,12 @@ mod tests {
                     wait_for(&w, "synced on request", |m| m.synced == 2);
                 }
             }
-            assert!(wakes.load(std::sync::atomic::Ordering::Relaxed) > 0);
+            // The marks are published before the wake-up is called: wait for it.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while wakes.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+                assert!(Instant::now() < deadline, "the IO thread was never woken");
+                std::thread::yield_now();
+            }
             w.submit(3, vec![record(3)]);
             let journal = w.stop().expect("the journal back");
             assert!(!journal.unsynced(), "stop syncs what was handed over");

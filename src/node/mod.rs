@@ -127,8 +127,8 @@ impl SendCore {
             Wait::Forever => window.acquire(c),
             Wait::For(d) => window.acquire_timeout(c, d),
         };
-        match acquired {
-            Ok(()) => {}
+        let permit = match acquired {
+            Ok(permit) => permit,
             Err(AcquireError::Full) => return Err(TrySendError::Full(payload)),
             Err(AcquireError::Closed) => return Err(TrySendError::Failed(payload, Error::Closed)),
             Err(AcquireError::TimedOut) => {
@@ -145,12 +145,12 @@ impl SendCore {
                 };
                 return Err(TrySendError::Failed(payload, e));
             }
-        }
+        };
         let deadline = opts.ttl.map(|t| {
             peer.note_ttl();
             Instant::now() + t
         });
-        let mut m = Outgoing::new(payload, opts.oob, deadline);
+        let mut m = Outgoing::new(payload, opts.oob, deadline, permit);
         if opts.unreliable {
             m = m.unreliable();
         }

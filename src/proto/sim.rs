@@ -493,10 +493,15 @@ impl Sim {
         p.extend_from_slice(&i.to_le_bytes());
         p.resize(5 + len, i as u8);
         let p = Bytes::from(p);
-        let msg = Outgoing::new(p.clone(), false, None);
-        if m.peer.outbox.window().try_acquire(msg.cost()).is_err() {
+        let Ok(permit) = m
+            .peer
+            .outbox
+            .window()
+            .try_acquire(crate::flow::cost(p.len()))
+        else {
             return;
-        }
+        };
+        let msg = Outgoing::new(p.clone(), false, None, permit);
         if m.peer.outbox.admit(msg).is_err() {
             return;
         }
