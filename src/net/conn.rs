@@ -13,9 +13,11 @@ use mio::{Interest, Registry, Token};
 use crate::proto::READ_CHUNK;
 
 #[cfg(feature = "tls")]
-use super::tls::TlsSession;
+use crate::tls::TlsPump;
+
+/// The TLS configuration the IO thread holds.
 #[cfg(feature = "tls")]
-pub(crate) use super::tls::TlsSetup;
+pub(crate) type TlsSetup = crate::tls::TlsConfig;
 
 /// Without the `tls` feature there is no TLS configuration: an `Option<TlsSetup>` is always
 /// `None`, and the code that would use one is not compiled.
@@ -31,7 +33,7 @@ pub(crate) enum Transport {
     /// rustls, pumped over the same non-blocking socket (boxed: a rustls connection is
     /// large, and a plain `Conn` should not carry its size).
     #[cfg(feature = "tls")]
-    Tls(Box<TlsSession>),
+    Tls(Box<TlsPump>),
 }
 
 impl Transport {
@@ -45,7 +47,7 @@ impl Transport {
                 Ok(Transport::Plain)
             }
             #[cfg(feature = "tls")]
-            Some(t) => Ok(Transport::Tls(Box::new(TlsSession::new(t, dialled)?))),
+            Some(t) => Ok(Transport::Tls(Box::new(TlsPump::new(t, dialled)?))),
             #[cfg(not(feature = "tls"))]
             Some(t) => match *t {},
         }
@@ -68,7 +70,7 @@ impl Transport {
 pub(crate) fn is_tls_failure(e: &io::Error) -> bool {
     #[cfg(feature = "tls")]
     {
-        super::tls::is_failure(e)
+        crate::tls::is_failure(e)
     }
     #[cfg(not(feature = "tls"))]
     {
