@@ -18,9 +18,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::deliver::Pool;
-use crate::net::{
-    Command, Completion, IoConfig, IoParts, IoShared, IoThread, PeerMap, UndeliveredHook,
-};
+use crate::net::{Command, Completion, IoParts, IoShared, IoThread, PeerMap, UndeliveredHook};
 use crate::peer::{Counters, PeerShared};
 use crate::proto::NodeCounters;
 use crate::sync::atomic::{AtomicBool, Ordering};
@@ -109,22 +107,20 @@ impl Node {
 
     fn start(b: Builder) -> Result<Node, Error> {
         let (listen, peer_addrs) = b.validate()?;
-        let max_message = b.effective_max_message();
-        let name: SharedStr = b.name.as_str().into();
         // The journal first: a directory that cannot be recovered stops the start before a
         // socket is bound.
         let journal = match &b.journal {
             None => None,
             Some(j) => {
-                let config = crate::journal::JournalConfig::new(&j.dir, b.name.as_str())
-                    .cluster(b.cluster.as_str())
+                let config = crate::journal::JournalConfig::new(&j.dir, b.name())
+                    .cluster(&b.io.proto.cluster)
                     .segment_size(j.segment_size)
                     .fsync(j.fsync);
                 let (journal, recovered) = crate::journal::Journal::open(config)?;
                 let r = &recovered.report;
                 log::info!(
                     "{}: journal {} recovered: {} segments, {} records replayed, {} unacknowledged messages to {} peers",
-                    b.name,
+                    b.name(),
                     j.dir.display(),
                     r.segments_replayed,
                     r.records_replayed,
@@ -134,6 +130,14 @@ impl Node {
                 Some((journal, recovered))
             }
         };
+        // A journalling member keeps its launch id across restarts: its peers continue its
+        // streams instead of meeting a new incarnation.
+        let launch_id = journal
+            .as_ref()
+            .map_or_else(crate::util::random_nonzero_u64, |(j, _)| j.launch_id());
+        let config = b.io_config(launch_id, journal.is_some());
+        let (name, window) = (config.proto.name.clone(), config.proto.window);
+        let max_message = config.proto.max_message;
 
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(listen),
@@ -174,7 +178,7 @@ impl Node {
             })
         });
         let pool = Arc::new(Pool::start(
-            &b.name,
+            b.name(),
             b.pool_threads,
             b.delivery_batch,
             handler,
@@ -183,7 +187,7 @@ impl Node {
         pool.set_spin(b.pool_spin);
         let peers: PeerMap = Arc::new(RwLock::new(HashMap::default()));
         for (pname, addr) in &peer_addrs {
-            let shared = io.new_peer(pname.as_str().into(), b.window);
+            let shared = io.new_peer(pname.as_str().into(), window);
             peers.write().insert(shared.name.clone(), shared.clone());
             io.command(Command::AddPeer {
                 peer: shared,
@@ -191,11 +195,6 @@ impl Node {
             });
         }
 
-        // A journalling member keeps its launch id across restarts: its peers continue its
-        // streams instead of meeting a new incarnation.
-        let launch_id = journal
-            .as_ref()
-            .map_or_else(crate::util::random_nonzero_u64, |(j, _)| j.launch_id());
         let counters = Arc::new(NodeCounters::default());
         let stopped = Arc::new(AtomicBool::new(false));
         let undelivered: Option<UndeliveredHook> = b.undelivered.clone().map(|f| {
@@ -205,41 +204,7 @@ impl Node {
                 });
             h
         });
-        let config = IoConfig {
-            proto: crate::proto::Config {
-                name: name.clone(),
-                cluster: b.cluster.clone(),
-                launch_id,
-                window: b.window,
-                recv_window: b.recv_window.unwrap_or(b.window),
-                max_message,
-                allow_unknown: b.allow_unknown,
-                ack_threshold: b.ack_threshold,
-                ack_delay: b.ack_delay,
-                backoff_min: b.backoff_min,
-                backoff_max: b.backoff_max,
-                handshake_timeout: b.handshake_timeout,
-                write_high_water: b.write_high_water,
-                outbound_filter: b.outbound_filter.clone(),
-                probe_interval: b.probe_interval,
-                block_warning: b.block_warning,
-                credit_on_idle: b.credit_on_idle,
-                tick: (b.probe_interval / 2)
-                    .min(b.heartbeat / 2)
-                    .clamp(Duration::from_millis(5), Duration::from_millis(50)),
-                heartbeat: b.heartbeat,
-                idle_timeout: b.idle_timeout,
-                max_connections: b.max_connections,
-                max_pending: b.max_pending,
-                max_pending_per_source: b.effective_pending_per_source(),
-                secret: b.secret.clone(),
-                journalled: journal.is_some(),
-            },
-            send_buffer: b.send_buffer,
-            recv_buffer: b.recv_buffer,
-            tls: b.tls.clone(),
-        };
-        let tls = b.tls.is_some();
+        let tls = config.tls.is_some();
         let io_done = Arc::new(Completion::default());
         let parts = IoParts {
             config,
@@ -255,7 +220,7 @@ impl Node {
         };
         let guard = DoneGuard(io_done.clone(), stopped.clone());
         let io_thread = thread::Builder::new()
-            .name(format!("{}-io", b.name))
+            .name(format!("{name}-io"))
             .spawn(move || {
                 let _guard = guard;
                 IoThread::new(parts).run();
@@ -274,7 +239,7 @@ impl Node {
         }
         log::info!(
             "{name}: listening on {local_addr} (cluster '{}', {} peers)",
-            b.cluster,
+            b.io.proto.cluster,
             peer_addrs.len()
         );
         let sender = Sender::new(
@@ -290,7 +255,7 @@ impl Node {
             launch_id,
             journalled: b.journal.is_some(),
             local_addr,
-            window: b.window,
+            window,
             io,
             peers,
             pool,
