@@ -1,20 +1,22 @@
 //! A peer's outbox: its send window, the queue of accepted messages, and the one place where
 //! permits go back to the window.
 //!
-//! Permits are conserved by construction. A message takes `cost(len)` bytes of window in
-//! [`Outbox::admit`] and gives them back exactly once, through [`Outbox::give_back`], naming
-//! why ([`Return`]):
+//! Permits are conserved by construction. A message's `cost(len)` bytes are taken from the
+//! window in one place, by its sender (`SendCore::enqueue_to`, `src/node/send.rs`), before
+//! [`Outbox::admit`] queues it; they go back exactly once, through [`Outbox::give_back`],
+//! naming why ([`Return`]):
 //!
 //! | path | where | [`Return`] |
 //! |---|---|---|
 //! | outbox closed when the message arrived | `admit` | `Refused` |
-//! | the outbound filter dropped it at publish time | IO thread, `flush_peer` | `Filtered` |
-//! | its deadline passed while it was queued | IO thread, `flush_peer` / sweep | `Expired` |
-//! | the peer cannot take a message that large | IO thread, `flush_peer` | `Failed` |
-//! | the peer was removed / the node shut down with it queued | IO thread, `retire_peer` | `Failed` |
-//! | published, then credited back by the receiver | IO thread, `on_ack` via [`Ledger`] | `Credited` |
-//! | published, then the peer restarted or was removed | IO thread, via [`Ledger::retire`] | `Retired` |
-//! | published unreliable, then lost with its connection | IO thread, `establish` (handshake counts) | `Lost` |
+//! | the outbound filter dropped it at publish time | IO thread, `proto::Peer::publish` | `Filtered` |
+//! | its deadline passed while it was queued | IO thread, `Peer::publish` / `Peer::expire_queued` (tick) | `Expired` |
+//! | the peer cannot take a message that large | IO thread, `Peer::publish` | `Failed` |
+//! | unreliable, for a disconnected peer of a journalling node | IO thread, `Peer::publish` | `Failed` |
+//! | the peer was removed / the node shut down with it queued | IO thread, `Peer::retire` | `Failed` |
+//! | published, then credited back by the receiver | IO thread, `Peer::on_ack` via [`Ledger::credit`] | `Credited` |
+//! | published, then the peer restarted, forgot us or was removed | IO thread, `Peer::bind` / `Peer::forget` / `Peer::retire` via [`Ledger::retire`] | `Retired` |
+//! | published unreliable, then lost with its connection | IO thread, `Peer::establish` (handshake counts) via [`Ledger::forget`] | `Lost` |
 //!
 //! Published messages are tracked by the IO thread's [`Ledger`] (bytes published and not yet
 //! credited); queued ones by their presence in a queue. So at every instant
