@@ -149,13 +149,13 @@ impl Sender {
         let mut out: Vec<(String, Result<(), Error>)> = peers
             .iter()
             .map(|p| {
-                let to = Route {
+                let route = Route {
                     core: &self.core,
                     to: To::Peer(p),
                 };
                 (
                     p.name.to_string(),
-                    to.try_send(payload.clone()).map_err(Error::from),
+                    route.try_send(payload.clone()).map_err(Error::from),
                 )
             })
             .collect();
