@@ -5,8 +5,6 @@
 
 mod conn;
 mod io;
-#[cfg(feature = "tls")]
-mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

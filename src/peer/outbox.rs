@@ -2,21 +2,22 @@
 //! permits go back to the window.
 //!
 //! Permits are conserved by the types. A sender takes `cost(len)` bytes of window as a
-//! [`Permit`] (`SendCore::enqueue_to` in `node`: the only place a send takes one; a journal
-//! restore charges the window with `SendWindow::take_up_to`); the message carries it
+//! [`Permit`] (`SendCore::enqueue_to`, `src/node/send.rs`: the only place a send takes one; a
+//! journal restore charges the window with `SendWindow::take_up_to`); the message carries it
 //! ([`Outgoing`]) into the outbox and, once published, into the IO thread's [`Ledger`]; and
 //! it goes back exactly once, through [`Outbox::give_back`], naming why ([`Return`]):
 //!
 //! | path | where | [`Return`] |
 //! |---|---|---|
 //! | outbox closed when the message arrived | `admit` | `Refused` |
-//! | the outbound filter dropped it at publish time | `proto::Peer::publish` | `Filtered` |
-//! | its deadline passed while it was queued | `Peer::publish` / `Peer::expire_queued` | `Expired` |
-//! | the peer cannot take a message that large | `Peer::publish` | `Failed` |
-//! | the peer was removed / the node shut down with it queued | `Peer::retire` | `Failed` |
-//! | published, then credited back by the receiver | `Peer::on_ack` via [`Ledger::credit`] | `Credited` |
-//! | published, then the peer restarted or was removed | `Peer::bind` / `forget` / `retire`, via [`Ledger::retire`] | `Retired` |
-//! | published unreliable, then lost with its connection | `Peer::establish` (handshake counts), via [`Ledger::forget`] | `Lost` |
+//! | the outbound filter dropped it at publish time | IO thread, `proto::Peer::publish` | `Filtered` |
+//! | its deadline passed while it was queued | IO thread, `Peer::publish` / `Peer::expire_queued` (tick) | `Expired` |
+//! | the peer cannot take a message that large | IO thread, `Peer::publish` | `Failed` |
+//! | unreliable, for a disconnected peer of a journalling node | IO thread, `Peer::publish` | `Failed` |
+//! | the peer was removed / the node shut down with it queued | IO thread, `Peer::retire` | `Failed` |
+//! | published, then credited back by the receiver | IO thread, `Peer::on_ack` via [`Ledger::credit`] | `Credited` |
+//! | published, then the peer restarted, forgot us or was removed | IO thread, `Peer::bind` / `Peer::forget` / `Peer::retire` via [`Ledger::retire`] | `Retired` |
+//! | published unreliable, then lost with its connection | IO thread, `Peer::establish` (handshake counts) via [`Ledger::forget`] | `Lost` |
 //!
 //! A permit cannot be copied, and dropping one that holds bytes panics in debug builds, so a
 //! path that forgets to give one back fails its tests. At every instant
