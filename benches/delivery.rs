@@ -1,5 +1,5 @@
 //! The delivery pool alone, no sockets: 4 senders × 10, × 100 and × 1000 messages through
-//! `cohort::deliver::Pool` (4 threads), two ways.
+//! `cohort::internals::deliver::Pool` (4 threads), two ways.
 //!
 //! - `member_queue`: one-deliverer-per-sender, as the IO thread does it: each sender's batch
 //!   is pushed to that sender's `MemberQueue`, and `Task::Member` is submitted only when the
@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use cohort::deliver::{CreditSink, MemberQueue, OobQueue, Pool, Task};
+use cohort::internals::deliver::{CreditSink, MemberQueue, OobQueue, Pool, Task};
 use cohort::{Bytes, Delivery};
 use common::{Progress, Samples};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};

@@ -32,8 +32,8 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use cohort::proto::{Handshake, HsEvent, LocalIdentity, Secret};
-use cohort::wire::{self, Frame};
+use cohort::internals::proto::{Handshake, HsEvent, LocalIdentity, Secret};
+use cohort::internals::wire::{self, Frame};
 use cohort::Node;
 use common::Samples;
 use criterion::{criterion_group, criterion_main, Criterion};

@@ -12,7 +12,7 @@ fn main() -> ExitCode {
         eprintln!("usage: journal_inspect DIR");
         return ExitCode::from(2);
     };
-    match cohort::journal::inspect(&dir) {
+    match cohort::inspect_journal(&dir) {
         Ok(inspection) => {
             print!("{inspection}");
             ExitCode::SUCCESS

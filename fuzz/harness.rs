@@ -18,8 +18,10 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
 use bytes::BytesMut;
-use cohort::proto::{keep_new, Handshake, HsEvent, LocalIdentity, Role, Secret, TieBreak};
-use cohort::wire::{self, CloseCode, Frame, WireError};
+use cohort::internals::proto::{
+    keep_new, Handshake, HsEvent, LocalIdentity, Role, Secret, TieBreak,
+};
+use cohort::internals::wire::{self, CloseCode, Frame, WireError};
 
 /// Longest handshake frame after its length prefix: the bound `parse` uses before a
 /// connection is established.
@@ -373,7 +375,7 @@ fn frames_of(out: &[u8]) -> Vec<Frame<'_>> {
 }
 
 /// Feeds one frame to `hs` with the tracker armed.
-fn feed(hs: &mut Handshake, f: &Frame<'_>) -> Result<HsEvent, cohort::proto::HsError> {
+fn feed(hs: &mut Handshake, f: &Frame<'_>) -> Result<HsEvent, cohort::internals::proto::HsError> {
     let (r, _, largest) = tracked(|| hs.on_frame(f));
     assert!(largest <= HS_ALLOC_BOUND, "on_frame allocated {largest} B");
     r
@@ -455,10 +457,13 @@ fn feed_frames(acceptor: bool, b: &mut Bytes<'_>) {
                         ref other => panic!("accept wrote {other:?}"),
                     }
                 } else {
-                    let reason = "é".repeat(decide as usize); // cut at 255 bytes, mid-char
-                    hs.refuse(CloseCode::from_u8(decide >> 1), &reason, &mut out);
+                    // The endpoint refuses the peer: it writes a Close frame (its reason cut
+                    // at 255 bytes, here mid-character), closes the link and drops the
+                    // handshake.
+                    let reason = "é".repeat(decide as usize);
+                    wire::encode_close(&mut out, CloseCode::from_u8(decide >> 1), &reason);
                     assert!(matches!(frames_of(&out)[..], [Frame::Close { .. }]));
-                    assert!(!hs.is_done());
+                    return;
                 }
             }
             Ok(HsEvent::Established { .. }) => {

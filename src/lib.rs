@@ -14,8 +14,9 @@
 //! - **authentication** ([`Builder::secret`]): a challenge–response in every handshake, with
 //!   fresh nonces on both sides and HMAC-SHA-256 over the whole handshake; a peer without the
 //!   secret is refused before the node acts on anything it says;
-//! - **a durable outbox** ([`journal`]): preallocated segment files, an empty-file pool and
-//!   recovery, so reliable messages and delivery counts survive a restart;
+//! - **a durable outbox** ([`Builder::journal`]): preallocated segment files, an empty-file
+//!   pool and recovery, so reliable messages and delivery counts survive a restart
+//!   ([`inspect_journal`] looks inside one);
 //! - **optional TLS** (cargo feature `tls`, module `tls`): rustls over the same
 //!   connections, certificates on both sides, each member's name checked against its
 //!   certificate.
@@ -52,26 +53,86 @@
 
 #![doc(test(attr(deny(warnings))))]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
+// The internal modules' `pub` items are their API within the crate; cohort's own tests,
+// benches, fuzz targets and loom models reach them through `internals` (feature
+// `unstable-internals`, on in every build of those). Without it, what only they use is
+// unreachable and its re-exports unused: every lint stays on where the feature is.
+#![cfg_attr(
+    not(feature = "unstable-internals"),
+    allow(unreachable_pub, unused_imports)
+)]
 
-pub mod deliver;
-pub mod flow;
-pub mod journal;
+mod deliver;
+mod flow;
+mod journal;
 mod net;
-pub mod peer;
-pub mod proto;
-pub(crate) mod sync;
+mod node;
+mod peer;
+mod proto;
+mod sync;
 #[cfg(feature = "tls")]
 pub mod tls;
-pub mod wire;
-
-mod node;
 mod util;
+mod wire;
 
 pub use bytes::Bytes;
 pub use deliver::{Delivery, PoolStats};
-pub use journal::{FsyncPolicy, JournalStats};
+pub use journal::{
+    inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,
+    RecordKind, SegmentInfo, SegmentState, SegmentStatus,
+};
 pub use node::{
     Builder, ConnStats, Error, Node, PeerSender, PeerStats, SendOptions, Sender, ShutdownReport,
     Stats, TrySendError, UndeliveredFn,
 };
 pub use peer::{Outgoing, PeerInfo, PeerState};
+
+/// Not API: the crate's internals, for cohort's own loom models, fuzz targets, benches and
+/// tests (cargo feature `unstable-internals`, which they enable). Nothing here is covered by
+/// semver, documented, or meant for applications.
+#[cfg(feature = "unstable-internals")]
+#[doc(hidden)]
+pub mod internals {
+    /// The delivery side: member queues, OOB queues, the pool, progress.
+    pub mod deliver {
+        pub use crate::deliver::*;
+    }
+    /// The send window and receive credit.
+    pub mod flow {
+        pub use crate::flow::*;
+    }
+    /// The journal's storage.
+    pub mod journal {
+        pub use crate::journal::*;
+    }
+    /// Per-peer shared state: the outbox and the ledger.
+    pub mod peer {
+        use crate::flow::Permit;
+        pub use crate::peer::*;
+        use bytes::Bytes;
+        use std::time::Instant;
+
+        /// A message holding `permit`, as `send` makes one.
+        pub fn outgoing(
+            payload: Bytes,
+            oob: bool,
+            deadline: Option<Instant>,
+            permit: Permit,
+        ) -> Outgoing {
+            Outgoing::new(payload, oob, deadline, permit)
+        }
+
+        /// The message's permit, as the IO thread takes it to give back or publish.
+        pub fn into_permit(m: Outgoing) -> Permit {
+            m.into_permit()
+        }
+    }
+    /// The protocol: handshake, recovery descriptor.
+    pub mod proto {
+        pub use crate::proto::*;
+    }
+    /// The frame codec.
+    pub mod wire {
+        pub use crate::wire::*;
+    }
+}

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use cohort::proto::LocalIdentity;
-use cohort::wire::{self, CloseCode, Frame};
+use cohort::internals::proto::LocalIdentity;
+use cohort::internals::wire::{self, CloseCode, Frame};
 use cohort::{Node, PeerState};
 use support::*;
 

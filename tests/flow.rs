@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cohort::flow::{cost, MESSAGE_OVERHEAD};
+use cohort::internals::flow::{cost, MESSAGE_OVERHEAD};
 use cohort::{Error, Node, TrySendError};
 use support::*;
 

@@ -20,8 +20,8 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cohort::proto::{Handshake, HsEvent, LocalIdentity};
-use cohort::wire;
+use cohort::internals::proto::{Handshake, HsEvent, LocalIdentity};
+use cohort::internals::wire;
 use cohort::{Node, Outgoing, PeerInfo};
 use support::*;
 

@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use cohort::flow::cost;
-use cohort::wire::{self, CloseCode};
+use cohort::internals::flow::cost;
+use cohort::internals::wire::{self, CloseCode};
 use cohort::{Delivery, Node};
 use support::*;
 

@@ -327,7 +327,7 @@ fn restarts_under_traffic_never_grow_the_journal() {
         }
         a.shutdown(SHUTDOWN).expect("a stops");
         drop(a);
-        let seen = cohort::journal::inspect(dir.path()).expect("inspect");
+        let seen = cohort::inspect_journal(dir.path()).expect("inspect");
         files.push(seen.segments.len());
     }
     let a = start_a(20);
@@ -357,10 +357,10 @@ fn restarts_under_traffic_never_grow_the_journal() {
     let max = *files.iter().max().expect("rounds");
     assert!(max <= 6, "segment files per round: {files:?}");
     // And restarting alone never adds a file (the Qpid bug): ten bare restarts.
-    let settled = cohort::journal::inspect(dir.path()).expect("inspect");
+    let settled = cohort::inspect_journal(dir.path()).expect("inspect");
     for round in 21..31 {
         start_a(round).shutdown(SHUTDOWN).expect("a stops");
-        let now = cohort::journal::inspect(dir.path()).expect("inspect");
+        let now = cohort::inspect_journal(dir.path()).expect("inspect");
         assert_eq!(
             now.segments.len(),
             settled.segments.len(),

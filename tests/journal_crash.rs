@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use cohort::journal::{Journal, JournalConfig, SegmentStatus};
+use cohort::internals::journal::{Journal, JournalConfig, SegmentStatus};
 use cohort::{Delivery, FsyncPolicy, Node};
 use support::*;
 
@@ -206,7 +206,7 @@ fn recover_copy(dir: &Path, run: u64, b_received: u64, b_log: &BLog) -> Recovery
     let (journal, recovered) = Journal::open(config).unwrap_or_else(|e| {
         panic!(
             "run {run}: recovery of the journal failed: {e}\n{}",
-            cohort::journal::inspect(dir).map_or_else(|e| e.to_string(), |i| i.to_string())
+            cohort::inspect_journal(dir).map_or_else(|e| e.to_string(), |i| i.to_string())
         )
     });
     let report = &recovered.report;
@@ -615,7 +615,7 @@ fn sigkill_at_random_points_loses_nothing_synced_and_never_replays_garbage() {
         cuts += u64::from(rec.cut);
         let files = file_count(dir.path());
         max_files = max_files.max(files);
-        let ins = cohort::journal::inspect(dir.path()).expect("inspect the journal");
+        let ins = cohort::inspect_journal(dir.path()).expect("inspect the journal");
         max_live = max_live.max(ins.segments.len() - ins.pool().count());
         assert!(
             ins.segments.iter().all(|s| matches!(
@@ -650,7 +650,7 @@ fn sigkill_at_random_points_loses_nothing_synced_and_never_replays_garbage() {
                 "the {journalled} journalled messages at b; synced per run {synced:?}, reached b {:?}; b:\n{}\n{}",
                 log.lock().unwrap().reached,
                 b.stats(),
-                cohort::journal::inspect(dir.path())
+                cohort::inspect_journal(dir.path())
                     .map_or_else(|e| e.to_string(), |i| i.to_string())
             )
         },
@@ -680,7 +680,7 @@ fn sigkill_at_random_points_loses_nothing_synced_and_never_replays_garbage() {
             file_count(dir.path()),
             files,
             "clean restart {k} changed the number of files:\n{}",
-            cohort::journal::inspect(dir.path()).map_or_else(|e| e.to_string(), |i| i.to_string())
+            cohort::inspect_journal(dir.path()).map_or_else(|e| e.to_string(), |i| i.to_string())
         );
     }
     let bs = peer_stats(&b, "a");
@@ -739,7 +739,7 @@ fn sigkill_at_random_points_loses_nothing_synced_and_never_replays_garbage() {
     let left = recovered.peers.get("b").map_or(0, |p| p.unacked.len());
     assert_eq!(left, 0, "messages left to resend after a clean stop");
     drop(journal);
-    let ins = cohort::journal::inspect(dir.path()).expect("inspect the journal");
+    let ins = cohort::inspect_journal(dir.path()).expect("inspect the journal");
     let pool = ins.pool().count();
     let live = ins.segments.len() - pool;
     assert!(ins.temp_files.is_empty(), "leftover temp files:\n{ins}");
@@ -846,7 +846,7 @@ fn a_receiver_killed_at_random_points_loses_nothing_and_redelivers_in_order() {
         assert!(
             files <= 6,
             "round {round}: b's journal (delivery records only) holds {files} files:\n{}",
-            cohort::journal::inspect(dir.path()).map_or_else(|e| e.to_string(), |i| i.to_string())
+            cohort::inspect_journal(dir.path()).map_or_else(|e| e.to_string(), |i| i.to_string())
         );
     }
     stop.store(true, Ordering::Relaxed);

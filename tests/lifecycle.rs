@@ -10,7 +10,7 @@ use std::sync::{mpsc, Arc};
 
 use std::time::Duration;
 
-use cohort::flow::cost;
+use cohort::internals::flow::cost;
 use cohort::{Error, Node, PeerState, ShutdownReport, TrySendError};
 use support::*;
 

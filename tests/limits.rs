@@ -9,7 +9,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cohort::wire;
+use cohort::internals::wire;
 use cohort::Node;
 use support::*;
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cohort::flow::{cost, MESSAGE_OVERHEAD};
+use cohort::internals::flow::{cost, MESSAGE_OVERHEAD};
 use cohort::{Error, Node, PeerState, PeerStats, SendOptions, TrySendError};
 use support::*;
 

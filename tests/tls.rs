@@ -167,8 +167,8 @@ fn wait_tls_failures(node: &Node, n: u64, what: &str) {
 /// acceptor's `Hello`), claiming member `name` of our cluster.
 fn hello_reply(name: &str) -> Vec<u8> {
     let mut out = Vec::new();
-    let id = cohort::wire::Identity {
-        version: cohort::wire::VERSION,
+    let id = cohort::internals::wire::Identity {
+        version: cohort::internals::wire::VERSION,
         launch_id: 42,
         window: 1 << 20,
         max_message: 1 << 16,
@@ -176,7 +176,7 @@ fn hello_reply(name: &str) -> Vec<u8> {
         name,
         nonce: None,
     };
-    cohort::wire::encode_hello_reply(&mut out, &id, 0, 0, 0, None);
+    cohort::internals::wire::encode_hello_reply(&mut out, &id, 0, 0, 0, None);
     out
 }
 

@@ -1,4 +1,4 @@
-//! Invariant 1, one deliverer per sender: loom models of `cohort::deliver::MemberQueue` and
+//! Invariant 1, one deliverer per sender: loom models of `cohort::internals::deliver::MemberQueue` and
 //! its RUNNING | NOTIFIED state word, with the code that ships.
 //!
 //! The pool is modelled by its contract: whichever thread's `push` returns `true` owns the
@@ -13,8 +13,8 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::deliver::{CreditSink, MemberQueue, RunOutcome};
-use cohort::flow::cost;
+use cohort::internals::deliver::{CreditSink, MemberQueue, RunOutcome};
+use cohort::internals::flow::cost;
 use cohort::Delivery;
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

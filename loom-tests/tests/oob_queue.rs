@@ -1,4 +1,4 @@
-//! A sender's out-of-band queue, `cohort::deliver::OobQueue`, with the code that ships:
+//! A sender's out-of-band queue, `cohort::internals::deliver::OobQueue`, with the code that ships:
 //! at most `limit` drainers run it at once (its fair share of the pool), and nothing is
 //! stranded: every message pushed is delivered exactly once, whichever drainer takes it.
 //!
@@ -7,7 +7,7 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::deliver::{CreditSink, OobQueue, RunOutcome};
+use cohort::internals::deliver::{CreditSink, OobQueue, RunOutcome};
 use cohort::Delivery;
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use loom::sync::Arc;
@@ -94,7 +94,7 @@ fn two_producers(limit: usize, budget: usize) {
     assert!(seen.most_inside.load(Ordering::Relaxed) <= limit);
     assert_eq!(
         credit.consumed.load(Ordering::Relaxed),
-        4 * cohort::flow::cost(1)
+        4 * cohort::internals::flow::cost(1)
     );
     // The drainer count went back to zero: the next push schedules one again.
     assert_eq!(q.push([message(9)]), 1, "drainer count leaked");

@@ -1,4 +1,4 @@
-//! The journal's delivery watermark, `cohort::deliver::Progress`, with the code that ships:
+//! The journal's delivery watermark, `cohort::internals::deliver::Progress`, with the code that ships:
 //! pool threads complete sequence numbers in any order (regular batches and OOB messages)
 //! while the IO thread reads the watermark and may restart the stream.
 //!
@@ -7,7 +7,7 @@
 //! new one.
 #![cfg(loom)]
 
-use cohort::deliver::Progress;
+use cohort::internals::deliver::Progress;
 use loom::sync::Arc;
 use loom::thread;
 

@@ -1,6 +1,6 @@
 //! Recovery: loom models of the ack counters and the unacked queue, with the code
-//! that ships: `cohort::peer::Outbox` (the hand-off from the application to the IO thread)
-//! and `cohort::proto::Descriptor` (sequence numbers, acks, the resend set).
+//! that ships: `cohort::internals::peer::Outbox` (the hand-off from the application to the IO thread)
+//! and `cohort::internals::proto::Descriptor` (sequence numbers, acks, the resend set).
 //!
 //! The boundary as the code has it (`src/net/io.rs`): the application thread admits
 //! messages into the peer's `Outbox`; the IO thread takes them (`take_into`), publishes
@@ -40,10 +40,10 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use bytes::Bytes;
-use cohort::flow::cost;
-use cohort::peer::{Ledger, Outbox, Outgoing};
-use cohort::proto::Descriptor;
-use cohort::wire;
+use cohort::internals::flow::cost;
+use cohort::internals::peer::{self, Ledger, Outbox, Outgoing};
+use cohort::internals::proto::Descriptor;
+use cohort::internals::wire;
 use loom::sync::{Arc, Mutex};
 use loom::thread;
 
@@ -57,7 +57,7 @@ fn admit(ob: &Outbox, tag: u8) {
         .window()
         .try_acquire(cost(1))
         .expect("the window holds every message of the model");
-    let m = Outgoing::new(Bytes::from(vec![tag]), false, None, permit);
+    let m = peer::outgoing(Bytes::from(vec![tag]), false, None, permit);
     ob.admit(m).expect("the outbox is open");
 }
 
@@ -120,7 +120,7 @@ impl Io {
     /// unacked queue. Returns its sequence number.
     fn publish(&mut self, m: Outgoing) -> u64 {
         let u = self.desc.publish(wire::FLAG_RELIABLE, m.payload().clone());
-        self.ledger.publish(m.into_permit());
+        self.ledger.publish(peer::into_permit(m));
         let (seq, tag) = (u.seq, u.payload[0]);
         assert_eq!(
             seq,

@@ -1,4 +1,4 @@
-//! Receiver-side credit: loom models of `cohort::flow::RecvCredit`, with the code that
+//! Receiver-side credit: loom models of `cohort::internals::flow::RecvCredit`, with the code that
 //! ships.
 //!
 //! Pool threads call `consumed` (after the handler returns) and, when it says half the
@@ -26,7 +26,7 @@
 //! checkable by loom), which lets the `*_no_request_lost` models check everything.
 #![cfg(loom)]
 
-use cohort::flow::RecvCredit;
+use cohort::internals::flow::RecvCredit;
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use loom::sync::Arc;
 use loom::thread;

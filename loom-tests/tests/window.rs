@@ -1,4 +1,4 @@
-//! Invariant 2, permits are conserved: loom models of `cohort::flow::SendWindow` (the
+//! Invariant 2, permits are conserved: loom models of `cohort::internals::flow::SendWindow` (the
 //! per-peer byte semaphore), with the code that ships.
 //!
 //! A waiter that never wakes is a deadlock, which loom reports (every thread blocked). At the
@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use cohort::flow::{AcquireError, Permit, SendWindow};
+use cohort::internals::flow::{AcquireError, Permit, SendWindow};
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;

@@ -1,7 +1,7 @@
 //! Invariant 2, permits are conserved: loom models of the writer — the IO thread
 //! filtering or publishing a peer's queued messages while credit arrives, an application
 //! thread takes permits, and the peer is removed — with the code that ships:
-//! `cohort::peer::{Outbox, Outgoing, Return, Ledger}` and `cohort::flow::SendWindow`.
+//! `cohort::internals::peer::{Outbox, Outgoing, Return, Ledger}` and `cohort::internals::flow::SendWindow`.
 //!
 //! The threads mirror the real ones:
 //!
@@ -42,8 +42,8 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
-use cohort::flow::{cost, AcquireError, Permit};
-use cohort::peer::{Ledger, Outbox, Outgoing, Return};
+use cohort::internals::flow::{cost, AcquireError, Permit};
+use cohort::internals::peer::{self, Ledger, Outbox, Outgoing, Return};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -79,10 +79,10 @@ impl Writer {
         ob.take_into(&mut pending);
         for m in pending {
             if keep(&m) {
-                ledger.publish(m.into_permit());
+                ledger.publish(peer::into_permit(m));
                 self.published += 1;
             } else {
-                ob.give_back(Return::Filtered, m.into_permit());
+                ob.give_back(Return::Filtered, peer::into_permit(m));
                 self.filtered += 1;
             }
         }
@@ -100,7 +100,7 @@ impl Writer {
         self.failed += queued.len() as u64;
         let mut permits = Permit::none();
         for m in queued {
-            permits.absorb(m.into_permit());
+            permits.absorb(peer::into_permit(m));
         }
         ob.give_back(Return::Failed, permits);
         ob.give_back(Return::Retired, ledger.retire());
@@ -132,7 +132,7 @@ impl App {
             Err(e) => panic!("acquire failed with {e:?}"),
         };
         self.taken += permit.bytes();
-        match ob.admit(Outgoing::new(payload, false, None, permit)) {
+        match ob.admit(peer::outgoing(payload, false, None, permit)) {
             Ok(()) => self.admitted += 1,
             Err(back) => {
                 assert!(ob.is_closed(), "admit refused an open outbox");

@@ -279,6 +279,7 @@ impl MemberQueue {
         self.queued_bytes.load(Ordering::Relaxed)
     }
     /// Messages queued and not yet delivered.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn queued(&self) -> usize {
         self.queue.lock().len()
     }
@@ -291,6 +292,7 @@ impl MemberQueue {
         self.delivered_bytes.load(Ordering::Relaxed)
     }
     /// Handler panics caught.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn panics(&self) -> u64 {
         self.panics.load(Ordering::Relaxed)
     }

@@ -43,7 +43,7 @@ pub struct OobRun {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use cohort::deliver::{CreditSink, Delivery, OobQueue, RunOutcome};
+/// use cohort::internals::deliver::{CreditSink, Delivery, OobQueue, RunOutcome};
 /// struct NoCredit;
 /// impl CreditSink for NoCredit {
 ///     fn consumed(&self, _epoch: u32, _cost: u64) {}
@@ -176,6 +176,7 @@ impl OobQueue {
     }
 
     /// Messages queued and not yet taken by a drainer.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn queued(&self) -> usize {
         self.inner.lock().queue.len()
     }
@@ -189,10 +190,5 @@ impl OobQueue {
     /// invariant broke).
     pub fn max_concurrent(&self) -> usize {
         self.max_active.load(Ordering::Relaxed)
-    }
-
-    /// The most drainers that may run at once.
-    pub fn limit(&self) -> usize {
-        self.limit
     }
 }

@@ -46,6 +46,7 @@ impl Progress {
 
     /// The current epoch: deliveries carry it, so that completions of a stream that has
     /// since restarted are not mistaken for the new stream's.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn epoch(&self) -> u32 {
         self.inner.lock().epoch
     }

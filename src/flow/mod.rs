@@ -30,7 +30,7 @@ pub fn cost(payload_len: usize) -> u64 {
 /// panics.
 ///
 /// ```
-/// use cohort::flow::SendWindow;
+/// use cohort::internals::flow::SendWindow;
 /// let w = SendWindow::new(100);
 /// let mut p = w.try_acquire(60).unwrap();
 /// let part = p.take(20); // 20 of the 60 bytes, e.g. credited back first
@@ -99,7 +99,7 @@ pub enum AcquireError {
 /// the window is [`close`]d.
 ///
 /// ```
-/// use cohort::flow::SendWindow;
+/// use cohort::internals::flow::SendWindow;
 /// let w = SendWindow::new(100);
 /// let permit = w.try_acquire(60).unwrap();
 /// assert!(w.try_acquire(60).is_err());
@@ -326,7 +326,8 @@ impl SendWindow {
         self.cond.notify_all();
     }
 
-    /// Reopens a closed window (a removed peer added again).
+    /// Reopens a closed window.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn reopen(&self) {
         self.closed.store(false, Ordering::SeqCst);
     }
@@ -339,6 +340,7 @@ impl SendWindow {
     }
 
     /// Senders parked now.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn waiters(&self) -> usize {
         self.waiters.load(Ordering::Relaxed)
     }
@@ -375,7 +377,7 @@ pub const MAX_WINDOW: u64 = CREDIT_BYTES;
 /// credited to the old epoch (and dropped by the restart) or refused.
 ///
 /// ```
-/// use cohort::flow::RecvCredit;
+/// use cohort::internals::flow::RecvCredit;
 /// let c = RecvCredit::new();
 /// c.set_window(100);
 /// c.received(60);

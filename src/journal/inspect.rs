@@ -62,7 +62,7 @@ impl SegmentInfo {
 
 /// What is on disk in a journal directory. Its `Display` is a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Inspection {
+pub struct JournalInspection {
     /// The directory.
     pub dir: PathBuf,
     /// Every segment file, by file name.
@@ -71,7 +71,7 @@ pub struct Inspection {
     pub temp_files: Vec<PathBuf>,
 }
 
-impl Inspection {
+impl JournalInspection {
     /// Files in the empty-file pool (empty or uninitialised).
     pub fn pool(&self) -> impl Iterator<Item = &SegmentInfo> {
         self.segments.iter().filter(|s| s.in_pool())
@@ -80,7 +80,7 @@ impl Inspection {
 
 /// Lists the segments of the journal in `dir`, their states, record counts and the pool.
 /// Reads only; changes nothing.
-pub fn inspect(dir: impl AsRef<Path>) -> Result<Inspection, JournalError> {
+pub fn inspect(dir: impl AsRef<Path>) -> Result<JournalInspection, JournalError> {
     let dir = dir.as_ref();
     let (ids, temp_files) = list_dir(dir)?;
     let mut segments = Vec::new();
@@ -124,7 +124,7 @@ pub fn inspect(dir: impl AsRef<Path>) -> Result<Inspection, JournalError> {
             stopped,
         });
     }
-    Ok(Inspection {
+    Ok(JournalInspection {
         dir: dir.to_path_buf(),
         segments,
         temp_files,
@@ -145,7 +145,7 @@ impl fmt::Display for SegmentStatus {
     }
 }
 
-impl fmt::Display for Inspection {
+impl fmt::Display for JournalInspection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "journal {}", self.dir.display())?;
         writeln!(

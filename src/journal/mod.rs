@@ -110,8 +110,8 @@
 //! # Durability
 //!
 //! With [`FsyncPolicy::EveryBatch`] a batch is on disk when [`Journal::append`] returns;
-//! with [`FsyncPolicy::Interval`] at most that long after (the owner must call
-//! [`Journal::sync_if_due`] from a timer); with [`FsyncPolicy::Never`] records survive a
+//! with [`FsyncPolicy::Interval`] at most that long after (the journal writer thread syncs
+//! when the interval is due, appends or not); with [`FsyncPolicy::Never`] records survive a
 //! process crash (they are in the page cache) but not an OS crash.
 
 mod error;
@@ -127,11 +127,11 @@ mod writer;
 mod tests;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub use error::JournalError;
-pub use inspect::{inspect, Inspection, SegmentInfo, SegmentStatus};
+pub use inspect::{inspect, JournalInspection, SegmentInfo, SegmentStatus};
 pub use record::{PeerCounters, Record, RecordKind, FRAME_HEADER};
 pub use recover::{Cut, JournalMessage, Recovered, RecoveredPeer, RecoveryReport, SeqGap};
 pub use segment::{SegmentState, FORMAT_VERSION, HEADER_LEN};
@@ -151,16 +151,26 @@ pub const MAX_SEGMENT_SIZE: u64 = 1 << 31;
 /// The smallest frame any record can take (an ack with an empty name).
 const MIN_FRAME: u64 = (FRAME_HEADER + 2 + 8) as u64;
 
-/// When appended records are forced to disk.
+/// When the journal forces what it wrote to disk ([`Builder::journal_fsync`]).
+///
+/// The journal thread writes each batch of records (every message sent, acknowledgement and
+/// delivery count of one turn of the IO thread, and all batches waiting at once); a message
+/// leaves for its peer only once its batch is written, and delivery progress is
+/// acknowledged to the sender only once it is durable under the policy.
+///
+/// [`Builder::journal_fsync`]: crate::Builder::journal_fsync
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsyncPolicy {
-    /// Every [`Journal::append`] ends with an fsync: a batch is durable when it returns.
+    /// An fsync after every write: what was written survives an OS crash or power loss.
+    /// The slowest: every message waits for the disk.
     EveryBatch,
-    /// An fsync when this long has passed since the last one, checked by
-    /// [`Journal::append`] and [`Journal::sync_if_due`].
+    /// An fsync when this long has passed since the last one (the journal thread syncs on
+    /// its own once the interval is due): an OS crash loses at most that much.
     Interval(Duration),
-    /// Never fsync on its own (only [`Journal::sync`] does); survives a process crash, not
-    /// an OS crash.
+    /// Never fsync on its own ([`Node::sync_journal`] does): survives a process crash (the
+    /// records are in the page cache), not an OS crash.
+    ///
+    /// [`Node::sync_journal`]: crate::Node::sync_journal
     Never,
 }
 
@@ -204,17 +214,12 @@ impl JournalConfig {
         self.fsync = policy;
         self
     }
-
-    /// The journal directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
 }
 
 /// Counters of what a journal has done since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct JournalStats {
-    /// Calls to [`Journal::append`] with at least one record.
+    /// Batches of records written (each holding at least one record).
     pub appends: u64,
     /// Records appended.
     pub records: u64,
@@ -530,20 +535,6 @@ impl Journal {
         self.sync_at(Instant::now())
     }
 
-    /// Under [`FsyncPolicy::Interval`], syncs if there are unsynced records and the interval
-    /// has passed since the last sync. Returns whether it synced. Call it from a timer.
-    pub fn sync_if_due(&mut self, now: Instant) -> Result<bool, JournalError> {
-        let FsyncPolicy::Interval(every) = self.fsync else {
-            return Ok(false);
-        };
-        let dirty = self.live.iter().any(|s| s.dirty);
-        if dirty && now.saturating_duration_since(self.last_sync) >= every {
-            self.sync_at(now)?;
-            return Ok(true);
-        }
-        Ok(false)
-    }
-
     /// The launch id of the member that owns this journal: made when the journal is
     /// created, then kept in its `launch-id` file. A member that journals presents the same
     /// launch id after a restart, so its peers continue its message streams rather than
@@ -553,6 +544,7 @@ impl Journal {
     }
 
     /// The counters of one peer as journalled so far.
+    #[cfg(test)]
     pub fn peer(&self, peer: &str) -> Option<&PeerCounters> {
         self.counters.get(peer)
     }
@@ -575,11 +567,6 @@ impl Journal {
     /// What the journal has done since it was opened.
     pub fn stats(&self) -> JournalStats {
         self.stats
-    }
-
-    /// The journal directory.
-    pub fn dir(&self) -> &Path {
-        &self.dir
     }
 
     fn sync_at(&mut self, now: Instant) -> Result<(), JournalError> {

@@ -114,15 +114,15 @@ pub struct PeerCounters {
 /// The kind of a record, for counting and display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RecordKind {
-    /// [`Record::Message`].
+    /// A reliable message sent to a peer (its sequence number, flags and payload).
     Message,
-    /// [`Record::Acked`].
+    /// A peer acknowledged messages up to a sequence number, with the credit it returned.
     Acked,
-    /// [`Record::Delivered`].
+    /// How far this member has handled a peer's stream, with the credit that may go back.
     Delivered,
-    /// [`Record::Checkpoint`].
+    /// A segment's summary of every peer's counters, so older segments can be retired.
     Checkpoint,
-    /// [`Record::Bound`].
+    /// A peer's stream was bound to a new incarnation of it, or reset.
     Bound,
 }
 

@@ -583,19 +583,19 @@ fn fsync_policies_sync_when_they_should() {
     j.append_at(&[msg("beta", 1, 10)], t0).unwrap();
     let base = j.stats().fsyncs; // the first segment's activation
     j.append_at(&[msg("beta", 2, 10)], t0 + hour / 2).unwrap();
-    assert!(!j.sync_if_due(t0 + hour / 2).unwrap());
     assert_eq!(j.stats().fsyncs, base, "not due yet");
-    assert!(j.sync_if_due(t0 + 2 * hour).unwrap());
-    assert_eq!(j.stats().fsyncs, base + 1);
-    assert!(!j.sync_if_due(t0 + 4 * hour).unwrap(), "nothing to sync");
+    assert!(j.unsynced());
+    j.append_at(&[msg("beta", 3, 10)], t0 + 2 * hour).unwrap();
+    assert_eq!(j.stats().fsyncs, base + 1, "due at append");
+    assert!(!j.unsynced());
     j.append_at(
-        &[msg("beta", 3, 10)],
+        &[msg("beta", 4, 10)],
         t0 + 2 * hour + Duration::from_secs(1),
     )
     .unwrap();
     assert_eq!(j.stats().fsyncs, base + 1, "due an hour after the last");
     j.append_at(
-        &[msg("beta", 4, 10)],
+        &[msg("beta", 5, 10)],
         t0 + 3 * hour + Duration::from_secs(1),
     )
     .unwrap();

@@ -251,8 +251,8 @@ impl Builder {
     }
 
     /// Send window per peer in bytes (default 4 MiB): how much may be accepted for a peer
-    /// and not yet consumed by its application. Each message costs its length plus
-    /// [`MESSAGE_OVERHEAD`](crate::flow::MESSAGE_OVERHEAD) bytes.
+    /// and not yet consumed by its application. Each message costs its length plus 16
+    /// bytes (so empty messages are flow-controlled too).
     pub fn window_bytes(mut self, bytes: u64) -> Self {
         self.io.proto.window = bytes;
         self

@@ -49,7 +49,12 @@ impl Outgoing {
     /// A reliable regular (`oob == false`) or out-of-band message holding `permit` (its
     /// [`cost`](Outgoing::cost), taken from the peer's window), optionally expiring at
     /// `deadline` if it has not been published by then.
-    pub fn new(payload: Bytes, oob: bool, deadline: Option<Instant>, permit: Permit) -> Outgoing {
+    pub(crate) fn new(
+        payload: Bytes,
+        oob: bool,
+        deadline: Option<Instant>,
+        permit: Permit,
+    ) -> Outgoing {
         debug_assert_eq!(
             permit.bytes(),
             cost(payload.len()),
@@ -66,7 +71,7 @@ impl Outgoing {
 
     /// The same message sent unreliably: no sequence number, no ack, no resend; lost if its
     /// connection breaks.
-    pub fn unreliable(mut self) -> Outgoing {
+    pub(crate) fn unreliable(mut self) -> Outgoing {
         self.flags &= !wire::FLAG_RELIABLE;
         self
     }
@@ -87,13 +92,13 @@ impl Outgoing {
     pub fn deadline(&self) -> Option<Instant> {
         self.deadline
     }
-    /// Window bytes it holds: [`cost`] of its length.
+    /// Window bytes it holds: its length plus 16.
     pub fn cost(&self) -> u64 {
         cost(self.payload.len())
     }
 
     /// Gives up the message for its permit (to give back, or to enter the ledger).
-    pub fn into_permit(self) -> Permit {
+    pub(crate) fn into_permit(self) -> Permit {
         self.permit
     }
 }
@@ -134,16 +139,17 @@ struct Queue {
 /// A peer's send window and queue of accepted, unpublished messages.
 ///
 /// ```
-/// use cohort::peer::{Outbox, Outgoing, Return};
+/// use cohort::internals::flow::cost;
+/// use cohort::internals::peer::{self, Outbox, Return};
 /// let ob = Outbox::new(1024);
 /// let payload = cohort::Bytes::from_static(b"hi");
-/// let permit = ob.window().try_acquire(cohort::flow::cost(payload.len())).unwrap();
-/// ob.admit(Outgoing::new(payload, false, None, permit)).unwrap();
+/// let permit = ob.window().try_acquire(cost(payload.len())).unwrap();
+/// ob.admit(peer::outgoing(payload, false, None, permit)).unwrap();
 /// let mut taken = std::collections::VecDeque::new();
 /// ob.take_into(&mut taken);
 /// let m = taken.pop_front().unwrap();
 /// let cost = m.cost();
-/// ob.give_back(Return::Filtered, m.into_permit());
+/// ob.give_back(Return::Filtered, peer::into_permit(m));
 /// assert_eq!(ob.window().available(), 1024);
 /// assert_eq!(ob.returned(Return::Filtered), cost);
 /// ```
@@ -223,6 +229,7 @@ impl Outbox {
     }
 
     /// Whether the outbox refuses new messages.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn is_closed(&self) -> bool {
         self.queue.lock().closed
     }

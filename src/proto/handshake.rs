@@ -58,11 +58,6 @@ impl Secret {
         Secret(Bytes::copy_from_slice(bytes))
     }
 
-    /// Length in bytes.
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
     /// Whether it is empty (the node builder refuses an empty secret).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -305,17 +300,20 @@ impl Handshake {
         })
     }
 
-    /// Whether this handshake authenticates (a secret is configured).
-    pub fn authenticates(&self) -> bool {
-        self.auth.is_some()
-    }
-
     /// Whether the handshake completed.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn is_done(&self) -> bool {
         self.step == Step::Done
     }
 
+    /// Whether this handshake authenticates (a secret is configured).
+    #[cfg(any(test, feature = "unstable-internals"))]
+    pub fn authenticates(&self) -> bool {
+        self.auth.is_some()
+    }
+
     /// Our role.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn role(&self) -> &Role {
         &self.role
     }
@@ -559,13 +557,6 @@ impl Handshake {
                 self.step = Step::AwaitReady;
             }
         }
-    }
-
-    /// Refuses the peer: appends a Close frame with the reason.
-    pub fn refuse(&mut self, code: CloseCode, reason: &str, out: &mut Vec<u8>) {
-        wire::encode_close(out, code, reason);
-        self.step = Step::Failed;
-        self.auth = None;
     }
 }
 

@@ -24,7 +24,7 @@ pub struct Unacked {
     pub payload: Bytes,
 }
 
-/// What [`Descriptor::on_data`] decided about an incoming reliable message.
+/// What [`Descriptor::accept_data`] decided about an incoming reliable message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
 pub enum Receive {
@@ -269,6 +269,7 @@ impl Descriptor {
         self.unacked.len()
     }
     /// Payload bytes waiting for an ack.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn unacked_bytes(&self) -> u64 {
         self.unacked_bytes
     }
@@ -372,26 +373,6 @@ impl Descriptor {
         self.received_cost.saturating_sub(self.credit_returned)
     }
 
-    /// Handles an incoming reliable message's sequence number.
-    pub fn on_data(&mut self, seq: u64) -> Result<Receive, RecoveryError> {
-        if seq <= self.received {
-            Ok(Receive::Duplicate)
-        } else if seq == self.received + 1 {
-            self.received = seq;
-            Ok(Receive::Deliver)
-        } else {
-            Err(RecoveryError::Gap {
-                expected: self.received + 1,
-                got: seq,
-            })
-        }
-    }
-
-    /// Whether an ack is owed and `received - acks_sent >= threshold`.
-    pub fn ack_due(&self, threshold: u64) -> bool {
-        self.received - self.acks_sent >= threshold.max(1)
-    }
-
     /// Whether any received message is not yet acknowledged.
     pub fn ack_owed(&self) -> bool {
         self.received > self.acks_sent
@@ -467,11 +448,6 @@ impl Descriptor {
     /// no resend).
     pub fn publish_unreliable(&mut self, cost: u64) {
         self.unreliable_sent += cost;
-    }
-
-    /// An unreliable message costing `cost` window bytes was received.
-    pub fn on_unreliable(&mut self, cost: u64) {
-        self.unreliable_received += cost;
     }
 
     /// Window bytes of unreliable messages received from this incarnation (sent in the
@@ -621,17 +597,17 @@ mod tests {
     #[test]
     fn duplicates_and_gaps() {
         let mut d = Descriptor::new();
-        assert_eq!(d.on_data(1).unwrap(), Receive::Deliver);
-        assert_eq!(d.on_data(1).unwrap(), Receive::Duplicate);
+        assert_eq!(d.accept_data(Some(1), 1, 100).unwrap(), Receive::Deliver);
+        assert_eq!(d.accept_data(Some(1), 1, 100).unwrap(), Receive::Duplicate);
         assert!(matches!(
-            d.on_data(3),
+            d.accept_data(Some(3), 1, 100),
             Err(RecoveryError::Gap {
                 expected: 2,
                 got: 3
             })
         ));
-        assert_eq!(d.on_data(2).unwrap(), Receive::Deliver);
-        assert!(d.ack_due(2));
+        assert_eq!(d.accept_data(Some(2), 1, 100).unwrap(), Receive::Deliver);
+        assert!(d.ack_owed());
         d.ack_written(2);
         assert!(!d.ack_owed());
     }
@@ -641,7 +617,7 @@ mod tests {
         let mut d = Descriptor::new();
         assert!(d.bind(1).is_empty());
         publish_n(&mut d, 3);
-        let _ = d.on_data(1).unwrap();
+        let _ = d.accept_data(Some(1), 1, 100).unwrap();
         assert!(d.bind(1).is_empty(), "same incarnation keeps state");
         let old = d.bind(2);
         assert_eq!(old.iter().map(|u| u.seq).collect::<Vec<_>>(), vec![1, 2, 3]);
@@ -680,7 +656,7 @@ mod tests {
                 match o {
                     Op::Publish(n) => { d.publish(0, Bytes::from(vec![0; n as usize])); }
                     Op::Ack(x) => { let _ = d.on_ack(x); }
-                    Op::Data(x) => { let _ = d.on_data(x); }
+                    Op::Data(x) => { let _ = d.accept_data(Some(x), 1, u64::MAX); }
                     Op::AckWritten => { let rc = d.received(); d.ack_written(rc); }
                     Op::Resume(x) => { let _ = d.resume(x).map(|it| it.count()); }
                 }

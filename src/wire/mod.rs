@@ -6,7 +6,7 @@
 //! kind-specific body. Magic and version appear on handshake frames only.
 //!
 //! ```
-//! use cohort::wire::{self, Frame};
+//! use cohort::internals::wire::{self, Frame};
 //! let mut buf = Vec::new();
 //! wire::encode_data(&mut buf, wire::FLAG_RELIABLE, Some(7), b"hi");
 //! let (frame, used) = wire::decode(&buf, 1024).unwrap().unwrap();
@@ -231,6 +231,7 @@ pub fn max_frame_len(max_payload: usize) -> usize {
 }
 
 /// Encoded size of a data frame.
+#[cfg(any(test, feature = "unstable-internals"))]
 #[inline]
 pub fn data_frame_len(reliable: bool, payload_len: usize) -> usize {
     HEADER_BYTES + if reliable { 8 } else { 0 } + payload_len
@@ -536,7 +537,7 @@ pub enum Split {
 /// bounded by the data limit, not by the handshake's.
 ///
 /// ```
-/// use cohort::wire::{self, Split};
+/// use cohort::internals::wire::{self, Split};
 /// let mut stream = Vec::new();
 /// wire::encode_ready(&mut stream, 0, 0, None);
 /// wire::encode_data(&mut stream, wire::FLAG_RELIABLE, Some(1), &[7; 1000]);

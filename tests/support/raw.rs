@@ -6,8 +6,8 @@ use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-use cohort::proto::{Handshake, HsEvent, LocalIdentity, Secret};
-use cohort::wire::{self, CloseCode, Frame};
+use cohort::internals::proto::{Handshake, HsEvent, LocalIdentity, Secret};
+use cohort::internals::wire::{self, CloseCode, Frame};
 
 /// A member identity for a hand-driven handshake.
 pub(crate) fn identity(

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A fresh directory under the system temp dir, named after what it is for; removed on
 /// drop, kept (and named on stderr) when the test is failing, for
-/// `cohort::journal::inspect`. Created by whoever writes in it first (a journal creates its
+/// `cohort::inspect_journal`. Created by whoever writes in it first (a journal creates its
 /// own directory).
 #[derive(Debug)]
 pub(crate) struct TempDir(PathBuf);
