@@ -55,6 +55,7 @@
 
 pub mod deliver;
 pub mod flow;
+pub mod handoff;
 pub mod journal;
 mod net;
 pub mod peer;
