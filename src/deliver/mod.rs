@@ -12,7 +12,7 @@ mod progress;
 pub use credit::PeerCreditSink;
 pub use member::{CreditSink, MemberQueue, RunOutcome};
 pub use oob::{OobQueue, OobRun};
-pub use pool::{Handler, Pool, PoolStats, Task};
+pub use pool::{Handler, Pool, PoolStats, Task, TaskQueue};
 pub use progress::Progress;
 
 use bytes::Bytes;
