@@ -10,6 +10,21 @@
 //! Under `--cfg loom` the `cohort` dependency is built on loom's primitives (its
 //! `src/sync` facade swaps them in), so the models check the code that ships. Without the
 //! cfg every test file compiles to nothing.
+//!
+//! | model | shipping code |
+//! |---|---|
+//! | `member_queue.rs` | `deliver::MemberQueue`, with a plain and a journalling sink |
+//! | `oob_queue.rs` | `deliver::OobQueue` |
+//! | `pool.rs` | `deliver::TaskQueue`, `deliver::Pool` |
+//! | `handoff.rs` | `handoff::{Handoff, Scheduled}`, `peer::Outbox` |
+//! | `recv_credit.rs` | `flow::RecvCredit`, `deliver::PeerCreditSink`, `handoff::Handoff` |
+//! | `progress.rs` | `deliver::Progress` |
+//! | `window.rs` | `flow::SendWindow` |
+//! | `writer.rs` | `peer::{Outbox, Ledger}`, `flow::SendWindow` |
+//!
+//! Shared here: `model` (runs a model and prints its iteration count), and the IO thread
+//! as the hand-off models see it — `ModelWaker` (its waker and poll), `io_loop` (poll,
+//! `take_wake`, take the lists) and `Requesters` (the last requester stops the loop).
 
 /// Runs `f` under [`loom::model`], counting the interleavings loom explores.
 ///
