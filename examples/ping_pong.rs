@@ -4,8 +4,11 @@
 //! microseconds, next to the same measurement over raw blocking TCP (u32-length-prefixed
 //! frames, `TCP_NODELAY`, an echo thread) in the same run, and the ratio of the medians.
 //!
-//! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S]`
-//! (defaults: K = 100 000 round trips of B = 64 bytes after W = 10 000 untimed ones).
+//! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S
+//! --journal never|interval|every]` (defaults: K = 100 000 round trips of B = 64 bytes after
+//! W = 10 000 untimed ones, no journal). With `--journal`, both members journal in fresh
+//! directories under the system temp dir with that fsync policy (`interval`: 5 ms), so the
+//! cost of the durable outbox on a round trip is read off one report.
 
 use std::error::Error;
 use std::io::{Read, Write};
@@ -14,7 +17,7 @@ use std::process::ExitCode;
 use std::sync::{mpsc, Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use cohort::{Bytes, Node, Sender};
+use cohort::{Builder, Bytes, FsyncPolicy, Node, Sender};
 
 /// Longest wait for one reply before giving up.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -31,6 +34,33 @@ fn arg(name: &str, default: u64) -> Result<u64, Box<dyn Error>> {
                 .map_err(|e| format!("{name} {value:?}: {e}"))?)
         }
     }
+}
+
+/// The fsync policy named after `--journal`, if any.
+fn journal_policy() -> Result<Option<FsyncPolicy>, Box<dyn Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let Some(i) = args.iter().position(|a| a == "--journal") else {
+        return Ok(None);
+    };
+    match args.get(i + 1).map(String::as_str) {
+        Some("never") => Ok(Some(FsyncPolicy::Never)),
+        Some("interval") => Ok(Some(FsyncPolicy::Interval(Duration::from_millis(5)))),
+        Some("every") => Ok(Some(FsyncPolicy::EveryBatch)),
+        other => Err(format!("--journal never|interval|every, not {other:?}").into()),
+    }
+}
+
+/// The journal directory of member `name` in this run.
+fn journal_dir(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("cohort-ping-pong-{name}-{}", std::process::id()))
+}
+
+/// `b` journalling under `policy` in a fresh directory named after `name`, if asked.
+fn journalled(b: Builder, name: &str, policy: Option<FsyncPolicy>) -> Builder {
+    let Some(policy) = policy else { return b };
+    let dir = journal_dir(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    b.journal(dir).journal_fsync(policy)
 }
 
 /// The value at quantile `q` (0..=1) of `sorted`, which must not be empty.
@@ -59,11 +89,12 @@ fn run() -> Result<(), Box<dyn Error>> {
     let warmup = arg("--warmup", 10_000)? as usize;
     // Delivery threads spin this long before parking (Builder::pool_spin); 0 = park at once.
     let spin = Duration::from_micros(arg("--spin-us", 0)?);
+    let policy = journal_policy()?;
 
     // pong echoes through its own Sender, which exists only once pong has started.
     let pong_sender: Arc<OnceLock<Sender>> = Arc::new(OnceLock::new());
     let echo = pong_sender.clone();
-    let pong = Node::builder("pong")
+    let pong = journalled(Node::builder("pong"), "pong", policy)
         .cluster("ping-pong")
         .pool_spin(spin)
         .on_message(move |d| {
@@ -78,7 +109,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         .map_err(|_| "pong's sender was set twice")?;
 
     let (replied, replies) = mpsc::channel::<Instant>();
-    let ping = Node::builder("ping")
+    let ping = journalled(Node::builder("ping"), "ping", policy)
         .cluster("ping-pong")
         .pool_spin(spin)
         .peer("pong", pong.local_addr())
@@ -104,9 +135,15 @@ fn run() -> Result<(), Box<dyn Error>> {
 
     ping.shutdown(Duration::from_secs(5))?;
     pong.shutdown(Duration::from_secs(5))?;
+    if policy.is_some() {
+        for name in ["ping", "pong"] {
+            let _ = std::fs::remove_dir_all(journal_dir(name));
+        }
+    }
 
     let raw = raw_tcp_rtts(size, warmup, count)?;
-    println!("{count} round trips of {size} B (after {warmup} warm-up), RTT in µs:");
+    let journal = policy.map_or("no journal".to_owned(), |p| format!("journal {p:?}"));
+    println!("{count} round trips of {size} B (after {warmup} warm-up, {journal}), RTT in µs:");
     println!(
         "{:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
         "", "min", "p50", "p99", "p99.9", "max", "mean"

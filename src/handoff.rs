@@ -132,7 +132,7 @@ impl Handoff {
     }
 
     /// Wakes the IO thread unless a wake-up is already pending. Call after pushing the
-    /// request (a list push, a command).
+    /// request (a list push, a command, the journal writer's marks).
     pub fn ring(&self) {
         // AcqRel: our push happens-before the IO thread's take of the lists that follows a
         // `take_wake` reading this value. (The lists' lock already orders it: swaps on one

@@ -16,7 +16,7 @@
 //!
 //! - no message is stranded: every admitted message was published exactly once, in each
 //!   sender's order; the outboxes and the ready list are empty, no flag is left set, no
-//!   wake-up left pending;
+//!   wake-up left pending; every permit came through with its message;
 //! - the IO thread is woken at most once per batch: every `wake` call is answered by
 //!   exactly one turn whose `take_wake` found it pending (a second wake in one batch would
 //!   be a turn that finds nothing, or a wake-up counted twice).
@@ -25,8 +25,9 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use cohort::flow::{cost, Permit};
 use cohort::handoff::{Handoff, Scheduled};
-use cohort::peer::{Outbox, Outgoing};
+use cohort::peer::{Outbox, Outgoing, Return};
 use loom::thread;
 use loom_tests::{io_loop, ModelWaker, Requesters};
 use std::sync::Arc;
@@ -51,18 +52,25 @@ struct Node {
     handoff: Handoff,
 }
 
-/// The application's send of message `[sender, i]` to peer `id`: admit (the window has
-/// its own models), then schedule.
+/// The application's send of message `[sender, i]` to peer `id`: its permit (the window
+/// holds every message of the models, so nothing parks: the window has its own models),
+/// admit, then schedule.
 fn send(node: &Node, id: usize, sender: u8, i: u8) {
-    let m = Outgoing::new(Bytes::from(vec![sender, i]), false, None);
     let peer = &node.peers[id];
+    let permit = peer
+        .outbox
+        .window()
+        .try_acquire(cost(2))
+        .expect("the window holds every message of the model");
+    let m = Outgoing::new(Bytes::from(vec![sender, i]), false, None, permit);
     peer.outbox.admit(m).expect("the outbox is open");
     node.handoff.schedule(id, &peer.scheduled);
 }
 
 /// `Peer::publish`'s hand-off part: take the outbox (`Scheduled::clear_then` clears the
-/// flag first), publish, go round until a take finds nothing. Appends what it published.
-fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>) {
+/// flag first), publish, go round until a take finds nothing. Appends what it published;
+/// keeps the messages' permits in `held` (given back once the model is done).
+fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>, held: &mut Permit) {
     let mut pending = VecDeque::new();
     loop {
         peer.scheduled
@@ -73,6 +81,7 @@ fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>) {
         for m in pending.drain(..) {
             let p = m.payload();
             published.push([p[0], p[1]]);
+            held.absorb(m.into_permit());
         }
     }
 }
@@ -103,9 +112,10 @@ fn model(peers: usize, senders: &'static [&'static [(usize, u8)]]) {
         .collect();
 
     let mut published = Vec::new();
+    let mut held: Vec<Permit> = (0..peers).map(|_| Permit::none()).collect();
     let turns = io_loop(&node.handoff, &waker, || {
         for id in node.handoff.take_ready() {
-            publish(&node.peers[id], &mut published);
+            publish(&node.peers[id], &mut published, &mut held[id]);
         }
     });
     for t in threads {
@@ -131,6 +141,14 @@ fn model(peers: usize, senders: &'static [&'static [(usize, u8)]]) {
             "peer {id}: a message stranded in the outbox"
         );
         assert!(!p.scheduled.is_set(), "peer {id}: left scheduled");
+        let permits = std::mem::replace(&mut held[id], Permit::none());
+        p.outbox.give_back(Return::Credited, permits);
+        let w = p.outbox.window();
+        assert_eq!(
+            w.available(),
+            w.capacity(),
+            "peer {id}: permits not all back"
+        );
     }
     assert!(
         node.handoff.take_ready().is_empty(),

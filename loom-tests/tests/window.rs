@@ -23,16 +23,24 @@
 
 use std::time::Duration;
 
-use cohort::flow::{AcquireError, SendWindow};
+use cohort::flow::{AcquireError, Permit, SendWindow};
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::sync::Arc;
 use loom::thread;
 
-fn full_window(capacity: u64) -> Arc<SendWindow> {
+/// A window of `capacity` with all of it held by the returned permit.
+fn full_window(capacity: u64) -> (Arc<SendWindow>, Permit) {
     let w = Arc::new(SendWindow::new(capacity));
-    w.try_acquire(capacity).unwrap();
-    assert_eq!(w.try_acquire(1), Err(AcquireError::Full));
-    w
+    let held = w.try_acquire(capacity).unwrap();
+    assert_eq!(w.try_acquire(1).err(), Some(AcquireError::Full));
+    (w, held)
+}
+
+/// A sender's permit, checked to hold `n` bytes.
+fn granted(r: Result<Permit, AcquireError>, n: u64) -> Permit {
+    let p = r.expect("the sender got its permits");
+    assert_eq!(p.bytes(), n);
+    p
 }
 
 fn assert_whole(w: &SendWindow) {
@@ -54,20 +62,20 @@ fn fast_path_acquire_and_release_conserve_permits() {
                 let (w, held) = (w.clone(), held.clone());
                 thread::spawn(move || {
                     for _ in 0..2 {
-                        if w.try_acquire(2).is_ok() {
+                        if let Ok(p) = w.try_acquire(2) {
                             let now = held.fetch_add(2, Ordering::Relaxed) + 2;
                             assert!(now <= 3, "window over-committed: {now} held");
                             held.fetch_sub(2, Ordering::Relaxed);
-                            w.release(2);
+                            w.release(p);
                         }
                     }
                 })
             };
-            w.acquire(1).unwrap();
+            let p = w.acquire(1).unwrap();
             let now = held.fetch_add(1, Ordering::Relaxed) + 1;
             assert!(now <= 3, "window over-committed: {now} held");
             held.fetch_sub(1, Ordering::Relaxed);
-            w.release(1);
+            w.release(p);
             take_twice.join().unwrap();
             assert_whole(&w);
         },
@@ -79,16 +87,16 @@ fn fast_path_acquire_and_release_conserve_permits() {
 #[test]
 fn acquire_wakes_on_releases_in_halves() {
     loom_tests::model("window/acquire_wakes_on_releases_in_halves", || {
-        let w = full_window(2);
+        let (w, mut held) = full_window(2);
         let sender = {
             let w = w.clone();
             thread::spawn(move || w.acquire(2))
         };
-        w.release(1);
-        w.release(1);
-        assert_eq!(sender.join().unwrap(), Ok(()));
+        w.release(held.take(1));
+        w.release(held);
+        let p = granted(sender.join().unwrap(), 2);
         assert_eq!(w.available(), 0);
-        w.release(2);
+        w.release(p);
         assert_whole(&w);
     });
 }
@@ -98,17 +106,17 @@ fn acquire_wakes_on_releases_in_halves() {
 #[test]
 fn acquire_races_release_from_another_thread() {
     loom_tests::model("window/acquire_races_release_from_another_thread", || {
-        let w = full_window(2);
+        let (w, held) = full_window(2);
         let a = {
             let w = w.clone();
             thread::spawn(move || {
-                w.acquire(2).unwrap();
-                w.release(2);
+                let p = w.acquire(2).unwrap();
+                w.release(p);
             })
         };
         let b = {
             let w = w.clone();
-            thread::spawn(move || w.release(2))
+            thread::spawn(move || w.release(held))
         };
         a.join().unwrap();
         b.join().unwrap();
@@ -122,20 +130,21 @@ fn acquire_races_release_from_another_thread() {
 #[test]
 fn two_blocked_senders_both_wake() {
     loom_tests::model("window/two_blocked_senders_both_wake", || {
-        let w = full_window(2);
+        let (w, mut held) = full_window(2);
         let senders: Vec<_> = (0..2)
             .map(|_| {
                 let w = w.clone();
                 thread::spawn(move || w.acquire(1))
             })
             .collect();
-        w.release(1);
-        w.release(1);
+        w.release(held.take(1));
+        w.release(held);
+        let mut got = Permit::none();
         for s in senders {
-            assert_eq!(s.join().unwrap(), Ok(()));
+            got.absorb(granted(s.join().unwrap(), 1));
         }
         assert_eq!(w.available(), 0);
-        w.release(2);
+        w.release(got);
         assert_whole(&w);
     });
 }
@@ -145,14 +154,14 @@ fn two_blocked_senders_both_wake() {
 #[test]
 fn acquire_timeout_woken_by_release() {
     loom_tests::model("window/acquire_timeout_woken_by_release", || {
-        let w = full_window(2);
+        let (w, held) = full_window(2);
         let sender = {
             let w = w.clone();
             thread::spawn(move || w.acquire_timeout(2, Duration::from_secs(3600)))
         };
-        w.release(2);
-        assert_eq!(sender.join().unwrap(), Ok(()));
-        w.release(2);
+        w.release(held);
+        let p = granted(sender.join().unwrap(), 2);
+        w.release(p);
         assert_whole(&w);
     });
 }
@@ -163,21 +172,21 @@ fn acquire_timeout_woken_by_release() {
 #[test]
 fn close_wakes_blocked_acquirers() {
     loom_tests::model("window/close_wakes_blocked_acquirers", || {
-        let w = full_window(2);
+        let (w, held) = full_window(2);
         let a = {
             let w = w.clone();
-            thread::spawn(move || w.acquire(1))
+            thread::spawn(move || w.acquire(1).err())
         };
         let b = {
             let w = w.clone();
-            thread::spawn(move || w.acquire_timeout(2, Duration::from_secs(3600)))
+            thread::spawn(move || w.acquire_timeout(2, Duration::from_secs(3600)).err())
         };
         w.close();
-        assert_eq!(a.join().unwrap(), Err(AcquireError::Closed));
-        assert_eq!(b.join().unwrap(), Err(AcquireError::Closed));
+        assert_eq!(a.join().unwrap(), Some(AcquireError::Closed));
+        assert_eq!(b.join().unwrap(), Some(AcquireError::Closed));
         assert!(w.is_closed());
-        assert_eq!(w.try_acquire(1), Err(AcquireError::Closed));
-        w.release(2);
+        assert_eq!(w.try_acquire(1).err(), Some(AcquireError::Closed));
+        w.release(held);
         assert_whole(&w);
     });
 }
@@ -188,12 +197,12 @@ fn close_wakes_blocked_acquirers() {
 #[test]
 fn close_and_release_race_a_blocked_acquire() {
     loom_tests::model("window/close_and_release_race_a_blocked_acquire", || {
-        let w = full_window(2);
+        let (w, held) = full_window(2);
         let sender = {
             let w = w.clone();
             thread::spawn(move || match w.acquire(2) {
-                Ok(()) => {
-                    w.release(2);
+                Ok(p) => {
+                    w.release(p);
                     true
                 }
                 Err(AcquireError::Closed) => false,
@@ -202,7 +211,7 @@ fn close_and_release_race_a_blocked_acquire() {
         };
         let releaser = {
             let w = w.clone();
-            thread::spawn(move || w.release(2))
+            thread::spawn(move || w.release(held))
         };
         w.close();
         let _got = sender.join().unwrap();

@@ -21,6 +21,64 @@ pub fn cost(payload_len: usize) -> u64 {
     payload_len as u64 + MESSAGE_OVERHEAD
 }
 
+/// Window bytes taken from a [`SendWindow`]: only the window creates one (an acquire, or the
+/// charge for messages restored from a journal), a message carries it through the outbox
+/// and the IO thread's ledger, and it is consumed only by giving it back
+/// ([`SendWindow::release`], through `Outbox::give_back` with a reason). So "every permit
+/// taken comes back exactly once" is a property of the types: a permit cannot be copied, and
+/// one dropped without being given back is a bug — caught in debug builds, where the drop
+/// panics.
+///
+/// ```
+/// use cohort::flow::SendWindow;
+/// let w = SendWindow::new(100);
+/// let mut p = w.try_acquire(60).unwrap();
+/// let part = p.take(20); // 20 of the 60 bytes, e.g. credited back first
+/// w.release(part);
+/// w.release(p);
+/// assert_eq!(w.available(), 100);
+/// ```
+#[must_use = "permits are window bytes: give them back, or the window shrinks for ever"]
+#[derive(Debug)]
+pub struct Permit {
+    bytes: u64,
+}
+
+impl Permit {
+    /// A permit for no bytes, to gather others into ([`absorb`](Permit::absorb)).
+    pub fn none() -> Permit {
+        Permit { bytes: 0 }
+    }
+
+    /// The window bytes it holds.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Splits off a permit for `n` of its bytes (all of them if it holds fewer).
+    pub fn take(&mut self, n: u64) -> Permit {
+        let n = n.min(self.bytes);
+        self.bytes -= n;
+        Permit { bytes: n }
+    }
+
+    /// Takes `other`'s bytes into this one.
+    pub fn absorb(&mut self, mut other: Permit) {
+        self.bytes += std::mem::take(&mut other.bytes);
+    }
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        if cfg!(debug_assertions) && self.bytes > 0 && !std::thread::panicking() {
+            panic!(
+                "a permit of {} window bytes was dropped without being given back",
+                self.bytes
+            );
+        }
+    }
+}
+
 /// Why a window acquire did not take its permits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AcquireError {
@@ -43,9 +101,9 @@ pub enum AcquireError {
 /// ```
 /// use cohort::flow::SendWindow;
 /// let w = SendWindow::new(100);
-/// w.try_acquire(60).unwrap();
+/// let permit = w.try_acquire(60).unwrap();
 /// assert!(w.try_acquire(60).is_err());
-/// w.release(60);
+/// w.release(permit);
 /// assert_eq!(w.available(), 100);
 /// ```
 ///
@@ -117,7 +175,7 @@ impl SendWindow {
     }
 
     /// Takes `n` bytes if they are available now.
-    pub fn try_acquire(&self, n: u64) -> Result<(), AcquireError> {
+    pub fn try_acquire(&self, n: u64) -> Result<Permit, AcquireError> {
         if n > self.capacity {
             return Err(AcquireError::TooLarge);
         }
@@ -125,19 +183,19 @@ impl SendWindow {
             return Err(AcquireError::Closed);
         }
         if self.take(n) {
-            Ok(())
+            Ok(Permit { bytes: n })
         } else {
             Err(AcquireError::Full)
         }
     }
 
     /// Takes `n` bytes, parking until they are available or the window is closed.
-    pub fn acquire(&self, n: u64) -> Result<(), AcquireError> {
+    pub fn acquire(&self, n: u64) -> Result<Permit, AcquireError> {
         self.acquire_until(n, None)
     }
 
     /// Takes `n` bytes, parking at most `timeout`.
-    pub fn acquire_timeout(&self, n: u64, timeout: Duration) -> Result<(), AcquireError> {
+    pub fn acquire_timeout(&self, n: u64, timeout: Duration) -> Result<Permit, AcquireError> {
         self.acquire_until(n, Some(Instant::now() + timeout))
     }
 
@@ -164,7 +222,7 @@ impl SendWindow {
         }
     }
 
-    fn acquire_until(&self, n: u64, deadline: Option<Instant>) -> Result<(), AcquireError> {
+    fn acquire_until(&self, n: u64, deadline: Option<Instant>) -> Result<Permit, AcquireError> {
         match self.try_acquire(n) {
             Err(AcquireError::Full) => {}
             other => return other,
@@ -188,7 +246,7 @@ impl SendWindow {
                 break Err(AcquireError::Closed);
             }
             if self.take(n) {
-                break Ok(());
+                break Ok(Permit { bytes: n });
             }
             match deadline {
                 None => self.cond.wait(&mut guard),
@@ -210,16 +268,16 @@ impl SendWindow {
         result
     }
 
-    /// Takes up to `n` bytes without waiting (as many as are available); returns how many.
-    /// For charging the window with messages that hold no permits yet (restored from a
-    /// journal after a restart).
-    pub fn take_up_to(&self, n: u64) -> u64 {
+    /// Takes up to `n` bytes without waiting (as many as are available). For charging the
+    /// window with messages that hold no permits yet (restored from a journal after a
+    /// restart).
+    pub fn take_up_to(&self, n: u64) -> Permit {
         // Same orderings as `take`.
         let mut cur = self.available.load(Ordering::Acquire);
         loop {
             let t = cur.min(n);
             if t == 0 {
-                return 0;
+                return Permit::none();
             }
             match self.available.compare_exchange_weak(
                 cur,
@@ -227,17 +285,18 @@ impl SendWindow {
                 Ordering::SeqCst,
                 Ordering::Acquire,
             ) {
-                Ok(_) => return t,
+                Ok(_) => return Permit { bytes: t },
                 Err(now) => cur = now,
             }
         }
     }
 
-    /// Gives `n` bytes back and wakes parked senders.
+    /// Gives a permit's bytes back and wakes parked senders.
     ///
     /// # Panics
-    /// In debug builds, if more is given back than was taken (a permit released twice).
-    pub fn release(&self, n: u64) {
+    /// In debug builds, if more is given back than was taken (a permit of another window).
+    pub fn release(&self, mut permit: Permit) {
+        let n = std::mem::take(&mut permit.bytes);
         if n == 0 {
             return;
         }
@@ -501,52 +560,73 @@ mod tests {
     #[test]
     fn try_acquire_and_release_conserve() {
         let w = SendWindow::new(10);
-        assert_eq!(w.try_acquire(11), Err(AcquireError::TooLarge));
-        w.try_acquire(4).unwrap();
-        w.try_acquire(6).unwrap();
-        assert_eq!(w.try_acquire(1), Err(AcquireError::Full));
+        assert_eq!(w.try_acquire(11).err(), Some(AcquireError::TooLarge));
+        let mut p = w.try_acquire(4).unwrap();
+        p.absorb(w.try_acquire(6).unwrap());
+        assert_eq!(p.bytes(), 10);
+        assert_eq!(w.try_acquire(1).err(), Some(AcquireError::Full));
         assert_eq!(w.in_flight(), 10);
-        w.release(10);
+        w.release(p);
+        assert_eq!(w.available(), 10);
+    }
+
+    #[test]
+    fn take_up_to_charges_only_what_is_free() {
+        let w = SendWindow::new(10);
+        let held = w.try_acquire(7).unwrap();
+        let charged = w.take_up_to(5);
+        assert_eq!(charged.bytes(), 3);
+        assert_eq!(w.take_up_to(5).bytes(), 0);
+        w.release(charged);
+        w.release(held);
         assert_eq!(w.available(), 10);
     }
 
     #[test]
     fn timeout_path_times_out() {
         let w = SendWindow::new(10);
-        w.try_acquire(10).unwrap();
+        let held = w.try_acquire(10).unwrap();
         let t = Instant::now();
         assert_eq!(
-            w.acquire_timeout(1, Duration::from_millis(30)),
-            Err(AcquireError::TimedOut)
+            w.acquire_timeout(1, Duration::from_millis(30)).err(),
+            Some(AcquireError::TimedOut)
         );
         assert!(t.elapsed() >= Duration::from_millis(30));
         assert_eq!(w.waiters(), 0);
         assert!(w.blocked_time() >= Duration::from_millis(30));
+        w.release(held);
     }
 
     #[test]
     fn release_wakes_a_parked_sender() {
         let w = Arc::new(SendWindow::new(10));
-        w.try_acquire(10).unwrap();
+        let held = w.try_acquire(10).unwrap();
         let w2 = w.clone();
-        let t = std::thread::spawn(move || w2.acquire(7));
+        let t = std::thread::spawn(move || {
+            w2.acquire(7).map(|p| {
+                let n = p.bytes();
+                w2.release(p);
+                n
+            })
+        });
         // Wait (with a deadline) until the sender is parked, then release.
         let deadline = Instant::now() + Duration::from_secs(10);
         while w.waiters() == 0 {
             assert!(Instant::now() < deadline, "sender never parked");
             std::thread::yield_now();
         }
-        w.release(10);
-        assert_eq!(t.join().unwrap(), Ok(()));
-        assert_eq!(w.available(), 3);
+        w.release(held);
+        let taken = t.join().unwrap();
+        assert_eq!(taken, Ok(7));
+        assert_eq!(w.available(), 10);
     }
 
     #[test]
     fn close_wakes_with_closed() {
         let w = Arc::new(SendWindow::new(10));
-        w.try_acquire(10).unwrap();
+        let held = w.try_acquire(10).unwrap();
         let w2 = w.clone();
-        let t = std::thread::spawn(move || w2.acquire(1));
+        let t = std::thread::spawn(move || w2.acquire(1).map(|p| w2.release(p)));
         let deadline = Instant::now() + Duration::from_secs(10);
         while w.waiters() == 0 {
             assert!(Instant::now() < deadline, "sender never parked");
@@ -554,7 +634,7 @@ mod tests {
         }
         w.close();
         assert_eq!(t.join().unwrap(), Err(AcquireError::Closed));
-        w.release(10);
+        w.release(held);
         assert_eq!(w.available(), 10);
     }
 

@@ -121,6 +121,7 @@ mod pool;
 mod record;
 mod recover;
 mod segment;
+mod writer;
 
 #[cfg(test)]
 mod tests;
@@ -134,6 +135,7 @@ pub use inspect::{inspect, Inspection, SegmentInfo, SegmentStatus};
 pub use record::{PeerCounters, Record, RecordKind, FRAME_HEADER};
 pub use recover::{Cut, JournalMessage, Recovered, RecoveredPeer, RecoveryReport, SeqGap};
 pub use segment::{SegmentState, FORMAT_VERSION, HEADER_LEN};
+pub(crate) use writer::{JournalWriter, WriterMarks};
 
 use pool::Pool;
 use record::MAX_PEER_NAME;
@@ -563,6 +565,11 @@ impl Journal {
     /// Whether records have been written since the last fsync.
     pub fn unsynced(&self) -> bool {
         self.live.iter().any(|s| s.dirty)
+    }
+
+    /// Time since the last fsync (or since the journal was opened).
+    pub(crate) fn since_sync(&self) -> Duration {
+        self.last_sync.elapsed()
     }
 
     /// What the journal has done since it was opened.

@@ -11,27 +11,29 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 
 use crate::proto::READ_CHUNK;
-
 #[cfg(feature = "tls")]
-use super::tls::TlsSession;
-#[cfg(feature = "tls")]
-pub(crate) use super::tls::TlsSetup;
+use crate::tls::TlsPump;
 
-/// Without the `tls` feature there is no TLS configuration: an `Option<TlsSetup>` is always
-/// `None`, and the code that would use one is not compiled.
+/// The TLS configuration the IO thread holds (`IoConfig::tls`). Without the `tls` feature it
+/// is an enum with no variants, a type with no values: an `Option<TlsSetup>` is then always
+/// `None`, so the builder and `IoConfig` carry it with no `cfg` of their own, and the one
+/// arm that would start TLS with it is `match *t {}`.
+#[cfg(feature = "tls")]
+pub(crate) type TlsSetup = crate::tls::TlsConfig;
 #[cfg(not(feature = "tls"))]
 #[derive(Clone, Debug)]
 pub(crate) enum TlsSetup {}
 
-/// What carries a connection's bytes. The plain path is a unit variant: no allocation,
-/// no indirection, one `match` per read or write.
+/// What carries a connection's bytes, and how they are read and written. The plain path is
+/// a unit variant with its socket calls right here: no allocation, no indirection, one
+/// `match` per read or write. The TLS path is the `tls` module's [`TlsPump`].
 #[derive(Debug)]
 pub(crate) enum Transport {
     Plain,
     /// rustls, pumped over the same non-blocking socket (boxed: a rustls connection is
     /// large, and a plain `Conn` should not carry its size).
     #[cfg(feature = "tls")]
-    Tls(Box<TlsSession>),
+    Tls(Box<TlsPump>),
 }
 
 impl Transport {
@@ -40,14 +42,48 @@ impl Transport {
     /// a TLS server for an accepted connection.
     pub(crate) fn new(tls: Option<&TlsSetup>, dialled: Option<&str>) -> Result<Transport, String> {
         match tls {
-            None => {
+            None => Ok(Transport::Plain),
+            #[cfg(feature = "tls")]
+            Some(t) => Ok(Transport::Tls(Box::new(TlsPump::new(t, dialled)?))),
+            #[cfg(not(feature = "tls"))]
+            Some(t) => {
                 let _ = dialled;
-                Ok(Transport::Plain)
+                match *t {}
+            }
+        }
+    }
+
+    /// Reads once from `stream` into `rbuf`, at most [`READ_CHUNK`] bytes. Returns the bytes
+    /// read (`0` is EOF) and whether the read was short (the socket had no more to give: its
+    /// receive queue is drained, and with edge-triggered readiness new data raises a new
+    /// event). Over TLS the bytes are plaintext: ciphertext is read into `scratch` (the IO
+    /// thread's, shared by all connections) and fed to rustls; a read that yields only TLS
+    /// records without data (handshake, tickets) reads on, so `0` still means EOF.
+    #[inline]
+    pub(crate) fn read(
+        &mut self,
+        stream: &mut TcpStream,
+        rbuf: &mut BytesMut,
+        scratch: &mut Vec<u8>,
+    ) -> io::Result<(usize, bool)> {
+        match self {
+            Transport::Plain => {
+                let _ = scratch;
+                read_plain(stream, rbuf)
             }
             #[cfg(feature = "tls")]
-            Some(t) => Ok(Transport::Tls(Box::new(TlsSession::new(t, dialled)?))),
-            #[cfg(not(feature = "tls"))]
-            Some(t) => match *t {},
+            Transport::Tls(t) => t.read(stream, rbuf, scratch),
+        }
+    }
+
+    /// Writes as much of `buf` to `stream` as the socket takes (and, over TLS, the
+    /// transport's own records). Returns how many bytes of `buf` were taken.
+    #[inline]
+    pub(crate) fn write(&mut self, stream: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Transport::Plain => write_plain(stream, buf),
+            #[cfg(feature = "tls")]
+            Transport::Tls(t) => t.write(stream, buf),
         }
     }
 
@@ -58,9 +94,52 @@ impl Transport {
         match self {
             Transport::Plain => false,
             #[cfg(feature = "tls")]
-            Transport::Tls(s) => s.wants_write(),
+            Transport::Tls(t) => t.wants_write(),
         }
     }
+}
+
+/// The plain read: straight into the spare room of `rbuf`.
+#[inline]
+fn read_plain(stream: &mut TcpStream, rbuf: &mut BytesMut) -> io::Result<(usize, bool)> {
+    // A partial frame at the front stays in place; `reserve` moves or grows the buffer
+    // only when the spare room is low (frames are split off as soon as they complete, so
+    // the buffer holds at most one partial frame plus a chunk).
+    if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
+        rbuf.reserve(READ_CHUNK);
+    }
+    let len = rbuf.len();
+    let end = rbuf.capacity().min(len + READ_CHUNK);
+    // Zero-fill the slice the read writes into. This keeps the code free of `unsafe`;
+    // the cost is a memset of at most one chunk per read syscall.
+    rbuf.resize(end, 0);
+    let offered = end - len;
+    match stream.read(&mut rbuf[len..]) {
+        Ok(n) => {
+            rbuf.truncate(len + n);
+            Ok((n, n < offered))
+        }
+        Err(e) => {
+            rbuf.truncate(len);
+            Err(e)
+        }
+    }
+}
+
+/// The plain write: until the socket says `WouldBlock` or `buf` is out.
+#[inline]
+fn write_plain(stream: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < buf.len() {
+        match stream.write(&buf[done..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
 }
 
 /// Whether `e` is a TLS failure (bad certificate, unknown CA, not TLS at all...) rather
@@ -68,7 +147,7 @@ impl Transport {
 pub(crate) fn is_tls_failure(e: &io::Error) -> bool {
     #[cfg(feature = "tls")]
     {
-        super::tls::is_failure(e)
+        crate::tls::is_failure(e)
     }
     #[cfg(not(feature = "tls"))]
     {
@@ -104,64 +183,19 @@ impl Conn {
         }
     }
 
-    /// Reads once into `rbuf`, at most [`READ_CHUNK`] bytes. Returns the bytes read (`0` is
-    /// EOF) and whether the read was short (the socket had no more to give: its receive
-    /// queue is drained, and with edge-triggered readiness new data raises a new event).
-    /// Over TLS the bytes are plaintext: ciphertext is read into `scratch` (the IO thread's,
-    /// shared by all connections) and fed to rustls; a read that yields only TLS records
-    /// without data (handshake, tickets) reads on, so `0` still means EOF.
+    /// Reads once into `rbuf` (see [`Transport::read`]).
     pub(crate) fn read_some(
         &mut self,
         rbuf: &mut BytesMut,
         scratch: &mut Vec<u8>,
     ) -> io::Result<(usize, bool)> {
-        #[cfg(feature = "tls")]
-        if let Transport::Tls(s) = &mut self.transport {
-            return s.read(&mut self.stream, rbuf, scratch);
-        }
-        let _ = scratch;
-        // A partial frame at the front stays in place; `reserve` moves or grows the buffer
-        // only when the spare room is low (frames are split off as soon as they complete, so
-        // the buffer holds at most one partial frame plus a chunk).
-        if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
-            rbuf.reserve(READ_CHUNK);
-        }
-        let len = rbuf.len();
-        let end = rbuf.capacity().min(len + READ_CHUNK);
-        // Zero-fill the slice the read writes into. This keeps the code free of `unsafe`;
-        // the cost is a memset of at most one chunk per read syscall.
-        rbuf.resize(end, 0);
-        let offered = end - len;
-        match self.stream.read(&mut rbuf[len..]) {
-            Ok(n) => {
-                rbuf.truncate(len + n);
-                Ok((n, n < offered))
-            }
-            Err(e) => {
-                rbuf.truncate(len);
-                Err(e)
-            }
-        }
+        self.transport.read(&mut self.stream, rbuf, scratch)
     }
 
-    /// Writes as much of `buf` as the socket takes (and, over TLS, the transport's own
-    /// records). Returns how many bytes of `buf` were taken.
+    /// Writes as much of `buf` as the socket takes (see [`Transport::write`]). Returns how
+    /// many bytes of `buf` were taken.
     pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        #[cfg(feature = "tls")]
-        if let Transport::Tls(s) = &mut self.transport {
-            return s.write(&mut self.stream, buf);
-        }
-        let mut done = 0;
-        while done < buf.len() {
-            match self.stream.write(&buf[done..]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(done)
+        self.transport.write(&mut self.stream, buf)
     }
 
     /// Best effort, right before the connection is dropped: writes `last` (a `Close`, after
@@ -179,7 +213,7 @@ impl Conn {
                 Ok(())
             }
             #[cfg(feature = "tls")]
-            Transport::Tls(s) => s.peer_valid_for(name),
+            Transport::Tls(t) => t.peer_valid_for(name),
         }
     }
 

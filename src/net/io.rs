@@ -19,10 +19,12 @@ use mio::{Events, Interest, Poll, Token};
 
 use super::conn::{self, Conn, Transport};
 use super::{
-    Command, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN, LISTENER, WAKER,
+    Command, Completion, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN,
+    LISTENER, WAKER,
 };
 use crate::deliver::Pool;
-use crate::proto::{Endpoint, Event, LinkId, NodeCounters, Verdict};
+use crate::journal::{JournalWriter, WriterMarks};
+use crate::proto::{Endpoint, Event, JournalLeft, LinkId, NodeCounters, Verdict};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::Arc;
 use crate::util::IdHash;
@@ -47,6 +49,11 @@ pub(crate) struct IoThread {
     undelivered: Option<UndeliveredHook>,
     stopped: Arc<AtomicBool>,
     endpoint: Endpoint,
+    /// The journal's writer thread (journalling nodes), and its marks as last seen.
+    writer: Option<JournalWriter>,
+    marks: WriterMarks,
+    /// `Node::sync_journal` calls waiting for the writer to sync up to a batch.
+    syncs: Vec<(u64, Arc<Completion>)>,
     conns: HashMap<LinkId, Conn, IdHash>,
     next_token: usize,
     /// Connections with unread input left over (budget reached).
@@ -65,17 +72,27 @@ fn link(token: Token) -> LinkId {
 }
 
 impl IoThread {
-    pub(crate) fn new(parts: IoParts) -> IoThread {
+    pub(crate) fn new(parts: IoParts) -> std::io::Result<IoThread> {
         let (shared, window) = (parts.shared.clone(), parts.config.proto.window);
         let new_peer: crate::proto::NewPeer = Box::new(move |name| shared.new_peer(name, window));
+        let (writer, journal) = match parts.journal {
+            Some((journal, recovered)) => {
+                let policy = journal.fsync_policy();
+                let io = parts.shared.clone();
+                let name = &parts.config.proto.name;
+                let writer = JournalWriter::start(name, journal, Box::new(move || io.wake()))?;
+                (Some(writer), Some((policy, recovered)))
+            }
+            None => (None, None),
+        };
         let endpoint = Endpoint::new(
             parts.config.proto.clone(),
             parts.counters.clone(),
-            parts.journal,
+            journal,
             new_peer,
             Instant::now(),
         );
-        IoThread {
+        Ok(IoThread {
             cfg: parts.config,
             poll: parts.poll,
             listener: parts.listener,
@@ -86,13 +103,16 @@ impl IoThread {
             undelivered: parts.undelivered,
             stopped: parts.stopped,
             endpoint,
+            writer,
+            marks: WriterMarks::default(),
+            syncs: Vec::new(),
             conns: HashMap::default(),
             next_token: FIRST_CONN,
             read_pending: VecDeque::new(),
             dirty: Vec::new(),
             accept_pending: false,
             scratch: Vec::new(),
-        }
+        })
     }
 
     /// Runs the loop until shutdown completes.
@@ -144,6 +164,7 @@ impl IoThread {
                 self.accept_all(now);
             }
             if self.shared.take_wake() {
+                self.journal_progress(now);
                 self.handle_requests(now);
             }
             self.process_read_pending();
@@ -161,13 +182,10 @@ impl IoThread {
     /// written on the next turn (the loop does not sleep while there is some).
     fn settle(&mut self, now: Instant) {
         self.drain_events(now);
-        // The turn's journal records go to the journal now, whether or not bytes are to be
+        // The turn's journal records go to the writer now, whether or not bytes are to be
         // written: delivery progress (and the acks that wait for it to be durable) must not
-        // wait for unrelated traffic. Before any write, too: nothing leaves before the
-        // journal holds it (`write_link` commits as well; once here covers the pass).
-        if self.endpoint.commit_journal(now) {
-            *self.shared.journal_stats.lock() = self.endpoint.journal_stats();
-        }
+        // wait for unrelated traffic.
+        self.hand_to_journal();
         self.endpoint.take_dirty(&mut self.dirty);
         if !self.dirty.is_empty() {
             let dirty = std::mem::take(&mut self.dirty);
@@ -182,6 +200,46 @@ impl IoThread {
         // is written on the next.
         self.endpoint.run_deferred(now);
         self.drain_events(now);
+    }
+
+    /// Cuts the endpoint's journal records into a batch and hands it to the writer thread;
+    /// the bytes that depend on it wait until the writer's marks say it is appended.
+    fn hand_to_journal(&mut self) {
+        let Some(writer) = &self.writer else {
+            return;
+        };
+        self.endpoint.cut_journal();
+        for (n, records) in self.endpoint.take_batches() {
+            writer.submit(n, records);
+        }
+    }
+
+    /// Reads the journal writer's marks and tells the endpoint what moved (bytes released,
+    /// progress acknowledged, or a failure); completes the syncs they satisfy.
+    fn journal_progress(&mut self, now: Instant) {
+        let Some(writer) = &self.writer else {
+            return;
+        };
+        let marks = writer.marks();
+        if marks == self.marks {
+            return;
+        }
+        self.marks = marks;
+        *self.shared.journal_stats.lock() = writer.stats();
+        self.complete_syncs();
+        self.endpoint.journal_progress(now, marks);
+    }
+
+    /// Completes the `sync_journal` calls the writer's marks (as last seen) satisfy.
+    fn complete_syncs(&mut self) {
+        let marks = self.marks;
+        self.syncs.retain(|(n, done)| {
+            let met = !marks.failed && marks.synced >= *n;
+            if met {
+                done.complete();
+            }
+            !met
+        });
     }
 
     /// Submits the pool tasks the endpoint produced.
@@ -261,8 +319,14 @@ impl IoThread {
             Command::SyncJournal { done } => {
                 // After a journal failure the caller is never told the sync succeeded: it
                 // sees the node stop (`Error::Closed`).
-                if self.endpoint.sync_journal_now(now) {
-                    done.complete();
+                if let Some(n) = self.endpoint.sync_journal_now(now) {
+                    self.hand_to_journal();
+                    if let Some(writer) = &self.writer {
+                        writer.sync(n);
+                    }
+                    self.syncs.push((n, done));
+                    self.complete_syncs();
+                    self.journal_progress(now);
                 }
             }
         }
@@ -270,9 +334,15 @@ impl IoThread {
 
     fn finish(&mut self) {
         let now = Instant::now();
-        let left = self.endpoint.finish(now);
+        let peers = self.endpoint.finish(now);
+        self.hand_to_journal();
         self.drain_events(now);
-        *self.shared.journal_left.lock() = left;
+        // The writer appends and syncs what it was handed, then gives the journal back: the
+        // node records the pool's last progress in it once the pool has drained.
+        let journal = self.writer.take().and_then(JournalWriter::stop);
+        if let (Some(journal), Some(peers)) = (journal, peers) {
+            *self.shared.journal_left.lock() = Some(JournalLeft::new(journal, peers));
+        }
         self.stopped.store(true, Ordering::Release);
         log::debug!("{}: IO thread stopped", self.cfg.proto.name);
     }
@@ -552,23 +622,23 @@ impl IoThread {
 
     /// Writes what link `id` has buffered (and, over TLS, the transport's own records).
     fn write_link(&mut self, id: LinkId, now: Instant) {
-        // Nothing leaves before the journal holds it.
-        if self.endpoint.commit_journal(now) {
-            *self.shared.journal_stats.lock() = self.endpoint.journal_stats();
-        }
+        // Nothing leaves before the journal holds it: what this turn journalled goes to the
+        // writer, and the link's bytes that depend on it wait for its mark.
+        self.hand_to_journal();
         if !self.endpoint.journal_ok() {
             // The buffer may hold messages the journal could not take: they must not reach
             // the peer (a restart would give their sequence numbers to other messages).
             self.endpoint.link_failed(now, id);
             return;
         }
-        let (Some(conn), Some(link)) = (self.conns.get_mut(&id), self.endpoint.link_mut(id)) else {
-            return;
-        };
-        if link.connecting {
+        if self.endpoint.link_mut(id).is_none_or(|l| l.connecting) {
             return;
         }
-        match conn.write(link.to_write()) {
+        let (Some(conn), Some(bytes)) = (self.conns.get_mut(&id), self.endpoint.to_write(id))
+        else {
+            return;
+        };
+        match conn.write(bytes) {
             Ok(n) => {
                 self.endpoint.wrote(now, id, n);
                 let wants = self.endpoint.link_mut(id).is_some_and(|l| l.wants_write());

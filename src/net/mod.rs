@@ -5,8 +5,6 @@
 
 mod conn;
 mod io;
-#[cfg(feature = "tls")]
-mod tls;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -128,6 +126,12 @@ impl IoShared {
             journal_stats: Mutex::new(None),
             journal_left: Mutex::new(None),
         }
+    }
+
+    /// Wakes the IO thread unless a wake-up is already pending; call after publishing what
+    /// it should look at (the journal writer: its marks).
+    pub(crate) fn wake(&self) {
+        self.handoff.ring();
     }
 
     /// IO thread: whether a wake-up was requested since the last call (and clears it).

@@ -11,7 +11,9 @@ use super::{Error, Node};
 use crate::deliver::{Delivery, Handler};
 use crate::flow::MESSAGE_OVERHEAD;
 use crate::journal::{FsyncPolicy, DEFAULT_SEGMENT_SIZE};
-use crate::peer::{OutboundFilter, Outgoing, PeerInfo};
+use crate::net::IoConfig;
+use crate::peer::{Outgoing, PeerInfo};
+use crate::proto;
 use crate::sync::Arc;
 
 /// A callback told about messages that will never be delivered: the peer was removed or
@@ -38,44 +40,34 @@ const MIN_POOL_THREADS: usize = 4;
 /// # Ok(()) }
 /// ```
 pub struct Builder {
-    pub(crate) name: String,
-    pub(crate) cluster: String,
+    /// What the IO thread is given: the protocol's settings and the sockets' (buffer sizes,
+    /// TLS). The setters write here, so an option of either lives in one place. What only
+    /// `start` knows (the launch id, whether the node journals) and what follows from other
+    /// settings (the receive window, the largest message, the per-source share of pending
+    /// connections, the housekeeping tick) are filled in by
+    /// [`io_config`](Builder::io_config); until then they are zero.
+    pub(crate) io: IoConfig,
+    // The node's own settings: its listener, its peers, the pool, the callbacks, the journal.
     pub(crate) listen: Result<SocketAddr, String>,
     pub(crate) peers: Vec<(String, Result<SocketAddr, String>)>,
     pub(crate) pool_threads: usize,
     /// Pool threads one sender's out-of-band messages may occupy at once (`None`: half
     /// the pool, at least one).
     pub(crate) oob_concurrency: Option<usize>,
-    /// The most this node holds for one peer (`None`: our own window).
-    pub(crate) recv_window: Option<u64>,
     pub(crate) delivery_batch: usize,
-    pub(crate) window: u64,
-    pub(crate) max_message: Option<usize>,
-    pub(crate) allow_unknown: bool,
-    pub(crate) ack_threshold: u64,
-    pub(crate) ack_delay: Duration,
-    pub(crate) backoff_min: Duration,
-    pub(crate) backoff_max: Duration,
-    pub(crate) handshake_timeout: Duration,
-    pub(crate) write_high_water: usize,
-    pub(crate) send_buffer: Option<usize>,
-    pub(crate) recv_buffer: Option<usize>,
+    pub(crate) pool_spin: Duration,
     pub(crate) handler: Option<Handler>,
     pub(crate) undelivered: Option<Arc<UndeliveredFn>>,
-    pub(crate) outbound_filter: Option<Arc<OutboundFilter>>,
-    pub(crate) probe_interval: Duration,
-    pub(crate) block_warning: Duration,
-    pub(crate) credit_on_idle: bool,
-    pub(crate) pool_spin: Duration,
-    pub(crate) heartbeat: Duration,
-    pub(crate) idle_timeout: Duration,
-    pub(crate) max_connections: usize,
-    pub(crate) max_pending: usize,
-    pub(crate) pending_per_source: Option<usize>,
     pub(crate) journal: Option<JournalSettings>,
-    /// TLS (feature `tls`); always `None` without the feature.
-    pub(crate) tls: Option<crate::net::TlsSetup>,
-    pub(crate) secret: Option<crate::proto::Secret>,
+    // The IO thread's settings whose default follows from others, as given; `io_config`
+    // resolves them.
+    /// The most this node holds for one peer (`None`: our own window).
+    pub(crate) recv_window: Option<u64>,
+    /// The largest message (`None`: the default of
+    /// [`effective_max_message`](Builder::effective_max_message)).
+    pub(crate) max_message: Option<usize>,
+    /// Pending connections one source may hold (`None`: a share of `max_pending`).
+    pub(crate) pending_per_source: Option<usize>,
 }
 
 /// Where and how a node journals (see [`Builder::journal`]).
@@ -89,14 +81,14 @@ pub(crate) struct JournalSettings {
 impl std::fmt::Debug for Builder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Builder")
-            .field("name", &self.name)
-            .field("cluster", &self.cluster)
+            .field("name", &self.name())
+            .field("cluster", &self.io.proto.cluster)
             .field("listen", &self.listen)
             .field("peers", &self.peers)
             .field("pool_threads", &self.pool_threads)
-            .field("window", &self.window)
-            .field("tls", &self.tls.is_some())
-            .field("secret", &self.secret)
+            .field("window", &self.io.proto.window)
+            .field("tls", &self.io.tls.is_some())
+            .field("secret", &self.io.proto.secret)
             .finish_non_exhaustive()
     }
 }
@@ -113,48 +105,81 @@ fn resolve<A: ToSocketAddrs>(addr: A) -> Result<SocketAddr, String> {
 impl Builder {
     pub(crate) fn new(name: &str) -> Builder {
         Builder {
-            name: name.to_owned(),
-            cluster: "default".to_owned(),
+            io: IoConfig {
+                proto: proto::Config {
+                    name: name.into(),
+                    cluster: "default".to_owned(),
+                    window: 4 << 20,
+                    allow_unknown: false,
+                    ack_threshold: 1024,
+                    ack_delay: Duration::from_millis(20),
+                    backoff_min: Duration::from_millis(20),
+                    backoff_max: Duration::from_secs(2),
+                    handshake_timeout: Duration::from_secs(5),
+                    write_high_water: 256 * 1024,
+                    outbound_filter: None,
+                    probe_interval: Duration::from_millis(100),
+                    block_warning: Duration::from_secs(5),
+                    credit_on_idle: true,
+                    heartbeat: Duration::from_secs(1),
+                    idle_timeout: Duration::from_secs(5),
+                    max_connections: 4096,
+                    max_pending: 128,
+                    secret: None,
+                    // Filled in by `io_config`.
+                    launch_id: 0,
+                    journalled: false,
+                    recv_window: 0,
+                    max_message: 0,
+                    max_pending_per_source: 0,
+                    tick: Duration::ZERO,
+                },
+                send_buffer: None,
+                recv_buffer: None,
+                tls: None,
+            },
             listen: Ok(SocketAddr::from(([127, 0, 0, 1], 0))),
             peers: Vec::new(),
             pool_threads: std::thread::available_parallelism()
                 .map_or(MIN_POOL_THREADS, |n| n.get())
                 .max(MIN_POOL_THREADS),
             oob_concurrency: None,
-            recv_window: None,
             delivery_batch: 256,
-            window: 4 << 20,
-            max_message: None,
-            allow_unknown: false,
-            ack_threshold: 1024,
-            ack_delay: Duration::from_millis(20),
-            backoff_min: Duration::from_millis(20),
-            backoff_max: Duration::from_secs(2),
-            handshake_timeout: Duration::from_secs(5),
-            write_high_water: 256 * 1024,
-            send_buffer: None,
-            recv_buffer: None,
+            pool_spin: Duration::ZERO,
             handler: None,
             undelivered: None,
-            outbound_filter: None,
-            probe_interval: Duration::from_millis(100),
-            block_warning: Duration::from_secs(5),
-            credit_on_idle: true,
-            pool_spin: Duration::ZERO,
-            heartbeat: Duration::from_secs(1),
-            idle_timeout: Duration::from_secs(5),
-            max_connections: 4096,
-            max_pending: 128,
-            pending_per_source: None,
             journal: None,
-            tls: None,
-            secret: None,
+            recv_window: None,
+            max_message: None,
+            pending_per_source: None,
         }
+    }
+
+    /// This member's name.
+    pub(crate) fn name(&self) -> &str {
+        &self.io.proto.name
+    }
+
+    /// What the IO thread is given: the settings as configured, with what `start` decided
+    /// (`launch_id`, `journalled`) and what follows from other settings.
+    pub(crate) fn io_config(&self, launch_id: u64, journalled: bool) -> IoConfig {
+        let mut io = self.io.clone();
+        let p = &mut io.proto;
+        p.launch_id = launch_id;
+        p.journalled = journalled;
+        p.recv_window = self.recv_window.unwrap_or(p.window);
+        p.max_message = self.effective_max_message();
+        p.max_pending_per_source = self.effective_pending_per_source();
+        // Housekeeping often enough for probes and heartbeats: half the shorter, 5 to 50 ms.
+        p.tick = (p.probe_interval / 2)
+            .min(p.heartbeat / 2)
+            .clamp(Duration::from_millis(5), Duration::from_millis(50));
+        io
     }
 
     /// The cluster name (default `"default"`). Members of another cluster are refused.
     pub fn cluster(mut self, cluster: &str) -> Self {
-        self.cluster = cluster.to_owned();
+        self.io.proto.cluster = cluster.to_owned();
         self
     }
 
@@ -229,7 +254,7 @@ impl Builder {
     /// and not yet consumed by its application. Each message costs its length plus
     /// [`MESSAGE_OVERHEAD`](crate::flow::MESSAGE_OVERHEAD) bytes.
     pub fn window_bytes(mut self, bytes: u64) -> Self {
-        self.window = bytes;
+        self.io.proto.window = bytes;
         self
     }
 
@@ -271,27 +296,27 @@ impl Builder {
     /// Whether members not configured here may connect (default `false`: they are refused
     /// and counted).
     pub fn allow_unknown_members(mut self, allow: bool) -> Self {
-        self.allow_unknown = allow;
+        self.io.proto.allow_unknown = allow;
         self
     }
 
     /// Acks are sent once this many messages are unacknowledged (default 1024) or after
     /// [`ack_delay`](Builder::ack_delay), whichever comes first.
     pub fn ack_threshold(mut self, n: u64) -> Self {
-        self.ack_threshold = n.max(1);
+        self.io.proto.ack_threshold = n.max(1);
         self
     }
 
     /// Longest an ack is held back (default 20 ms).
     pub fn ack_delay(mut self, d: Duration) -> Self {
-        self.ack_delay = d;
+        self.io.proto.ack_delay = d;
         self
     }
 
     /// Reconnect backoff bounds (default 20 ms to 2 s, jittered).
     pub fn reconnect_backoff(mut self, min: Duration, max: Duration) -> Self {
-        self.backoff_min = min;
-        self.backoff_max = max.max(min);
+        self.io.proto.backoff_min = min;
+        self.io.proto.backoff_max = max.max(min);
         self
     }
 
@@ -300,20 +325,20 @@ impl Builder {
     /// slots are taken (see [`connection_limits`](Builder::connection_limits)); our own
     /// dials always have all of it.
     pub fn handshake_timeout(mut self, d: Duration) -> Self {
-        self.handshake_timeout = d;
+        self.io.proto.handshake_timeout = d;
         self
     }
 
     /// Bytes buffered per connection before publishing to it pauses (default 256 KiB).
     pub fn write_buffer(mut self, bytes: usize) -> Self {
-        self.write_high_water = bytes.max(1024);
+        self.io.proto.write_high_water = bytes.max(1024);
         self
     }
 
     /// `SO_SNDBUF` / `SO_RCVBUF` for every connection (default: the OS's).
     pub fn socket_buffers(mut self, send: Option<usize>, recv: Option<usize>) -> Self {
-        self.send_buffer = send;
-        self.recv_buffer = recv;
+        self.io.send_buffer = send;
+        self.io.recv_buffer = recv;
         self
     }
 
@@ -357,21 +382,21 @@ impl Builder {
     where
         F: Fn(&PeerInfo<'_>, &Outgoing) -> bool + Send + Sync + 'static,
     {
-        self.outbound_filter = Some(Arc::new(f));
+        self.io.proto.outbound_filter = Some(Arc::new(f));
         self
     }
 
     /// A sender parked this long on an empty window makes the IO thread send the peer a
     /// credit probe, answered with every byte of credit it holds (default 100 ms).
     pub fn probe_interval(mut self, d: Duration) -> Self {
-        self.probe_interval = d.max(Duration::from_millis(1));
+        self.io.proto.probe_interval = d.max(Duration::from_millis(1));
         self
     }
 
     /// A sender parked this long is logged at `warn`, once per blocked episode, with the
     /// peer, window, bytes in flight and how long (default 5 s).
     pub fn block_warning(mut self, d: Duration) -> Self {
-        self.block_warning = d;
+        self.io.proto.block_warning = d;
         self
     }
 
@@ -379,7 +404,7 @@ impl Builder {
     /// drained (default `true`, within one housekeeping tick). With `false`, credit returns
     /// only in halves of the window and in answer to probes, as in JGroups' UFC.
     pub fn credit_on_idle(mut self, on: bool) -> Self {
-        self.credit_on_idle = on;
+        self.io.proto.credit_on_idle = on;
         self
     }
 
@@ -388,8 +413,8 @@ impl Builder {
     /// `idle_timeout` is closed and its peer redialled (defaults 1 s and 5 s). The timeout
     /// should span several heartbeats.
     pub fn heartbeat(mut self, heartbeat: Duration, idle_timeout: Duration) -> Self {
-        self.heartbeat = heartbeat.max(Duration::from_millis(1));
-        self.idle_timeout = idle_timeout.max(self.heartbeat);
+        self.io.proto.heartbeat = heartbeat.max(Duration::from_millis(1));
+        self.io.proto.idle_timeout = idle_timeout.max(self.io.proto.heartbeat);
         self
     }
 
@@ -426,8 +451,8 @@ impl Builder {
     /// A flood from many addresses at once (more than `pending` of them within a
     /// handshake's round trip) can still displace a member's handshake; the member redials.
     pub fn connection_limits(mut self, total: usize, pending: usize) -> Self {
-        self.max_connections = total.max(1);
-        self.max_pending = pending.max(1);
+        self.io.proto.max_connections = total.max(1);
+        self.io.proto.max_pending = pending.max(1);
         self
     }
 
@@ -449,8 +474,10 @@ impl Builder {
     /// The per-source share of pending connections in effect.
     pub(crate) fn effective_pending_per_source(&self) -> usize {
         self.pending_per_source
-            .unwrap_or_else(|| crate::proto::admission::default_per_source(self.max_pending))
-            .clamp(1, self.max_pending)
+            .unwrap_or_else(|| {
+                crate::proto::admission::default_per_source(self.io.proto.max_pending)
+            })
+            .clamp(1, self.io.proto.max_pending)
     }
 
     /// Journals reliable messages and delivery progress in `dir` (created if missing), so
@@ -546,23 +573,23 @@ impl Builder {
     /// ```
     #[cfg(feature = "tls")]
     pub fn tls(mut self, config: crate::tls::TlsConfig) -> Self {
-        self.tls = Some(config);
+        self.io.tls = Some(config);
         self
     }
 
     /// With TLS: member names are certificate DNS names, and our certificate names us.
     #[cfg(feature = "tls")]
     fn validate_tls(&self) -> Result<(), Error> {
-        let Some(tls) = &self.tls else {
+        let Some(tls) = &self.io.tls else {
             return Ok(());
         };
-        for name in std::iter::once(&self.name).chain(self.peers.iter().map(|(n, _)| n)) {
+        for name in std::iter::once(self.name()).chain(self.peers.iter().map(|(n, _)| n.as_str())) {
             crate::tls::server_name(name).map_err(Error::Config)?;
         }
-        tls.leaf_names(&self.name).map_err(|e| {
+        tls.leaf_names(self.name()).map_err(|e| {
             Error::Config(format!(
                 "TLS: this member's own certificate must name it ('{}'): {e}",
-                self.name
+                self.name()
             ))
         })
     }
@@ -596,13 +623,13 @@ impl Builder {
     /// # Ok(()) }
     /// ```
     pub fn secret(mut self, secret: impl AsRef<[u8]>) -> Self {
-        self.secret = Some(crate::proto::Secret::new(secret.as_ref()));
+        self.io.proto.secret = Some(crate::proto::Secret::new(secret.as_ref()));
         self
     }
 
     /// The effective maximum message size.
     pub(crate) fn effective_max_message(&self) -> usize {
-        let half = (self.window / 2).saturating_sub(MESSAGE_OVERHEAD) as usize;
+        let half = (self.io.proto.window / 2).saturating_sub(MESSAGE_OVERHEAD) as usize;
         self.max_message.unwrap_or_else(|| half.min(1 << 20))
     }
 
@@ -615,27 +642,27 @@ impl Builder {
             }
         }
         let name_ok = |s: &str| !s.is_empty() && s.len() <= crate::wire::MAX_NAME;
-        if !name_ok(&self.name) {
+        if !name_ok(self.name()) {
             return Err(Error::Config(format!(
                 "member name must be 1 to 255 bytes, got {:?}",
-                self.name
+                self.name()
             )));
         }
-        if !name_ok(&self.cluster) {
+        if !name_ok(&self.io.proto.cluster) {
             return Err(Error::Config(format!(
                 "cluster name must be 1 to 255 bytes, got {:?}",
-                self.cluster
+                self.io.proto.cluster
             )));
         }
-        if self.secret.as_ref().is_some_and(|s| s.is_empty()) {
+        if self.io.proto.secret.as_ref().is_some_and(|s| s.is_empty()) {
             return Err(Error::Config(
                 "the secret is empty: use at least 32 random bytes, or no secret".into(),
             ));
         }
-        if self.window < 2 * (MESSAGE_OVERHEAD + 1) {
+        if self.io.proto.window < 2 * (MESSAGE_OVERHEAD + 1) {
             return Err(Error::Config(format!(
                 "window of {} bytes is too small",
-                self.window
+                self.io.proto.window
             )));
         }
         if let Some(w) = self.recv_window {
@@ -647,19 +674,19 @@ impl Builder {
                 )));
             }
         }
-        if self.window > crate::flow::MAX_WINDOW {
+        if self.io.proto.window > crate::flow::MAX_WINDOW {
             return Err(Error::Config(format!(
                 "window of {} bytes exceeds the largest a receiver accounts for ({} bytes)",
-                self.window,
+                self.io.proto.window,
                 crate::flow::MAX_WINDOW
             )));
         }
         let max = self.effective_max_message();
-        if crate::flow::cost(max) > self.window / 2 {
+        if crate::flow::cost(max) > self.io.proto.window / 2 {
             return Err(Error::Config(format!(
                 "max_message {max} (+{MESSAGE_OVERHEAD} overhead) exceeds half the window ({} bytes): \
                  such a message could never be sent; raise window_bytes or lower max_message",
-                self.window / 2
+                self.io.proto.window / 2
             )));
         }
         if max > u32::MAX as usize - 64 {
@@ -680,7 +707,7 @@ impl Builder {
                     "peer name must be 1 to 255 bytes, got {name:?}"
                 )));
             }
-            if *name == self.name {
+            if *name == self.name() {
                 return Err(Error::Config(format!(
                     "peer '{name}' has this node's own name"
                 )));

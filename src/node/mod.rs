@@ -1,12 +1,14 @@
-//! The public handle: [`Node`] (lifecycle, peers, stats) and [`Sender`] (the send
-//! variants, cloneable into handlers and other threads).
+//! The public handle: [`Node`] (lifecycle, peers, stats; `send.rs`: [`Sender`], the send
+//! variants, cloneable into handlers and other threads), configured by [`Builder`].
 
 mod builder;
 mod error;
+mod send;
 mod stats;
 
 pub use builder::{Builder, UndeliveredFn};
 pub use error::{Error, TrySendError};
+pub use send::{PeerSender, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
 
 use std::collections::HashMap;
@@ -16,11 +18,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::deliver::Pool;
-use crate::flow::{cost, AcquireError};
-use crate::net::{
-    Command, Completion, IoConfig, IoParts, IoShared, IoThread, PeerMap, UndeliveredHook,
-};
-use crate::peer::{Counters, Outgoing, PeerShared};
+use crate::net::{Command, Completion, IoParts, IoShared, IoThread, PeerMap, UndeliveredHook};
+use crate::peer::{Counters, PeerShared};
 use crate::proto::NodeCounters;
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{thread, Arc, Mutex, RwLock, SharedStr};
@@ -39,337 +38,6 @@ pub struct ShutdownReport {
     pub failed: u64,
     /// How long the shutdown took.
     pub elapsed: Duration,
-}
-
-/// The send half of a node: cheap to clone, usable from any thread, including from inside
-/// a message handler (to reply).
-#[derive(Clone)]
-pub struct Sender {
-    core: Arc<SendCore>,
-}
-
-impl std::fmt::Debug for Sender {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sender")
-            .field("node", &self.core.name)
-            .finish()
-    }
-}
-
-struct SendCore {
-    name: SharedStr,
-    peers: PeerMap,
-    io: Arc<IoShared>,
-    max_message: usize,
-    stopped: Arc<AtomicBool>,
-}
-
-enum Wait {
-    No,
-    Forever,
-    For(Duration),
-}
-
-impl SendCore {
-    fn enqueue(
-        &self,
-        to: &str,
-        payload: Bytes,
-        opts: SendOptions,
-        wait: Wait,
-    ) -> Result<(), TrySendError<Bytes>> {
-        let peers = self.peers.read();
-        let Some(peer) = peers.get(to) else {
-            return Err(TrySendError::Failed(
-                payload,
-                Error::UnknownPeer(to.to_owned()),
-            ));
-        };
-        if let Wait::No = wait {
-            return self.enqueue_to(peer, payload, opts, wait);
-        }
-        // Never park while holding the map's read lock: a blocked sender would stall
-        // add_peer/remove_peer. Try without waiting first; wait only on our own clone.
-        match self.enqueue_to(peer, payload, opts, Wait::No) {
-            Err(TrySendError::Full(payload)) => {
-                let peer = peer.clone();
-                drop(peers);
-                self.enqueue_to(&peer, payload, opts, wait)
-            }
-            other => other,
-        }
-    }
-
-    /// Takes the message's permits from the peer's window (the only place they are taken)
-    /// and queues it for the IO thread.
-    fn enqueue_to(
-        &self,
-        peer: &PeerShared,
-        payload: Bytes,
-        opts: SendOptions,
-        wait: Wait,
-    ) -> Result<(), TrySendError<Bytes>> {
-        let len = payload.len();
-        if len > self.max_message {
-            let e = Error::TooLarge {
-                len,
-                max: self.max_message,
-            };
-            return Err(TrySendError::Failed(payload, e));
-        }
-        if self.stopped.load(Ordering::Acquire) {
-            return Err(TrySendError::Failed(payload, Error::Closed));
-        }
-        let c = cost(len);
-        let window = peer.outbox.window();
-        let acquired = match wait {
-            Wait::No => window.try_acquire(c),
-            Wait::Forever => window.acquire(c),
-            Wait::For(d) => window.acquire_timeout(c, d),
-        };
-        match acquired {
-            Ok(()) => {}
-            Err(AcquireError::Full) => return Err(TrySendError::Full(payload)),
-            Err(AcquireError::Closed) => return Err(TrySendError::Failed(payload, Error::Closed)),
-            Err(AcquireError::TimedOut) => {
-                let d = match wait {
-                    Wait::For(d) => d,
-                    _ => Duration::ZERO,
-                };
-                return Err(TrySendError::Failed(payload, Error::TimedOut(d)));
-            }
-            Err(AcquireError::TooLarge) => {
-                let e = Error::TooLarge {
-                    len,
-                    max: self.max_message,
-                };
-                return Err(TrySendError::Failed(payload, e));
-            }
-        }
-        let deadline = opts.ttl.map(|t| {
-            peer.note_ttl();
-            Instant::now() + t
-        });
-        let mut m = Outgoing::new(payload, opts.oob, deadline);
-        if opts.unreliable {
-            m = m.unreliable();
-        }
-        // Counted *accepted* under the queue lock, before the IO thread can see it.
-        if let Err(m) = peer.outbox.admit(m) {
-            // `admit` gave the permits back (Return::Refused).
-            return Err(TrySendError::Failed(m.payload, Error::Closed));
-        }
-        self.io.schedule(peer);
-        Ok(())
-    }
-}
-
-/// Options of [`Sender::send_with`].
-///
-/// ```
-/// use std::time::Duration;
-/// let opts = cohort::SendOptions::new().oob().ttl(Duration::from_millis(500));
-/// # let _ = opts;
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SendOptions {
-    oob: bool,
-    unreliable: bool,
-    ttl: Option<Duration>,
-}
-
-impl SendOptions {
-    /// A regular message with no expiry (what [`Sender::send`] sends).
-    pub fn new() -> SendOptions {
-        SendOptions::default()
-    }
-
-    /// Out of band: straight to a pool thread at the receiver, unordered.
-    pub fn oob(mut self) -> SendOptions {
-        self.oob = true;
-        self
-    }
-
-    /// Unreliable: no sequence number, no ack, no resend. Cheaper, and still ordered with the
-    /// sender's other regular messages while its connection lives, but **lost if the
-    /// connection breaks** with it unread (its window permits then come back at the next
-    /// handshake). Never duplicated. `Delivery::seq()` is `None` for it.
-    pub fn unreliable(mut self) -> SendOptions {
-        self.unreliable = true;
-        self
-    }
-
-    /// Fail the message (counted `failed`, permits returned) if it has not been published
-    /// within `ttl` — for instance because the peer is disconnected.
-    pub fn ttl(mut self, ttl: Duration) -> SendOptions {
-        self.ttl = Some(ttl);
-        self
-    }
-}
-
-impl Sender {
-    /// Sends a regular message: delivered to `to`'s handler in this sender's order, exactly
-    /// once while both processes live. Blocks (parks) while `to`'s send window is full.
-    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.core
-            .enqueue(to, payload.into(), SendOptions::new(), Wait::Forever)
-            .map_err(Error::from)
-    }
-
-    /// Like [`send`](Sender::send) but never blocks: a full window hands the payload back
-    /// in [`TrySendError::Full`].
-    pub fn try_send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
-        self.core
-            .enqueue(to, payload.into(), SendOptions::new(), Wait::No)
-    }
-
-    /// Like [`send`](Sender::send) but waits at most `timeout` for room in the window, then
-    /// fails with [`Error::TimedOut`].
-    pub fn send_timeout(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-    ) -> Result<(), Error> {
-        self.core
-            .enqueue(to, payload.into(), SendOptions::new(), Wait::For(timeout))
-            .map_err(Error::from)
-    }
-
-    /// Sends out of band: handed straight to a pool thread at the receiver, not ordered
-    /// with the sender's other messages (still exactly once, still flow-controlled).
-    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.core
-            .enqueue(to, payload.into(), SendOptions::new().oob(), Wait::Forever)
-            .map_err(Error::from)
-    }
-
-    /// Sends with [`SendOptions`] (out of band, expiry); blocks like [`send`](Sender::send).
-    pub fn send_with(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        opts: SendOptions,
-    ) -> Result<(), Error> {
-        self.core
-            .enqueue(to, payload.into(), opts, Wait::Forever)
-            .map_err(Error::from)
-    }
-
-    /// Sends `payload` to every peer without blocking: one result per peer. A peer whose
-    /// window is full gets [`Error::Full`] and stalls only itself; the others receive the
-    /// message.
-    pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
-        let payload = payload.into();
-        let peers: Vec<Arc<PeerShared>> = self.core.peers.read().values().cloned().collect();
-        let mut out: Vec<(String, Result<(), Error>)> = peers
-            .iter()
-            .map(|p| {
-                let r = self
-                    .core
-                    .enqueue_to(p, payload.clone(), SendOptions::new(), Wait::No)
-                    .map_err(Error::from);
-                (p.name.to_string(), r)
-            })
-            .collect();
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        out
-    }
-
-    /// This node's member name.
-    pub fn node_name(&self) -> &str {
-        &self.core.name
-    }
-
-    /// A send handle bound to one peer: the same send variants without the lookup by name
-    /// on every message (the fast path for a hot loop). If the peer is removed the handle's
-    /// sends fail with [`Error::Closed`]; a peer added again under the same name needs a new
-    /// handle.
-    ///
-    /// ```no_run
-    /// # fn main() -> Result<(), cohort::Error> {
-    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:7001").start()?;
-    /// let to_beta = node.sender().to("beta")?;
-    /// for i in 0..1000u32 {
-    ///     to_beta.send(i.to_le_bytes().to_vec())?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    pub fn to(&self, peer: &str) -> Result<PeerSender, Error> {
-        let p = self.core.peers.read().get(peer).cloned();
-        match p {
-            Some(peer) => Ok(PeerSender {
-                core: self.core.clone(),
-                peer,
-            }),
-            None => Err(Error::UnknownPeer(peer.to_owned())),
-        }
-    }
-}
-
-/// A [`Sender`] bound to one peer (see [`Sender::to`]).
-#[derive(Clone)]
-pub struct PeerSender {
-    core: Arc<SendCore>,
-    peer: Arc<PeerShared>,
-}
-
-impl std::fmt::Debug for PeerSender {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeerSender")
-            .field("node", &self.core.name)
-            .field("peer", &self.peer.name)
-            .finish()
-    }
-}
-
-impl PeerSender {
-    /// The peer's name.
-    pub fn peer(&self) -> &str {
-        &self.peer.name
-    }
-
-    /// See [`Sender::send`].
-    pub fn send(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.core
-            .enqueue_to(
-                &self.peer,
-                payload.into(),
-                SendOptions::new(),
-                Wait::Forever,
-            )
-            .map_err(Error::from)
-    }
-
-    /// See [`Sender::try_send`].
-    pub fn try_send(&self, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
-        self.core
-            .enqueue_to(&self.peer, payload.into(), SendOptions::new(), Wait::No)
-    }
-
-    /// See [`Sender::send_timeout`].
-    pub fn send_timeout(&self, payload: impl Into<Bytes>, timeout: Duration) -> Result<(), Error> {
-        self.core
-            .enqueue_to(
-                &self.peer,
-                payload.into(),
-                SendOptions::new(),
-                Wait::For(timeout),
-            )
-            .map_err(Error::from)
-    }
-
-    /// See [`Sender::send_oob`].
-    pub fn send_oob(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
-        self.send_with(payload, SendOptions::new().oob())
-    }
-
-    /// See [`Sender::send_with`].
-    pub fn send_with(&self, payload: impl Into<Bytes>, opts: SendOptions) -> Result<(), Error> {
-        self.core
-            .enqueue_to(&self.peer, payload.into(), opts, Wait::Forever)
-            .map_err(Error::from)
-    }
 }
 
 /// A member of a cluster: a listener, one IO thread, a delivery pool, and a connection to
@@ -439,22 +107,20 @@ impl Node {
 
     fn start(b: Builder) -> Result<Node, Error> {
         let (listen, peer_addrs) = b.validate()?;
-        let max_message = b.effective_max_message();
-        let name: SharedStr = b.name.as_str().into();
         // The journal first: a directory that cannot be recovered stops the start before a
         // socket is bound.
         let journal = match &b.journal {
             None => None,
             Some(j) => {
-                let config = crate::journal::JournalConfig::new(&j.dir, b.name.as_str())
-                    .cluster(b.cluster.as_str())
+                let config = crate::journal::JournalConfig::new(&j.dir, b.name())
+                    .cluster(&b.io.proto.cluster)
                     .segment_size(j.segment_size)
                     .fsync(j.fsync);
                 let (journal, recovered) = crate::journal::Journal::open(config)?;
                 let r = &recovered.report;
                 log::info!(
                     "{}: journal {} recovered: {} segments, {} records replayed, {} unacknowledged messages to {} peers",
-                    b.name,
+                    b.name(),
                     j.dir.display(),
                     r.segments_replayed,
                     r.records_replayed,
@@ -464,6 +130,14 @@ impl Node {
                 Some((journal, recovered))
             }
         };
+        // A journalling member keeps its launch id across restarts: its peers continue its
+        // streams instead of meeting a new incarnation.
+        let launch_id = journal
+            .as_ref()
+            .map_or_else(crate::util::random_nonzero_u64, |(j, _)| j.launch_id());
+        let config = b.io_config(launch_id, journal.is_some());
+        let (name, window) = (config.proto.name.clone(), config.proto.window);
+        let max_message = config.proto.max_message;
 
         let socket = socket2::Socket::new(
             socket2::Domain::for_address(listen),
@@ -504,7 +178,7 @@ impl Node {
             })
         });
         let pool = Arc::new(Pool::start(
-            &b.name,
+            b.name(),
             b.pool_threads,
             b.delivery_batch,
             handler,
@@ -513,7 +187,7 @@ impl Node {
         pool.set_spin(b.pool_spin);
         let peers: PeerMap = Arc::new(RwLock::new(HashMap::default()));
         for (pname, addr) in &peer_addrs {
-            let shared = io.new_peer(pname.as_str().into(), b.window);
+            let shared = io.new_peer(pname.as_str().into(), window);
             peers.write().insert(shared.name.clone(), shared.clone());
             io.command(Command::AddPeer {
                 peer: shared,
@@ -521,11 +195,6 @@ impl Node {
             });
         }
 
-        // A journalling member keeps its launch id across restarts: its peers continue its
-        // streams instead of meeting a new incarnation.
-        let launch_id = journal
-            .as_ref()
-            .map_or_else(crate::util::random_nonzero_u64, |(j, _)| j.launch_id());
         let counters = Arc::new(NodeCounters::default());
         let stopped = Arc::new(AtomicBool::new(false));
         let undelivered: Option<UndeliveredHook> = b.undelivered.clone().map(|f| {
@@ -535,41 +204,7 @@ impl Node {
                 });
             h
         });
-        let config = IoConfig {
-            proto: crate::proto::Config {
-                name: name.clone(),
-                cluster: b.cluster.clone(),
-                launch_id,
-                window: b.window,
-                recv_window: b.recv_window.unwrap_or(b.window),
-                max_message,
-                allow_unknown: b.allow_unknown,
-                ack_threshold: b.ack_threshold,
-                ack_delay: b.ack_delay,
-                backoff_min: b.backoff_min,
-                backoff_max: b.backoff_max,
-                handshake_timeout: b.handshake_timeout,
-                write_high_water: b.write_high_water,
-                outbound_filter: b.outbound_filter.clone(),
-                probe_interval: b.probe_interval,
-                block_warning: b.block_warning,
-                credit_on_idle: b.credit_on_idle,
-                tick: (b.probe_interval / 2)
-                    .min(b.heartbeat / 2)
-                    .clamp(Duration::from_millis(5), Duration::from_millis(50)),
-                heartbeat: b.heartbeat,
-                idle_timeout: b.idle_timeout,
-                max_connections: b.max_connections,
-                max_pending: b.max_pending,
-                max_pending_per_source: b.effective_pending_per_source(),
-                secret: b.secret.clone(),
-                journalled: journal.is_some(),
-            },
-            send_buffer: b.send_buffer,
-            recv_buffer: b.recv_buffer,
-            tls: b.tls.clone(),
-        };
-        let tls = b.tls.is_some();
+        let tls = config.tls.is_some();
         let io_done = Arc::new(Completion::default());
         let parts = IoParts {
             config,
@@ -584,11 +219,18 @@ impl Node {
             journal,
         };
         let guard = DoneGuard(io_done.clone(), stopped.clone());
+        let io_state = match IoThread::new(parts) {
+            Ok(t) => t,
+            Err(e) => {
+                pool.stop();
+                return Err(Error::Io(e));
+            }
+        };
         let io_thread = thread::Builder::new()
-            .name(format!("{}-io", b.name))
+            .name(format!("{name}-io"))
             .spawn(move || {
                 let _guard = guard;
-                IoThread::new(parts).run();
+                io_state.run();
             });
         let io_thread = match io_thread {
             Ok(h) => h,
@@ -604,25 +246,23 @@ impl Node {
         }
         log::info!(
             "{name}: listening on {local_addr} (cluster '{}', {} peers)",
-            b.cluster,
+            b.io.proto.cluster,
             peer_addrs.len()
         );
-        let sender = Sender {
-            core: Arc::new(SendCore {
-                name: name.clone(),
-                peers: peers.clone(),
-                io: io.clone(),
-                max_message,
-                stopped,
-            }),
-        };
+        let sender = Sender::new(
+            name.clone(),
+            peers.clone(),
+            io.clone(),
+            max_message,
+            stopped,
+        );
         Ok(Node {
             sender,
             name,
             launch_id,
             journalled: b.journal.is_some(),
             local_addr,
-            window: b.window,
+            window,
             io,
             peers,
             pool,

@@ -1,23 +1,26 @@
 //! A peer's outbox: its send window, the queue of accepted messages, and the one place where
 //! permits go back to the window.
 //!
-//! Permits are conserved by construction. A message takes `cost(len)` bytes of window in
-//! [`Outbox::admit`] and gives them back exactly once, through [`Outbox::give_back`], naming
-//! why ([`Return`]):
+//! Permits are conserved by the types. A sender takes `cost(len)` bytes of window as a
+//! [`Permit`] (`SendCore::enqueue_to`, `src/node/send.rs`: the only place a send takes one; a
+//! journal restore charges the window with `SendWindow::take_up_to`); the message carries it
+//! ([`Outgoing`]) into the outbox and, once published, into the IO thread's [`Ledger`]; and
+//! it goes back exactly once, through [`Outbox::give_back`], naming why ([`Return`]):
 //!
 //! | path | where | [`Return`] |
 //! |---|---|---|
 //! | outbox closed when the message arrived | `admit` | `Refused` |
-//! | the outbound filter dropped it at publish time | IO thread, `flush_peer` | `Filtered` |
-//! | its deadline passed while it was queued | IO thread, `flush_peer` / sweep | `Expired` |
-//! | the peer cannot take a message that large | IO thread, `flush_peer` | `Failed` |
-//! | the peer was removed / the node shut down with it queued | IO thread, `retire_peer` | `Failed` |
-//! | published, then credited back by the receiver | IO thread, `on_ack` via [`Ledger`] | `Credited` |
-//! | published, then the peer restarted or was removed | IO thread, via [`Ledger::retire`] | `Retired` |
-//! | published unreliable, then lost with its connection | IO thread, `establish` (handshake counts) | `Lost` |
+//! | the outbound filter dropped it at publish time | IO thread, `proto::Peer::publish` | `Filtered` |
+//! | its deadline passed while it was queued | IO thread, `Peer::publish` / `Peer::expire_queued` (tick) | `Expired` |
+//! | the peer cannot take a message that large | IO thread, `Peer::publish` | `Failed` |
+//! | unreliable, for a disconnected peer of a journalling node | IO thread, `Peer::publish` | `Failed` |
+//! | the peer was removed / the node shut down with it queued | IO thread, `Peer::retire` | `Failed` |
+//! | published, then credited back by the receiver | IO thread, `Peer::on_ack` via [`Ledger::credit`] | `Credited` |
+//! | published, then the peer restarted, forgot us or was removed | IO thread, `Peer::bind` / `Peer::forget` / `Peer::retire` via [`Ledger::retire`] | `Retired` |
+//! | published unreliable, then lost with its connection | IO thread, `Peer::establish` (handshake counts) via [`Ledger::forget`] | `Lost` |
 //!
-//! Published messages are tracked by the IO thread's [`Ledger`] (bytes published and not yet
-//! credited); queued ones by their presence in a queue. So at every instant
+//! A permit cannot be copied, and dropping one that holds bytes panics in debug builds, so a
+//! path that forgets to give one back fails its tests. At every instant
 //! `window.in_flight() == cost(queued) + ledger.uncredited()`.
 
 use std::collections::VecDeque;
@@ -25,28 +28,39 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::flow::{cost, SendWindow};
+use crate::flow::{cost, Permit, SendWindow};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::Mutex;
 use crate::wire;
 
-/// A message accepted by `send*` and not yet published. The outbound filter sees it.
-#[derive(Clone, Debug)]
+/// A message accepted by `send*` and not yet published, with the window bytes it holds.
+/// The outbound filter sees it.
+#[derive(Debug)]
 pub struct Outgoing {
     pub(crate) payload: Bytes,
     pub(crate) flags: u8,
     pub(crate) deadline: Option<Instant>,
+    /// Its window bytes, given back when it is filtered, expires or fails, or moved into the
+    /// ledger when it is published.
+    pub(crate) permit: Permit,
 }
 
 impl Outgoing {
-    /// A reliable regular (`oob == false`) or out-of-band message, optionally expiring at
+    /// A reliable regular (`oob == false`) or out-of-band message holding `permit` (its
+    /// [`cost`](Outgoing::cost), taken from the peer's window), optionally expiring at
     /// `deadline` if it has not been published by then.
-    pub fn new(payload: Bytes, oob: bool, deadline: Option<Instant>) -> Outgoing {
+    pub fn new(payload: Bytes, oob: bool, deadline: Option<Instant>, permit: Permit) -> Outgoing {
+        debug_assert_eq!(
+            permit.bytes(),
+            cost(payload.len()),
+            "a message holds its cost"
+        );
         let flags = if oob { wire::FLAG_OOB } else { 0 } | wire::FLAG_RELIABLE;
         Outgoing {
             payload,
             flags,
             deadline,
+            permit,
         }
     }
 
@@ -76,6 +90,11 @@ impl Outgoing {
     /// Window bytes it holds: [`cost`] of its length.
     pub fn cost(&self) -> u64 {
         cost(self.payload.len())
+    }
+
+    /// Gives up the message for its permit (to give back, or to enter the ledger).
+    pub fn into_permit(self) -> Permit {
+        self.permit
     }
 }
 
@@ -117,15 +136,16 @@ struct Queue {
 /// ```
 /// use cohort::peer::{Outbox, Outgoing, Return};
 /// let ob = Outbox::new(1024);
-/// let m = Outgoing::new(cohort::Bytes::from_static(b"hi"), false, None);
-/// ob.window().try_acquire(m.cost()).unwrap();
-/// ob.admit(m).unwrap();
+/// let payload = cohort::Bytes::from_static(b"hi");
+/// let permit = ob.window().try_acquire(cohort::flow::cost(payload.len())).unwrap();
+/// ob.admit(Outgoing::new(payload, false, None, permit)).unwrap();
 /// let mut taken = std::collections::VecDeque::new();
 /// ob.take_into(&mut taken);
 /// let m = taken.pop_front().unwrap();
-/// ob.give_back(Return::Filtered, m.cost());
+/// let cost = m.cost();
+/// ob.give_back(Return::Filtered, m.into_permit());
 /// assert_eq!(ob.window().available(), 1024);
-/// assert_eq!(ob.returned(Return::Filtered), m.cost());
+/// assert_eq!(ob.returned(Return::Filtered), cost);
 /// ```
 #[derive(Debug)]
 pub struct Outbox {
@@ -152,11 +172,12 @@ impl Outbox {
     /// Queues `m`, whose [`Outgoing::cost`] the caller has taken from the window, and counts
     /// it *accepted*. If the outbox is closed its permits go back at once
     /// (`Return::Refused`) and it is handed back.
-    pub fn admit(&self, m: Outgoing) -> Result<(), Outgoing> {
+    pub fn admit(&self, mut m: Outgoing) -> Result<(), Outgoing> {
         let mut q = self.queue.lock();
         if q.closed {
             drop(q);
-            self.give_back(Return::Refused, m.cost());
+            let permit = std::mem::replace(&mut m.permit, Permit::none());
+            self.give_back(Return::Refused, permit);
             return Err(m);
         }
         q.accepted += 1;
@@ -207,13 +228,13 @@ impl Outbox {
     }
 
     /// The one place permits go back to the window.
-    pub fn give_back(&self, why: Return, bytes: u64) {
-        if bytes == 0 {
-            return;
+    pub fn give_back(&self, why: Return, permit: Permit) {
+        let bytes = permit.bytes();
+        if bytes > 0 {
+            // Relaxed: statistics; the window's own release carries the ordering.
+            self.returned[why as usize].fetch_add(bytes, Ordering::Relaxed);
         }
-        // Relaxed: statistics; the window's own release carries the ordering.
-        self.returned[why as usize].fetch_add(bytes, Ordering::Relaxed);
-        self.window.release(bytes);
+        self.window.release(permit);
     }
 
     /// Window bytes given back for `why` so far.
@@ -222,44 +243,48 @@ impl Outbox {
     }
 }
 
-/// The IO thread's account of published messages: window bytes published to the peer and
-/// not yet credited back.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+/// The IO thread's account of published messages: the permits of what was published to the
+/// peer and not yet credited back.
+#[derive(Debug)]
 pub struct Ledger {
-    uncredited: u64,
+    uncredited: Permit,
+}
+
+impl Default for Ledger {
+    fn default() -> Ledger {
+        Ledger {
+            uncredited: Permit::none(),
+        }
+    }
 }
 
 impl Ledger {
-    /// A message of `cost` bytes was published.
-    pub fn publish(&mut self, cost: u64) {
-        self.uncredited += cost;
+    /// A message holding `permit` was published.
+    pub fn publish(&mut self, permit: Permit) {
+        self.uncredited.absorb(permit);
     }
 
-    /// The peer returned `credit` bytes. Returns how many may go back to the window: never
-    /// more than is uncredited (a confused or malicious peer cannot inflate a window).
-    pub fn credit(&mut self, credit: u64) -> u64 {
-        let c = credit.min(self.uncredited);
-        self.uncredited -= c;
-        c
+    /// The peer returned `credit` bytes. Returns the permit that may go back to the window:
+    /// never more than is uncredited (a confused or malicious peer cannot inflate a window).
+    pub fn credit(&mut self, credit: u64) -> Permit {
+        self.uncredited.take(credit)
     }
 
     /// `bytes` of what is outstanding will never be credited (unreliable messages lost with
-    /// a connection). Returns how many the caller gives back: never more than is
+    /// a connection). Returns the permit the caller gives back: never more than is
     /// outstanding.
-    pub fn forget(&mut self, bytes: u64) -> u64 {
-        let b = bytes.min(self.uncredited);
-        self.uncredited -= b;
-        b
+    pub fn forget(&mut self, bytes: u64) -> Permit {
+        self.uncredited.take(bytes)
     }
 
     /// The peer will never credit what is outstanding (restart, removal): returns all of it.
-    pub fn retire(&mut self) -> u64 {
-        std::mem::take(&mut self.uncredited)
+    pub fn retire(&mut self) -> Permit {
+        std::mem::replace(&mut self.uncredited, Permit::none())
     }
 
     /// Bytes published and not yet credited.
     pub fn uncredited(&self) -> u64 {
-        self.uncredited
+        self.uncredited.bytes()
     }
 }
 
@@ -303,9 +328,9 @@ mod tests {
             for e in events {
                 match e {
                     Ev::Accept(len) => {
-                        let m = Outgoing::new(Bytes::from(vec![0u8; len as usize]), false, None);
-                        if ob.window().try_acquire(m.cost()).is_ok() {
-                            let _ = ob.admit(m);
+                        if let Ok(permit) = ob.window().try_acquire(cost(len as usize)) {
+                            let payload = Bytes::from(vec![0u8; len as usize]);
+                            let _ = ob.admit(Outgoing::new(payload, false, None, permit));
                         }
                     }
                     Ev::Write(decisions) => {
@@ -313,10 +338,10 @@ mod tests {
                         for publish in decisions {
                             let Some(m) = pending.pop_front() else { break };
                             if publish {
-                                ledger.publish(m.cost());
                                 consumed_not_credited += m.cost();
+                                ledger.publish(m.into_permit());
                             } else {
-                                ob.give_back(Return::Filtered, m.cost());
+                                ob.give_back(Return::Filtered, m.into_permit());
                             }
                         }
                     }
@@ -329,10 +354,9 @@ mod tests {
                         ob.give_back(Return::Credited, back);
                     }
                     Ev::Remove => {
-                        let queued = ob.close();
-                        let failed: u64 = queued.iter().chain(pending.iter()).map(Outgoing::cost).sum();
-                        pending.clear();
-                        ob.give_back(Return::Failed, failed);
+                        for m in ob.close().into_iter().chain(pending.drain(..)) {
+                            ob.give_back(Return::Failed, m.into_permit());
+                        }
                         ob.give_back(Return::Retired, ledger.retire());
                     }
                 }
@@ -351,8 +375,9 @@ mod tests {
                 prop_assert_eq!(ob.window().available() + ob.window().in_flight(), W);
             }
             // Drain: publish nothing more, credit everything, fail the rest.
-            let rest: u64 = ob.close().iter().chain(pending.iter()).map(Outgoing::cost).sum();
-            ob.give_back(Return::Failed, rest);
+            for m in ob.close().into_iter().chain(pending.drain(..)) {
+                ob.give_back(Return::Failed, m.into_permit());
+            }
             let back = ledger.credit(u64::MAX);
             ob.give_back(Return::Credited, back);
             prop_assert_eq!(ob.window().available(), W);
@@ -362,8 +387,8 @@ mod tests {
     #[test]
     fn closed_outbox_refuses_and_returns_permits() {
         let ob = Outbox::new(100);
-        let m = Outgoing::new(Bytes::from_static(b"abc"), true, None);
-        ob.window().try_acquire(m.cost()).unwrap();
+        let permit = ob.window().try_acquire(cost(3)).unwrap();
+        let m = Outgoing::new(Bytes::from_static(b"abc"), true, None, permit);
         assert!(ob.close().is_empty());
         let back = ob.admit(m).unwrap_err();
         assert!(back.is_oob());
@@ -373,11 +398,28 @@ mod tests {
 
     #[test]
     fn ledger_clamps_excess_credit() {
+        let w = SendWindow::new(100);
         let mut l = Ledger::default();
-        l.publish(10);
-        assert_eq!(l.credit(25), 10);
+        l.publish(w.try_acquire(10).unwrap());
+        let back = l.credit(25);
+        assert_eq!(back.bytes(), 10);
+        w.release(back);
         assert_eq!(l.uncredited(), 0);
-        l.publish(5);
-        assert_eq!(l.retire(), 5);
+        l.publish(w.try_acquire(5).unwrap());
+        let back = l.retire();
+        assert_eq!(back.bytes(), 5);
+        w.release(back);
+        assert_eq!(w.available(), 100);
+    }
+
+    /// A permit dropped without being given back is a lost window byte: debug builds catch
+    /// it where it happens.
+    #[test]
+    #[cfg(debug_assertions)]
+    #[should_panic(expected = "dropped without being given back")]
+    fn a_permit_dropped_without_being_given_back_panics() {
+        let w = SendWindow::new(100);
+        let permit = w.try_acquire(10).unwrap();
+        drop(permit);
     }
 }

@@ -19,7 +19,7 @@ use super::peer::{Inflow, Peer, Unestablished};
 use super::timer::{Backoff, TimerKind, Timers};
 use super::{keep_new, Handshake, HsEvent, LocalIdentity, PeerIdentity, RecoveryError, TieBreak};
 use crate::deliver::Task;
-use crate::journal::{FsyncPolicy, Journal, JournalError, Record, RecoveredPeer};
+use crate::journal::{FsyncPolicy, Journal, JournalError, Record, RecoveredPeer, WriterMarks};
 use crate::peer::{Counters, OutboundFilter, PeerShared, PeerState};
 use crate::proto::Unacked;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -137,12 +137,19 @@ pub(crate) enum Event {
     JournalFailed,
 }
 
+/// A numbered batch of journal records, for the journal's writer.
+pub(crate) type Batch = (u64, Vec<Record>);
+
 /// What one call produces besides the links' bytes: journal records, pool tasks, events.
 pub(crate) struct Out {
-    /// Journal records of this turn, appended together before any byte leaves.
+    /// Journal records of this turn, handed to the journal together (one batch) before any
+    /// byte leaves.
     pub(crate) records: Vec<Record>,
-    /// Peers whose recorded progress waits for the disk before it is acknowledged.
+    /// Peers whose recorded progress (in this turn's records) waits for the disk before
+    /// it is acknowledged.
     pub(crate) awaiting: Vec<usize>,
+    /// Batches cut and not yet taken by the driver.
+    batches: Vec<Batch>,
     /// Pool tasks to submit.
     pub(crate) tasks: Vec<Task>,
     pub(crate) events: VecDeque<Event>,
@@ -161,19 +168,33 @@ impl Out {
     }
 }
 
-/// The journal as the endpoint holds it.
-pub(crate) struct JournalIo {
-    pub(crate) journal: Journal,
+/// What the endpoint knows of the journal: it never touches it (a writer thread does, see
+/// `journal::JournalWriter`); it cuts the turn's records into numbered batches, and lets
+/// bytes leave and acks carry progress as the writer's marks say their batch is durable.
+pub(crate) struct Durability {
     policy: FsyncPolicy,
     /// What recovery found for peers not added yet, by name.
     recovered: HashMap<String, RecoveredPeer>,
-    /// A sync timer is pending (interval policy).
-    sync_timer: bool,
-    /// A write or sync failed: nothing more is journalled or acknowledged.
-    failed: bool,
+    /// The last batch cut.
+    cut: u64,
+    /// The writer's marks as last reported.
+    marks: WriterMarks,
+    /// Peers whose recorded progress is in batch `n`: acknowledged once `n` is durable.
+    awaiting: VecDeque<(u64, usize)>,
 }
 
-/// The journal after the endpoint has stopped, with what is needed to record how far the
+impl Durability {
+    /// The last batch whose delivery progress may be acknowledged: appended (the page
+    /// cache survives a crash of the process) — or, with an interval policy, synced.
+    fn ack_mark(&self) -> u64 {
+        match self.policy {
+            FsyncPolicy::Interval(_) => self.marks.synced,
+            FsyncPolicy::EveryBatch | FsyncPolicy::Never => self.marks.appended,
+        }
+    }
+}
+
+/// The journal after the IO thread has stopped, with what is needed to record how far the
 /// pool got: the node records it once the pool has drained, so a clean shutdown leaves
 /// nothing to deliver again.
 pub(crate) struct JournalLeft {
@@ -182,7 +203,7 @@ pub(crate) struct JournalLeft {
 }
 
 /// A peer's share of [`JournalLeft`].
-struct LeftPeer {
+pub(crate) struct LeftPeer {
     name: String,
     /// Its handled watermark and receive credit, still moving while the pool drains.
     progress: Arc<crate::deliver::Progress>,
@@ -194,6 +215,11 @@ struct LeftPeer {
 }
 
 impl JournalLeft {
+    /// The journal, back from its writer, and the peers' progress as the endpoint left it.
+    pub(crate) fn new(journal: Journal, peers: Vec<LeftPeer>) -> JournalLeft {
+        JournalLeft { journal, peers }
+    }
+
     /// Records each peer's final delivery progress and syncs the journal.
     pub(crate) fn close(mut self) -> Result<(), JournalError> {
         let mut records = Vec::new();
@@ -246,17 +272,18 @@ pub(crate) struct Endpoint {
     /// (a handshake's last frame goes first: see [`run_deferred`](Endpoint::run_deferred)).
     deferred: Vec<usize>,
     shutdown: Option<Instant>,
-    journal: Option<JournalIo>,
+    journal: Option<Durability>,
     out: Out,
 }
 
 impl Endpoint {
-    /// A member with no peer yet, journalling with `journal` (and what it recovered) when
-    /// given one. `new_peer` makes the shared state of a member admitted as it dials in.
+    /// A member with no peer yet; with `journal` (its fsync policy and what it recovered),
+    /// one that journals. `new_peer` makes the shared state of a member admitted as it
+    /// dials in.
     pub(crate) fn new(
         cfg: Config,
         counters: Arc<NodeCounters>,
-        journal: Option<(Journal, crate::journal::Recovered)>,
+        journal: Option<(FsyncPolicy, crate::journal::Recovered)>,
         new_peer: NewPeer,
         now: Instant,
     ) -> Endpoint {
@@ -268,12 +295,12 @@ impl Endpoint {
             name: cfg.name.to_string(),
             secret: cfg.secret.clone(),
         };
-        let journal = journal.map(|(journal, recovered)| JournalIo {
-            policy: journal.fsync_policy(),
-            journal,
+        let journal = journal.map(|(policy, recovered)| Durability {
+            policy,
             recovered: recovered.peers.into_iter().collect(),
-            sync_timer: false,
-            failed: false,
+            cut: 0,
+            marks: WriterMarks::default(),
+            awaiting: VecDeque::new(),
         });
         let mut timers = Timers::default();
         timers.add(now + cfg.tick, TimerKind::Tick);
@@ -300,6 +327,7 @@ impl Endpoint {
                 events: VecDeque::new(),
                 batch: Vec::new(),
                 oob_batch: Vec::new(),
+                batches: Vec::new(),
                 journal_open: journal.is_some(),
             },
             journal,
@@ -372,7 +400,17 @@ impl Endpoint {
     /// Whether no journal write or sync has failed (always true without a journal): after
     /// a failure, bytes in write buffers may hold messages the journal lacks.
     pub(crate) fn journal_ok(&self) -> bool {
-        self.journal.as_ref().is_none_or(|j| !j.failed)
+        self.journal.as_ref().is_none_or(|j| !j.marks.failed)
+    }
+
+    /// The bytes of link `id` that may be written now: all of them without a journal; with
+    /// one, those whose journal records are durable (`appended`).
+    pub(crate) fn to_write(&self, id: LinkId) -> Option<&[u8]> {
+        let link = self.links.get(&id)?;
+        Some(match &self.journal {
+            None => link.to_write(),
+            Some(j) => link.durable_part(j.marks.appended, j.cut),
+        })
     }
 
     fn peer_name(&self, id: usize) -> SharedStr {
@@ -516,19 +554,25 @@ impl Endpoint {
     }
 
     /// Journals everything queued (to any peer, connected or not, past the write buffers'
-    /// high-water marks) and forces the journal to disk. Returns whether it all is: never
-    /// after a journal failure.
-    pub(crate) fn sync_journal_now(&mut self, now: Instant) -> bool {
+    /// high-water marks) and cuts it into a batch. Returns the batch whose sync makes it all
+    /// durable (the driver asks the writer for that sync), or `None` after a journal failure
+    /// (nothing may be reported durable then).
+    pub(crate) fn sync_journal_now(&mut self, now: Instant) -> Option<u64> {
         let ids: Vec<usize> = self.peers.keys().copied().collect();
         for id in ids {
             self.publish_upto(now, id, usize::MAX);
         }
-        self.sync_journal(now)
+        self.cut_journal();
+        self.journal
+            .as_ref()
+            .filter(|j| !j.marks.failed)
+            .map(|j| j.cut)
     }
 
-    /// The final step of a shutdown: every peer retired, every link closed, the journal
-    /// synced; what the node needs to record the pool's last progress is returned.
-    pub(crate) fn finish(&mut self, now: Instant) -> Option<JournalLeft> {
+    /// The final step of a shutdown: every peer retired, every link closed, the last records
+    /// cut into a batch. Returns, with a journal, what the node needs to record the pool's
+    /// last progress once the writer has given the journal back.
+    pub(crate) fn finish(&mut self, now: Instant) -> Option<Vec<LeftPeer>> {
         let links: Vec<LinkId> = self.links.keys().copied().collect();
         let ids: Vec<usize> = self.peers.keys().copied().collect();
         for id in ids {
@@ -537,9 +581,27 @@ impl Endpoint {
         for l in links {
             self.close_link(now, l, Some((CloseCode::Shutdown, "node shutting down")));
         }
-        // A failure is logged and counted; then nothing is left to record.
-        let _ = self.sync_journal(now);
-        self.leave_journal()
+        self.cut_journal();
+        let j = self.journal.as_ref()?;
+        if j.marks.failed {
+            return None;
+        }
+        Some(
+            self.peers
+                .values()
+                .filter_map(|p| {
+                    let progress = p.shared.progress.clone()?;
+                    let (recorded, unreliable) = p.recorded();
+                    Some(LeftPeer {
+                        name: p.name().to_string(),
+                        progress,
+                        credit: p.shared.credit.clone(),
+                        recorded: (recorded.0, recorded.1, unreliable),
+                        received: p.desc.received(),
+                    })
+                })
+                .collect(),
+        )
     }
 
     /// Warns about journalled peers that are not configured (their messages stay in the
@@ -813,21 +875,22 @@ impl Endpoint {
     /// Closes a link (after writing `close`, best effort) and, if it spoke for a peer,
     /// moves the peer to `Backoff` and schedules a reconnect.
     fn close_link(&mut self, now: Instant, id: LinkId, close: Option<(CloseCode, &str)>) {
-        if close.is_some() && self.links.contains_key(&id) {
-            // The close flushes the write buffer, which may hold messages published this
-            // turn: nothing leaves before the journal holds it.
-            self.commit_journal(now);
-        }
         let journal_ok = self.journal_ok();
         self.admission.remove(id);
-        let Some(mut link) = self.links.remove(&id) else {
+        let Some(link) = self.links.remove(&id) else {
             return;
         };
         self.paused.retain(|&l| l != id);
         let mut last = Vec::new();
         if let Some((code, reason)) = close {
             if journal_ok && !link.connecting {
-                last = link.wbuf.split_off(link.wpos);
+                // What may leave of the buffer, then the Close. With a journal, bytes whose
+                // records are not durable yet stay behind (nothing leaves before the journal
+                // holds it): they are unacknowledged, resent after the next handshake.
+                last = match &self.journal {
+                    None => link.to_write().to_vec(),
+                    Some(j) => link.durable_part(j.marks.appended, j.cut).to_vec(),
+                };
                 wire::encode_close(&mut last, code, reason);
             }
         }
@@ -1432,7 +1495,6 @@ impl Endpoint {
                 TimerKind::Handshake { link } => self.handshake_due(now, link),
                 TimerKind::AckDelay { peer } => self.ack_due(now, peer),
                 TimerKind::Tick => self.tick(now),
-                TimerKind::JournalSync => self.journal_sync_due(now),
                 TimerKind::Deadline => {}
             }
         }
@@ -1562,76 +1624,58 @@ impl Endpoint {
 
     // ---- the journal -------------------------------------------------------------------
 
-    /// Appends this turn's records (one write, at most one fsync), then acknowledges the
-    /// progress that is now on disk. The driver calls it at the end of every turn and
-    /// before any byte is written to a link. Returns whether anything was appended.
-    pub(crate) fn commit_journal(&mut self, now: Instant) -> bool {
+    /// Cuts this turn's records into the next batch for the journal's writer, and gates
+    /// every link's unwritten bytes behind it: nothing leaves before the journal holds it.
+    /// The driver calls it at the end of every turn and before any byte is written, and
+    /// hands the batches to the writer ([`take_batches`](Endpoint::take_batches)). Returns
+    /// whether a batch was cut.
+    pub(crate) fn cut_journal(&mut self) -> bool {
         let Some(j) = self.journal.as_mut() else {
             return false;
         };
-        if self.out.records.is_empty() || j.failed {
+        if self.out.records.is_empty() || j.marks.failed {
             return false;
         }
-        let result = j.journal.append(&self.out.records);
-        self.out.records.clear();
-        match result {
-            Ok(()) => self.journal_written(now),
-            Err(e) => self.journal_failed(now, e),
+        j.cut += 1;
+        let n = j.cut;
+        for id in self.out.awaiting.drain(..) {
+            j.awaiting.push_back((n, id));
+        }
+        self.out
+            .batches
+            .push((n, std::mem::take(&mut self.out.records)));
+        for link in self.links.values_mut() {
+            link.gate(n);
         }
         true
     }
 
-    /// Forces the journal to disk now. Returns whether everything journalled is on disk:
-    /// `false` once a write or sync has failed (then the node is stopping, and nothing may
-    /// be reported durable).
-    fn sync_journal(&mut self, now: Instant) -> bool {
-        self.commit_journal(now);
-        let Some(j) = self.journal.as_mut().filter(|j| !j.failed) else {
-            return false;
-        };
-        match j.journal.sync() {
-            Ok(()) => {
-                self.journal_written(now);
-                true
-            }
-            Err(e) => {
-                self.journal_failed(now, e);
-                false
-            }
-        }
+    /// The batches cut since the last call, in order, for the journal's writer.
+    pub(crate) fn take_batches(&mut self) -> Vec<Batch> {
+        std::mem::take(&mut self.out.batches)
     }
 
-    /// The interval policy's timer: sync what is written, then acknowledge it.
-    fn journal_sync_due(&mut self, now: Instant) {
-        if let Some(j) = self.journal.as_mut() {
-            j.sync_timer = false;
-        }
-        // A failure stops the node; nothing waits on this sync.
-        let _ = self.sync_journal(now);
-    }
-
-    /// The journal's counters as of its last write.
-    pub(crate) fn journal_stats(&self) -> Option<crate::journal::JournalStats> {
-        self.journal.as_ref().map(|j| j.journal.stats())
-    }
-
-    /// Records reached the journal: once they are as durable as the policy makes them,
-    /// the progress they hold may be acknowledged.
-    fn journal_written(&mut self, now: Instant) {
+    /// The journal's writer moved its marks: bytes whose records are now appended may
+    /// leave (their links are marked to write), progress whose records are now durable is
+    /// acknowledged; a failure stops the node.
+    pub(crate) fn journal_progress(&mut self, now: Instant, marks: WriterMarks) {
         let Some(j) = self.journal.as_mut() else {
             return;
         };
-        if let FsyncPolicy::Interval(every) = j.policy {
-            if j.journal.unsynced() {
-                if !j.sync_timer {
-                    j.sync_timer = true;
-                    self.timers.add(now + every, TimerKind::JournalSync);
-                }
-                return; // acks wait for the sync
-            }
+        if j.marks == marks || j.marks.failed {
+            return;
         }
-        let awaiting = std::mem::take(&mut self.out.awaiting);
-        for id in awaiting {
+        let released = marks.appended > j.marks.appended;
+        j.marks = marks;
+        if marks.failed {
+            return self.journal_failed(now);
+        }
+        let durable = j.ack_mark();
+        while let Some(&(n, id)) = j.awaiting.front() {
+            if n > durable {
+                break;
+            }
+            j.awaiting.pop_front();
             let Some(p) = self.peers.get_mut(&id) else {
                 continue;
             };
@@ -1644,52 +1688,29 @@ impl Endpoint {
                 }
             }
         }
+        if released {
+            for link in self.links.values().filter(|l| l.wants_write()) {
+                self.dirty.push(link.id);
+            }
+        }
     }
 
-    /// A journal write failed: durability can no longer be promised, so the node stops
-    /// (fail-stop). Nothing more is journalled or acknowledged; peers resend after our
-    /// restart what we had not acknowledged.
-    fn journal_failed(&mut self, now: Instant, e: JournalError) {
-        log::error!(
-            "{}: journal write failed, stopping the node: {e}",
-            self.cfg.name
-        );
+    /// A journal write or sync failed: durability can no longer be promised, so the node
+    /// stops (fail-stop). Nothing more is journalled or acknowledged, and nothing not yet
+    /// durable leaves; peers resend after our restart what we had not acknowledged.
+    fn journal_failed(&mut self, now: Instant) {
+        log::error!("{}: journal write failed, stopping the node", self.cfg.name);
         Counters::add(&self.counters.journal_failures, 1);
         if let Some(j) = self.journal.as_mut() {
-            j.failed = true;
+            j.marks.failed = true;
+            j.awaiting.clear();
         }
         self.out.journal_open = false;
         self.out.records.clear();
         self.out.awaiting.clear();
+        self.out.batches.clear();
         self.out.events.push_back(Event::JournalFailed);
         self.begin_shutdown(now, now);
-    }
-
-    /// At exit: leaves the journal for the node to record the pool's last progress.
-    fn leave_journal(&mut self) -> Option<JournalLeft> {
-        let j = self.journal.take()?;
-        if j.failed {
-            return None;
-        }
-        let peers = self
-            .peers
-            .values()
-            .filter_map(|p| {
-                let progress = p.shared.progress.clone()?;
-                let (recorded, unreliable) = p.recorded();
-                Some(LeftPeer {
-                    name: p.name().to_string(),
-                    progress,
-                    credit: p.shared.credit.clone(),
-                    recorded: (recorded.0, recorded.1, unreliable),
-                    received: p.desc.received(),
-                })
-            })
-            .collect();
-        Some(JournalLeft {
-            journal: j.journal,
-            peers,
-        })
     }
 
     /// Peer `id`, for the simulation's checks.

@@ -4,6 +4,7 @@
 //! simulation moves them through memory. Either way the [`Endpoint`](super::Endpoint) owns
 //! the link and decides what its frames mean.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::BytesMut;
@@ -42,6 +43,10 @@ pub(crate) struct Link {
     /// Frames encoded and not yet written; `wpos` is how far they were.
     pub(crate) wbuf: Vec<u8>,
     pub(crate) wpos: usize,
+    /// With a journal: `(end, batch)` — the bytes of `wbuf` before `end` (and after the
+    /// previous gate's) may leave only once journal batch `batch` is appended. Bytes past
+    /// the last gate hold no record the journal lacks.
+    gates: VecDeque<(usize, u64)>,
     /// When bytes last arrived (failure detection).
     pub(crate) last_read: Instant,
     /// When bytes were last written (heartbeats go out only on a quiet link).
@@ -71,6 +76,7 @@ impl Link {
             rbuf: BytesMut::with_capacity(super::READ_CHUNK),
             wbuf: first,
             wpos: 0,
+            gates: VecDeque::new(),
             last_read: now,
             last_write: now,
         }
@@ -96,12 +102,43 @@ impl Link {
         &self.wbuf[self.wpos..]
     }
 
+    /// Gates every unwritten byte behind journal batch `batch`: they hold (or follow)
+    /// records of that batch, and may not leave before it is appended.
+    pub(crate) fn gate(&mut self, batch: u64) {
+        if self.unwritten() == 0 {
+            return;
+        }
+        let end = self.wbuf.len();
+        match self.gates.back_mut() {
+            Some(last) if last.0 == end => last.1 = batch,
+            _ => self.gates.push_back((end, batch)),
+        }
+    }
+
+    /// The bytes to write next whose journal batches are appended up to `appended`, `cut`
+    /// being the last batch cut: all of [`to_write`](Link::to_write) but what waits behind
+    /// a later batch. Bytes past the last gate were made after it, so they may depend on any
+    /// batch cut so far (a resend on a new link of messages journalled in a batch still on
+    /// its way): they wait for `cut`.
+    pub(crate) fn durable_part(&self, appended: u64, cut: u64) -> &[u8] {
+        let end = match self.gates.iter().position(|&(_, b)| b > appended) {
+            None if cut <= appended => self.wbuf.len(),
+            None => self.gates.back().map_or(self.wpos, |g| g.0),
+            Some(0) => self.wpos,
+            Some(i) => self.gates[i - 1].0,
+        };
+        &self.wbuf[self.wpos..end.max(self.wpos)]
+    }
+
     /// `n` bytes of [`to_write`](Link::to_write) were written at `now`. Returns `true` when
     /// the buffer is empty: everything encoded so far has left.
     pub(crate) fn wrote(&mut self, n: usize, now: Instant) -> bool {
         if n > 0 {
             self.wpos += n;
             self.last_write = now;
+        }
+        while self.gates.front().is_some_and(|&(end, _)| end <= self.wpos) {
+            self.gates.pop_front();
         }
         if self.wpos >= self.wbuf.len() {
             self.wbuf.clear();
@@ -112,6 +149,9 @@ impl Link {
         // fully drains cannot make the buffer grow without bound.
         if self.wpos >= COMPACT_AT && self.wpos * 2 >= self.wbuf.len() {
             self.wbuf.drain(..self.wpos);
+            for gate in &mut self.gates {
+                gate.0 -= self.wpos;
+            }
             self.wpos = 0;
         }
         false

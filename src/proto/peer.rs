@@ -22,6 +22,7 @@ use super::link::Link;
 use super::recovery::{Descriptor, Receive, RecoveryError, Unacked};
 use super::PeerIdentity;
 use crate::deliver::{Delivery, Task};
+use crate::flow::Permit;
 use crate::journal::{Record, RecoveredPeer};
 use crate::peer::{Counters, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
 use crate::sync::{Arc, SharedStr};
@@ -276,7 +277,7 @@ impl Peer {
                 }
                 let len = m.payload.len();
                 if link.is_none() && !m.is_reliable() {
-                    shared.outbox.give_back(Return::Failed, m.cost());
+                    shared.outbox.give_back(Return::Failed, m.into_permit());
                     tally.failed += 1;
                     tally.failed_bytes += len as u64;
                     tally.unconnected += 1;
@@ -284,7 +285,7 @@ impl Peer {
                 }
                 if let Some(deadline) = m.deadline {
                     if *clock.get_or_insert(now) >= deadline {
-                        shared.outbox.give_back(Return::Expired, m.cost());
+                        shared.outbox.give_back(Return::Expired, m.into_permit());
                         tally.expired += 1;
                         tally.failed += 1;
                         tally.failed_bytes += len as u64;
@@ -292,7 +293,7 @@ impl Peer {
                     }
                 }
                 if len > self.peer_max_message {
-                    shared.outbox.give_back(Return::Failed, m.cost());
+                    shared.outbox.give_back(Return::Failed, m.into_permit());
                     tally.failed += 1;
                     tally.failed_bytes += len as u64;
                     tally.too_large += 1;
@@ -308,15 +309,22 @@ impl Peer {
                             false
                         });
                     if !keep {
-                        shared.outbox.give_back(Return::Filtered, m.cost());
+                        shared.outbox.give_back(Return::Filtered, m.into_permit());
                         tally.filtered += 1;
                         tally.filtered_bytes += len as u64;
                         continue;
                     }
                 }
                 let c = m.cost();
-                if m.is_reliable() {
-                    let u = self.desc.publish(m.flags, m.payload);
+                let reliable = m.is_reliable();
+                let Outgoing {
+                    payload,
+                    flags,
+                    permit,
+                    ..
+                } = m;
+                if reliable {
+                    let u = self.desc.publish(flags, payload);
                     if journal {
                         out.records.push(Record::Message {
                             peer: shared.name.clone(),
@@ -332,9 +340,9 @@ impl Peer {
                     }
                 } else if let Some(l) = link.as_deref_mut() {
                     self.desc.publish_unreliable(c);
-                    wire::encode_data(&mut l.wbuf, m.flags, None, &m.payload);
+                    wire::encode_data(&mut l.wbuf, flags, None, &payload);
                 }
-                self.ledger.publish(c);
+                self.ledger.publish(permit);
                 tally.sent += 1;
                 tally.sent_bytes += len as u64;
             }
@@ -380,15 +388,23 @@ impl Peer {
         self.shared.outbox.take_into(&mut self.pending);
         let shared = &self.shared;
         let (mut n, mut bytes) = (0u64, 0u64);
-        self.pending.retain(|m| match m.deadline {
-            Some(d) if now >= d => {
-                shared.outbox.give_back(Return::Expired, m.cost());
-                n += 1;
-                bytes += m.payload.len() as u64;
-                false
+        if self
+            .pending
+            .iter()
+            .any(|m| m.deadline.is_some_and(|d| now >= d))
+        {
+            let queued = std::mem::take(&mut self.pending);
+            for m in queued {
+                match m.deadline {
+                    Some(d) if now >= d => {
+                        n += 1;
+                        bytes += m.payload.len() as u64;
+                        shared.outbox.give_back(Return::Expired, m.into_permit());
+                    }
+                    _ => self.pending.push_back(m),
+                }
             }
-            _ => true,
-        });
+        }
         if n > 0 {
             Counters::add(&shared.counters.expired, n);
             Counters::add(&shared.counters.failed, n);
@@ -407,7 +423,10 @@ impl Peer {
         queued.extend(self.shared.outbox.close());
         let n = queued.len() as u64;
         let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
-        let permits: u64 = queued.iter().map(Outgoing::cost).sum();
+        let mut permits = Permit::none();
+        for m in queued {
+            permits.absorb(m.into_permit());
+        }
         self.shared.outbox.give_back(Return::Failed, permits);
         Counters::add(&self.shared.counters.failed_bytes, bytes);
         Counters::add(&self.shared.counters.failed, n);
@@ -605,7 +624,8 @@ impl Peer {
             // Never give back more than was taken: credit beyond what is outstanding (a
             // confused or malicious peer, or credit from before its restart) is clamped.
             let outstanding = self.ledger.uncredited();
-            let c = self.ledger.credit(credit);
+            let permit = self.ledger.credit(credit);
+            let c = permit.bytes();
             if c < credit && self.restored {
                 log::debug!(
                     "{}: '{}' returned {credit} bytes of credit for messages from before our restart; {c} applied",
@@ -619,7 +639,7 @@ impl Peer {
                     self.shared.name,
                 );
             }
-            self.shared.outbox.give_back(Return::Credited, c);
+            self.shared.outbox.give_back(Return::Credited, permit);
         }
         Ok(())
     }
@@ -698,12 +718,9 @@ impl Peer {
             .iter()
             .map(|m| crate::flow::cost(m.payload.len()))
             .sum();
-        let outstanding = self.ledger.retire();
-        let keep = keep.min(outstanding);
-        self.ledger.publish(keep);
-        self.shared
-            .outbox
-            .give_back(Return::Retired, outstanding - keep);
+        let mut outstanding = self.ledger.retire();
+        self.ledger.publish(outstanding.take(keep));
+        self.shared.outbox.give_back(Return::Retired, outstanding);
         let journal = out.journal_open();
         for m in unsent {
             let u = self.desc.publish(m.flags, m.payload);
@@ -877,7 +894,7 @@ impl Peer {
         let lost = self
             .ledger
             .forget(self.desc.unreliable_lost(peer_unreliable));
-        if lost > 0 {
+        if lost.bytes() > 0 {
             self.shared.outbox.give_back(Return::Lost, lost);
         }
         Counters::add(&self.shared.counters.resent, resent);
@@ -1005,8 +1022,9 @@ impl Peer {
             .map(|u| crate::flow::cost(u.payload.len()))
             .sum();
         let cost = r.published.saturating_sub(r.credit_seen).max(unacked_cost);
-        let charged = self.shared.outbox.window().take_up_to(cost);
-        self.ledger.publish(charged);
+        let permit = self.shared.outbox.window().take_up_to(cost);
+        let charged = permit.bytes();
+        self.ledger.publish(permit);
         self.desc = Descriptor::restore(
             launch,
             sent,

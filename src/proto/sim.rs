@@ -84,6 +84,9 @@ struct Settings {
     secret: bool,
     /// Whether beta knows alpha's address too (and dials it), besides alpha beta's.
     both_dial: bool,
+    /// Alpha journals: its writer's marks move only when the simulation says (see
+    /// [`Sim::journal_catch_up`]).
+    journal: bool,
 }
 
 /// Counts consumption into the member's [`RecvCredit`] and remembers when the endpoint
@@ -91,6 +94,8 @@ struct Settings {
 struct Sink {
     credit: Arc<RecvCredit>,
     flush: Arc<AtomicBool>,
+    /// A journalling member's handled watermark.
+    progress: Option<Arc<crate::deliver::Progress>>,
 }
 
 impl CreditSink for Sink {
@@ -100,6 +105,19 @@ impl CreditSink for Sink {
         }
     }
     fn idle(&self) {}
+    fn tracks_progress(&self) -> bool {
+        self.progress.is_some()
+    }
+    fn handled(&self, epoch: u32, seqs: &[u64]) {
+        if let Some(p) = &self.progress {
+            p.complete(epoch, seqs.iter().copied());
+        }
+    }
+    fn handled_unreliable(&self, epoch: u32, cost: u64) {
+        if let Some(p) = &self.progress {
+            p.complete_unreliable(epoch, cost);
+        }
+    }
 }
 
 /// Every message delivered to an application, in order: (sequence number, bytes).
@@ -123,6 +141,12 @@ struct Member {
     checked: usize,
     /// Messages reported undelivered (never, with both members keeping their launch ids).
     undelivered: u64,
+    /// Journal batches handed over and not yet "appended" (the writer lags until
+    /// [`Sim::journal_catch_up`]), with the highest message sequence number each holds.
+    batches: Vec<(u64, u64)>,
+    /// The highest message sequence number in an appended batch: the peer never holds a
+    /// message beyond it.
+    journalled: u64,
 }
 
 /// One connection: a byte pipe per direction, and each member's end of it.
@@ -228,6 +252,7 @@ fn run_task(task: Task, handler: &(dyn Fn(Delivery) + Send + Sync)) {
 
 impl Member {
     fn new(side: Side, s: Settings, start: Instant) -> Member {
+        let journal = s.journal && side == A;
         let counters = Arc::new(NodeCounters::default());
         let cfg = Config {
             name: NAMES[side].into(),
@@ -254,21 +279,28 @@ impl Member {
             max_pending: 16,
             max_pending_per_source: 16,
             secret: s.secret.then(|| Secret::new(b"sim secret")),
-            journalled: false,
+            journalled: journal,
         };
         let ep = Endpoint::new(
             cfg,
             counters.clone(),
-            None,
+            journal.then(|| {
+                (
+                    crate::journal::FsyncPolicy::Never,
+                    crate::journal::Recovered::default(),
+                )
+            }),
             Box::new(|name| panic!("the simulation admits no unknown member ({name})")),
             start,
         );
         let name: crate::sync::SharedStr = NAMES[other(side)].into();
         let credit = Arc::new(RecvCredit::new());
         let flush = Arc::new(AtomicBool::new(false));
+        let progress = journal.then(|| Arc::new(crate::deliver::Progress::new(0)));
         let sink = || Sink {
             credit: credit.clone(),
             flush: flush.clone(),
+            progress: progress.clone(),
         };
         let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink())));
         let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(sink())));
@@ -279,7 +311,7 @@ impl Member {
             credit,
             member,
             oob,
-            None,
+            progress,
         ));
         Member {
             ep,
@@ -291,6 +323,8 @@ impl Member {
             delivered: Arc::new(StdMutex::new(Vec::new())),
             checked: 0,
             undelivered: 0,
+            batches: Vec::new(),
+            journalled: 0,
         }
     }
 
@@ -391,6 +425,8 @@ impl Sim {
                 let id = self.m[side].peer.id;
                 self.m[side].ep.flush_credit(now, id);
             }
+            // The IO thread hands the turn's journal records to the writer.
+            self.hand_to_journal(side);
             if self.m[side].ep.has_dirty() {
                 let mut dirty = Vec::new();
                 self.m[side].ep.take_dirty(&mut dirty);
@@ -457,10 +493,15 @@ impl Sim {
         p.extend_from_slice(&i.to_le_bytes());
         p.resize(5 + len, i as u8);
         let p = Bytes::from(p);
-        let msg = Outgoing::new(p.clone(), false, None);
-        if m.peer.outbox.window().try_acquire(msg.cost()).is_err() {
+        let Ok(permit) = m
+            .peer
+            .outbox
+            .window()
+            .try_acquire(crate::flow::cost(p.len()))
+        else {
             return;
-        }
+        };
+        let msg = Outgoing::new(p.clone(), false, None, permit);
         if m.peer.outbox.admit(msg).is_err() {
             return;
         }
@@ -512,10 +553,10 @@ impl Sim {
             return;
         };
         let now = self.now();
-        let Some(link) = self.m[side].ep.link_mut(id) else {
+        self.hand_to_journal(side);
+        let Some(bytes) = self.m[side].ep.to_write(id) else {
             return;
         };
-        let bytes = link.to_write();
         let k = n.min(bytes.len());
         if k == 0 {
             return;
@@ -550,6 +591,42 @@ impl Sim {
         } else if self.links[l].cut || self.links[l].closed[other(side)] {
             self.m[side].ep.link_failed(now, id);
         }
+        self.drain(side);
+    }
+
+    /// Cuts `side`'s journal records into a batch and hands it to its (simulated) writer.
+    fn hand_to_journal(&mut self, side: Side) {
+        self.m[side].ep.cut_journal();
+        for (n, records) in self.m[side].ep.take_batches() {
+            let top = records
+                .iter()
+                .filter_map(|r| match r {
+                    crate::journal::Record::Message { seq, .. } => Some(*seq),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0);
+            self.m[side].batches.push((n, top));
+        }
+    }
+
+    /// `side`'s journal writer appends (and, the policy being `Never`, only appends)
+    /// everything handed to it.
+    fn journal_catch_up(&mut self, side: Side) {
+        let Some(&(last, _)) = self.m[side].batches.last() else {
+            return;
+        };
+        let top = self.m[side].batches.iter().map(|b| b.1).max().unwrap_or(0);
+        let m = &mut self.m[side];
+        m.journalled = m.journalled.max(top);
+        self.m[side].batches.clear();
+        let now = self.now();
+        let marks = crate::journal::WriterMarks {
+            appended: last,
+            synced: 0,
+            failed: false,
+        };
+        self.m[side].ep.journal_progress(now, marks);
         self.drain(side);
     }
 
@@ -682,6 +759,13 @@ impl Sim {
             }
             self.m[side].checked = delivered.len();
         }
+        if self.m[A].ep.journal_ok() && self.m[A].peer.progress.is_some() {
+            let (journalled, held) = (self.m[A].journalled, self.m[B].desc().received());
+            assert!(
+                held <= journalled,
+                "beta holds alpha's message {held}, alpha's journal only up to {journalled}: a message left before the journal held it"
+            );
+        }
         for side in [A, B] {
             let (mine, theirs) = (self.m[side].desc(), self.m[other(side)].desc());
             assert!(
@@ -743,6 +827,7 @@ impl Sim {
     /// reconnects and the tick's residual credit.
     fn settle(&mut self) {
         for _ in 0..2000 {
+            self.journal_catch_up(A);
             self.pump();
             self.check();
             if self.complete() {
@@ -838,14 +923,16 @@ fn settings() -> impl Strategy<Value = Settings> {
         2usize..=400,
         any::<bool>(),
         any::<bool>(),
+        any::<bool>(),
     )
         .prop_map(
-            |(ack_threshold, ack_delay, high_water, secret, both_dial)| Settings {
+            |(ack_threshold, ack_delay, high_water, secret, both_dial, journal)| Settings {
                 ack_threshold,
                 ack_delay,
                 high_water,
                 secret,
                 both_dial,
+                journal,
             },
         )
 }
@@ -947,6 +1034,7 @@ fn settings_with(ack_threshold: u64) -> Settings {
         high_water: 1 << 16,
         secret: false,
         both_dial: false,
+        journal: false,
     }
 }
 
@@ -1222,4 +1310,43 @@ fn a_removed_peer_is_never_dialled_again() {
     assert_eq!(timers, 1, "only the housekeeping tick is left");
     assert!(sim.m[A].ep.peer(id).is_none());
     assert_eq!(sim.m[A].ep.links().count(), 0);
+}
+
+/// A journalling sender whose writer lags: nothing of a message leaves before the batch
+/// holding its record is appended — not on the link it was published to, and not when the
+/// link breaks and a new one resends it (the resend holds no new record, but depends on the
+/// batch still on its way).
+#[test]
+fn nothing_leaves_before_the_journal_holds_it_even_resent_on_a_new_link() {
+    let mut sim = Sim::new(Settings {
+        journal: true,
+        ..settings_with(100)
+    });
+    for _ in 0..4 {
+        sim.journal_catch_up(A); // the handshake's binding of beta's incarnation
+        sim.pump();
+    }
+    send_n(&mut sim, A, 3);
+    let l = current(&mut sim, A);
+    sim.write(A, l, usize::MAX);
+    assert!(
+        sim.links[l].pipe[A].is_empty(),
+        "left before its batch was appended"
+    );
+    sim.cut(l, [0, 0]);
+    sim.pump(); // both read EOF
+    sim.advance(50); // alpha redials
+    sim.pump(); // the new link's handshake; alpha resends the three
+    let new = current(&mut sim, A);
+    assert_ne!(new, l);
+    assert_eq!(
+        sim.m[B].delivered.lock().expect("log").len(),
+        0,
+        "a resend left before its batch was appended"
+    );
+    sim.journal_catch_up(A);
+    sim.pump();
+    assert_eq!(sim.m[B].delivered.lock().expect("log").len(), 3);
+    sim.settle();
+    sim.check_complete();
 }

@@ -1,6 +1,8 @@
 //! Timers of the IO thread: one binary heap polled by the event loop, no thread per timer.
-//! Entries are never removed early; a fired entry whose target has moved on (a newer
-//! generation, a closed connection) is ignored, which is what makes cancellation free.
+//! A fired entry whose target has moved on (a newer reconnect generation, an ack no longer
+//! owed) is ignored, so most timers need no cancelling; the timers of what is gone for good
+//! (a closed link's handshake deadline, a removed peer's reconnect and ack timers) are
+//! removed at once with [`Timers::cancel`], so nothing of them is left behind.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -21,8 +23,6 @@ pub(crate) enum TimerKind {
     Tick,
     /// Shutdown's deadline.
     Deadline,
-    /// The journal's interval fsync is due.
-    JournalSync,
 }
 
 #[derive(Debug, Default)]

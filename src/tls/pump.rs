@@ -1,5 +1,6 @@
-//! TLS over a connection's non-blocking socket (feature `tls`): a `rustls::Connection`
-//! pumped by the IO thread, with no extra thread and no async runtime.
+//! TLS over a connection's non-blocking socket: a `rustls::Connection` pumped by the IO
+//! thread, with no extra thread and no async runtime. `net`'s `Transport` calls it where the
+//! plain path would read or write the socket.
 //!
 //! - **read**: ciphertext is read from the socket into the IO thread's scratch buffer (up
 //!   to 64 KiB per syscall, as on the plain path; rustls' own `read_tls` would read 4 KiB at
@@ -19,7 +20,7 @@ use bytes::BytesMut;
 use mio::net::TcpStream;
 use rustls::{ClientConnection, Connection, ServerConnection};
 
-pub(crate) type TlsSetup = crate::tls::TlsConfig;
+use super::TlsConfig;
 
 /// Bytes rustls may hold for writing (plaintext before the handshake completes, records
 /// not yet written) before `writer()` takes no more: the IO thread's write high-water mark.
@@ -48,29 +49,30 @@ pub(crate) fn is_failure(e: &io::Error) -> bool {
 
 /// One connection's TLS state.
 #[derive(Debug)]
-pub(crate) struct TlsSession {
+pub(crate) struct TlsPump {
     conn: Connection,
     /// The peer sent `close_notify`: no more data will come.
     closed: bool,
 }
 
-impl TlsSession {
-    /// A client session for a dial to member `dialled` (its name is the TLS server name,
-    /// checked against the acceptor's certificate), or a server session.
-    pub(crate) fn new(setup: &TlsSetup, dialled: Option<&str>) -> Result<TlsSession, String> {
+impl TlsPump {
+    /// The TLS client of a dial to member `dialled` (its name is the TLS server name,
+    /// checked against the acceptor's certificate), or the TLS server of an accepted
+    /// connection.
+    pub(crate) fn new(config: &TlsConfig, dialled: Option<&str>) -> Result<TlsPump, String> {
         let mut conn: Connection = match dialled {
             Some(name) => {
-                let server_name = crate::tls::server_name(name)?;
-                ClientConnection::new(setup.client.clone(), server_name)
-                    .map_err(|e| format!("cannot start a TLS client session: {e}"))?
+                let server_name = super::server_name(name)?;
+                ClientConnection::new(config.client.clone(), server_name)
+                    .map_err(|e| format!("cannot start a TLS client: {e}"))?
                     .into()
             }
-            None => ServerConnection::new(setup.server.clone())
-                .map_err(|e| format!("cannot start a TLS server session: {e}"))?
+            None => ServerConnection::new(config.server.clone())
+                .map_err(|e| format!("cannot start a TLS server: {e}"))?
                 .into(),
         };
         conn.set_buffer_limit(Some(TLS_BUFFER));
-        Ok(TlsSession {
+        Ok(TlsPump {
             conn,
             closed: false,
         })
@@ -84,7 +86,7 @@ impl TlsSession {
     /// Reads ciphertext once (at most `scratch`'s 64 KiB) and appends the plaintext it holds
     /// to `rbuf`. Returns the plaintext bytes (`0`: EOF, TCP or `close_notify`) and whether
     /// the socket read was short. A read that brings only records without data (handshake,
-    /// session tickets) reads on, until data, EOF or `WouldBlock` (returned as an error, as
+    /// resumption tickets) reads on, until data, EOF or `WouldBlock` (returned as an error, as
     /// on the plain path), so edge-triggered readiness is drained either way.
     pub(crate) fn read(
         &mut self,
@@ -146,7 +148,7 @@ impl TlsSession {
     /// full or everything is out. Returns how many bytes of `buf` were taken (before the
     /// handshake completes, rustls holds the plaintext until it can encrypt it, and writes
     /// it as soon as the handshake is done; records not yet written keep
-    /// [`wants_write`](TlsSession::wants_write) true).
+    /// [`wants_write`](TlsPump::wants_write) true).
     pub(crate) fn write(&mut self, stream: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
         let mut taken = 0;
         loop {
@@ -177,20 +179,18 @@ impl TlsSession {
             .peer_certificates()
             .and_then(|c| c.first())
             .ok_or_else(|| "the peer presented no certificate".to_string())?;
-        crate::tls::cert_valid_for(leaf, name)
+        super::cert_valid_for(leaf, name)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    //! The session pumped over a real non-blocking socket pair on 127.0.0.1, without the IO
-    //! thread: handshake, data both ways through the coalescing buffers, EOF semantics, and
+    //! The pump over a real non-blocking socket pair on 127.0.0.1, without the IO thread: handshake, data both ways through the coalescing buffers, EOF semantics, and
     //! garbage instead of TLS.
 
     use std::time::{Duration, Instant};
 
     use super::*;
-    use crate::tls::TlsConfig;
     use rcgen::{
         BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
         KeyPair,
@@ -231,10 +231,10 @@ mod tests {
         (TcpStream::from_std(client), TcpStream::from_std(server))
     }
 
-    /// One end: socket, session and the connection's buffers.
+    /// One end: socket, TLS state and the connection's buffers.
     struct End {
         stream: TcpStream,
-        tls: TlsSession,
+        tls: TlsPump,
         rbuf: BytesMut,
         wbuf: Vec<u8>,
         wpos: usize,
@@ -242,7 +242,7 @@ mod tests {
     }
 
     impl End {
-        fn new(stream: TcpStream, tls: TlsSession) -> End {
+        fn new(stream: TcpStream, tls: TlsPump) -> End {
             End {
                 stream,
                 tls,
@@ -289,8 +289,8 @@ mod tests {
     fn pair() -> (End, End) {
         let c = configs(&["alpha", "beta"]);
         let (dial, accept) = socket_pair();
-        let a = End::new(dial, TlsSession::new(&c[0], Some("beta")).expect("client"));
-        let b = End::new(accept, TlsSession::new(&c[1], None).expect("server"));
+        let a = End::new(dial, TlsPump::new(&c[0], Some("beta")).expect("client"));
+        let b = End::new(accept, TlsPump::new(&c[1], None).expect("server"));
         (a, b)
     }
 
@@ -331,7 +331,7 @@ mod tests {
     fn plain_bytes_are_a_tls_failure() {
         let c = configs(&["beta"]);
         let (mut raw, accept) = socket_pair();
-        let mut b = End::new(accept, TlsSession::new(&c[0], None).expect("server"));
+        let mut b = End::new(accept, TlsPump::new(&c[0], None).expect("server"));
         raw.write_all(b"\x10\x00\x00\x00 this is not a TLS record at all")
             .expect("write");
         let mut scratch = Vec::new();

@@ -53,6 +53,12 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::ServerName;
 pub use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 
+// How a connection runs TLS: a rustls connection pumped over the IO thread's non-blocking
+// socket. Crate-private: `net`'s `Transport` holds one for each TLS connection.
+mod pump;
+
+pub(crate) use pump::{is_failure, TlsPump};
+
 /// Everything that can go wrong building a [`TlsConfig`]. Each message names the file (or
 /// in-memory source) and what was wrong with it.
 #[derive(Debug, thiserror::Error)]

@@ -1,0 +1,418 @@
+//! The send side: [`Sender`] (every send variant, a peer named on each call), [`PeerSender`]
+//! (the same variants bound to one peer) and [`SendOptions`]. The variants are written once,
+//! in [`Route`]; `Sender`, `PeerSender` and `Node` name where a message goes and forward to
+//! it, and their rustdoc is `Sender`'s.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use super::{Error, TrySendError};
+use crate::flow::{cost, AcquireError};
+use crate::net::{IoShared, PeerMap};
+use crate::peer::{Outgoing, PeerShared};
+use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::{Arc, SharedStr};
+
+/// Options of [`Sender::send_with`].
+///
+/// ```
+/// use std::time::Duration;
+/// let opts = cohort::SendOptions::new().oob().ttl(Duration::from_millis(500));
+/// # let _ = opts;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendOptions {
+    oob: bool,
+    unreliable: bool,
+    ttl: Option<Duration>,
+}
+
+impl SendOptions {
+    /// A regular message with no expiry (what [`Sender::send`] sends).
+    pub fn new() -> SendOptions {
+        SendOptions::default()
+    }
+
+    /// Out of band: straight to a pool thread at the receiver, unordered.
+    pub fn oob(mut self) -> SendOptions {
+        self.oob = true;
+        self
+    }
+
+    /// Unreliable: no sequence number, no ack, no resend. Cheaper, and still ordered with the
+    /// sender's other regular messages while its connection lives, but **lost if the
+    /// connection breaks** with it unread (its window permits then come back at the next
+    /// handshake). Never duplicated. `Delivery::seq()` is `None` for it.
+    pub fn unreliable(mut self) -> SendOptions {
+        self.unreliable = true;
+        self
+    }
+
+    /// Fail the message (counted `failed`, permits returned) if it has not been published
+    /// within `ttl` — for instance because the peer is disconnected.
+    pub fn ttl(mut self, ttl: Duration) -> SendOptions {
+        self.ttl = Some(ttl);
+        self
+    }
+}
+
+/// The send half of a node: cheap to clone, usable from any thread, including from inside
+/// a message handler (to reply).
+#[derive(Clone)]
+pub struct Sender {
+    core: Arc<SendCore>,
+}
+
+impl std::fmt::Debug for Sender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sender")
+            .field("node", &self.core.name)
+            .finish()
+    }
+}
+
+impl Sender {
+    /// The send half of node `name`, whose peers are `peers`. Sends fail with
+    /// [`Error::Closed`] once `stopped` is set; a message longer than `max_message` fails
+    /// with [`Error::TooLarge`].
+    pub(super) fn new(
+        name: SharedStr,
+        peers: PeerMap,
+        io: Arc<IoShared>,
+        max_message: usize,
+        stopped: Arc<AtomicBool>,
+    ) -> Sender {
+        Sender {
+            core: Arc::new(SendCore {
+                name,
+                peers,
+                io,
+                max_message,
+                stopped,
+            }),
+        }
+    }
+
+    fn route<'a>(&'a self, to: &'a str) -> Route<'a> {
+        Route {
+            core: &self.core,
+            to: To::Name(to),
+        }
+    }
+
+    /// Sends a regular message: delivered to `to`'s handler in this sender's order, exactly
+    /// once while both processes live. Blocks (parks) while `to`'s send window is full.
+    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.route(to).send(payload.into())
+    }
+
+    /// Like [`send`](Sender::send) but never blocks: a full window hands the payload back
+    /// in [`TrySendError::Full`].
+    pub fn try_send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
+        self.route(to).try_send(payload.into())
+    }
+
+    /// Like [`send`](Sender::send) but waits at most `timeout` for room in the window, then
+    /// fails with [`Error::TimedOut`].
+    pub fn send_timeout(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<(), Error> {
+        self.route(to).send_timeout(payload.into(), timeout)
+    }
+
+    /// Sends out of band: handed straight to a pool thread at the receiver, not ordered
+    /// with the sender's other messages (still exactly once, still flow-controlled).
+    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.route(to).send_oob(payload.into())
+    }
+
+    /// Sends with [`SendOptions`] (out of band, expiry); blocks like [`send`](Sender::send).
+    pub fn send_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        opts: SendOptions,
+    ) -> Result<(), Error> {
+        self.route(to).send_with(payload.into(), opts)
+    }
+
+    /// Sends `payload` to every peer without blocking: one result per peer. A peer whose
+    /// window is full gets [`Error::Full`] and stalls only itself; the others receive the
+    /// message.
+    pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
+        let payload = payload.into();
+        let peers: Vec<Arc<PeerShared>> = self.core.peers.read().values().cloned().collect();
+        let mut out: Vec<(String, Result<(), Error>)> = peers
+            .iter()
+            .map(|p| {
+                let route = Route {
+                    core: &self.core,
+                    to: To::Peer(p),
+                };
+                (
+                    p.name.to_string(),
+                    route.try_send(payload.clone()).map_err(Error::from),
+                )
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// This node's member name.
+    pub fn node_name(&self) -> &str {
+        &self.core.name
+    }
+
+    /// A send handle bound to one peer: the same send variants without the lookup by name
+    /// on every message (the fast path for a hot loop). If the peer is removed the handle's
+    /// sends fail with [`Error::Closed`]; a peer added again under the same name needs a new
+    /// handle.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:7001").start()?;
+    /// let to_beta = node.sender().to("beta")?;
+    /// for i in 0..1000u32 {
+    ///     to_beta.send(i.to_le_bytes().to_vec())?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn to(&self, peer: &str) -> Result<PeerSender, Error> {
+        let p = self.core.peers.read().get(peer).cloned();
+        match p {
+            Some(peer) => Ok(PeerSender {
+                core: self.core.clone(),
+                peer,
+            }),
+            None => Err(Error::UnknownPeer(peer.to_owned())),
+        }
+    }
+}
+
+/// A [`Sender`] bound to one peer (see [`Sender::to`]).
+#[derive(Clone)]
+pub struct PeerSender {
+    core: Arc<SendCore>,
+    peer: Arc<PeerShared>,
+}
+
+impl std::fmt::Debug for PeerSender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerSender")
+            .field("node", &self.core.name)
+            .field("peer", &self.peer.name)
+            .finish()
+    }
+}
+
+impl PeerSender {
+    /// The peer's name.
+    pub fn peer(&self) -> &str {
+        &self.peer.name
+    }
+
+    fn route(&self) -> Route<'_> {
+        Route {
+            core: &self.core,
+            to: To::Peer(&self.peer),
+        }
+    }
+
+    /// See [`Sender::send`].
+    pub fn send(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.route().send(payload.into())
+    }
+
+    /// See [`Sender::try_send`].
+    pub fn try_send(&self, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
+        self.route().try_send(payload.into())
+    }
+
+    /// See [`Sender::send_timeout`].
+    pub fn send_timeout(&self, payload: impl Into<Bytes>, timeout: Duration) -> Result<(), Error> {
+        self.route().send_timeout(payload.into(), timeout)
+    }
+
+    /// See [`Sender::send_oob`].
+    pub fn send_oob(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
+        self.route().send_oob(payload.into())
+    }
+
+    /// See [`Sender::send_with`].
+    pub fn send_with(&self, payload: impl Into<Bytes>, opts: SendOptions) -> Result<(), Error> {
+        self.route().send_with(payload.into(), opts)
+    }
+}
+
+/// Where a message goes: a peer named on each call (looked up in the peer map), or the one
+/// a [`PeerSender`] holds.
+#[derive(Clone, Copy)]
+enum To<'a> {
+    Name(&'a str),
+    Peer(&'a PeerShared),
+}
+
+/// A send on its way: the node's sending side and where the message goes. Its methods are
+/// the send variants, each the like-named method of [`Sender`] (documented there): which
+/// options, how long to wait for the window, what error a caller sees.
+struct Route<'a> {
+    core: &'a SendCore,
+    to: To<'a>,
+}
+
+impl Route<'_> {
+    fn send(self, payload: Bytes) -> Result<(), Error> {
+        self.send_with(payload, SendOptions::new())
+    }
+
+    fn try_send(self, payload: Bytes) -> Result<(), TrySendError<Bytes>> {
+        self.core
+            .enqueue(self.to, payload, SendOptions::new(), Wait::No)
+    }
+
+    fn send_timeout(self, payload: Bytes, timeout: Duration) -> Result<(), Error> {
+        self.core
+            .enqueue(self.to, payload, SendOptions::new(), Wait::For(timeout))
+            .map_err(Error::from)
+    }
+
+    fn send_oob(self, payload: Bytes) -> Result<(), Error> {
+        self.send_with(payload, SendOptions::new().oob())
+    }
+
+    fn send_with(self, payload: Bytes, opts: SendOptions) -> Result<(), Error> {
+        self.core
+            .enqueue(self.to, payload, opts, Wait::Forever)
+            .map_err(Error::from)
+    }
+}
+
+/// What every send handle of a node shares.
+struct SendCore {
+    name: SharedStr,
+    peers: PeerMap,
+    io: Arc<IoShared>,
+    max_message: usize,
+    stopped: Arc<AtomicBool>,
+}
+
+/// How long a send waits for room in the window.
+enum Wait {
+    No,
+    Forever,
+    For(Duration),
+}
+
+impl SendCore {
+    fn enqueue(
+        &self,
+        to: To<'_>,
+        payload: Bytes,
+        opts: SendOptions,
+        wait: Wait,
+    ) -> Result<(), TrySendError<Bytes>> {
+        match to {
+            To::Name(name) => self.enqueue_named(name, payload, opts, wait),
+            To::Peer(peer) => self.enqueue_to(peer, payload, opts, wait),
+        }
+    }
+
+    /// Looks the peer up by name, and queues the message for it without parking while
+    /// holding the peer map's lock.
+    fn enqueue_named(
+        &self,
+        to: &str,
+        payload: Bytes,
+        opts: SendOptions,
+        wait: Wait,
+    ) -> Result<(), TrySendError<Bytes>> {
+        let peers = self.peers.read();
+        let Some(peer) = peers.get(to) else {
+            return Err(TrySendError::Failed(
+                payload,
+                Error::UnknownPeer(to.to_owned()),
+            ));
+        };
+        if let Wait::No = wait {
+            return self.enqueue_to(peer, payload, opts, wait);
+        }
+        // Never park while holding the map's read lock: a blocked sender would stall
+        // add_peer/remove_peer. Try without waiting first; wait only on our own clone.
+        match self.enqueue_to(peer, payload, opts, Wait::No) {
+            Err(TrySendError::Full(payload)) => {
+                let peer = peer.clone();
+                drop(peers);
+                self.enqueue_to(&peer, payload, opts, wait)
+            }
+            other => other,
+        }
+    }
+
+    /// Takes the message's permits from the peer's window (the only place they are taken)
+    /// and queues it for the IO thread.
+    fn enqueue_to(
+        &self,
+        peer: &PeerShared,
+        payload: Bytes,
+        opts: SendOptions,
+        wait: Wait,
+    ) -> Result<(), TrySendError<Bytes>> {
+        let len = payload.len();
+        if len > self.max_message {
+            let e = Error::TooLarge {
+                len,
+                max: self.max_message,
+            };
+            return Err(TrySendError::Failed(payload, e));
+        }
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(TrySendError::Failed(payload, Error::Closed));
+        }
+        let c = cost(len);
+        let window = peer.outbox.window();
+        let acquired = match wait {
+            Wait::No => window.try_acquire(c),
+            Wait::Forever => window.acquire(c),
+            Wait::For(d) => window.acquire_timeout(c, d),
+        };
+        let permit = match acquired {
+            Ok(permit) => permit,
+            Err(AcquireError::Full) => return Err(TrySendError::Full(payload)),
+            Err(AcquireError::Closed) => return Err(TrySendError::Failed(payload, Error::Closed)),
+            Err(AcquireError::TimedOut) => {
+                let d = match wait {
+                    Wait::For(d) => d,
+                    _ => Duration::ZERO,
+                };
+                return Err(TrySendError::Failed(payload, Error::TimedOut(d)));
+            }
+            Err(AcquireError::TooLarge) => {
+                let e = Error::TooLarge {
+                    len,
+                    max: self.max_message,
+                };
+                return Err(TrySendError::Failed(payload, e));
+            }
+        };
+        let deadline = opts.ttl.map(|t| {
+            peer.note_ttl();
+            Instant::now() + t
+        });
+        let mut m = Outgoing::new(payload, opts.oob, deadline, permit);
+        if opts.unreliable {
+            m = m.unreliable();
+        }
+        // Counted *accepted* under the queue lock, before the IO thread can see it.
+        if let Err(m) = peer.outbox.admit(m) {
+            // `admit` gave the permits back (Return::Refused).
+            return Err(TrySendError::Failed(m.payload, Error::Closed));
+        }
+        self.io.schedule(peer);
+        Ok(())
+    }
+}
