@@ -64,6 +64,7 @@
 
 mod deliver;
 mod flow;
+mod handoff;
 mod journal;
 mod net;
 mod node;
@@ -100,6 +101,10 @@ pub mod internals {
     /// The send window and receive credit.
     pub mod flow {
         pub use crate::flow::*;
+    }
+    /// The hand-off from application and pool threads to the IO thread.
+    pub mod handoff {
+        pub use crate::handoff::*;
     }
     /// The journal's storage.
     pub mod journal {

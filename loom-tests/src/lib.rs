@@ -10,6 +10,21 @@
 //! Under `--cfg loom` the `cohort` dependency is built on loom's primitives (its
 //! `src/sync` facade swaps them in), so the models check the code that ships. Without the
 //! cfg every test file compiles to nothing.
+//!
+//! | model | shipping code |
+//! |---|---|
+//! | `member_queue.rs` | `deliver::MemberQueue`, with a plain and a journalling sink |
+//! | `oob_queue.rs` | `deliver::OobQueue` |
+//! | `pool.rs` | `deliver::TaskQueue`, `deliver::Pool` |
+//! | `handoff.rs` | `handoff::{Handoff, Scheduled}`, `peer::Outbox` |
+//! | `recv_credit.rs` | `flow::RecvCredit`, `deliver::PeerCreditSink`, `handoff::Handoff` |
+//! | `progress.rs` | `deliver::Progress` |
+//! | `window.rs` | `flow::SendWindow` |
+//! | `writer.rs` | `peer::{Outbox, Ledger}`, `flow::SendWindow` |
+//!
+//! Shared here: `model` (runs a model and prints its iteration count), and the IO thread
+//! as the hand-off models see it — `ModelWaker` (its waker and poll), `io_loop` (poll,
+//! `take_wake`, take the lists) and `Requesters` (the last requester stops the loop).
 
 /// Runs `f` under [`loom::model`], counting the interleavings loom explores.
 ///
@@ -44,4 +59,137 @@ where
     );
     assert!(n > 0, "loom model {name} explored no interleaving");
     n
+}
+
+/// The IO thread's mio `Waker` and `poll`, as a model sees them: a `wake` makes the next
+/// (or current) [`poll`](ModelWaker::poll) return, several wakes before a poll make it
+/// return once (an eventfd), and nothing else does — no timeout, no socket — so a request
+/// that relies on anything but its own wake-up to be seen is stranded, and the model says
+/// so. [`stop`](ModelWaker::stop) ends the IO thread's loop once every requester is done.
+#[cfg(loom)]
+#[derive(Debug, Default)]
+pub struct ModelWaker {
+    state: loom::sync::Mutex<WakerState>,
+    cv: loom::sync::Condvar,
+}
+
+#[cfg(loom)]
+#[derive(Debug, Default)]
+struct WakerState {
+    woken: bool,
+    stopped: bool,
+    /// `wake` calls so far.
+    calls: usize,
+}
+
+/// What [`ModelWaker::poll`] returned.
+#[cfg(loom)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Polled {
+    /// A `wake` since the last poll.
+    Woken,
+    /// No wake, and the model stopped the loop.
+    Stopped,
+}
+
+#[cfg(loom)]
+impl ModelWaker {
+    /// Not woken, not stopped.
+    pub fn new() -> std::sync::Arc<ModelWaker> {
+        std::sync::Arc::new(ModelWaker::default())
+    }
+
+    /// The waker to hand to `cohort::internals::handoff::Handoff::new`.
+    pub fn waker(self: &std::sync::Arc<Self>) -> Box<dyn cohort::internals::handoff::Wake> {
+        Box::new(WakerHandle(self.clone()))
+    }
+
+    /// Blocks until woken (preferred) or stopped.
+    pub fn poll(&self) -> Polled {
+        let mut g = self.state.lock().unwrap();
+        while !g.woken && !g.stopped {
+            g = self.cv.wait(g).unwrap();
+        }
+        if std::mem::take(&mut g.woken) {
+            Polled::Woken
+        } else {
+            Polled::Stopped
+        }
+    }
+
+    /// Ends the IO thread's loop at its next poll that finds no wake-up.
+    pub fn stop(&self) {
+        self.state.lock().unwrap().stopped = true;
+        self.cv.notify_one();
+    }
+
+    /// `wake` calls so far.
+    pub fn calls(&self) -> usize {
+        self.state.lock().unwrap().calls
+    }
+}
+
+#[cfg(loom)]
+struct WakerHandle(std::sync::Arc<ModelWaker>);
+
+#[cfg(loom)]
+impl cohort::internals::handoff::Wake for WakerHandle {
+    fn wake(&self) -> std::io::Result<()> {
+        let mut g = self.0.state.lock().unwrap();
+        g.calls += 1;
+        g.woken = true;
+        drop(g);
+        self.0.cv.notify_one();
+        Ok(())
+    }
+}
+
+/// The IO thread's loop (`IoThread::run` in `src/net/io.rs`) reduced to its requests:
+/// poll; if [`take_wake`](cohort::internals::handoff::Handoff::take_wake) finds a wake-up pending,
+/// run `turn` (take the lists and answer them); until the waker is stopped. Returns how
+/// many turns ran.
+#[cfg(loom)]
+pub fn io_loop(
+    handoff: &cohort::internals::handoff::Handoff,
+    waker: &ModelWaker,
+    mut turn: impl FnMut(),
+) -> usize {
+    let mut turns = 0;
+    while waker.poll() == Polled::Woken {
+        if handoff.take_wake() {
+            turns += 1;
+            turn();
+        }
+    }
+    turns
+}
+
+/// The requesters of a model (senders, pool threads): each calls
+/// [`done`](Requesters::done) when it has made its last request; the last one stops the IO
+/// thread's loop (every wake-up they made came before the stop, so the loop sees them all).
+/// No thread of its own, so no interleavings of its own.
+#[cfg(loom)]
+#[derive(Debug)]
+pub struct Requesters {
+    left: loom::sync::atomic::AtomicUsize,
+    waker: std::sync::Arc<ModelWaker>,
+}
+
+#[cfg(loom)]
+impl Requesters {
+    /// `n` requesters, stopping `waker` when all are done.
+    pub fn new(n: usize, waker: &std::sync::Arc<ModelWaker>) -> std::sync::Arc<Requesters> {
+        std::sync::Arc::new(Requesters {
+            left: loom::sync::atomic::AtomicUsize::new(n),
+            waker: waker.clone(),
+        })
+    }
+
+    /// This requester has made its last request.
+    pub fn done(&self) {
+        // AcqRel: every requester's wake-ups happen-before the last one's stop.
+        if self.left.fetch_sub(1, loom::sync::atomic::Ordering::AcqRel) == 1 {
+            self.waker.stop();
+        }
+    }
 }

@@ -10,6 +10,21 @@
 //!   or racing on memory), and a counter of threads inside the handler never exceeds 1;
 //! - nothing stranded: at the end the queue is empty, its state is not `RUNNING`, every
 //!   message was delivered, and the credit reported adds up to `cost(len)` per message.
+//!
+//! The `journalling_*` models run the same shapes with a sink whose `tracks_progress()` is
+//! true (a journalling receiver's `PeerCreditSink` feeds `Progress` with it): messages
+//! carry distinct sequence numbers, one of them is unreliable, and the sink checks every
+//! report as it is made, against what the handler has run:
+//!
+//! - `handled` names only messages the handler has run, and each sequence number once;
+//! - `consumed` never covers a reliable message before `handled` named it (the journal
+//!   records the credit with the count: credit for a message it does not count would be
+//!   given twice after a restart), nor an unreliable one before the handler ran it;
+//! - `handled_unreliable` never counts bytes whose credit `consumed` has not reported;
+//!
+//! and at the end every sequence number was reported, in each producer's order, and the
+//! unreliable bytes add up — across budgets that end runs with `Yield` and producers that
+//! find the state `RUNNING` (and set `NOTIFIED`) or idle.
 #![cfg(loom)]
 
 use bytes::Bytes;
@@ -24,44 +39,159 @@ use loom::thread;
 /// Messages each producer sends.
 const PER_PRODUCER: u8 = 2;
 
-/// The credit sink: adds up what the deliverer reports.
+/// Whether the receiver journals (its sink tracks progress).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    Plain,
+    Journalling,
+}
+
+/// The sequence number of message `i` of producer `p`. Plain: `i` (the models check the
+/// order per producer). Journalling: distinct numbers (producer 0: 1, 2; producer 1: 11),
+/// and producer 1's second message is unreliable.
+fn seq(mode: Mode, p: u8, i: u8) -> Option<u64> {
+    match mode {
+        Mode::Plain => Some(u64::from(i)),
+        Mode::Journalling => (p == 0 || i == 0).then(|| u64::from(p) * 10 + u64::from(i) + 1),
+    }
+}
+
+/// The window cost of message `i` of producer `p`.
+fn cost_of(p: u8, i: u8) -> u64 {
+    cost(payload_len(p, i))
+}
+
+/// The credit sink: adds up what the deliverer reports; journalling, checks each report.
 #[derive(Default)]
 struct Credit {
     consumed: AtomicU64,
     idles: AtomicUsize,
+    /// What a journalling sink was told, touched by the deliverer only (like the handler's
+    /// log, and checked the same way).
+    journal: UnsafeCell<Journal>,
 }
 
-struct Sink(Arc<Credit>);
+// SAFETY: `journal` is only touched inside the sink's calls, which the member queue makes
+// from its one deliverer at a time; loom's `UnsafeCell` checks it.
+unsafe impl Sync for Credit {}
+
+/// What `handled`, `consumed` and `handled_unreliable` reported so far.
+#[derive(Debug, Default)]
+struct Journal {
+    /// Sequence numbers reported handled, in order.
+    handled: Vec<u64>,
+    /// Window bytes of the messages reported handled.
+    handled_cost: u64,
+    consumed: u64,
+    unreliable: u64,
+}
+
+impl Journal {
+    fn handled(&mut self, seqs: &[u64], rec: &Record) {
+        let ran = rec.ran();
+        for &s in seqs {
+            assert!(
+                !self.handled.contains(&s),
+                "seq {s} reported handled twice ({:?})",
+                self.handled
+            );
+            let &(p, i) = ran
+                .iter()
+                .find(|&&(p, i)| seq(rec.mode, p, i) == Some(s))
+                .unwrap_or_else(|| panic!("seq {s} reported handled before the handler ran it"));
+            self.handled.push(s);
+            self.handled_cost += cost_of(p, i);
+        }
+    }
+
+    fn consumed(&mut self, cost: u64, rec: &Record) {
+        self.consumed += cost;
+        let unreliable_ran: u64 = rec
+            .ran()
+            .iter()
+            .filter(|&&(p, i)| seq(rec.mode, p, i).is_none())
+            .map(|&(p, i)| cost_of(p, i))
+            .sum();
+        assert!(
+            self.consumed <= self.handled_cost + unreliable_ran,
+            "credit reported before the messages were reported handled: consumed {} > \
+             handled {} + unreliable run {unreliable_ran}",
+            self.consumed,
+            self.handled_cost
+        );
+    }
+
+    fn handled_unreliable(&mut self, cost: u64) {
+        self.unreliable += cost;
+        assert!(
+            self.unreliable <= self.consumed.saturating_sub(self.handled_cost),
+            "unreliable bytes reported before their credit: {self:?}"
+        );
+    }
+}
+
+struct Sink {
+    credit: Arc<Credit>,
+    rec: Arc<Record>,
+}
+
+impl Sink {
+    fn journal(&self, f: impl FnOnce(&mut Journal)) {
+        self.credit.journal.with_mut(|j| f(unsafe { &mut *j }));
+    }
+}
 
 impl CreditSink for Sink {
     fn consumed(&self, _epoch: u32, cost: u64) {
-        self.0.consumed.fetch_add(cost, Ordering::Relaxed);
+        self.credit.consumed.fetch_add(cost, Ordering::Relaxed);
+        if self.rec.mode == Mode::Journalling {
+            self.journal(|j| j.consumed(cost, &self.rec));
+        }
     }
     fn idle(&self) {
-        self.0.idles.fetch_add(1, Ordering::Relaxed);
+        self.credit.idles.fetch_add(1, Ordering::Relaxed);
+    }
+    fn tracks_progress(&self) -> bool {
+        self.rec.mode == Mode::Journalling
+    }
+    fn handled(&self, _epoch: u32, seqs: &[u64]) {
+        assert_eq!(self.rec.mode, Mode::Journalling, "progress not tracked");
+        self.journal(|j| j.handled(seqs, &self.rec));
+    }
+    fn handled_unreliable(&self, _epoch: u32, cost: u64) {
+        assert_eq!(self.rec.mode, Mode::Journalling, "progress not tracked");
+        self.journal(|j| j.handled_unreliable(cost));
     }
 }
 
 /// What the handler saw. `log` is deliberately unsynchronized: loom flags any two handler
 /// calls that are not ordered by happens-before.
 struct Record {
+    mode: Mode,
     log: UnsafeCell<Vec<(u8, u8)>>,
     in_handler: AtomicUsize,
     max_in_handler: AtomicUsize,
 }
 
-// SAFETY: `log` is only touched inside the handler, which the member queue runs on one
-// thread at a time; that is exactly what the model checks (loom's `UnsafeCell` panics on
-// any access not ordered by happens-before).
+// SAFETY: `log` is only touched inside the handler (and the sink, called by the same
+// deliverer), which the member queue runs on one thread at a time; that is exactly what
+// the model checks (loom's `UnsafeCell` panics on any access not ordered by
+// happens-before).
 unsafe impl Sync for Record {}
 
 impl Record {
-    fn new() -> Record {
+    fn new(mode: Mode) -> Record {
         Record {
+            mode,
             log: UnsafeCell::new(Vec::new()),
             in_handler: AtomicUsize::new(0),
             max_in_handler: AtomicUsize::new(0),
         }
+    }
+
+    /// The messages the handler has run, in order.
+    fn ran(&self) -> Vec<(u8, u8)> {
+        self.log.with(|log| unsafe { (*log).clone() })
     }
 }
 
@@ -77,7 +207,7 @@ fn handler(rec: Arc<Record>) -> Handler {
         rec.max_in_handler.fetch_max(now, Ordering::Relaxed);
         let p = d.payload();
         let entry = (p[0], p[1]);
-        assert_eq!(d.seq(), Some(u64::from(entry.1)));
+        assert_eq!(d.seq(), seq(rec.mode, entry.0, entry.1));
         rec.log.with_mut(|log| unsafe { (*log).push(entry) });
         rec.in_handler.fetch_sub(1, Ordering::Relaxed);
     })
@@ -89,24 +219,26 @@ fn payload_len(p: u8, i: u8) -> usize {
     2 + usize::from(p) * 3 + usize::from(i)
 }
 
-fn message(p: u8, i: u8) -> Delivery {
+fn message(mode: Mode, p: u8, i: u8) -> Delivery {
     let mut v = vec![p, i];
     v.resize(payload_len(p, i), 0xAB);
     Delivery::new(
         std::sync::Arc::from(format!("p{p}")),
         Bytes::from(v),
-        Some(u64::from(i)),
+        seq(mode, p, i),
         false,
     )
 }
 
-fn new_queue() -> (Arc<MemberQueue>, Arc<Credit>) {
+fn new_queue(mode: Mode) -> (Arc<MemberQueue>, Arc<Credit>, Arc<Record>) {
     let credit = Arc::new(Credit::default());
-    let q = MemberQueue::new(
-        std::sync::Arc::from("sender"),
-        Box::new(Sink(credit.clone())),
-    );
-    (Arc::new(q), credit)
+    let rec = Arc::new(Record::new(mode));
+    let sink = Sink {
+        credit: credit.clone(),
+        rec: rec.clone(),
+    };
+    let q = MemberQueue::new(std::sync::Arc::from("sender"), Box::new(sink));
+    (Arc::new(q), credit, rec)
 }
 
 /// The owner's duty: run the queue until it goes idle. Returns the number of `run` calls.
@@ -146,21 +278,55 @@ fn check_quiescent(q: &MemberQueue, rec: &Record, credit: &Credit, producers: u8
         .sum();
     assert_eq!(credit.consumed.load(Ordering::Acquire), want_cost);
     assert!(credit.idles.load(Ordering::Acquire) >= 1, "never went idle");
+    if rec.mode == Mode::Journalling {
+        let j = credit
+            .journal
+            .with_mut(|j| unsafe { std::mem::take(&mut *j) });
+        for p in 0..producers {
+            let mine: Vec<u64> = (0..PER_PRODUCER)
+                .filter_map(|i| seq(rec.mode, p, i))
+                .collect();
+            let reported: Vec<u64> = j
+                .handled
+                .iter()
+                .copied()
+                .filter(|s| mine.contains(s))
+                .collect();
+            assert_eq!(
+                reported, mine,
+                "producer {p}: seqs reported handled; all: {j:?}"
+            );
+        }
+        let reliable: usize = (0..producers)
+            .flat_map(|p| (0..PER_PRODUCER).filter_map(move |i| seq(rec.mode, p, i)))
+            .count();
+        assert_eq!(
+            j.handled.len(),
+            reliable,
+            "seqs lost or reported twice: {j:?}"
+        );
+        let unreliable: u64 = (0..producers)
+            .flat_map(|p| (0..PER_PRODUCER).map(move |i| (p, i)))
+            .filter(|&(p, i)| seq(rec.mode, p, i).is_none())
+            .map(|(p, i)| cost_of(p, i))
+            .sum();
+        assert_eq!(j.unreliable, unreliable, "unreliable bytes: {j:?}");
+        assert_eq!(j.consumed, want_cost);
+    }
 }
 
 /// Two producers, each pushing its messages one at a time and running the queue itself
 /// whenever its `push` says so (the deliverer is whichever producer won the idle → RUNNING
 /// transition).
-fn producers_deliver_themselves(budget: usize) -> Arc<MemberQueue> {
-    let (q, credit) = new_queue();
-    let rec = Arc::new(Record::new());
+fn producers_deliver_themselves(budget: usize, mode: Mode) -> Arc<MemberQueue> {
+    let (q, credit, rec) = new_queue(mode);
     let threads: Vec<_> = (0..2u8)
         .map(|p| {
             let q = q.clone();
             let h = handler(rec.clone());
             thread::spawn(move || {
                 for i in 0..PER_PRODUCER {
-                    if q.push([message(p, i)]) {
+                    if q.push([message(mode, p, i)]) {
                         drive(&q, budget, &*h);
                     }
                 }
@@ -179,7 +345,7 @@ fn producers_deliver_themselves(budget: usize) -> Arc<MemberQueue> {
 #[test]
 fn producers_deliver_themselves_budget_1() {
     loom_tests::model("member_queue/producers_deliver_themselves_budget_1", || {
-        producers_deliver_themselves(1);
+        producers_deliver_themselves(1, Mode::Plain);
     });
 }
 
@@ -190,7 +356,7 @@ fn producers_deliver_themselves_budget_1() {
 #[test]
 fn producers_deliver_themselves_budget_8() {
     loom_tests::model("member_queue/producers_deliver_themselves_budget_8", || {
-        producers_deliver_themselves(8);
+        producers_deliver_themselves(8, Mode::Plain);
     });
 }
 
@@ -200,14 +366,13 @@ fn producers_deliver_themselves_budget_8() {
 #[test]
 fn producers_push_batches_budget_3() {
     loom_tests::model("member_queue/producers_push_batches_budget_3", || {
-        let (q, credit) = new_queue();
-        let rec = Arc::new(Record::new());
+        let (q, credit, rec) = new_queue(Mode::Plain);
         let threads: Vec<_> = (0..2u8)
             .map(|p| {
                 let q = q.clone();
                 let h = handler(rec.clone());
                 thread::spawn(move || {
-                    if q.push((0..PER_PRODUCER).map(|i| message(p, i))) {
+                    if q.push((0..PER_PRODUCER).map(|i| message(Mode::Plain, p, i))) {
                         drive(&q, 3, &*h);
                     }
                 })
@@ -240,54 +405,57 @@ impl Sched {
 /// Two producers (the main thread and one more) and a dedicated deliverer thread, as in the
 /// pool: a producer whose `push` returns `true` submits a task; the deliverer runs it with
 /// budget 1 and re-submits it to the back of the run queue on `Yield`.
+fn dedicated_deliverer(mode: Mode) {
+    let (q, credit, rec) = new_queue(mode);
+    let sched = Arc::new(Sched {
+        state: Mutex::new((0, false)),
+        cv: Condvar::new(),
+    });
+
+    let deliverer = {
+        let q = q.clone();
+        let sched = sched.clone();
+        let h = handler(rec.clone());
+        thread::spawn(move || loop {
+            {
+                let mut g = sched.state.lock().unwrap();
+                while g.0 == 0 && !g.1 {
+                    g = sched.cv.wait(g).unwrap();
+                }
+                if g.0 == 0 {
+                    return; // producers done, nothing scheduled
+                }
+                g.0 -= 1;
+            }
+            if q.run(1, &*h) == RunOutcome::Yield {
+                sched.submit();
+            }
+        })
+    };
+    let produce = move |p: u8, q: &MemberQueue, sched: &Sched| {
+        for i in 0..PER_PRODUCER {
+            if q.push([message(mode, p, i)]) {
+                sched.submit();
+            }
+        }
+    };
+    let other = {
+        let q = q.clone();
+        let sched = sched.clone();
+        thread::spawn(move || produce(1, &q, &sched))
+    };
+    produce(0, &q, &sched);
+    other.join().unwrap();
+    sched.state.lock().unwrap().1 = true;
+    sched.cv.notify_all();
+    deliverer.join().unwrap();
+    check_quiescent(&q, &rec, &credit, 2);
+}
+
 #[test]
 fn dedicated_deliverer_budget_1() {
     loom_tests::model("member_queue/dedicated_deliverer_budget_1", || {
-        let (q, credit) = new_queue();
-        let rec = Arc::new(Record::new());
-        let sched = Arc::new(Sched {
-            state: Mutex::new((0, false)),
-            cv: Condvar::new(),
-        });
-
-        let deliverer = {
-            let q = q.clone();
-            let sched = sched.clone();
-            let h = handler(rec.clone());
-            thread::spawn(move || loop {
-                {
-                    let mut g = sched.state.lock().unwrap();
-                    while g.0 == 0 && !g.1 {
-                        g = sched.cv.wait(g).unwrap();
-                    }
-                    if g.0 == 0 {
-                        return; // producers done, nothing scheduled
-                    }
-                    g.0 -= 1;
-                }
-                if q.run(1, &*h) == RunOutcome::Yield {
-                    sched.submit();
-                }
-            })
-        };
-        let produce = |p: u8, q: &MemberQueue, sched: &Sched| {
-            for i in 0..PER_PRODUCER {
-                if q.push([message(p, i)]) {
-                    sched.submit();
-                }
-            }
-        };
-        let other = {
-            let q = q.clone();
-            let sched = sched.clone();
-            thread::spawn(move || produce(1, &q, &sched))
-        };
-        produce(0, &q, &sched);
-        other.join().unwrap();
-        sched.state.lock().unwrap().1 = true;
-        sched.cv.notify_all();
-        deliverer.join().unwrap();
-        check_quiescent(&q, &rec, &credit, 2);
+        dedicated_deliverer(Mode::Plain);
     });
 }
 
@@ -305,7 +473,7 @@ fn max_concurrent_counts_one_deliverer() {
         loom_tests::model(
             &format!("member_queue/max_concurrent_counts_one_deliverer_budget_{budget}"),
             move || {
-                let q = producers_deliver_themselves(budget);
+                let q = producers_deliver_themselves(budget, Mode::Plain);
                 assert_eq!(
                     q.max_concurrent(),
                     1,
@@ -314,4 +482,40 @@ fn max_concurrent_counts_one_deliverer() {
             },
         );
     }
+}
+
+/// Journalling, budget 1: every run reports one message and yields; producers find the
+/// state `RUNNING` (and set `NOTIFIED`) or idle.
+#[test]
+fn journalling_producers_deliver_themselves_budget_1() {
+    loom_tests::model(
+        "member_queue/journalling_producers_deliver_themselves_budget_1",
+        || {
+            producers_deliver_themselves(1, Mode::Journalling);
+        },
+    );
+}
+
+/// Journalling, budget 8: a run reports everything it found in one segment, then goes
+/// idle, or goes round again when a producer notified it.
+#[test]
+fn journalling_producers_deliver_themselves_budget_8() {
+    loom_tests::model(
+        "member_queue/journalling_producers_deliver_themselves_budget_8",
+        || {
+            producers_deliver_themselves(8, Mode::Journalling);
+        },
+    );
+}
+
+/// Journalling, with the pool's shape: a dedicated deliverer runs the queue with budget 1
+/// and re-submits it on `Yield`, while two producers push.
+#[test]
+fn journalling_dedicated_deliverer_budget_1() {
+    loom_tests::model(
+        "member_queue/journalling_dedicated_deliverer_budget_1",
+        || {
+            dedicated_deliverer(Mode::Journalling);
+        },
+    );
 }

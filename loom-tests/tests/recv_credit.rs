@@ -1,21 +1,34 @@
-//! Receiver-side credit: loom models of `cohort::internals::flow::RecvCredit`, with the code that
-//! ships.
+//! Receiver-side credit: loom models of `cohort::internals::flow::RecvCredit` and of the path a flush
+//! request takes to the IO thread — `cohort::internals::deliver::PeerCreditSink` and
+//! `cohort::internals::handoff::Handoff` — with the code that ships.
 //!
-//! Pool threads call `consumed` (after the handler returns) and, when it says half the
-//! sender's window has built up or their queue went idle with credit pending, make a flush
-//! request; a request whose `request_flush()` returns `true` is handed to the IO thread,
-//! which answers it with a `take` (an ack carrying the credit). The IO thread also takes on
-//! its own (acks it writes anyway) and answers a probe with `request_flush` + `take`. This
-//! mirrors `PeerCreditSink` (`src/net/mod.rs`) and `send_ack` / the probe arm of
-//! `on_frame` (`src/net/io.rs`).
+//! Pool threads report what the application consumed to their queue's `PeerCreditSink` (a
+//! peer's member queue and its out-of-band queue each have one, sharing the peer's
+//! `RecvCredit` and the node's `Handoff`). When `RecvCredit::consumed` says half the
+//! window has built up (or a paused sender is back within it), the sink makes a flush
+//! request: `request_flush` de-duplicates it, the peer goes on the credit list, the
+//! doorbell rings. Below half nothing is requested (`idle` does nothing): that credit goes
+//! back with the IO thread's next ack, probe answer or tick.
 //!
-//! Checked, after every thread is joined and every handed-over request answered:
+//! The IO thread is `loom_tests::io_loop` (poll; if a wake-up is pending, take the lists):
+//! it answers each request on the credit list the way `Endpoint::flush_credit` →
+//! `Peer::ack` → `Peer::write_ack` does when it writes an ack, with `RecvCredit::take`,
+//! and `resume` for a paused peer. Before polling it writes an ack of its own (a `take`)
+//! and answers a probe (`request_flush` + `take`, as `Peer::on_probe` does when there is
+//! credit to send); after the loop, the housekeeping tick returns residual credit
+//! (`Peer::tick`: a `take` when credit is pending).
 //!
-//! - every byte is taken exactly once: sum of takes + final pending == sum consumed;
-//! - no byte is left behind (a pool thread that saw credit pending either handed over a
-//!   request or found one in flight that a later take answered): pending == 0;
-//! - the flush flag is not stuck: a request made after the last take is granted
-//!   (`request_flush()` returns `true`), so the next burst's credit is not lost.
+//! Checked, once the pool threads are done and the IO thread's loop has seen every
+//! wake-up:
+//!
+//! - every byte is taken exactly once: sum of takes + pending == sum consumed; what is
+//!   left pending is below half the window (more would have been asked for), and after the
+//!   tick nothing is;
+//! - no flush request is stranded: the credit list is empty, no wake-up is left pending,
+//!   and the flush flag is not stuck (a request after the last take is granted:
+//!   `request_flush()` returns `true`), so the next burst's credit is not held back;
+//! - the IO thread is woken at most once per batch: every `wake` call is answered by one
+//!   turn that found it pending.
 //!
 //! ## A loom limitation these models ran into
 //!
@@ -23,188 +36,160 @@
 //! read-modify-write on the same atomic (tokio-rs/loom#254, #389), so it explores executions
 //! the memory model forbids. `RecvCredit::take` therefore clears the flush flag with
 //! `swap(false, AcqRel)` rather than `store(false)` (equivalent under the memory model, and
-//! checkable by loom), which lets the `*_no_request_lost` models check everything.
+//! checkable by loom).
 #![cfg(loom)]
 
+use cohort::internals::deliver::{CreditSink, PeerCreditSink};
 use cohort::internals::flow::RecvCredit;
-use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use loom::sync::Arc;
+use cohort::internals::handoff::Handoff;
+use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
+use loom_tests::{io_loop, ModelWaker, Requesters};
+use std::sync::Arc;
 
-struct Shared {
-    credit: RecvCredit,
-    /// Requests handed to the IO thread (its `credit_flush` list, reduced to a count).
-    handed_over: AtomicUsize,
-    /// Bytes consumed, summed.
+/// The peer's id on the credit list.
+const PEER: usize = 7;
+
+/// One peer's receiving side: its credit, its two queues' sinks, and what they consumed.
+struct Receiver {
+    credit: Arc<RecvCredit>,
+    handoff: Arc<Handoff>,
+    /// The member queue's sink and the out-of-band queue's (as `IoShared::new_peer` makes
+    /// them).
+    sinks: [PeerCreditSink; 2],
+    /// Bytes consumed, summed (the model's tally).
     consumed: AtomicU64,
 }
 
-impl Shared {
-    fn new(window: u64) -> Arc<Shared> {
-        let credit = RecvCredit::new();
+impl Receiver {
+    /// A receive window of `window` bytes, with `held` bytes received (the IO thread counts
+    /// them held before any pool thread sees them).
+    fn new(waker: &Arc<ModelWaker>, window: u64, held: u64) -> Arc<Receiver> {
+        let credit = Arc::new(RecvCredit::new());
         credit.set_window(window);
-        // What the consumers below will consume was received first (the IO thread counts
-        // it held before any pool thread sees it).
-        credit.received(16);
-        Arc::new(Shared {
+        credit.received(held);
+        let handoff = Arc::new(Handoff::new(waker.waker()));
+        let sink = || PeerCreditSink::new(PEER, credit.clone(), None, handoff.clone());
+        Arc::new(Receiver {
+            sinks: [sink(), sink()],
             credit,
-            handed_over: AtomicUsize::new(0),
+            handoff,
             consumed: AtomicU64::new(0),
         })
     }
-
-    /// `PeerCreditSink::request`.
-    fn request(&self) {
-        if self.credit.request_flush() {
-            self.handed_over.fetch_add(1, Ordering::Release);
-        }
-    }
-
-    /// `PeerCreditSink::consumed`.
-    fn consumed(&self, bytes: u64) {
-        self.consumed.fetch_add(bytes, Ordering::Relaxed);
-        if self.credit.consumed(0, bytes) {
-            self.request();
-        }
-    }
-
-    /// `PeerCreditSink::idle`.
-    fn idle(&self) {
-        if self.credit.pending() > 0 {
-            self.request();
-        }
-    }
 }
 
-/// The IO thread's side: answers handed-over requests with a take.
+/// A pool thread running queue `q` (0: member, 1: out-of-band): reports each burst the
+/// application consumed, then goes idle.
+fn consumer(
+    r: &Arc<Receiver>,
+    done: &Arc<Requesters>,
+    q: usize,
+    bursts: &'static [u64],
+) -> thread::JoinHandle<()> {
+    let (r, done) = (r.clone(), done.clone());
+    thread::spawn(move || {
+        for &b in bursts {
+            // Relaxed: the model's tally, read after the join.
+            r.consumed.fetch_add(b, Ordering::Relaxed);
+            r.sinks[q].consumed(0, b);
+        }
+        r.sinks[q].idle();
+        done.done();
+    })
+}
+
+/// The IO thread's side.
+#[derive(Default)]
 struct Io {
-    answered: usize,
     taken: u64,
+    answered: usize,
 }
 
 impl Io {
-    fn answer_requests(&mut self, s: &Shared) {
-        let n = s.handed_over.load(Ordering::Acquire);
-        while self.answered < n {
-            self.taken += s.credit.take();
+    /// One turn's credit list: an ack for each peer on it (and a resume).
+    fn answer(&mut self, r: &Receiver) {
+        for id in r.handoff.take_credit_flush() {
+            assert_eq!(id, PEER);
             self.answered += 1;
+            self.taken += r.credit.take();
+            r.credit.resume();
         }
     }
 }
 
-/// What the model checks at the end: bytes only, or bytes and the flush flag.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Checks {
-    /// Every byte taken exactly once.
-    Bytes,
-    /// Also: nothing left pending, and the flag not stuck (see the module doc).
-    All,
-}
+/// The pool threads' bursts race the IO thread's own ack and probe answer; then the IO
+/// thread answers flush requests until the pool is done.
+fn run(window: u64, bursts: [&'static [u64]; 2]) {
+    let held: u64 = bursts.iter().flat_map(|b| b.iter()).sum();
+    let waker = ModelWaker::new();
+    let r = Receiver::new(&waker, window, held);
+    let done = Requesters::new(2, &waker);
+    let pool = [
+        consumer(&r, &done, 0, bursts[0]),
+        consumer(&r, &done, 1, bursts[1]),
+    ];
+    let mut io = Io::default();
+    // An ack written for received data carries whatever credit is pending.
+    io.taken += r.credit.take();
+    // A probe: answered with every byte held, even below half a window.
+    r.credit.request_flush();
+    io.taken += r.credit.take();
+    let turns = io_loop(&r.handoff, &waker, || io.answer(&r));
+    for t in pool {
+        t.join().unwrap();
+    }
 
-fn check(s: &Shared, io: &Io, checks: Checks) {
-    let consumed = s.consumed.load(Ordering::Relaxed);
-    let pending = s.credit.pending();
+    let consumed = r.consumed.load(Ordering::Relaxed);
+    let pending = r.credit.pending();
     assert_eq!(
         io.taken + pending,
         consumed,
         "bytes lost or taken twice: taken {} + pending {pending} != consumed {consumed}",
         io.taken
     );
-    if checks == Checks::Bytes {
-        return;
-    }
+    assert!(
+        r.handoff.take_credit_flush().is_empty(),
+        "a flush request stranded on the credit list"
+    );
+    assert!(!r.handoff.take_wake(), "a wake-up left pending");
     assert_eq!(
-        pending, 0,
-        "credit left pending with no flush request in flight"
+        waker.calls(),
+        turns,
+        "the IO thread was woken {} times for {turns} batches",
+        waker.calls()
     );
     assert!(
-        s.credit.request_flush(),
+        pending < (window / 2).max(1),
+        "{pending} bytes of credit (half the window or more) left with no flush request"
+    );
+    assert!(
+        r.credit.request_flush(),
         "flush flag stuck: a request after the last take would be lost"
     );
+    // The tick: residual credit of an idle sender.
+    if r.credit.pending() > 0 {
+        io.taken += r.credit.take();
+    }
+    assert_eq!(io.taken, consumed, "credit left behind after the tick");
 }
 
-fn consumer(s: &Arc<Shared>, bursts: &'static [u64]) -> thread::JoinHandle<()> {
-    let s = s.clone();
-    thread::spawn(move || {
-        for &b in bursts {
-            s.consumed(b);
-        }
-        s.idle();
-    })
-}
-
-/// Window 8 (half 4): two pool threads consume 3 bytes each (the second crosses half
-/// unless a take intervened), while the IO thread writes an ack (take) and answers a probe
-/// (request_flush + take).
-fn consumers_race_ack_and_probe(checks: Checks) {
-    let s = Shared::new(8);
-    let a = consumer(&s, &[3]);
-    let b = consumer(&s, &[3]);
-    let mut io = Io {
-        answered: 0,
-        taken: 0,
-    };
-    // An ack written for received data carries whatever credit is pending.
-    io.taken += s.credit.take();
-    io.answer_requests(&s);
-    // A probe: answer with every byte held, even below half a window.
-    s.credit.request_flush();
-    io.taken += s.credit.take();
-    a.join().unwrap();
-    b.join().unwrap();
-    io.answer_requests(&s);
-    check(&s, &io, checks);
-}
-
-/// Window 2 (half 1): every `consumed` after a take crosses the threshold, so flush
-/// requests race the IO thread's takes on every message; one pool thread consumes twice.
-fn every_consume_requests_a_flush(checks: Checks) {
-    let s = Shared::new(2);
-    let a = consumer(&s, &[1, 2]);
-    let b = consumer(&s, &[4]);
-    let mut io = Io {
-        answered: 0,
-        taken: 0,
-    };
-    io.answer_requests(&s);
-    io.taken += s.credit.take();
-    io.answer_requests(&s);
-    a.join().unwrap();
-    b.join().unwrap();
-    io.answer_requests(&s);
-    check(&s, &io, checks);
-}
-
+/// Window 8 (half 4): the member queue's and the out-of-band queue's deliverers consume 3
+/// bytes each (the second crosses half unless a take intervened).
 #[test]
-fn consumers_race_ack_and_probe_bytes_conserved() {
-    loom_tests::model(
-        "recv_credit/consumers_race_ack_and_probe_bytes_conserved",
-        || consumers_race_ack_and_probe(Checks::Bytes),
-    );
+fn two_queues_cross_half_the_window() {
+    loom_tests::model("recv_credit/two_queues_cross_half_the_window", || {
+        run(8, [&[3], &[3]]);
+    });
 }
 
+/// Window 2 (half 1): every consumption after a take crosses the threshold, so flush
+/// requests race the IO thread's takes on every message; the member queue consumes twice.
 #[test]
-fn every_consume_requests_a_flush_bytes_conserved() {
-    loom_tests::model(
-        "recv_credit/every_consume_requests_a_flush_bytes_conserved",
-        || every_consume_requests_a_flush(Checks::Bytes),
-    );
-}
-
-#[test]
-fn consumers_race_ack_and_probe_no_request_lost() {
-    loom_tests::model(
-        "recv_credit/consumers_race_ack_and_probe_no_request_lost",
-        || consumers_race_ack_and_probe(Checks::All),
-    );
-}
-
-#[test]
-fn every_consume_requests_a_flush_no_request_lost() {
-    loom_tests::model(
-        "recv_credit/every_consume_requests_a_flush_no_request_lost",
-        || every_consume_requests_a_flush(Checks::All),
-    );
+fn every_consumption_requests_a_flush() {
+    loom_tests::model("recv_credit/every_consumption_requests_a_flush", || {
+        run(2, [&[1, 2], &[4]]);
+    });
 }
 
 /// A pool thread consumes a message of epoch 0 while the IO thread restarts the stream as
@@ -238,30 +223,36 @@ fn a_restart_never_credits_the_new_stream_with_old_messages() {
 }
 
 /// The IO thread pauses reading (the sender holds more than its receive window) while a
-/// pool thread's consumption brings it back within: the pause and the held count are a
-/// Dekker pair, so either the pause sees the consumption (and does not pause), or the
-/// consumption sees the pause (and asks to resume, which then succeeds). A connection is
+/// pool thread's consumption, reported to the shipping sink, brings it back within: the
+/// pause and the held count are a Dekker pair, so either the pause sees the consumption
+/// (and does not pause), or the consumption sees the pause and asks, through the credit
+/// list and the doorbell, to resume — which the IO thread's turn does. A connection is
 /// never left paused with nothing to resume it.
 #[test]
 fn a_pause_racing_the_last_consumption_is_always_resumed() {
     loom_tests::model(
         "recv_credit/a_pause_racing_the_last_consumption_is_always_resumed",
         || {
-            let credit = Arc::new(RecvCredit::new());
-            credit.set_window(8);
-            credit.received(10); // 2 over the window
-            let c = credit.clone();
-            let pool = thread::spawn(move || c.consumed(0, 4));
-            let paused = credit.pause();
-            let asked = pool.join().unwrap();
-            if paused {
-                assert!(
-                    asked,
-                    "paused, back within the window, and nobody asked to resume"
-                );
-                assert!(credit.resume(), "asked to resume, but resume failed");
-            }
-            assert!(!credit.is_paused(), "left paused within the window");
+            let waker = ModelWaker::new();
+            // 2 over the window; consuming 3 brings it back within without crossing half
+            // the window (4), so only the pause makes the sink ask.
+            let r = Receiver::new(&waker, 8, 10);
+            let done = Requesters::new(1, &waker);
+            let pool = {
+                let r = r.clone();
+                thread::spawn(move || {
+                    r.sinks[0].consumed(0, 3);
+                    done.done();
+                })
+            };
+            let _paused = r.credit.pause();
+            let mut io = Io::default();
+            io_loop(&r.handoff, &waker, || io.answer(&r));
+            pool.join().unwrap();
+            assert!(
+                !r.credit.is_paused(),
+                "left paused within the window, nobody asked to resume"
+            );
         },
     );
 }

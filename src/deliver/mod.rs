@@ -3,14 +3,16 @@
 //! any moment, in order), and per sender an out-of-band queue that at most its fair share of
 //! the pool's threads drain at once, in any order.
 
+mod credit;
 mod member;
 mod oob;
 mod pool;
 mod progress;
 
+pub use credit::PeerCreditSink;
 pub use member::{CreditSink, MemberQueue, RunOutcome};
 pub use oob::{OobQueue, OobRun};
-pub use pool::{Handler, Pool, PoolStats, Task};
+pub use pool::{Handler, Pool, PoolStats, Task, TaskQueue};
 pub use progress::Progress;
 
 use bytes::Bytes;

@@ -36,25 +36,178 @@ impl std::fmt::Debug for Task {
     }
 }
 
-struct Queue {
-    tasks: VecDeque<Task>,
+struct Queue<T> {
+    tasks: VecDeque<T>,
     stopping: bool,
 }
 
-struct Shared {
-    queue: Mutex<Queue>,
+/// The pool's task queue and its wake-up rule: workers take tasks in order, park on a
+/// condvar when there are none, and may first spin for a while; a submitter skips the
+/// wake-up (a futex call) while enough workers spin for what is queued.
+///
+/// Nothing is stranded: a task is never left queued while every worker is parked. The
+/// queue's lock carries this, not the atomics' orderings — a spinning worker leaves the
+/// `spinning` count before it looks at the queue again under the lock, and parks only
+/// after that look; a submitter reads `spinning` after its push under the lock. So a
+/// submitter that still counts the spinner pushed before the spinner's look, which finds
+/// the task; one that pushed after it sees the count without the spinner (the lock orders
+/// the decrement before its read) and wakes a worker. (Loom model:
+/// `loom-tests/tests/pool.rs`; it passes with every ordering here made `Relaxed`.)
+///
+/// Generic over the task so that the model can queue plain values; the pool queues
+/// [`Task`]s.
+pub struct TaskQueue<T> {
+    // A mutex (and a condvar to park on): a task is a sender's queue, taken once per
+    // batch of its messages, so the lock is not per message.
+    queue: Mutex<Queue<T>>,
     /// Workers wait here for tasks.
     work: Condvar,
+    /// Tasks in `queue`, readable without the lock (for spinning workers).
+    queued: AtomicUsize,
+    /// Workers spinning for a task before they park; a submitter skips the wake-up then.
+    spinning: AtomicUsize,
+}
+
+impl<T> std::fmt::Debug for TaskQueue<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskQueue")
+            .field("queued", &self.queued.load(Ordering::Relaxed))
+            .field("spinning", &self.spinning.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl<T> Default for TaskQueue<T> {
+    fn default() -> Self {
+        TaskQueue::new()
+    }
+}
+
+impl<T> TaskQueue<T> {
+    /// An empty queue.
+    pub fn new() -> TaskQueue<T> {
+        TaskQueue {
+            queue: Mutex::new(Queue {
+                tasks: VecDeque::new(),
+                stopping: false,
+            }),
+            work: Condvar::new(),
+            queued: AtomicUsize::new(0),
+            spinning: AtomicUsize::new(0),
+        }
+    }
+
+    /// Queues `task` at the back, waking a parked worker unless enough workers spin for
+    /// what is queued. Gives the task back once the queue is stopping.
+    pub fn submit(&self, task: T) -> Result<(), T> {
+        let mut q = self.queue.lock();
+        if q.stopping {
+            return Err(task);
+        }
+        q.tasks.push_back(task);
+        let queued = q.tasks.len();
+        // Release: pairs with a spinner's Acquire; only a hint to stop spinning (the lock
+        // hands the task over).
+        self.queued.store(queued, Ordering::Release);
+        drop(q);
+        // Spinning workers see queued tasks (each looks again under the lock before
+        // parking); waking a parked one as well, while there are enough spinners for what
+        // is queued, would cost a futex call for nothing. After the push, under the lock's
+        // order: see the type's doc. SeqCst, with the spinner's increment: not needed for
+        // that (the model passes with Relaxed); the orderings the pool has always had.
+        if self.spinning.load(Ordering::SeqCst) < queued {
+            self.work.notify_one();
+        }
+        Ok(())
+    }
+
+    /// Queues a task a worker yielded at the back (even while stopping: the workers finish
+    /// what is queued), and wakes a worker.
+    pub fn resubmit(&self, task: T) {
+        let mut q = self.queue.lock();
+        q.tasks.push_back(task);
+        // Release: as in `submit`.
+        self.queued.store(q.tasks.len(), Ordering::Release);
+        drop(q);
+        self.work.notify_one();
+    }
+
+    /// A worker's next task, in order; `None` once the queue is stopping and empty. When
+    /// there is none, the worker asks `spin` whether to spin first: `None` parks at once,
+    /// `Some(keep)` spins (yielding the core each round) while `keep()` says so and nothing
+    /// is queued, then looks again before it parks. `spin` is asked again after each
+    /// wake-up that found nothing.
+    pub fn next<S, K>(&self, mut spin: S) -> Option<T>
+    where
+        S: FnMut() -> Option<K>,
+        K: FnMut() -> bool,
+    {
+        let mut q = self.queue.lock();
+        let mut spun = false;
+        loop {
+            if let Some(t) = q.tasks.pop_front() {
+                // Release: as in `submit` (a spinner reading 0 keeps spinning).
+                self.queued.store(q.tasks.len(), Ordering::Release);
+                return Some(t);
+            }
+            if q.stopping {
+                return None;
+            }
+            if !spun {
+                if let Some(keep) = spin() {
+                    spun = true;
+                    drop(q);
+                    self.spin_while(keep);
+                    // Look again under the lock before parking: a submitter that counted
+                    // us spinning did not wake anyone.
+                    q = self.queue.lock();
+                    continue;
+                }
+            }
+            self.work.wait(&mut q);
+            spun = false;
+        }
+    }
+
+    /// Spins (yielding the core each round) while nothing is queued and `keep()` says so.
+    /// While it spins, submitters skip their wake-up call.
+    fn spin_while(&self, mut keep: impl FnMut() -> bool) {
+        // SeqCst: with the submitter's load (see there). Leaving the count before the
+        // caller looks again under the lock is what makes a skipped wake-up safe.
+        self.spinning.fetch_add(1, Ordering::SeqCst);
+        // Acquire: pairs with the Release stores of `queued` (a hint; see `submit`).
+        while self.queued.load(Ordering::Acquire) == 0 && keep() {
+            thread::yield_now();
+        }
+        self.spinning.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Tells the workers to finish the queued tasks and stop; later submits are refused.
+    pub fn stop(&self) {
+        self.queue.lock().stopping = true;
+        self.work.notify_all();
+    }
+
+    /// Tasks queued now.
+    pub fn len(&self) -> usize {
+        self.queue.lock().tasks.len()
+    }
+
+    /// Whether no task is queued now.
+    #[cfg(any(test, feature = "unstable-internals"))]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+struct Shared {
+    tasks: TaskQueue<Task>,
     budget: usize,
     handler: Handler,
     /// Workers still running; shutdown waits on `exited` for it to reach zero.
     live: Mutex<usize>,
     exited: Condvar,
     busy: AtomicUsize,
-    /// Tasks in `queue`, readable without the lock (for spinning workers).
-    queued: AtomicUsize,
-    /// Workers spinning for a task before they park; a submitter skips the wake-up then.
-    spinning: AtomicUsize,
     /// How long an idle worker spins (yielding) before it parks, in nanoseconds.
     spin_nanos: AtomicU64,
     tasks_run: AtomicU64,
@@ -106,18 +259,12 @@ impl Pool {
     ) -> std::io::Result<Pool> {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue {
-                tasks: VecDeque::new(),
-                stopping: false,
-            }),
-            work: Condvar::new(),
+            tasks: TaskQueue::new(),
             budget: budget.max(1),
             handler,
             live: Mutex::new(0),
             exited: Condvar::new(),
             busy: AtomicUsize::new(0),
-            queued: AtomicUsize::new(0),
-            spinning: AtomicUsize::new(0),
             spin_nanos: AtomicU64::new(0),
             tasks_run: AtomicU64::new(0),
             oob_delivered: AtomicU64::new(0),
@@ -149,21 +296,7 @@ impl Pool {
 
     /// Queues `task`. Returns `false` (dropping it) only once the pool is stopping.
     pub fn submit(&self, task: Task) -> bool {
-        let mut q = self.shared.queue.lock();
-        if q.stopping {
-            return false;
-        }
-        q.tasks.push_back(task);
-        let queued = q.tasks.len();
-        self.shared.queued.store(queued, Ordering::Release);
-        drop(q);
-        // Spinning workers see queued tasks (each re-checks under the lock before parking);
-        // waking a parked one as well, while there are enough spinners for what is queued,
-        // would cost a futex call for nothing.
-        if self.shared.spinning.load(Ordering::SeqCst) < queued {
-            self.shared.work.notify_one();
-        }
-        true
+        self.shared.tasks.submit(task).is_ok()
     }
 
     /// How long an idle worker spins, yielding its core, before it parks (default zero).
@@ -178,7 +311,7 @@ impl Pool {
     pub fn stats(&self) -> PoolStats {
         PoolStats {
             threads: self.threads,
-            queue_depth: self.shared.queue.lock().tasks.len(),
+            queue_depth: self.shared.tasks.len(),
             busy: self.shared.busy.load(Ordering::Relaxed),
             tasks_run: self.shared.tasks_run.load(Ordering::Relaxed),
             panics: self.shared.panics.load(Ordering::Relaxed),
@@ -195,8 +328,7 @@ impl Pool {
 
     /// Tells the workers to finish the queued tasks and exit. Does not wait.
     pub fn stop(&self) {
-        self.shared.queue.lock().stopping = true;
-        self.shared.work.notify_all();
+        self.shared.tasks.stop();
     }
 
     /// Waits until every worker has exited or `deadline` passes; joins them if they all
@@ -221,45 +353,20 @@ impl Pool {
     }
 }
 
-/// Spins (yielding the core each round) until a task is queued, the pool stops, or `spin`
-/// has passed. While it spins, submitters skip their wake-up call.
-fn spin_for_task(s: &Shared, spin: Duration) {
-    // SeqCst pairs with the submitter's load of `spinning` after its push: either it sees us
-    // spinning (and we see `queued`), or we are past the spin and re-check under the lock.
-    s.spinning.fetch_add(1, Ordering::SeqCst);
-    let started = Instant::now();
-    while s.queued.load(Ordering::Acquire) == 0 && started.elapsed() < spin {
-        thread::yield_now();
+/// The worker's spin before it parks: as long as the pool's spin setting, on the wall
+/// clock; none when it is zero.
+fn spin_episode(s: &Shared) -> Option<impl FnMut() -> bool> {
+    // Relaxed: a setting; a worker that sees a change late spins the old time once more.
+    let spin = Duration::from_nanos(s.spin_nanos.load(Ordering::Relaxed));
+    if spin.is_zero() {
+        return None;
     }
-    s.spinning.fetch_sub(1, Ordering::SeqCst);
+    let started = Instant::now();
+    Some(move || started.elapsed() < spin)
 }
 
 fn worker(s: Arc<Shared>) {
-    loop {
-        let task = {
-            let mut q = s.queue.lock();
-            let mut spun = false;
-            loop {
-                if let Some(t) = q.tasks.pop_front() {
-                    s.queued.store(q.tasks.len(), Ordering::Release);
-                    break Some(t);
-                }
-                if q.stopping {
-                    break None;
-                }
-                let spin = Duration::from_nanos(s.spin_nanos.load(Ordering::Relaxed));
-                if !spun && !spin.is_zero() {
-                    spun = true;
-                    drop(q);
-                    spin_for_task(&s, spin);
-                    q = s.queue.lock();
-                    continue;
-                }
-                s.work.wait(&mut q);
-                spun = false;
-            }
-        };
-        let Some(task) = task else { break };
+    while let Some(task) = s.tasks.next(|| spin_episode(&s)) {
         s.busy.fetch_add(1, Ordering::Relaxed);
         let again = match task {
             Task::Member(m) => match m.run(s.budget, &*s.handler) {
@@ -280,11 +387,7 @@ fn worker(s: Arc<Shared>) {
         if let Some(task) = again {
             // Back of the queue: the sender keeps its place (no new task), others get their
             // turn first.
-            let mut q = s.queue.lock();
-            q.tasks.push_back(task);
-            s.queued.store(q.tasks.len(), Ordering::Release);
-            drop(q);
-            s.work.notify_one();
+            s.tasks.resubmit(task);
         }
         s.busy.fetch_sub(1, Ordering::Relaxed);
         s.tasks_run.fetch_add(1, Ordering::Relaxed);
@@ -292,4 +395,66 @@ fn worker(s: Arc<Shared>) {
     let mut live = s.live.lock();
     *live -= 1;
     s.exited.notify_all();
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize as StdAtomicUsize;
+
+    /// Workers that spin (on the wall clock, as the pool's do) and workers that park at
+    /// once take every task, whether a submit finds them spinning (and skips its wake-up)
+    /// or parked.
+    #[test]
+    fn spinning_and_parking_workers_take_every_task() {
+        const TASKS: usize = 2000;
+        let q = std::sync::Arc::new(TaskQueue::new());
+        let ran = std::sync::Arc::new(StdAtomicUsize::new(0));
+        let workers: Vec<_> = [Some(Duration::from_micros(50)), None]
+            .into_iter()
+            .map(|spin| {
+                let (q, ran) = (q.clone(), ran.clone());
+                std::thread::spawn(move || {
+                    let spin = || {
+                        spin.map(|spin| {
+                            let started = Instant::now();
+                            move || started.elapsed() < spin
+                        })
+                    };
+                    while let Some(t) = q.next(spin) {
+                        let t: usize = t;
+                        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if t % 7 == 0 {
+                            q.resubmit(t + 1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut want = 0;
+        for t in 0..TASKS {
+            q.submit(t * 7 + (t % 2)).expect("open");
+            want += if t % 2 == 0 { 2 } else { 1 };
+            if t % 16 == 0 {
+                // Let the workers run dry now and then, so that some submits find them
+                // spinning and some find them parked.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while ran.load(std::sync::atomic::Ordering::Relaxed) < want {
+                    assert!(Instant::now() < deadline, "a task was stranded");
+                    std::thread::yield_now();
+                }
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while ran.load(std::sync::atomic::Ordering::Relaxed) < want {
+            assert!(Instant::now() < deadline, "a task was stranded");
+            std::thread::yield_now();
+        }
+        q.stop();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(ran.load(std::sync::atomic::Ordering::Relaxed), want);
+        assert!(q.submit(0).is_err(), "a stopped queue refuses tasks");
+    }
 }

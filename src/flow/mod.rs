@@ -461,6 +461,9 @@ impl RecvCredit {
         // SeqCst, with `consumed`'s: either its load of `paused` sees this store (and it
         // asks to resume), or this load of `held` sees its subtraction.
         self.paused.store(true, Ordering::SeqCst);
+        // The SeqCst accesses make the pair correct; the fence (paired with `consumed`'s)
+        // makes it checkable: loom treats SeqCst accesses as AcqRel, fences as SeqCst.
+        fence(Ordering::SeqCst);
         if self.held.load(Ordering::SeqCst) > self.window() {
             return true;
         }
@@ -493,6 +496,8 @@ impl RecvCredit {
         let before = self.held.fetch_sub(bytes, Ordering::SeqCst);
         debug_assert!(before >= bytes, "consumed more than was received");
         let held = before.saturating_sub(bytes);
+        // Pairs with the fence in `pause` (see there).
+        fence(Ordering::SeqCst);
         let resume = held <= self.window() && self.paused.load(Ordering::SeqCst);
         self.credit(epoch, bytes) || resume
     }

@@ -296,11 +296,11 @@ impl IoThread {
         for c in commands {
             self.command(now, c);
         }
-        let ready = std::mem::take(&mut *self.shared.ready.lock());
+        let ready = self.shared.handoff.take_ready();
         for id in ready {
             self.endpoint.publish(now, id);
         }
-        let credit = std::mem::take(&mut *self.shared.credit_flush.lock());
+        let credit = self.shared.handoff.take_credit_flush();
         for id in credit {
             self.endpoint.flush_credit(now, id);
         }

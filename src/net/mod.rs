@@ -1,7 +1,7 @@
 //! The network layer: one IO thread drives the node's protocol (`proto::Endpoint`) with a
 //! mio `Poll`, the listener and one socket per link. Application threads and pool threads
-//! talk to it through [`IoShared`]: a few mutex-guarded lists and one `Waker`, woken at
-//! most once per batch of requests.
+//! talk to it through [`IoShared`]: its commands, and the [`Handoff`] lists with one
+//! `Waker`, woken at most once per batch of requests.
 
 mod conn;
 mod io;
@@ -13,8 +13,9 @@ use std::time::Instant;
 pub(crate) use conn::TlsSetup;
 pub(crate) use io::IoThread;
 
-use crate::deliver::{CreditSink, MemberQueue, OobQueue, Pool, Progress};
+use crate::deliver::{MemberQueue, OobQueue, PeerCreditSink, Pool, Progress};
 use crate::flow::RecvCredit;
+use crate::handoff::Handoff;
 use crate::journal::{Journal, Recovered};
 use crate::peer::PeerShared;
 use crate::proto::{JournalLeft, NodeCounters, Unacked};
@@ -94,20 +95,12 @@ pub(crate) type UndeliveredHook = Arc<dyn Fn(&str, Vec<Unacked>) + Send + Sync>;
 
 /// The IO thread's inbox, shared with every other thread.
 pub(crate) struct IoShared {
-    waker: mio::Waker,
-    /// Set by the first requester after the IO thread last looked; the IO thread clears it
-    /// before taking the lists, so a request is either taken or wakes it again.
-    wake_pending: AtomicBool,
+    /// The ready and credit lists, and the doorbell that every request rings.
+    pub(crate) handoff: Arc<Handoff>,
     pub(crate) commands: Mutex<Vec<Command>>,
-    /// Peers with newly accepted messages.
-    pub(crate) ready: Mutex<Vec<usize>>,
-    /// Peers whose receive credit should be returned now.
-    pub(crate) credit_flush: Mutex<Vec<usize>>,
     next_peer: AtomicUsize,
     /// Pool threads that may deliver one sender's out-of-band messages at once.
     oob_limit: usize,
-    /// Sends wake-ups skipped because one was already pending (a measure of batching).
-    pub(crate) wakes: crate::sync::atomic::AtomicU64,
     /// The node journals: peers track how far their streams have been handled.
     journalled: bool,
     /// The journal's counters as of its last write (journalling nodes only).
@@ -125,52 +118,36 @@ impl std::fmt::Debug for IoShared {
 impl IoShared {
     pub(crate) fn new(waker: mio::Waker, journalled: bool, oob_limit: usize) -> IoShared {
         IoShared {
-            waker,
-            wake_pending: AtomicBool::new(false),
+            handoff: Arc::new(Handoff::new(Box::new(waker))),
             commands: Mutex::new(Vec::new()),
-            ready: Mutex::new(Vec::new()),
-            credit_flush: Mutex::new(Vec::new()),
             next_peer: AtomicUsize::new(0),
             oob_limit,
-            wakes: crate::sync::atomic::AtomicU64::new(0),
             journalled,
             journal_stats: Mutex::new(None),
             journal_left: Mutex::new(None),
         }
     }
 
-    /// Wakes the IO thread unless a wake-up is already pending.
+    /// Wakes the IO thread unless a wake-up is already pending; call after publishing what
+    /// it should look at (the journal writer: its marks).
     pub(crate) fn wake(&self) {
-        // AcqRel: our list push (under its mutex) happens-before the IO thread's take.
-        if !self.wake_pending.swap(true, Ordering::AcqRel) {
-            self.wakes.fetch_add(1, Ordering::Relaxed);
-            if let Err(e) = self.waker.wake() {
-                log::error!("cannot wake the IO thread: {e}");
-            }
-        }
+        self.handoff.ring();
     }
 
     /// IO thread: whether a wake-up was requested since the last call (and clears it).
     pub(crate) fn take_wake(&self) -> bool {
-        self.wake_pending.swap(false, Ordering::AcqRel)
+        self.handoff.take_wake()
     }
 
     pub(crate) fn command(&self, c: Command) {
         self.commands.lock().push(c);
-        self.wake();
+        self.handoff.ring();
     }
 
-    /// Puts peer `id` on the ready list unless it is already there.
+    /// Puts the peer on the ready list unless it is already there (see [`Handoff`]).
     #[inline]
     pub(crate) fn schedule(&self, peer: &PeerShared) {
-        // The IO thread clears `scheduled` before it locks the outbox to drain it. Our push
-        // went through that same lock, so either the drain sees our message, or the clear is
-        // ordered before our push and the load below sees `false`. Loading first keeps the
-        // common case (IO thread busy, flag already set) free of a contended write.
-        if !peer.scheduled.load(Ordering::Acquire) && !peer.scheduled.swap(true, Ordering::AcqRel) {
-            self.ready.lock().push(peer.id);
-            self.wake();
-        }
+        self.handoff.schedule(peer.id, &peer.scheduled);
     }
 
     pub(crate) fn next_peer_id(&self) -> usize {
@@ -182,76 +159,18 @@ impl IoShared {
         let id = self.next_peer_id();
         let credit = Arc::new(RecvCredit::new());
         let progress = self.journalled.then(|| Arc::new(Progress::new(0)));
-        let sink = PeerCreditSink {
-            peer: id,
-            credit: credit.clone(),
-            progress: progress.clone(),
-            io: self.clone(),
-        };
-        let oob_sink = Arc::new(PeerCreditSink {
-            peer: id,
-            credit: credit.clone(),
-            progress: progress.clone(),
-            io: self.clone(),
-        });
+        let sink = PeerCreditSink::new(id, credit.clone(), progress.clone(), self.handoff.clone());
+        let oob_sink = Arc::new(PeerCreditSink::new(
+            id,
+            credit.clone(),
+            progress.clone(),
+            self.handoff.clone(),
+        ));
         let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink)));
         let oob = Arc::new(OobQueue::new(name.clone(), self.oob_limit, oob_sink));
         Arc::new(PeerShared::new(
             id, name, window, credit, member, oob, progress,
         ))
-    }
-}
-
-/// Connects a sender's consumption to the IO thread: credit goes back when half the
-/// sender's window has been consumed, or when its queue goes idle.
-struct PeerCreditSink {
-    peer: usize,
-    credit: Arc<RecvCredit>,
-    /// With a journal: how far the application has handled the peer's reliable stream.
-    progress: Option<Arc<Progress>>,
-    io: Arc<IoShared>,
-}
-
-impl PeerCreditSink {
-    fn request(&self) {
-        if self.credit.request_flush() {
-            self.io.credit_flush.lock().push(self.peer);
-            self.io.wake();
-        }
-    }
-}
-
-impl CreditSink for PeerCreditSink {
-    fn consumed(&self, epoch: u32, bytes: u64) {
-        if self.credit.consumed(epoch, bytes) {
-            self.request();
-        }
-    }
-    fn tracks_progress(&self) -> bool {
-        self.progress.is_some()
-    }
-    fn handled(&self, epoch: u32, seqs: &[u64]) {
-        if let Some(p) = &self.progress {
-            p.complete(epoch, seqs.iter().copied());
-        }
-    }
-    fn handled_unreliable(&self, epoch: u32, cost: u64) {
-        if let Some(p) = &self.progress {
-            p.complete_unreliable(epoch, cost);
-        }
-    }
-    fn idle(&self) {
-        // Residual credit (below half a window) goes back with the IO thread's next tick,
-        // ack or probe answer: waking the IO thread here would cost a syscall per burst
-        // (per message in a ping-pong).
-    }
-}
-
-impl std::fmt::Debug for PeerCreditSink {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeerCreditSink")
-            .field("peer", &self.peer)
-            .finish()
     }
 }
 

@@ -21,6 +21,7 @@ pub use outbox::{Ledger, Outbox, Outgoing, Return};
 
 use crate::deliver::{MemberQueue, OobQueue, Progress};
 use crate::flow::RecvCredit;
+use crate::handoff::Scheduled;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use crate::sync::{Arc, SharedStr};
 
@@ -159,8 +160,8 @@ pub(crate) struct PeerShared {
     /// once the peer is removed or the node shuts down; the flag lives under the queue's lock
     /// so a push can never slip in after the final drain.
     pub(crate) outbox: Outbox,
-    /// Set while the peer is in the IO thread's ready list.
-    pub(crate) scheduled: AtomicBool,
+    /// Set while the peer is in the IO thread's ready list (or held back by it).
+    pub(crate) scheduled: Scheduled,
     /// Set once a message with a time-to-live was queued: the IO thread then sweeps this
     /// peer's queue for expired messages while it is disconnected.
     uses_ttl: AtomicBool,
@@ -200,7 +201,7 @@ impl PeerShared {
             id,
             name,
             outbox: Outbox::new(window),
-            scheduled: AtomicBool::new(false),
+            scheduled: Scheduled::new(),
             uses_ttl: AtomicBool::new(false),
             state: AtomicU8::new(PeerState::Backoff as u8),
             credit,

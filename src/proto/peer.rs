@@ -254,8 +254,7 @@ impl Peer {
                 // Clear before taking: a send that pushes after this reschedules the peer.
                 shared
                     .scheduled
-                    .store(false, crate::sync::atomic::Ordering::Release);
-                shared.outbox.take_into(&mut self.pending);
+                    .clear_then(|| shared.outbox.take_into(&mut self.pending));
             }
             if self.pending.is_empty() {
                 break;
@@ -273,9 +272,7 @@ impl Peer {
                     // The socket is backed up: the writable event resumes this peer. Stay
                     // marked scheduled so that senders do not wake the IO thread for
                     // nothing on every message meanwhile.
-                    shared
-                        .scheduled
-                        .store(true, crate::sync::atomic::Ordering::Release);
+                    shared.scheduled.hold();
                     break 'outer;
                 }
                 let len = m.payload.len();

@@ -1,0 +1,183 @@
+//! The application → IO thread hand-off: loom models of `cohort::internals::handoff::{Handoff,
+//! Scheduled}` and `cohort::internals::peer::Outbox`, with the code that ships.
+//!
+//! A sender (`SendCore::enqueue_to`) admits its message to the peer's outbox, then
+//! schedules the peer (`IoShared::schedule` → `Handoff::schedule`): unless the peer's
+//! `Scheduled` flag is set, it goes on the ready list and the doorbell rings the IO
+//! thread's waker — unless a wake-up is already pending. The IO thread (`IoThread::run`,
+//! `handle_requests`) polls; if `take_wake` finds a wake-up pending it takes the ready list
+//! and publishes each peer; `Peer::publish` (`src/proto/peer.rs`) clears the flag, takes the
+//! outbox, and goes round again until a take finds nothing. The models' IO thread is that
+//! loop with the waker of `loom_tests::ModelWaker`: its poll returns only for a wake-up, so
+//! a message that only a timeout or another sender's wake-up would bring in is stranded.
+//!
+//! Checked in every execution, once the senders are done and the IO thread's loop has seen
+//! every wake-up:
+//!
+//! - no message is stranded: every admitted message was published exactly once, in each
+//!   sender's order; the outboxes and the ready list are empty, no flag is left set, no
+//!   wake-up left pending; every permit came through with its message;
+//! - the IO thread is woken at most once per batch: every `wake` call is answered by
+//!   exactly one turn whose `take_wake` found it pending (a second wake in one batch would
+//!   be a turn that finds nothing, or a wake-up counted twice).
+#![cfg(loom)]
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use cohort::internals::flow::{cost, Permit};
+use cohort::internals::handoff::{Handoff, Scheduled};
+use cohort::internals::peer::{self, Outbox, Return};
+use loom::thread;
+use loom_tests::{io_loop, ModelWaker, Requesters};
+use std::sync::Arc;
+
+/// The parts of `PeerShared` the hand-off touches.
+struct Peer {
+    outbox: Outbox,
+    scheduled: Scheduled,
+}
+
+impl Peer {
+    fn new() -> Peer {
+        Peer {
+            outbox: Outbox::new(1 << 20),
+            scheduled: Scheduled::new(),
+        }
+    }
+}
+
+struct Node {
+    peers: Vec<Peer>,
+    handoff: Handoff,
+}
+
+/// The application's send of message `[sender, i]` to peer `id`: its permit (the window
+/// holds every message of the models, so nothing parks: the window has its own models),
+/// admit, then schedule.
+fn send(node: &Node, id: usize, sender: u8, i: u8) {
+    let peer = &node.peers[id];
+    let permit = peer
+        .outbox
+        .window()
+        .try_acquire(cost(2))
+        .expect("the window holds every message of the model");
+    let m = peer::outgoing(Bytes::from(vec![sender, i]), false, None, permit);
+    peer.outbox.admit(m).expect("the outbox is open");
+    node.handoff.schedule(id, &peer.scheduled);
+}
+
+/// `Peer::publish`'s hand-off part: take the outbox (`Scheduled::clear_then` clears the
+/// flag first), publish, go round until a take finds nothing. Appends what it published;
+/// keeps the messages' permits in `held` (given back once the model is done).
+fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>, held: &mut Permit) {
+    let mut pending = VecDeque::new();
+    loop {
+        peer.scheduled
+            .clear_then(|| peer.outbox.take_into(&mut pending));
+        if pending.is_empty() {
+            return;
+        }
+        for m in pending.drain(..) {
+            let p = m.payload();
+            published.push([p[0], p[1]]);
+            held.absorb(peer::into_permit(m));
+        }
+    }
+}
+
+/// Runs `senders` (each a list of `(peer, count)` sends, one thread per sender) against the
+/// IO thread's loop on the main thread, then checks everything.
+fn model(peers: usize, senders: &'static [&'static [(usize, u8)]]) {
+    let waker = ModelWaker::new();
+    let node = Arc::new(Node {
+        peers: (0..peers).map(|_| Peer::new()).collect(),
+        handoff: Handoff::new(waker.waker()),
+    });
+    let done = Requesters::new(senders.len(), &waker);
+    let threads: Vec<_> = senders
+        .iter()
+        .enumerate()
+        .map(|(s, sends)| {
+            let (node, done) = (node.clone(), done.clone());
+            thread::spawn(move || {
+                for &(id, count) in sends.iter() {
+                    for i in 0..count {
+                        send(&node, id, s as u8, i);
+                    }
+                }
+                done.done();
+            })
+        })
+        .collect();
+
+    let mut published = Vec::new();
+    let mut held: Vec<Permit> = (0..peers).map(|_| Permit::none()).collect();
+    let turns = io_loop(&node.handoff, &waker, || {
+        for id in node.handoff.take_ready() {
+            publish(&node.peers[id], &mut published, &mut held[id]);
+        }
+    });
+    for t in threads {
+        t.join().unwrap();
+    }
+
+    for (s, sends) in senders.iter().enumerate() {
+        let mine: Vec<u8> = published
+            .iter()
+            .filter(|m| usize::from(m[0]) == s)
+            .map(|m| m[1])
+            .collect();
+        let count: u8 = sends.iter().map(|&(_, n)| n).sum();
+        assert_eq!(
+            mine,
+            (0..count).collect::<Vec<u8>>(),
+            "sender {s}: published {mine:?} (all: {published:?})"
+        );
+    }
+    for (id, p) in node.peers.iter().enumerate() {
+        assert!(
+            p.outbox.is_empty(),
+            "peer {id}: a message stranded in the outbox"
+        );
+        assert!(!p.scheduled.is_set(), "peer {id}: left scheduled");
+        let permits = std::mem::replace(&mut held[id], Permit::none());
+        p.outbox.give_back(Return::Credited, permits);
+        let w = p.outbox.window();
+        assert_eq!(
+            w.available(),
+            w.capacity(),
+            "peer {id}: permits not all back"
+        );
+    }
+    assert!(
+        node.handoff.take_ready().is_empty(),
+        "a peer stranded on the ready list"
+    );
+    assert!(!node.handoff.take_wake(), "a wake-up left pending");
+    assert_eq!(
+        waker.calls(),
+        turns,
+        "the IO thread was woken {} times for {turns} batches",
+        waker.calls()
+    );
+}
+
+/// Two senders to one peer, the first sending twice: its second send finds the flag set
+/// (the IO thread has not cleared it yet: no schedule, no wake) or cleared (it schedules
+/// again), and the other sender's message races both.
+#[test]
+fn two_senders_one_peer() {
+    loom_tests::model("handoff/two_senders_one_peer", || {
+        model(1, &[&[(0, 2)], &[(0, 1)]]);
+    });
+}
+
+/// Two senders, one message each to its own peer: both peers may go on the ready list in
+/// one batch, with one wake-up between them.
+#[test]
+fn two_peers_share_the_wake_up() {
+    loom_tests::model("handoff/two_peers_share_the_wake_up", || {
+        model(2, &[&[(0, 1)], &[(1, 1)]]);
+    });
+}
