@@ -14,8 +14,8 @@
 //! it answers each request on the credit list the way `Endpoint::flush_credit` →
 //! `Peer::ack` → `Peer::write_ack` does when it writes an ack, with `RecvCredit::take`,
 //! and `resume` for a paused peer. Before polling it writes an ack of its own (a `take`)
-//! and answers a probe (`request_flush` + `take`, as `Peer::on_probe` does when there is
-//! credit to send); after the loop, the housekeeping tick returns residual credit
+//! and answers a probe (`Peer::on_probe` → `Peer::write_ack`: a `take` if credit is
+//! pending, nothing otherwise); after the loop, the housekeeping tick returns residual credit
 //! (`Peer::tick`: a `take` when credit is pending).
 //!
 //! Checked, once the pool threads are done and the IO thread's loop has seen every
@@ -132,9 +132,11 @@ fn run(window: u64, bursts: [&'static [u64]; 2]) {
     let mut io = Io::default();
     // An ack written for received data carries whatever credit is pending.
     io.taken += r.credit.take();
-    // A probe: answered with every byte held, even below half a window.
-    r.credit.request_flush();
-    io.taken += r.credit.take();
+    // A probe: answered with every byte held, even below half a window; with nothing
+    // held, nothing is written and nothing taken (`Peer::write_ack`).
+    if r.credit.pending() > 0 {
+        io.taken += r.credit.take();
+    }
     let turns = io_loop(&r.handoff, &waker, || io.answer(&r));
     for t in pool {
         t.join().unwrap();

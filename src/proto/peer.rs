@@ -594,9 +594,10 @@ impl Peer {
         }
     }
 
-    /// A Probe: answer with every byte of credit we hold, even below half a window.
+    /// A Probe: answer with every byte of credit we hold, even below half a window (an ack
+    /// takes all that is pending). No flush request is made for it: one left set when
+    /// nothing was pending would swallow the pool's next request.
     pub(crate) fn on_probe(&mut self, out: &mut Out, link: &mut Link) -> bool {
-        self.shared.credit.request_flush();
         self.ack(out, Some(link), false)
     }
 

@@ -1079,6 +1079,34 @@ fn handshake_data_and_acks() {
     sim.check_complete();
 }
 
+/// A probe (the sender's window ran dry) reaching a member that holds no credit is answered
+/// with nothing and leaves no flush request behind: had it left one, the pool's next request
+/// (half a window consumed) would find it set and be swallowed, and that credit would wait
+/// for the sender's next probe.
+#[test]
+fn a_probe_answered_with_no_credit_leaves_no_flush_request_behind() {
+    let mut sim = Sim::new(settings_with(2));
+    sim.pump();
+    send_n(&mut sim, A, 3);
+    sim.pump();
+    sim.advance(10);
+    sim.pump();
+    assert_eq!(
+        sim.m[B].peer.credit.pending(),
+        0,
+        "every ack took the credit"
+    );
+    let l = current(&mut sim, A);
+    let mut probe = Vec::new();
+    wire::encode_probe(&mut probe);
+    sim.links[l].pipe[A].extend(probe);
+    sim.read(B, l, usize::MAX);
+    assert!(
+        sim.m[B].peer.credit.request_flush(),
+        "a flush request was left set by the probe's answer"
+    );
+}
+
 /// A cut in the middle of the second frame: beta delivers the first and throws the torn
 /// one away; on the redial alpha resends exactly messages 2 and 3.
 #[test]
