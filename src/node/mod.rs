@@ -28,13 +28,19 @@ use crate::wire;
 /// The listening socket's accept queue (see `Node::start`).
 const LISTEN_BACKLOG: i32 = 4096;
 
-/// What `shutdown` left behind.
+/// What [`Node::shutdown`] reports once the node has stopped: the node's account of the
+/// messages that never reached a peer, totals since it started over the peers it had when
+/// it stopped (per peer: [`PeerStats`](crate::PeerStats) `undelivered` and `failed`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShutdownReport {
-    /// Messages published but not acknowledged by their peer when the node closed.
+    /// Messages published but never acknowledged by their peer: reported to the
+    /// undelivered callback (when the peer restarted, was removed, or the node closed with
+    /// them unacknowledged).
     pub undelivered: u64,
-    /// Messages accepted but never published (the peer was not connected).
+    /// Messages accepted but never published: expired, too large for the peer, unreliable
+    /// ones for a disconnected peer, or still queued when the peer was removed or the node
+    /// closed.
     pub failed: u64,
     /// How long the shutdown took.
     pub elapsed: Duration,
