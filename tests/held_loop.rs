@@ -477,7 +477,6 @@ fn an_acceptor_writes_its_ready_before_the_rest_of_its_turn() {
 /// after the removal, in the same turn (publishing a message to another member), so a
 /// report left for later in the turn would come after `remove_peer` returned.
 #[test]
-#[ignore = "fails until the IO thread reports a removed member's messages before the removal completes"]
 fn remove_peer_returns_after_the_unacknowledged_messages_are_reported() {
     const FIRST: &[u8] = b"hold the loop before the removal";
     const AFTER: &[u8] = b"hold the loop after the removal";

@@ -306,20 +306,31 @@ impl IoThread {
         }
     }
 
+    /// Hands a command to the endpoint. A command its caller waits for completes only once
+    /// the driver has done what the endpoint asked for it (the events of this command and of
+    /// the ones before): `remove_peer` returns with the member's unacknowledged messages
+    /// reported to `on_undelivered` and its connection closed, a barrier with the events of
+    /// the commands before it handled.
     fn command(&mut self, now: Instant, c: Command) {
         match c {
             Command::AddPeer { peer, addr } => self.endpoint.add_peer(now, peer, addr),
             Command::RemovePeer { id, done } => {
                 self.endpoint.remove_peer(now, id);
+                self.drain_events(now);
                 done.complete();
             }
             Command::Disconnect { id } => self.endpoint.disconnect(now, id),
             Command::Shutdown { deadline } => self.endpoint.begin_shutdown(now, deadline),
-            Command::Barrier { done } => done.complete(),
+            Command::Barrier { done } => {
+                self.drain_events(now);
+                done.complete();
+            }
             Command::SyncJournal { done } => {
                 // After a journal failure the caller is never told the sync succeeded: it
                 // sees the node stop (`Error::Closed`).
-                if let Some(n) = self.endpoint.sync_journal_now(now) {
+                let n = self.endpoint.sync_journal_now(now);
+                self.drain_events(now);
+                if let Some(n) = n {
                     self.hand_to_journal();
                     if let Some(writer) = &self.writer {
                         writer.sync(n);
