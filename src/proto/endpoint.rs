@@ -1196,7 +1196,7 @@ impl Endpoint {
                 let Some(p) = self.peers.get_mut(&pid) else {
                     return;
                 };
-                if let Err(e) = p.on_ack(&self.cfg, &mut self.out, received, credit) {
+                if let Err(e) = p.on_ack(&self.cfg, &mut self.out, received, credit, now) {
                     self.protocol_error(now, id, e.to_string());
                 }
             }
@@ -1305,6 +1305,7 @@ impl Endpoint {
         };
         let Some(hs) = link.hs.as_mut() else { return };
         hs.accept(received, connections, unreliable, &mut link.wbuf);
+        link.asked_at = now;
         self.dirty.push(id);
     }
 
@@ -1434,6 +1435,10 @@ impl Endpoint {
                 self.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
+                self.close_link(now, id, Some((CloseCode::Duplicate, "superseded")));
+            }
+            Err(Unestablished::Outdated(why)) => {
+                log::info!("{}: {why}", self.cfg.name);
                 self.close_link(now, id, Some((CloseCode::Duplicate, "superseded")));
             }
             Err(Unestablished::Forgotten(why)) => {

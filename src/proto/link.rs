@@ -51,6 +51,12 @@ pub(crate) struct Link {
     pub(crate) last_read: Instant,
     /// When bytes were last written (heartbeats go out only on a quiet link).
     pub(crate) last_write: Instant,
+    /// When this side made the handshake frame the peer answers next: the acceptor's
+    /// `Hello` (when the link was accepted), the dialler's `HelloReply`. The peer made its
+    /// answer after it read that frame, so the counts in it cover every ack of the peer's
+    /// that we had taken before then, and perhaps none we took since (acks the peer sent on
+    /// another link, which it went on to keep).
+    pub(crate) asked_at: Instant,
 }
 
 impl Link {
@@ -79,6 +85,7 @@ impl Link {
             gates: VecDeque::new(),
             last_read: now,
             last_write: now,
+            asked_at: now,
         }
     }
 

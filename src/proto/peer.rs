@@ -42,6 +42,10 @@ pub(crate) enum Inflow {
 pub(crate) enum Unestablished {
     /// Another link speaks for the peer now.
     Superseded,
+    /// The peer's counts went back, but they were made before acks we have taken since: it
+    /// answered this handshake before it acknowledged more on another link, which it kept
+    /// (dropping this one). Stale, not forgotten: the link is closed, nothing is reset.
+    Outdated(String),
     /// Same incarnation, fewer of our messages than it acknowledged: it lost its state for
     /// us (removed and re-added us). Both sides start afresh.
     Forgotten(String),
@@ -94,6 +98,10 @@ pub(crate) struct Peer {
     /// The peer's send window (from its handshake): what it may have received here and not
     /// yet credited back, enforced.
     peer_window: u64,
+    /// When an ack (or a handshake's count) last moved `desc.acked()` forward: a
+    /// handshake answer made before then may be older than what the peer has acknowledged
+    /// since (see [`Link::asked_at`]).
+    acked_at: Option<Instant>,
     /// When we last sent a credit probe.
     last_probe: Option<Instant>,
     /// The blocked episode we last warned about.
@@ -134,6 +142,7 @@ impl Peer {
             ack_forced: false,
             peer_max_message: usize::MAX,
             peer_window: 0,
+            acked_at: None,
             last_probe: None,
             warned_episode: 0,
             recorded: (0, 0),
@@ -609,10 +618,14 @@ impl Peer {
         out: &mut Out,
         received: u64,
         credit: u64,
+        now: Instant,
     ) -> Result<(), RecoveryError> {
         self.attempt = 0; // the peer took the connection: backoff starts over
         let acked = self.desc.acked();
         self.desc.on_ack(received)?;
+        if self.desc.acked() > acked {
+            self.acked_at = Some(now);
+        }
         let credit = self.desc.on_credit(credit);
         if (self.desc.acked() > acked || credit > 0) && out.journal_open() {
             out.records.push(Record::Acked {
@@ -859,6 +872,14 @@ impl Peer {
         };
         match resumed {
             Ok(()) => {}
+            Err(RecoveryError::AckWentBack { claimed, acked })
+                if self.acked_at.is_some_and(|t| t >= link.asked_at) =>
+            {
+                return Err(Unestablished::Outdated(format!(
+                    "'{}' answered this handshake holding {claimed} of our messages, before it acknowledged {acked} on another connection; dropping this one",
+                    self.shared.name
+                )));
+            }
             Err(RecoveryError::AckWentBack { claimed, acked }) => {
                 let why = format!(
                     "'{}' holds {claimed} of our messages after acknowledging {acked}: it lost its state for us (removed and re-added?); starting afresh",
@@ -882,6 +903,9 @@ impl Peer {
         // Every unacked message is on this link now.
         let sent = self.desc.sent();
         self.desc.note_written(sent);
+        if self.desc.acked() > acked {
+            self.acked_at = Some(now);
+        }
         if self.desc.acked() > acked && out.journal_open() {
             out.records.push(Record::Acked {
                 peer: self.shared.name.clone(),
@@ -924,7 +948,6 @@ impl Peer {
         // New messages follow once the handshake's last frame has left (the endpoint
         // publishes them next): its peer's deadline is running, and publishing can take
         // long (an outbound filter, a full journal batch).
-        let _ = now;
         Ok(())
     }
 

@@ -1387,7 +1387,6 @@ fn nothing_leaves_before_the_journal_holds_it_even_resent_on_a_new_link() {
 /// messages. Beta holds both: alpha must not start its stream afresh (reporting them
 /// undelivered and numbering new ones from 1 again, which beta would drop as duplicates).
 #[test]
-#[ignore = "fails until a handshake answer older than the acks since is taken as stale"]
 fn a_handshake_answered_before_acks_on_another_link_resets_nothing() {
     const ALL: usize = usize::MAX;
     let mut sim = Sim::new(Settings {
