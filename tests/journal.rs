@@ -409,6 +409,34 @@ fn sync_journal_journals_messages_queued_behind_a_backed_up_connection() {
     shutdown_all(&[a, b]);
 }
 
+/// The node's journal stats show what `sync_journal` did once it returns: under
+/// `FsyncPolicy::Never` nothing else syncs, so the fsync counted is the sync's own. (The
+/// journal is synced without being appended to: the message was journalled as it was
+/// published, to its peer that is down.)
+#[test]
+#[ignore = "fails until the journal's stats are published after a sync"]
+fn the_journal_stats_count_a_sync_when_it_returns() {
+    let dir = TempDir::new("sync-stats");
+    let b_addr = HeldAddr::new();
+    let a = journalled_a("j-sync-stats", dir.path(), b_addr.addr())
+        .journal_fsync(FsyncPolicy::Never)
+        .start()
+        .expect("a starts");
+    a.send("b", payload(0, 100)).expect("send");
+    wait_until("the message journalled", PATIENCE, || {
+        a.stats().journal.is_some_and(|j| j.records >= 1)
+    });
+    let before = a.stats().journal.expect("journal stats");
+    assert_eq!(before.fsyncs, 0, "nothing synced yet: {before:?}");
+    a.sync_journal(PATIENCE).expect("sync_journal");
+    let after = a.stats().journal.expect("journal stats");
+    assert!(
+        after.fsyncs > before.fsyncs,
+        "the sync is counted when sync_journal returns: {after:?}"
+    );
+    a.shutdown(SHUTDOWN).expect("a stops");
+}
+
 #[test]
 fn sync_journal_never_reports_success_after_a_journal_write_failed() {
     // A disk failure stands in for ENOSPC or EIO: the journal's directory is removed, so
