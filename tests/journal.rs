@@ -414,7 +414,6 @@ fn sync_journal_journals_messages_queued_behind_a_backed_up_connection() {
 /// journal is synced without being appended to: the message was journalled as it was
 /// published, to its peer that is down.)
 #[test]
-#[ignore = "fails until the journal's stats are published after a sync"]
 fn the_journal_stats_count_a_sync_when_it_returns() {
     let dir = TempDir::new("sync-stats");
     let b_addr = HeldAddr::new();
