@@ -4,16 +4,16 @@
 //! the pool's threads drain at once, in any order.
 
 mod credit;
-mod member;
 mod oob;
 mod pool;
 mod progress;
+mod sender;
 
 pub use credit::PeerCreditSink;
-pub use member::{CreditSink, MemberQueue, RunOutcome};
 pub use oob::{OobQueue, OobRun};
 pub use pool::{Handler, Pool, PoolStats, Task, TaskQueue};
 pub use progress::Progress;
+pub use sender::{CreditSink, RunOutcome, SenderQueue};
 
 use bytes::Bytes;
 
@@ -49,7 +49,7 @@ impl Delivery {
             epoch: 0,
         }
     }
-    /// A regular message whose sender the [`MemberQueue`] fills in when it delivers it.
+    /// A regular message whose sender the [`SenderQueue`] fills in when it delivers it.
     pub(crate) fn unnamed(payload: Bytes, seq: Option<u64>) -> Delivery {
         Delivery {
             from: None,

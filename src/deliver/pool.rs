@@ -1,7 +1,7 @@
 //! The delivery pool: a fixed number of threads fed by one task queue.
 //!
 //! The queue needs no bound of its own: every task is a sender's queue, never a message.
-//! A sender has at most one [`Task::Member`] (its regular messages, one deliverer at a
+//! A sender has at most one [`Task::Sender`] (its regular messages, one deliverer at a
 //! time) and at most its out-of-band limit of [`Task::Oob`] drainers in the pool at once,
 //! so the queue holds at most `senders × (1 + limit)` tasks, whatever they send; what they
 //! send is bounded by their windows. A full pool therefore never makes the IO thread stop
@@ -10,8 +10,8 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::member::{MemberQueue, RunOutcome};
 use super::oob::OobQueue;
+use super::sender::{RunOutcome, SenderQueue};
 use super::Delivery;
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{thread, wait_timeout, Arc, Condvar, Mutex};
@@ -22,7 +22,7 @@ pub type Handler = Arc<dyn Fn(Delivery) + Send + Sync>;
 /// A unit of work for the pool.
 pub enum Task {
     /// Run a sender's queue (the holder of its `RUNNING` bit).
-    Member(Arc<MemberQueue>),
+    Sender(Arc<SenderQueue>),
     /// Drain a sender's out-of-band queue (one of its at most `limit` drainers).
     Oob(Arc<OobQueue>),
 }
@@ -30,7 +30,7 @@ pub enum Task {
 impl std::fmt::Debug for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Task::Member(m) => f.debug_tuple("Member").field(&m.name()).finish(),
+            Task::Sender(m) => f.debug_tuple("Sender").field(&m.name()).finish(),
             Task::Oob(q) => f.debug_tuple("Oob").field(&q.name()).finish(),
         }
     }
@@ -369,8 +369,8 @@ fn worker(s: Arc<Shared>) {
     while let Some(task) = s.tasks.next(|| spin_episode(&s)) {
         s.busy.fetch_add(1, Ordering::Relaxed);
         let again = match task {
-            Task::Member(m) => match m.run(s.budget, &*s.handler) {
-                RunOutcome::Yield => Some(Task::Member(m)),
+            Task::Sender(m) => match m.run(s.budget, &*s.handler) {
+                RunOutcome::Yield => Some(Task::Sender(m)),
                 RunOutcome::Idle => None,
             },
             Task::Oob(q) => {

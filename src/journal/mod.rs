@@ -137,7 +137,7 @@ pub use recover::{Cut, JournalMessage, Recovered, RecoveredPeer, RecoveryReport,
 pub use segment::{SegmentState, FORMAT_VERSION, HEADER_LEN};
 pub(crate) use writer::{JournalWriter, WriterMarks};
 
-use pool::Pool;
+use pool::SegmentPool;
 use record::MAX_PEER_NAME;
 use segment::{Header, Identity, SegmentFile, MAX_IDENTITY_NAME};
 
@@ -417,7 +417,7 @@ pub struct Journal {
     fsync: FsyncPolicy,
     /// In generation order; the last one is the active segment when its state is `Active`.
     live: Vec<LiveSegment>,
-    pool: Pool,
+    pool: SegmentPool,
     counters: BTreeMap<String, PeerCounters>,
     next_generation: u64,
     next_file_id: u64,

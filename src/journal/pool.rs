@@ -17,11 +17,11 @@ pub(crate) struct PooledSegment {
 
 /// The empty-file pool. Segments are handed out lowest id first, so reuse is deterministic.
 #[derive(Debug, Default)]
-pub(crate) struct Pool {
+pub(crate) struct SegmentPool {
     free: Vec<PooledSegment>,
 }
 
-impl Pool {
+impl SegmentPool {
     /// Segments waiting in the pool.
     pub(crate) fn len(&self) -> usize {
         self.free.len()

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 
-use super::pool::{Pool, PooledSegment};
+use super::pool::{PooledSegment, SegmentPool};
 use super::record::{PeerCounters, Record};
 use super::segment::{
     is_temp_name, parse_file_name, scan_records, sync_dir, Header, HeaderRead, Identity, Scan,
@@ -174,7 +174,7 @@ pub(crate) fn read_segments(dir: &Path, ids: &[u64]) -> Result<Vec<Found>, Journ
 #[derive(Debug)]
 pub(crate) struct Opened {
     pub(crate) live: Vec<LiveSegment>,
-    pub(crate) pool: Pool,
+    pub(crate) pool: SegmentPool,
     pub(crate) counters: BTreeMap<String, PeerCounters>,
     pub(crate) next_generation: u64,
     pub(crate) next_file_id: u64,
@@ -242,7 +242,7 @@ pub(crate) fn recover(
         }
     }
 
-    let mut pool = Pool::default();
+    let mut pool = SegmentPool::default();
     let mut candidates = Vec::new();
     for f in found {
         match f.header.clone() {

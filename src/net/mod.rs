@@ -13,7 +13,7 @@ use std::time::Instant;
 pub(crate) use conn::TlsSetup;
 pub(crate) use io::IoThread;
 
-use crate::deliver::{MemberQueue, OobQueue, PeerCreditSink, Pool, Progress};
+use crate::deliver::{OobQueue, PeerCreditSink, Pool, Progress, SenderQueue};
 use crate::flow::RecvCredit;
 use crate::handoff::Handoff;
 use crate::journal::{Journal, Recovered};
@@ -166,7 +166,7 @@ impl IoShared {
             progress.clone(),
             self.handoff.clone(),
         ));
-        let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink)));
+        let member = Arc::new(SenderQueue::new(name.clone(), Box::new(sink)));
         let oob = Arc::new(OobQueue::new(name.clone(), self.oob_limit, oob_sink));
         Arc::new(PeerShared::new(
             id, name, window, credit, member, oob, progress,

@@ -19,7 +19,7 @@ use std::fmt;
 
 pub use outbox::{Ledger, Outbox, Outgoing, Return};
 
-use crate::deliver::{MemberQueue, OobQueue, Progress};
+use crate::deliver::{OobQueue, Progress, SenderQueue};
 use crate::flow::RecvCredit;
 use crate::handoff::Scheduled;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -168,7 +168,7 @@ pub(crate) struct PeerShared {
     /// Lifecycle state mirrored for stats (the IO thread owns the real one).
     state: AtomicU8,
     pub(crate) credit: Arc<RecvCredit>,
-    pub(crate) member: Arc<MemberQueue>,
+    pub(crate) member: Arc<SenderQueue>,
     /// Out-of-band messages from this peer, drained by at most its share of the pool.
     pub(crate) oob: Arc<OobQueue>,
     /// How far the application has handled this peer's reliable stream (journalling
@@ -193,7 +193,7 @@ impl PeerShared {
         name: SharedStr,
         window: u64,
         credit: Arc<RecvCredit>,
-        member: Arc<MemberQueue>,
+        member: Arc<SenderQueue>,
         oob: Arc<OobQueue>,
         progress: Option<Arc<Progress>>,
     ) -> PeerShared {

@@ -1171,7 +1171,7 @@ impl Endpoint {
                     peer_unreliable,
                 }) => self.on_established(now, id, peer_received, peer_unreliable),
                 Err(e) => {
-                    if e.by_peer && e.code == CloseCode::Duplicate {
+                    if e.by_peer && e.code == CloseCode::Superseded {
                         // The peer kept the other of two simultaneous connections.
                         log::debug!("{}: {e}", self.cfg.name);
                         self.close_link(now, id, None);
@@ -1377,7 +1377,7 @@ impl Endpoint {
                     self.close_link(
                         now,
                         other,
-                        Some((CloseCode::Duplicate, "replaced by a newer connection")),
+                        Some((CloseCode::Superseded, "replaced by a newer connection")),
                     );
                 } else {
                     log::debug!(
@@ -1389,7 +1389,7 @@ impl Endpoint {
                         now,
                         id,
                         Some((
-                            CloseCode::Duplicate,
+                            CloseCode::Superseded,
                             "simultaneous connect lost the tie-break",
                         )),
                     );
@@ -1435,11 +1435,11 @@ impl Endpoint {
                 self.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
-                self.close_link(now, id, Some((CloseCode::Duplicate, "superseded")));
+                self.close_link(now, id, Some((CloseCode::Superseded, "superseded")));
             }
             Err(Unestablished::Outdated(why)) => {
                 log::info!("{}: {why}", self.cfg.name);
-                self.close_link(now, id, Some((CloseCode::Duplicate, "superseded")));
+                self.close_link(now, id, Some((CloseCode::Superseded, "superseded")));
             }
             Err(Unestablished::Forgotten(why)) => {
                 log::warn!("{}: {why}", self.cfg.name);

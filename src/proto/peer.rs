@@ -488,12 +488,12 @@ impl Peer {
     }
 
     /// Hands the messages split from one read to this peer's queues: regular ones to its
-    /// member queue (one deliverer at a time), out-of-band ones to its OOB queue (at most
+    /// sender queue (one deliverer at a time), out-of-band ones to its OOB queue (at most
     /// its share of the pool's threads); the pool tasks to run them go to `out`.
     pub(crate) fn push_batch(&self, out: &mut Out) {
         let (member, oob) = (&self.shared.member, &self.shared.oob);
         if !out.batch.is_empty() && member.push(out.batch.drain(..)) {
-            out.tasks.push(Task::Member(member.clone()));
+            out.tasks.push(Task::Sender(member.clone()));
         }
         if !out.oob_batch.is_empty() {
             for _ in 0..oob.push(out.oob_batch.drain(..)) {

@@ -46,7 +46,7 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
 use super::{Config, Endpoint, Event, LinkId, NodeCounters, Secret};
-use crate::deliver::{CreditSink, Delivery, MemberQueue, OobQueue, RunOutcome, Task};
+use crate::deliver::{CreditSink, Delivery, OobQueue, RunOutcome, SenderQueue, Task};
 use crate::flow::RecvCredit;
 use crate::peer::{Outgoing, PeerShared};
 use crate::sync::Arc;
@@ -245,7 +245,7 @@ struct Sim {
 /// Runs a pool task inline, to its end.
 fn run_task(task: Task, handler: &(dyn Fn(Delivery) + Send + Sync)) {
     match task {
-        Task::Member(q) => while q.run(64, handler) == RunOutcome::Yield {},
+        Task::Sender(q) => while q.run(64, handler) == RunOutcome::Yield {},
         Task::Oob(q) => while q.run(64, handler).outcome == RunOutcome::Yield {},
     }
 }
@@ -302,7 +302,7 @@ impl Member {
             flush: flush.clone(),
             progress: progress.clone(),
         };
-        let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink())));
+        let member = Arc::new(SenderQueue::new(name.clone(), Box::new(sink())));
         let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(sink())));
         let peer = Arc::new(PeerShared::new(
             other(side),

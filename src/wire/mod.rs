@@ -86,8 +86,10 @@ pub enum CloseCode {
     Cluster = 2,
     /// The peer's member name is not configured here and unknown members are not allowed.
     UnknownMember = 3,
-    /// Both members dialled at once; this connection lost the tie-break.
-    Duplicate = 4,
+    /// Another connection speaks for the pair now: this one lost the tie-break (both
+    /// members dialled at once), was replaced by a newer one, or answered a handshake that
+    /// acknowledgements on the other one have since overtaken.
+    Superseded = 4,
     /// A frame broke the protocol.
     Protocol = 5,
     /// The node is shutting down.
@@ -110,7 +112,7 @@ impl CloseCode {
             1 => CloseCode::Version,
             2 => CloseCode::Cluster,
             3 => CloseCode::UnknownMember,
-            4 => CloseCode::Duplicate,
+            4 => CloseCode::Superseded,
             5 => CloseCode::Protocol,
             6 => CloseCode::Shutdown,
             7 => CloseCode::Removed,

@@ -1,4 +1,4 @@
-//! Invariant 1, one deliverer per sender: loom models of `cohort::internals::deliver::MemberQueue` and
+//! Invariant 1, one deliverer per sender: loom models of `cohort::internals::deliver::SenderQueue` and
 //! its RUNNING | NOTIFIED state word, with the code that ships.
 //!
 //! The pool is modelled by its contract: whichever thread's `push` returns `true` owns the
@@ -28,7 +28,7 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::internals::deliver::{CreditSink, MemberQueue, RunOutcome};
+use cohort::internals::deliver::{CreditSink, RunOutcome, SenderQueue};
 use cohort::internals::flow::cost;
 use cohort::Delivery;
 use loom::cell::UnsafeCell;
@@ -71,7 +71,7 @@ struct Credit {
     journal: UnsafeCell<Journal>,
 }
 
-// SAFETY: `journal` is only touched inside the sink's calls, which the member queue makes
+// SAFETY: `journal` is only touched inside the sink's calls, which the sender queue makes
 // from its one deliverer at a time; loom's `UnsafeCell` checks it.
 unsafe impl Sync for Credit {}
 
@@ -174,7 +174,7 @@ struct Record {
 }
 
 // SAFETY: `log` is only touched inside the handler (and the sink, called by the same
-// deliverer), which the member queue runs on one thread at a time; that is exactly what
+// deliverer), which the sender queue runs on one thread at a time; that is exactly what
 // the model checks (loom's `UnsafeCell` panics on any access not ordered by
 // happens-before).
 unsafe impl Sync for Record {}
@@ -230,19 +230,19 @@ fn message(mode: Mode, p: u8, i: u8) -> Delivery {
     )
 }
 
-fn new_queue(mode: Mode) -> (Arc<MemberQueue>, Arc<Credit>, Arc<Record>) {
+fn new_queue(mode: Mode) -> (Arc<SenderQueue>, Arc<Credit>, Arc<Record>) {
     let credit = Arc::new(Credit::default());
     let rec = Arc::new(Record::new(mode));
     let sink = Sink {
         credit: credit.clone(),
         rec: rec.clone(),
     };
-    let q = MemberQueue::new(std::sync::Arc::from("sender"), Box::new(sink));
+    let q = SenderQueue::new(std::sync::Arc::from("sender"), Box::new(sink));
     (Arc::new(q), credit, rec)
 }
 
 /// The owner's duty: run the queue until it goes idle. Returns the number of `run` calls.
-fn drive(q: &MemberQueue, budget: usize, h: &(dyn Fn(Delivery) + Send + Sync)) -> usize {
+fn drive(q: &SenderQueue, budget: usize, h: &(dyn Fn(Delivery) + Send + Sync)) -> usize {
     let mut runs = 0;
     loop {
         runs += 1;
@@ -254,7 +254,7 @@ fn drive(q: &MemberQueue, budget: usize, h: &(dyn Fn(Delivery) + Send + Sync)) -
 }
 
 /// The end-of-model checks, after every thread has been joined.
-fn check_quiescent(q: &MemberQueue, rec: &Record, credit: &Credit, producers: u8) {
+fn check_quiescent(q: &SenderQueue, rec: &Record, credit: &Credit, producers: u8) {
     let log = rec.log.with(|log| unsafe { (*log).clone() });
     for p in 0..producers {
         let mine: Vec<u8> = log.iter().filter(|e| e.0 == p).map(|e| e.1).collect();
@@ -318,7 +318,7 @@ fn check_quiescent(q: &MemberQueue, rec: &Record, credit: &Credit, producers: u8
 /// Two producers, each pushing its messages one at a time and running the queue itself
 /// whenever its `push` says so (the deliverer is whichever producer won the idle → RUNNING
 /// transition).
-fn producers_deliver_themselves(budget: usize, mode: Mode) -> Arc<MemberQueue> {
+fn producers_deliver_themselves(budget: usize, mode: Mode) -> Arc<SenderQueue> {
     let (q, credit, rec) = new_queue(mode);
     let threads: Vec<_> = (0..2u8)
         .map(|p| {
@@ -344,7 +344,7 @@ fn producers_deliver_themselves(budget: usize, mode: Mode) -> Arc<MemberQueue> {
 /// (the re-submission path).
 #[test]
 fn producers_deliver_themselves_budget_1() {
-    loom_tests::model("member_queue/producers_deliver_themselves_budget_1", || {
+    loom_tests::model("sender_queue/producers_deliver_themselves_budget_1", || {
         producers_deliver_themselves(1, Mode::Plain);
     });
 }
@@ -355,7 +355,7 @@ fn producers_deliver_themselves_budget_1() {
 /// With budget 1 the extra empty round's queue lock would hide a missing ordering.
 #[test]
 fn producers_deliver_themselves_budget_8() {
-    loom_tests::model("member_queue/producers_deliver_themselves_budget_8", || {
+    loom_tests::model("sender_queue/producers_deliver_themselves_budget_8", || {
         producers_deliver_themselves(8, Mode::Plain);
     });
 }
@@ -365,7 +365,7 @@ fn producers_deliver_themselves_budget_8() {
 /// next run.
 #[test]
 fn producers_push_batches_budget_3() {
-    loom_tests::model("member_queue/producers_push_batches_budget_3", || {
+    loom_tests::model("sender_queue/producers_push_batches_budget_3", || {
         let (q, credit, rec) = new_queue(Mode::Plain);
         let threads: Vec<_> = (0..2u8)
             .map(|p| {
@@ -432,7 +432,7 @@ fn dedicated_deliverer(mode: Mode) {
             }
         })
     };
-    let produce = move |p: u8, q: &MemberQueue, sched: &Sched| {
+    let produce = move |p: u8, q: &SenderQueue, sched: &Sched| {
         for i in 0..PER_PRODUCER {
             if q.push([message(mode, p, i)]) {
                 sched.submit();
@@ -454,12 +454,12 @@ fn dedicated_deliverer(mode: Mode) {
 
 #[test]
 fn dedicated_deliverer_budget_1() {
-    loom_tests::model("member_queue/dedicated_deliverer_budget_1", || {
+    loom_tests::model("sender_queue/dedicated_deliverer_budget_1", || {
         dedicated_deliverer(Mode::Plain);
     });
 }
 
-/// `MemberQueue::max_concurrent()` (what `stats()` reports as the most concurrent
+/// `SenderQueue::max_concurrent()` (what `stats()` reports as the most concurrent
 /// deliverers for one sender, and what `tests/delivery.rs` and the cluster example assert
 /// is 1) must stay 1 under the same protocol.
 ///
@@ -471,7 +471,7 @@ fn dedicated_deliverer_budget_1() {
 fn max_concurrent_counts_one_deliverer() {
     for budget in [1, 8] {
         loom_tests::model(
-            &format!("member_queue/max_concurrent_counts_one_deliverer_budget_{budget}"),
+            &format!("sender_queue/max_concurrent_counts_one_deliverer_budget_{budget}"),
             move || {
                 let q = producers_deliver_themselves(budget, Mode::Plain);
                 assert_eq!(
@@ -489,7 +489,7 @@ fn max_concurrent_counts_one_deliverer() {
 #[test]
 fn journalling_producers_deliver_themselves_budget_1() {
     loom_tests::model(
-        "member_queue/journalling_producers_deliver_themselves_budget_1",
+        "sender_queue/journalling_producers_deliver_themselves_budget_1",
         || {
             producers_deliver_themselves(1, Mode::Journalling);
         },
@@ -501,7 +501,7 @@ fn journalling_producers_deliver_themselves_budget_1() {
 #[test]
 fn journalling_producers_deliver_themselves_budget_8() {
     loom_tests::model(
-        "member_queue/journalling_producers_deliver_themselves_budget_8",
+        "sender_queue/journalling_producers_deliver_themselves_budget_8",
         || {
             producers_deliver_themselves(8, Mode::Journalling);
         },
@@ -513,7 +513,7 @@ fn journalling_producers_deliver_themselves_budget_8() {
 #[test]
 fn journalling_dedicated_deliverer_budget_1() {
     loom_tests::model(
-        "member_queue/journalling_dedicated_deliverer_budget_1",
+        "sender_queue/journalling_dedicated_deliverer_budget_1",
         || {
             dedicated_deliverer(Mode::Journalling);
         },

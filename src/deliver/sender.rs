@@ -46,7 +46,7 @@ pub trait CreditSink: Send + Sync {
     fn handled_unreliable(&self, _epoch: u32, _cost: u64) {}
 }
 
-/// What [`MemberQueue::run`] ended with.
+/// What [`SenderQueue::run`] ended with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
 pub enum RunOutcome {
@@ -88,7 +88,7 @@ impl Segment {
 }
 
 /// A sender's batch queue plus its delivering state word.
-pub struct MemberQueue {
+pub struct SenderQueue {
     name: SharedStr,
     queue: Mutex<VecDeque<Delivery>>,
     state: AtomicUsize,
@@ -103,9 +103,9 @@ pub struct MemberQueue {
     max_active: AtomicUsize,
 }
 
-impl std::fmt::Debug for MemberQueue {
+impl std::fmt::Debug for SenderQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemberQueue")
+        f.debug_struct("SenderQueue")
             .field("name", &self.name)
             .field("state", &self.state.load(Ordering::Relaxed))
             .field("queued_bytes", &self.queued_bytes.load(Ordering::Relaxed))
@@ -114,10 +114,10 @@ impl std::fmt::Debug for MemberQueue {
     }
 }
 
-impl MemberQueue {
+impl SenderQueue {
     /// An empty, idle queue for sender `name`, reporting consumption to `credit`.
-    pub fn new(name: SharedStr, credit: Box<dyn CreditSink>) -> MemberQueue {
-        MemberQueue {
+    pub fn new(name: SharedStr, credit: Box<dyn CreditSink>) -> SenderQueue {
+        SenderQueue {
             name,
             queue: Mutex::new(VecDeque::new()),
             state: AtomicUsize::new(0),
