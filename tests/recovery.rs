@@ -957,7 +957,9 @@ fn remove_peer_during_handshake_leaves_nothing_behind() {
 }
 
 /// Sockets of this host (IPv4) connected, or connecting, to `port` on 127.0.0.1, from
-/// `/proc/net/tcp`: (local port, TCP state). State 2 is SYN_SENT.
+/// `/proc/net/tcp`: (local port, TCP state) of the open sockets connected or connecting to
+/// `port`. State 2 is SYN_SENT. A socket no descriptor holds any more (inode 0: one in
+/// TIME_WAIT, left by an earlier test whose listener had the same port) is not open.
 fn sockets_to(port: u16) -> Vec<(u16, u8)> {
     let text = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
     let remote = format!("0100007F:{port:04X}");
@@ -965,13 +967,31 @@ fn sockets_to(port: u16) -> Vec<(u16, u8)> {
         .skip(1)
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            if f.len() < 4 || f[2] != remote {
+            if f.len() < 10 || f[2] != remote || f[9] == "0" {
                 return None;
             }
             let local = u16::from_str_radix(f[1].rsplit(':').next()?, 16).ok()?;
             Some((local, u8::from_str_radix(f[3], 16).ok()?))
         })
         .collect()
+}
+
+/// `/proc/net/tcp`: how many established connections wait in the accept queue of the
+/// listener on `port` (a listening socket reports its accept backlog as `rx_queue`).
+fn accept_queue(port: u16) -> u32 {
+    let text = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    let local = format!("0100007F:{port:04X}");
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            // State 0A is LISTEN; field 4 is `tx_queue:rx_queue` in hex.
+            if f.len() < 5 || f[1] != local || f[3] != "0A" {
+                return None;
+            }
+            u32::from_str_radix(f[4].split(':').nth(1)?, 16).ok()
+        })
+        .sum()
 }
 
 /// `remove_peer` while the TCP connect itself is in flight: the peer's address is a
@@ -996,6 +1016,14 @@ fn remove_peer_during_tcp_connect_leaves_nothing_behind() {
     // Fill the accept queue: with backlog 0, one queued connection makes it full.
     let filler = TcpStream::connect(addr).expect("filler connects");
     let filler_port = filler.local_addr().expect("filler addr").port();
+    // The filler's connect returns when its side is established; the listener counts it a
+    // moment later, when it takes the final ACK. A SYN that came in between would be
+    // answered, so the node dials only once the queue is seen full.
+    wait_until_or(
+        PATIENCE,
+        || accept_queue(addr.port()) >= 1,
+        || "the filler queued at the listener".to_string(),
+    );
     let node_sockets = || -> Vec<(u16, u8)> {
         sockets_to(addr.port())
             .into_iter()
