@@ -87,7 +87,8 @@ fn run() -> Result<(), Box<dyn Error>> {
     let count = arg("--count", 100_000)?.max(1) as usize;
     let size = arg("--size", 64)? as usize;
     let warmup = arg("--warmup", 10_000)? as usize;
-    // Delivery threads spin this long before parking (Builder::pool_spin); 0 = park at once.
+    // The IO thread and idle delivery threads spin this long after work before they block
+    // (Builder::low_latency); 0 = block at once, the default.
     let spin = Duration::from_micros(arg("--spin-us", 0)?);
     let policy = journal_policy()?;
 
@@ -96,7 +97,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let echo = pong_sender.clone();
     let pong = journalled(Node::builder("pong"), "pong", policy)
         .cluster("ping-pong")
-        .pool_spin(spin)
+        .low_latency(spin)
         .on_message(move |d| {
             let Some(sender) = echo.get() else { return };
             if let Err(e) = sender.send(d.from(), d.payload().clone()) {
@@ -111,7 +112,7 @@ fn run() -> Result<(), Box<dyn Error>> {
     let (replied, replies) = mpsc::channel::<Instant>();
     let ping = journalled(Node::builder("ping"), "ping", policy)
         .cluster("ping-pong")
-        .pool_spin(spin)
+        .low_latency(spin)
         .peer("pong", pong.local_addr())
         .on_message(move |_| {
             // Ends only if main has stopped waiting.

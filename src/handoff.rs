@@ -16,17 +16,20 @@
 //! - The doorbell ([`Handoff::ring`]) wakes the IO thread (its mio `Waker`, behind the
 //!   [`Wake`] trait so that a model can stand in for it) only when no wake-up is pending
 //!   since the IO thread last took one: one `wake` call (a syscall) per batch of requests,
-//!   not per message.
+//!   not per message. While the IO thread spins (it polls without blocking for a while
+//!   after some work, when the node is set to: [`spin_begin`](Handoff::spin_begin) to
+//!   [`spin_end`](Handoff::spin_end)) the doorbell makes no call at all: the spinning
+//!   thread sees the pending wake-up at its next turn.
 //!
 //! Invariants (loom model: `loom-tests/tests/handoff.rs`): a request pushed to a list is
-//! taken by a turn of the IO thread that a wake-up started — never stranded — and the IO
-//! thread is woken at most once per [`take_wake`](Handoff::take_wake) that finds a wake-up
-//! pending.
+//! taken by a turn of the IO thread that a wake-up or a spin started — never stranded —
+//! and the IO thread is woken at most once per [`take_wake`](Handoff::take_wake) that
+//! finds a wake-up pending.
 //!
 //! Public so that the loom models check this code rather than a copy; it is not meant for
 //! applications.
 
-use crate::sync::atomic::{AtomicBool, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use crate::sync::Mutex;
 
 /// Wakes the thread that takes a [`Handoff`]'s lists: the IO thread's mio `Waker` (a
@@ -99,13 +102,23 @@ impl Scheduled {
     }
 }
 
+/// [`Handoff::doorbell`]: a wake-up was requested since the IO thread last took one. Set by
+/// the first requester after the IO thread last looked; the IO thread clears it before
+/// taking the lists, so a request is either taken or wakes it again.
+const PENDING: u8 = 1;
+/// [`Handoff::doorbell`]: the IO thread spins (polls without blocking) and looks at
+/// [`PENDING`] at every turn, so a requester need not wake it.
+const SPINNING: u8 = 2;
+
 /// The IO thread's request lists (peers with new messages, peers whose credit should go
 /// back now) and its doorbell.
 pub struct Handoff {
     waker: Box<dyn Wake>,
-    /// Set by the first requester after the IO thread last looked; the IO thread clears it
-    /// before taking the lists, so a request is either taken or wakes it again.
-    wake_pending: AtomicBool,
+    /// [`PENDING`] and [`SPINNING`], in one word so that every change to either is a
+    /// read-modify-write in one modification order: a requester's `ring` and the IO
+    /// thread's `spin_end` cannot both miss the other (which two flags would need SeqCst
+    /// for, a fence loom does not model).
+    doorbell: AtomicU8,
     /// Peers with newly accepted messages.
     // A mutex: pushes are one per peer per batch (the `Scheduled` flag), and the IO thread
     // takes the whole list at once.
@@ -126,21 +139,23 @@ impl Handoff {
     pub fn new(waker: Box<dyn Wake>) -> Handoff {
         Handoff {
             waker,
-            wake_pending: AtomicBool::new(false),
+            doorbell: AtomicU8::new(0),
             ready: Mutex::new(Vec::new()),
             credit_flush: Mutex::new(Vec::new()),
         }
     }
 
-    /// Wakes the IO thread unless a wake-up is already pending. Call after pushing the
-    /// request (a list push, a command, the journal writer's marks).
+    /// Wakes the IO thread unless a wake-up is already pending or the IO thread spins.
+    /// Call after pushing the request (a list push, a command, the journal writer's marks).
     pub fn ring(&self) {
         // AcqRel: our push happens-before the IO thread's take of the lists that follows a
-        // `take_wake` reading this value. (The lists' lock already orders it: swaps on one
-        // flag are totally ordered, so a take whose lock came before our push's also came
-        // before our swap, which then reads `false` and wakes. The model passes with
-        // Relaxed.)
-        if !self.wake_pending.swap(true, Ordering::AcqRel) {
+        // `take_wake` reading this value. (The lists' lock already orders it: the doorbell's
+        // read-modify-writes are totally ordered, so a take whose lock came before our
+        // push's also came before our `fetch_or`, which then reads no PENDING and wakes, or
+        // reads SPINNING, and the spinner's next `take_wake` or `spin_end` reads our
+        // PENDING. The model passes with Relaxed.)
+        let was = self.doorbell.fetch_or(PENDING, Ordering::AcqRel);
+        if was & (PENDING | SPINNING) == 0 {
             if let Err(e) = self.waker.wake() {
                 log::error!("cannot wake the IO thread: {e}");
             }
@@ -152,7 +167,26 @@ impl Handoff {
     pub fn take_wake(&self) -> bool {
         // AcqRel: Acquire pairs with `ring`'s Release (see there); Release is for the next
         // `ring`, which must find this clear if its push comes after our take.
-        self.wake_pending.swap(false, Ordering::AcqRel)
+        self.doorbell.fetch_and(!PENDING, Ordering::AcqRel) & PENDING != 0
+    }
+
+    /// The IO thread is about to spin: it polls without blocking and calls
+    /// [`take_wake`](Handoff::take_wake) at every turn, so requesters skip the wake-up call
+    /// until [`spin_end`](Handoff::spin_end).
+    pub fn spin_begin(&self) {
+        // Relaxed: only this thread clears the bit, and a requester that misses it wakes
+        // the thread, which is merely a call the spin would have saved.
+        self.doorbell.fetch_or(SPINNING, Ordering::Relaxed);
+    }
+
+    /// The IO thread stops spinning and is about to block: whether a request came in since
+    /// its last [`take_wake`](Handoff::take_wake) without waking it — then it must not
+    /// block, but take it (its next `take_wake` finds it pending).
+    pub fn spin_end(&self) -> bool {
+        // AcqRel: as `take_wake`. A `ring` ordered before this read-modify-write saw
+        // SPINNING and did not wake: this reads its PENDING; one ordered after it sees no
+        // SPINNING and wakes.
+        self.doorbell.fetch_and(!SPINNING, Ordering::AcqRel) & PENDING != 0
     }
 
     /// A sender pushed to peer `id`'s outbox: puts the peer on the ready list and rings,

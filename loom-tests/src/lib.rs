@@ -164,6 +164,50 @@ pub fn io_loop(
     turns
 }
 
+/// [`io_loop`] with the IO thread's spin (`Spin` in `src/net/io.rs`), reduced to
+/// `episodes` spins of one round each, the first before the first poll: `spin_begin`, a
+/// turn if [`take_wake`](cohort::internals::handoff::Handoff::take_wake) finds a wake-up
+/// pending, `spin_end`; if that reports a request that came in without a wake-up call, a
+/// turn for it before blocking. Returns how many turns ran.
+#[cfg(loom)]
+pub fn io_loop_spinning(
+    handoff: &cohort::internals::handoff::Handoff,
+    waker: &ModelWaker,
+    mut episodes: usize,
+    mut turn: impl FnMut(),
+) -> usize {
+    let mut turns = 0;
+    loop {
+        if episodes > 0 {
+            episodes -= 1;
+            handoff.spin_begin();
+            if handoff.take_wake() {
+                turns += 1;
+                turn();
+            }
+            if handoff.spin_end() {
+                // Only this thread clears the pending bit: the turn is certain.
+                assert!(
+                    handoff.take_wake(),
+                    "spin_end saw a request take_wake missed"
+                );
+                turns += 1;
+                turn();
+                continue;
+            }
+        }
+        match waker.poll() {
+            Polled::Woken => {
+                if handoff.take_wake() {
+                    turns += 1;
+                    turn();
+                }
+            }
+            Polled::Stopped => return turns,
+        }
+    }
+}
+
 /// The requesters of a model (senders, pool threads): each calls
 /// [`done`](Requesters::done) when it has made its last request; the last one stops the IO
 /// thread's loop (every wake-up they made came before the stop, so the loop sees them all).

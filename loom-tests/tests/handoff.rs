@@ -20,6 +20,10 @@
 //! - the IO thread is woken at most once per batch: every `wake` call is answered by
 //!   exactly one turn whose `take_wake` found it pending (a second wake in one batch would
 //!   be a turn that finds nothing, or a wake-up counted twice).
+//!
+//! The `spinning_*` models run the IO thread's spin (`loom_tests::io_loop_spinning`):
+//! senders whose doorbell finds it spinning make no `wake` call, and nothing is stranded
+//! either way; every `wake` call still starts its own turn (calls ≤ turns).
 #![cfg(loom)]
 
 use std::collections::VecDeque;
@@ -29,7 +33,7 @@ use cohort::internals::flow::{cost, Permit};
 use cohort::internals::handoff::{Handoff, Scheduled};
 use cohort::internals::peer::{self, Outbox, Return};
 use loom::thread;
-use loom_tests::{io_loop, ModelWaker, Requesters};
+use loom_tests::{io_loop, io_loop_spinning, ModelWaker, Requesters};
 use std::sync::Arc;
 
 /// The parts of `PeerShared` the hand-off touches.
@@ -87,8 +91,9 @@ fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>, held: &mut Permit) {
 }
 
 /// Runs `senders` (each a list of `(peer, count)` sends, one thread per sender) against the
-/// IO thread's loop on the main thread, then checks everything.
-fn model(peers: usize, senders: &'static [&'static [(usize, u8)]]) {
+/// IO thread's loop on the main thread (with `spins` spin episodes, if any), then checks
+/// everything.
+fn model(peers: usize, senders: &'static [&'static [(usize, u8)]], spins: Option<usize>) {
     let waker = ModelWaker::new();
     let node = Arc::new(Node {
         peers: (0..peers).map(|_| Peer::new()).collect(),
@@ -113,11 +118,15 @@ fn model(peers: usize, senders: &'static [&'static [(usize, u8)]]) {
 
     let mut published = Vec::new();
     let mut held: Vec<Permit> = (0..peers).map(|_| Permit::none()).collect();
-    let turns = io_loop(&node.handoff, &waker, || {
+    let turn = || {
         for id in node.handoff.take_ready() {
             publish(&node.peers[id], &mut published, &mut held[id]);
         }
-    });
+    };
+    let turns = match spins {
+        None => io_loop(&node.handoff, &waker, turn),
+        Some(n) => io_loop_spinning(&node.handoff, &waker, n, turn),
+    };
     for t in threads {
         t.join().unwrap();
     }
@@ -155,12 +164,20 @@ fn model(peers: usize, senders: &'static [&'static [(usize, u8)]]) {
         "a peer stranded on the ready list"
     );
     assert!(!node.handoff.take_wake(), "a wake-up left pending");
-    assert_eq!(
-        waker.calls(),
-        turns,
-        "the IO thread was woken {} times for {turns} batches",
-        waker.calls()
-    );
+    if spins.is_none() {
+        assert_eq!(
+            waker.calls(),
+            turns,
+            "the IO thread was woken {} times for {turns} batches",
+            waker.calls()
+        );
+    } else {
+        assert!(
+            waker.calls() <= turns,
+            "the IO thread was woken {} times for {turns} batches",
+            waker.calls()
+        );
+    }
 }
 
 /// Two senders to one peer, the first sending twice: its second send finds the flag set
@@ -169,7 +186,7 @@ fn model(peers: usize, senders: &'static [&'static [(usize, u8)]]) {
 #[test]
 fn two_senders_one_peer() {
     loom_tests::model("handoff/two_senders_one_peer", || {
-        model(1, &[&[(0, 2)], &[(0, 1)]]);
+        model(1, &[&[(0, 2)], &[(0, 1)]], None);
     });
 }
 
@@ -178,6 +195,24 @@ fn two_senders_one_peer() {
 #[test]
 fn two_peers_share_the_wake_up() {
     loom_tests::model("handoff/two_peers_share_the_wake_up", || {
-        model(2, &[&[(0, 1)], &[(1, 1)]]);
+        model(2, &[&[(0, 1)], &[(1, 1)]], None);
+    });
+}
+
+/// Two senders to one peer while the IO thread spins twice before it blocks: a send whose
+/// doorbell finds it spinning makes no wake-up call and is taken by a spin round, or by the
+/// turn `spin_end` asks for; one that comes after the spin wakes it.
+#[test]
+fn spinning_two_senders_one_peer() {
+    loom_tests::model("handoff/spinning_two_senders_one_peer", || {
+        model(1, &[&[(0, 2)], &[(0, 1)]], Some(2));
+    });
+}
+
+/// Two senders to their own peers while the IO thread spins once.
+#[test]
+fn spinning_two_peers() {
+    loom_tests::model("handoff/spinning_two_peers", || {
+        model(2, &[&[(0, 1)], &[(1, 1)]], Some(1));
     });
 }

@@ -67,6 +67,64 @@ pub(crate) struct IoThread {
     scratch: Vec<u8>,
 }
 
+/// The IO thread's idle strategy: after a turn with something to do it polls without
+/// blocking (spins, yielding its core between empty polls) for the node's `io_spin`, then
+/// blocks in `poll` until a socket, a timer or a wake-up needs it. While it spins,
+/// requesters skip the wake-up call ([`Handoff::spin_begin`]); with no spin configured it
+/// blocks at once, and an idle node costs no CPU.
+///
+/// [`Handoff::spin_begin`]: crate::handoff::Handoff::spin_begin
+struct Spin {
+    spin: Duration,
+    /// Spin until then (the last active turn plus `spin`).
+    until: Option<Instant>,
+    /// The doorbell knows we spin.
+    spinning: bool,
+}
+
+impl Spin {
+    fn new(spin: Duration) -> Spin {
+        Spin {
+            spin,
+            until: None,
+            spinning: false,
+        }
+    }
+
+    /// A turn found something to do (events, or a wake-up): spin for a while after it.
+    fn active(&mut self, now: Instant) {
+        if !self.spin.is_zero() {
+            self.until = Some(now + self.spin);
+        }
+    }
+
+    fn is_spinning(&self) -> bool {
+        self.spinning
+    }
+
+    /// Whether the next poll should not block: within the spin, or a request came in as
+    /// the spin ended (the doorbell did not ring for it).
+    fn keep(&mut self, now: Instant, handoff: &crate::handoff::Handoff) -> bool {
+        match self.until {
+            Some(until) if now < until => {
+                if !self.spinning {
+                    handoff.spin_begin();
+                    self.spinning = true;
+                }
+                true
+            }
+            _ => {
+                self.until = None;
+                if self.spinning {
+                    self.spinning = false;
+                    return handoff.spin_end();
+                }
+                false
+            }
+        }
+    }
+}
+
 fn link(token: Token) -> LinkId {
     LinkId(token.0)
 }
@@ -123,13 +181,14 @@ impl IoThread {
         self.handle_requests(Instant::now());
         self.endpoint.warn_unclaimed();
         self.settle(Instant::now());
+        let mut spin = Spin::new(self.cfg.io_spin);
         loop {
             let now = Instant::now();
             // Don't sleep with work in hand: unread input, bytes to write, connections to
             // accept.
             let busy =
                 !self.read_pending.is_empty() || self.accept_pending || self.endpoint.has_dirty();
-            let timeout = if busy {
+            let timeout = if busy || spin.keep(now, &self.shared.handoff) {
                 Some(Duration::ZERO)
             } else {
                 self.endpoint
@@ -143,6 +202,7 @@ impl IoThread {
                 log::error!("IO thread: poll failed, stopping: {e}");
                 break;
             }
+            let idle_spin = spin.is_spinning() && events.is_empty() && !busy;
             // What the loop knows of its sockets is as of now: bytes that arrive later in
             // this turn are seen at the next poll, however long the turn takes (a
             // descheduled IO thread, a slow callback). Timeouts are judged as of this instant.
@@ -163,9 +223,16 @@ impl IoThread {
             if self.accept_pending {
                 self.accept_all(now);
             }
-            if self.shared.take_wake() {
+            let woken = self.shared.take_wake();
+            if woken {
                 self.journal_progress(now);
                 self.handle_requests(now);
+            }
+            if !events.is_empty() || woken {
+                spin.active(now);
+            } else if idle_spin {
+                // Nothing came in: give the core to whoever may be about to send to us.
+                std::thread::yield_now();
             }
             self.process_read_pending();
             self.endpoint.handle_timeout(polled_at);
@@ -687,5 +754,69 @@ fn configure(cfg: &IoConfig, stream: &TcpStream) {
         if let Err(e) = sock.set_recv_buffer_size(n) {
             log::warn!("{}: cannot set SO_RCVBUF: {e}", cfg.proto.name);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Spin;
+    use crate::handoff::{Handoff, Wake};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// Counts `wake` calls.
+    #[derive(Default)]
+    struct Calls(Arc<AtomicUsize>);
+
+    impl Wake for Calls {
+        fn wake(&self) -> std::io::Result<()> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    fn handoff() -> (Handoff, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        (Handoff::new(Box::new(Calls(calls.clone()))), calls)
+    }
+
+    #[test]
+    fn without_a_spin_the_loop_blocks_and_every_request_wakes_it() {
+        let (handoff, calls) = handoff();
+        let mut spin = Spin::new(Duration::ZERO);
+        let now = Instant::now();
+        spin.active(now);
+        assert!(!spin.keep(now, &handoff));
+        handoff.ring();
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_request_while_spinning_makes_no_call_and_is_taken() {
+        let (handoff, calls) = handoff();
+        let mut spin = Spin::new(Duration::from_millis(1));
+        let t0 = Instant::now();
+        spin.active(t0);
+        assert!(spin.keep(t0, &handoff), "spins after work");
+        handoff.ring();
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            0,
+            "no wake-up while spinning"
+        );
+        assert!(handoff.take_wake(), "the spinning loop finds the request");
+        // The spin ends with a request that did not wake the loop: it must not block.
+        handoff.ring();
+        let later = t0 + Duration::from_millis(2);
+        assert!(
+            spin.keep(later, &handoff),
+            "a request came in as the spin ended"
+        );
+        assert!(handoff.take_wake());
+        // Spun out, nothing pending: it blocks, and the next request wakes it.
+        assert!(!spin.keep(later, &handoff));
+        handoff.ring();
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
     }
 }

@@ -36,6 +36,9 @@ pub(crate) struct IoConfig {
     pub(crate) proto: crate::proto::Config,
     pub(crate) send_buffer: Option<usize>,
     pub(crate) recv_buffer: Option<usize>,
+    /// How long the IO thread polls without blocking after a turn with work (zero: it
+    /// blocks at once).
+    pub(crate) io_spin: std::time::Duration,
     /// TLS for every connection (feature `tls`); always `None` without the feature.
     pub(crate) tls: Option<TlsSetup>,
 }

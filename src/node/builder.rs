@@ -25,6 +25,12 @@ pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
 /// at most `1 + oob_concurrency` of them.
 const MIN_POOL_THREADS: usize = 4;
 
+/// How long the IO thread and an idle delivery thread poll for more work before they block,
+/// by default: long enough to catch a reply that comes straight back (a request/response
+/// round trip then makes no thread wake-up where the reply is quick), short enough that an
+/// idle node costs next to nothing (it spins only after some work).
+const DEFAULT_SPIN: Duration = Duration::from_micros(20);
+
 /// Configures and starts a [`Node`].
 ///
 /// ```no_run
@@ -136,6 +142,7 @@ impl Builder {
                 },
                 send_buffer: None,
                 recv_buffer: None,
+                io_spin: DEFAULT_SPIN,
                 tls: None,
             },
             listen: Ok(SocketAddr::from(([127, 0, 0, 1], 0))),
@@ -145,7 +152,7 @@ impl Builder {
                 .max(MIN_POOL_THREADS),
             oob_concurrency: None,
             delivery_batch: 256,
-            pool_spin: Duration::ZERO,
+            pool_spin: DEFAULT_SPIN,
             handler: None,
             undelivered: None,
             journal: None,
@@ -248,6 +255,41 @@ impl Builder {
     pub fn pool_spin(mut self, spin: Duration) -> Self {
         self.pool_spin = spin;
         self
+    }
+
+    /// How long the IO thread keeps polling its sockets without blocking after a turn that
+    /// had work (default zero: it blocks in `epoll_wait` at once). While it spins, a
+    /// message sent from another thread needs no wake-up call (an `eventfd` write) and
+    /// bytes that arrive are read without a thread wake-up: some tens of microseconds
+    /// shorten a request/response round trip, at the price of a core busy for that long
+    /// after each burst of traffic. The spin yields the core between empty polls.
+    ///
+    /// [`low_latency`](Builder::low_latency) sets it together with
+    /// [`pool_spin`](Builder::pool_spin).
+    pub fn io_spin(mut self, spin: Duration) -> Self {
+        self.io.io_spin = spin;
+        self
+    }
+
+    /// The low-latency setting: the IO thread and idle delivery threads spin for `spin`
+    /// after each piece of work before they block ([`io_spin`](Builder::io_spin) and
+    /// [`pool_spin`](Builder::pool_spin)). With messages closer together than `spin`, a
+    /// round trip makes no thread wake-up on either node. Each node then keeps up to
+    /// `1 + pool_threads` threads busy for `spin` after traffic: on a machine with fewer
+    /// cores than spinning threads of all nodes, spinning threads take turns (they yield)
+    /// and the gain shrinks. `docs/benchmarks.md` has the figures.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// let node = cohort::Node::builder("trader")
+    ///     .low_latency(Duration::from_micros(50))
+    ///     .start()?;
+    /// node.shutdown(Duration::from_secs(1))?;
+    /// # Ok::<(), cohort::Error>(())
+    /// ```
+    pub fn low_latency(self, spin: Duration) -> Self {
+        self.io_spin(spin).pool_spin(spin)
     }
 
     /// Send window per peer in bytes (default 4 MiB): how much may be accepted for a peer
