@@ -42,8 +42,9 @@ struct Queue<T> {
 }
 
 /// The pool's task queue and its wake-up rule: workers take tasks in order, park on a
-/// condvar when there are none, and may first spin for a while; a submitter skips the
-/// wake-up (a futex call) while enough workers spin for what is queued.
+/// condvar when there are none, and may first spin for a while (one at a time: a worker
+/// that finds another spinning parks at once); a submitter skips the wake-up (a futex
+/// call) while enough workers spin for what is queued.
 ///
 /// Nothing is stranded: a task is never left queued while every worker is parked. The
 /// queue's lock carries this, not the atomics' orderings — a spinning worker leaves the
@@ -153,7 +154,10 @@ impl<T> TaskQueue<T> {
             if q.stopping {
                 return None;
             }
-            if !spun {
+            // One spinner is enough to take the next task without a wake-up; more would
+            // only take cores from the threads producing the work. (Relaxed: a hint; two
+            // workers that both read 0 both spin, which is merely wasteful.)
+            if !spun && self.spinning.load(Ordering::Relaxed) == 0 {
                 if let Some(keep) = spin() {
                     spun = true;
                     drop(q);
