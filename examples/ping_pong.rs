@@ -6,7 +6,9 @@
 //!
 //! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S
 //! --journal never|interval|every]` (defaults: K = 100 000 round trips of B = 64 bytes after
-//! W = 10 000 untimed ones, no journal). With `--journal`, both members journal in fresh
+//! W = 10 000 untimed ones, the builder's defaults, no journal). `--spin-us S` sets
+//! `Builder::low_latency(S µs)` on both members (0: no spin at all). With `--journal`,
+//! both members journal in fresh
 //! directories under the system temp dir with that fsync policy (`interval`: 5 ms), so the
 //! cost of the durable outbox on a round trip is read off one report.
 
@@ -88,16 +90,22 @@ fn run() -> Result<(), Box<dyn Error>> {
     let size = arg("--size", 64)? as usize;
     let warmup = arg("--warmup", 10_000)? as usize;
     // The IO thread and idle delivery threads spin this long after work before they block
-    // (Builder::low_latency); 0 = block at once, the default.
-    let spin = Duration::from_micros(arg("--spin-us", 0)?);
+    // (Builder::low_latency; 0 = block at once); the builder's default if not given.
+    let spin = match std::env::args().any(|a| a == "--spin-us") {
+        true => Some(Duration::from_micros(arg("--spin-us", 0)?)),
+        false => None,
+    };
+    let tune = |b: Builder| match spin {
+        Some(spin) => b.low_latency(spin),
+        None => b,
+    };
     let policy = journal_policy()?;
 
     // pong echoes through its own Sender, which exists only once pong has started.
     let pong_sender: Arc<OnceLock<Sender>> = Arc::new(OnceLock::new());
     let echo = pong_sender.clone();
-    let pong = journalled(Node::builder("pong"), "pong", policy)
+    let pong = journalled(tune(Node::builder("pong")), "pong", policy)
         .cluster("ping-pong")
-        .low_latency(spin)
         .on_message(move |d| {
             let Some(sender) = echo.get() else { return };
             if let Err(e) = sender.send(d.from(), d.payload().clone()) {
@@ -110,9 +118,8 @@ fn run() -> Result<(), Box<dyn Error>> {
         .map_err(|_| "pong's sender was set twice")?;
 
     let (replied, replies) = mpsc::channel::<Instant>();
-    let ping = journalled(Node::builder("ping"), "ping", policy)
+    let ping = journalled(tune(Node::builder("ping")), "ping", policy)
         .cluster("ping-pong")
-        .low_latency(spin)
         .peer("pong", pong.local_addr())
         .on_message(move |_| {
             // Ends only if main has stopped waiting.
