@@ -25,12 +25,6 @@ pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
 /// at most `1 + oob_concurrency` of them.
 const MIN_POOL_THREADS: usize = 4;
 
-/// How long the IO thread and an idle delivery thread poll for more work before they block,
-/// by default: long enough to catch a reply that comes straight back (a request/response
-/// round trip then makes no thread wake-up where the reply is quick), short enough that an
-/// idle node costs next to nothing (it spins only after some work).
-const DEFAULT_SPIN: Duration = Duration::from_micros(20);
-
 /// Configures and starts a [`Node`].
 ///
 /// ```no_run
@@ -142,7 +136,7 @@ impl Builder {
                 },
                 send_buffer: None,
                 recv_buffer: None,
-                io_spin: DEFAULT_SPIN,
+                io_spin: Duration::ZERO,
                 tls: None,
             },
             listen: Ok(SocketAddr::from(([127, 0, 0, 1], 0))),
@@ -152,7 +146,7 @@ impl Builder {
                 .max(MIN_POOL_THREADS),
             oob_concurrency: None,
             delivery_batch: 256,
-            pool_spin: DEFAULT_SPIN,
+            pool_spin: Duration::ZERO,
             handler: None,
             undelivered: None,
             journal: None,
@@ -249,9 +243,9 @@ impl Builder {
     }
 
     /// How long an idle delivery thread spins (yielding its core) before it parks (default
-    /// zero: park at once). A spin of some tens of microseconds saves a thread wake-up per
-    /// message when messages arrive closer together than that, as in request/response,
-    /// at the price of CPU while idle.
+    /// zero: park at once); one thread spins at a time, the others park at once. A spin of
+    /// some tens of microseconds saves a thread wake-up per message when messages arrive
+    /// closer together than that, as in request/response, at the price of CPU while idle.
     pub fn pool_spin(mut self, spin: Duration) -> Self {
         self.pool_spin = spin;
         self
@@ -271,13 +265,17 @@ impl Builder {
         self
     }
 
-    /// The low-latency setting: the IO thread and idle delivery threads spin for `spin`
+    /// The low-latency setting: the IO thread and one idle delivery thread spin for `spin`
     /// after each piece of work before they block ([`io_spin`](Builder::io_spin) and
     /// [`pool_spin`](Builder::pool_spin)). With messages closer together than `spin`, a
-    /// round trip makes no thread wake-up on either node. Each node then keeps up to
-    /// `1 + pool_threads` threads busy for `spin` after traffic: on a machine with fewer
-    /// cores than spinning threads of all nodes, spinning threads take turns (they yield)
-    /// and the gain shrinks. `docs/benchmarks.md` has the figures.
+    /// round trip makes no wake-up call on either node: on a 2-core VM a 64 B round trip's
+    /// median went from 134–180 µs to 38 µs with 50 µs of spin.
+    ///
+    /// The price is CPU: each node keeps two threads busy for `spin` after traffic, and
+    /// where the machine has fewer cores than busy threads a spinning thread holds a core
+    /// another thread of the pipeline was waiting for: bulk throughput at 1 KiB fell by a
+    /// fifth with a 20 µs spin on 2 cores. Hence off by default; `docs/benchmarks.md` has
+    /// the figures.
     ///
     /// ```
     /// use std::time::Duration;
