@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::oob::OobQueue;
 use super::sender::{RunOutcome, SenderQueue};
 use super::Delivery;
-use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{thread, wait_timeout, Arc, Condvar, Mutex};
 
 /// The application's message handler.
@@ -214,6 +214,8 @@ struct Shared {
     busy: AtomicUsize,
     /// How long an idle worker spins (yielding) before it parks, in nanoseconds.
     spin_nanos: AtomicU64,
+    /// Whether idle workers may spin now (an adaptive spin turns it off under load).
+    spin_allowed: AtomicBool,
     tasks_run: AtomicU64,
     oob_delivered: AtomicU64,
     oob_bytes: AtomicU64,
@@ -270,6 +272,7 @@ impl Pool {
             exited: Condvar::new(),
             busy: AtomicUsize::new(0),
             spin_nanos: AtomicU64::new(0),
+            spin_allowed: AtomicBool::new(true),
             tasks_run: AtomicU64::new(0),
             oob_delivered: AtomicU64::new(0),
             oob_bytes: AtomicU64::new(0),
@@ -309,6 +312,13 @@ impl Pool {
     pub fn set_spin(&self, spin: Duration) {
         let nanos = spin.as_nanos().min(u64::MAX as u128) as u64;
         self.shared.spin_nanos.store(nanos, Ordering::Relaxed);
+    }
+
+    /// Lets idle workers spin (their configured spin) or not: the IO thread's adaptive
+    /// spin turns it off while the node is loaded.
+    pub fn allow_spin(&self, allowed: bool) {
+        // Relaxed: a hint; a worker that sees it late spins once more or once less.
+        self.shared.spin_allowed.store(allowed, Ordering::Relaxed);
     }
 
     /// Counters now.
@@ -362,7 +372,8 @@ impl Pool {
 fn spin_episode(s: &Shared) -> Option<impl FnMut() -> bool> {
     // Relaxed: a setting; a worker that sees a change late spins the old time once more.
     let spin = Duration::from_nanos(s.spin_nanos.load(Ordering::Relaxed));
-    if spin.is_zero() {
+    // Relaxed: as in `allow_spin`.
+    if spin.is_zero() || !s.spin_allowed.load(Ordering::Relaxed) {
         return None;
     }
     let started = Instant::now();

@@ -36,9 +36,8 @@ pub(crate) struct IoConfig {
     pub(crate) proto: crate::proto::Config,
     pub(crate) send_buffer: Option<usize>,
     pub(crate) recv_buffer: Option<usize>,
-    /// How long the IO thread polls without blocking after a turn with work (zero: it
-    /// blocks at once).
-    pub(crate) io_spin: std::time::Duration,
+    /// How the IO thread (and, through it, the pool) waits for work.
+    pub(crate) idle: crate::node::IdleStrategy,
     /// TLS for every connection (feature `tls`); always `None` without the feature.
     pub(crate) tls: Option<TlsSetup>,
 }

@@ -25,6 +25,47 @@ pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
 /// at most `1 + oob_concurrency` of them.
 const MIN_POOL_THREADS: usize = 4;
 
+/// How a node's IO thread and idle delivery threads wait for work
+/// ([`Builder::idle_strategy`]).
+///
+/// Every hand-off between threads of a round trip (application → IO thread → socket → IO
+/// thread → delivery thread, each way) either finds the next thread polling, or wakes it:
+/// a system call, and tens of microseconds on a virtual machine whose core was idle. A
+/// spinning thread catches the hand-off at no such cost, but holds its core meanwhile:
+/// where a node's busy threads outnumber the cores, that core was wanted by another
+/// thread of the pipeline. `docs/benchmarks.md` has the figures behind the default.
+///
+/// ```
+/// use std::time::Duration;
+/// use cohort::IdleStrategy;
+///
+/// let node = cohort::Node::builder("trader")
+///     .idle_strategy(IdleStrategy::Spin(Duration::from_micros(50)))
+///     .start()?;
+/// node.shutdown(Duration::from_secs(1))?;
+/// # Ok::<(), cohort::Error>(())
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IdleStrategy {
+    /// Block as soon as there is nothing to do: no CPU while idle, a wake-up per hand-off.
+    Block,
+    /// After work, the IO thread and one idle delivery thread poll for up to this long
+    /// before they block, while the node is lightly loaded: its IO thread waited for more
+    /// than half of its last 2 ms. A loaded node blocks at once, so the spin never takes a
+    /// core from bulk traffic. The default, with 50 µs.
+    Adaptive(Duration),
+    /// After work, the IO thread and one idle delivery thread always poll for this long
+    /// before they block: the lowest latency, for the price of those threads' cores.
+    Spin(Duration),
+}
+
+impl Default for IdleStrategy {
+    fn default() -> Self {
+        IdleStrategy::Adaptive(Duration::from_micros(50))
+    }
+}
+
 /// Configures and starts a [`Node`].
 ///
 /// ```no_run
@@ -55,7 +96,6 @@ pub struct Builder {
     /// the pool, at least one).
     pub(crate) oob_concurrency: Option<usize>,
     pub(crate) delivery_batch: usize,
-    pub(crate) pool_spin: Duration,
     pub(crate) handler: Option<Handler>,
     pub(crate) undelivered: Option<Arc<UndeliveredFn>>,
     pub(crate) journal: Option<JournalSettings>,
@@ -136,7 +176,7 @@ impl Builder {
                 },
                 send_buffer: None,
                 recv_buffer: None,
-                io_spin: Duration::ZERO,
+                idle: IdleStrategy::default(),
                 tls: None,
             },
             listen: Ok(SocketAddr::from(([127, 0, 0, 1], 0))),
@@ -146,7 +186,6 @@ impl Builder {
                 .max(MIN_POOL_THREADS),
             oob_concurrency: None,
             delivery_batch: 256,
-            pool_spin: Duration::ZERO,
             handler: None,
             undelivered: None,
             journal: None,
@@ -242,40 +281,19 @@ impl Builder {
         self
     }
 
-    /// How long an idle delivery thread spins (yielding its core) before it parks (default
-    /// zero: park at once); one thread spins at a time, the others park at once. A spin of
-    /// some tens of microseconds saves a thread wake-up per message when messages arrive
-    /// closer together than that, as in request/response, at the price of CPU while idle.
-    pub fn pool_spin(mut self, spin: Duration) -> Self {
-        self.pool_spin = spin;
+    /// How the IO thread and idle delivery threads wait for work (default
+    /// [`IdleStrategy::Adaptive`] with 50 µs): see [`IdleStrategy`].
+    pub fn idle_strategy(mut self, idle: IdleStrategy) -> Self {
+        self.io.idle = idle;
         self
     }
 
-    /// How long the IO thread keeps polling its sockets without blocking after a turn that
-    /// had work (default zero: it blocks in `epoll_wait` at once). While it spins, a
-    /// message sent from another thread needs no wake-up call (an `eventfd` write) and
-    /// bytes that arrive are read without a thread wake-up: some tens of microseconds
-    /// shorten a request/response round trip, at the price of a core busy for that long
-    /// after each burst of traffic. The spin yields the core between empty polls.
-    ///
-    /// [`low_latency`](Builder::low_latency) sets it together with
-    /// [`pool_spin`](Builder::pool_spin).
-    pub fn io_spin(mut self, spin: Duration) -> Self {
-        self.io.io_spin = spin;
-        self
-    }
-
-    /// The low-latency setting: the IO thread and one idle delivery thread spin for `spin`
-    /// after each piece of work before they block ([`io_spin`](Builder::io_spin) and
-    /// [`pool_spin`](Builder::pool_spin)). With messages closer together than `spin`, a
-    /// round trip makes no wake-up call on either node: on a 2-core VM a 64 B round trip's
-    /// median went from 134–180 µs to 38 µs with 50 µs of spin.
-    ///
-    /// The price is CPU: each node keeps two threads busy for `spin` after traffic, and
-    /// where the machine has fewer cores than busy threads a spinning thread holds a core
-    /// another thread of the pipeline was waiting for: bulk throughput at 1 KiB fell by a
-    /// fifth with a 20 µs spin on 2 cores. Hence off by default; `docs/benchmarks.md` has
-    /// the figures.
+    /// The low-latency setting, `idle_strategy(IdleStrategy::Spin(spin))`: the IO thread
+    /// and one idle delivery thread always poll for `spin` after work before they block, so
+    /// that messages closer together than `spin` cross without a wake-up, whatever the
+    /// load. The price is two busy cores per node for `spin` after traffic; on a machine
+    /// with fewer cores than busy threads, bulk throughput falls (a fifth at 1 KiB with a
+    /// 20 µs spin on 2 cores).
     ///
     /// ```
     /// use std::time::Duration;
@@ -287,7 +305,7 @@ impl Builder {
     /// # Ok::<(), cohort::Error>(())
     /// ```
     pub fn low_latency(self, spin: Duration) -> Self {
-        self.io_spin(spin).pool_spin(spin)
+        self.idle_strategy(IdleStrategy::Spin(spin))
     }
 
     /// Send window per peer in bytes (default 4 MiB): how much may be accepted for a peer

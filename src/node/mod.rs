@@ -6,7 +6,7 @@ mod error;
 mod send;
 mod stats;
 
-pub use builder::{Builder, UndeliveredFn};
+pub use builder::{Builder, IdleStrategy, UndeliveredFn};
 pub use error::{Error, TrySendError};
 pub use send::{PeerSender, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
@@ -190,7 +190,12 @@ impl Node {
             handler,
         )?);
 
-        pool.set_spin(b.pool_spin);
+        // The pool spins as long as the IO thread would; an adaptive IO thread turns the
+        // pool's spin off while the node is loaded (`Pool::allow_spin`).
+        pool.set_spin(match b.io.idle {
+            IdleStrategy::Block => Duration::ZERO,
+            IdleStrategy::Adaptive(d) | IdleStrategy::Spin(d) => d,
+        });
         let peers: PeerMap = Arc::new(RwLock::new(HashMap::default()));
         for (pname, addr) in &peer_addrs {
             let shared = io.new_peer(pname.as_str().into(), window);
