@@ -51,9 +51,11 @@ pub enum IdleStrategy {
     /// Block as soon as there is nothing to do: no CPU while idle, a wake-up per hand-off.
     Block,
     /// After work, the IO thread and one idle delivery thread poll for up to this long
-    /// before they block, while the node is lightly loaded: its IO thread waited for more
-    /// than half of its last 2 ms. A loaded node blocks at once, so the spin never takes a
-    /// core from bulk traffic. The default, with 50 µs.
+    /// before they block, while the node is lightly loaded and the cores are free: its IO
+    /// thread waited for more than half of its last 2 ms, and no yield of its spin gave
+    /// the core away for more than 25 µs. A loaded node, or one whose cores other threads
+    /// or processes want, blocks at once, so the spin does not take a core from bulk
+    /// traffic. The default, with 50 µs.
     Adaptive(Duration),
     /// After work, the IO thread and one idle delivery thread always poll for this long
     /// before they block: the lowest latency, for the price of those threads' cores.
