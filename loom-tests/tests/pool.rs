@@ -162,13 +162,13 @@ impl CreditSink for NoCredit {
 }
 
 /// The pool itself: one worker thread (`Pool::start`, threads through the `sync` facade),
-/// a sender's sender queue with two messages and a batch budget of one, so the worker runs
-/// the task, it yields, the worker re-submits it and runs it again (three runs in all);
-/// the main thread waits for both messages, then stops and joins the pool. (No spin here: the pool's spin runs on
-/// the wall clock; the queue models above cover it.)
+/// one `SenderQueue` with two messages and a batch budget of one, so the worker runs the
+/// task, it yields, the worker re-submits it and runs it again (three runs in all); the
+/// main thread waits for both messages, then stops and joins the pool. (No spin here: the
+/// pool's spin runs on the wall clock; the queue models above cover it.)
 #[test]
-fn the_pool_runs_a_yielding_member_task() {
-    loom_tests::model("pool/the_pool_runs_a_yielding_member_task", || {
+fn the_pool_runs_a_yielding_sender_task() {
+    loom_tests::model("pool/the_pool_runs_a_yielding_sender_task", || {
         let ran = Ran::new(2);
         let handler = {
             let ran = ran.clone();
