@@ -91,7 +91,8 @@ struct Spin {
     /// Adaptive: whether the last window found the thread lightly loaded and its core
     /// not wanted by others.
     allowed: bool,
-    /// Adaptive: a yield in this window gave the core away for longer than the spin.
+    /// Adaptive: a yield in this window gave the core away for longer than
+    /// [`CONTENDED_YIELD`].
     contended: bool,
 }
 
@@ -124,9 +125,9 @@ impl Spin {
     /// Adaptive: at the end of each window, whether to spin in the next: only if the
     /// thread waited more than half of it (a loaded node does not spin: a spinning thread
     /// would hold a core the pipeline needs) and no yield of its spin gave the core away
-    /// for long (other threads or processes want the cores). A lightly
-    /// loaded node on idle cores spins, and its requests and replies cross without a
-    /// wake-up. Returns the decision when it changes.
+    /// for long (other threads or processes want the cores). A lightly loaded node on idle
+    /// cores spins, and its requests and replies cross without a wake-up. Returns the
+    /// decision when it changes.
     fn account(&mut self, now: Instant) -> Option<bool> {
         let total = now.saturating_duration_since(self.window);
         if !self.adaptive || total < SPIN_WINDOW {
@@ -140,7 +141,8 @@ impl Spin {
     }
 
     /// A yield of the spin took `took`: if others held the core for longer than
-    /// [`CONTENDED_YIELD`], spinning is not free here: stop now (adaptive). Returns the decision when it changes.
+    /// [`CONTENDED_YIELD`], spinning is not free here: stop now (adaptive). Returns the
+    /// decision when it changes.
     fn yielded(&mut self, took: Duration) -> Option<bool> {
         self.waited += took;
         if !self.adaptive || took <= CONTENDED_YIELD {
