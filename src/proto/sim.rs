@@ -36,7 +36,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering as StdOrdering};
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
@@ -46,8 +45,9 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
 use super::{Config, Endpoint, Event, LinkId, NodeCounters, Secret};
-use crate::deliver::{CreditSink, Delivery, OobQueue, RunOutcome, SenderQueue, Task};
+use crate::deliver::{Delivery, OobQueue, PeerCreditSink, RunOutcome, SenderQueue, Task};
 use crate::flow::RecvCredit;
+use crate::handoff::{Handoff, Wake};
 use crate::peer::{Outgoing, PeerShared};
 use crate::sync::Arc;
 use crate::wire;
@@ -89,34 +89,13 @@ struct Settings {
     journal: bool,
 }
 
-/// Counts consumption into the member's [`RecvCredit`] and remembers when the endpoint
-/// should be asked to return credit (what `net`'s sink does by waking the IO thread).
-struct Sink {
-    credit: Arc<RecvCredit>,
-    flush: Arc<AtomicBool>,
-    /// A journalling member's handled watermark.
-    progress: Option<Arc<crate::deliver::Progress>>,
-}
+/// The IO thread's waker, in simulated time: the simulation's driver looks at the
+/// hand-off's lists at every step, so a wake-up has nothing to do.
+struct NoWake;
 
-impl CreditSink for Sink {
-    fn consumed(&self, epoch: u32, cost: u64) {
-        if self.credit.consumed(epoch, cost) && self.credit.request_flush() {
-            self.flush.store(true, StdOrdering::Relaxed);
-        }
-    }
-    fn idle(&self) {}
-    fn tracks_progress(&self) -> bool {
-        self.progress.is_some()
-    }
-    fn handled(&self, epoch: u32, seqs: &[u64]) {
-        if let Some(p) = &self.progress {
-            p.complete(epoch, seqs.iter().copied());
-        }
-    }
-    fn handled_unreliable(&self, epoch: u32, cost: u64) {
-        if let Some(p) = &self.progress {
-            p.complete_unreliable(epoch, cost);
-        }
+impl Wake for NoWake {
+    fn wake(&self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -129,8 +108,9 @@ struct Member {
     counters: Arc<NodeCounters>,
     /// The shared state of its peer (the other member).
     peer: Arc<PeerShared>,
-    /// The pool asked for credit to be returned.
-    flush: Arc<AtomicBool>,
+    /// What the pool hands this member's IO thread: the shipping `PeerCreditSink`s put the
+    /// peer on its credit list when credit should go back.
+    handoff: Arc<Handoff>,
     /// The endpoint asked for a connection to its peer and it is not made yet.
     dial_wanted: bool,
     /// Every message the application sent, in order: the oracle.
@@ -295,12 +275,15 @@ impl Member {
         );
         let name: crate::sync::SharedStr = NAMES[other(side)].into();
         let credit = Arc::new(RecvCredit::new());
-        let flush = Arc::new(AtomicBool::new(false));
+        let handoff = Arc::new(Handoff::new(Box::new(NoWake)));
         let progress = journal.then(|| Arc::new(crate::deliver::Progress::new(0)));
-        let sink = || Sink {
-            credit: credit.clone(),
-            flush: flush.clone(),
-            progress: progress.clone(),
+        let sink = || {
+            PeerCreditSink::new(
+                other(side),
+                credit.clone(),
+                progress.clone(),
+                handoff.clone(),
+            )
         };
         let member = Arc::new(SenderQueue::new(name.clone(), Box::new(sink())));
         let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(sink())));
@@ -317,7 +300,7 @@ impl Member {
             ep,
             counters,
             peer,
-            flush,
+            handoff,
             dial_wanted: false,
             sent: Vec::new(),
             delivered: Arc::new(StdMutex::new(Vec::new())),
@@ -420,9 +403,8 @@ impl Sim {
                     run_task(t, &handler);
                 }
             }
-            if self.m[side].flush.swap(false, StdOrdering::Relaxed) {
+            for id in self.m[side].handoff.take_credit_flush() {
                 did = true;
-                let id = self.m[side].peer.id;
                 self.m[side].ep.flush_credit(now, id);
             }
             // The IO thread hands the turn's journal records to the writer.
