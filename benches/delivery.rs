@@ -145,6 +145,7 @@ impl Rig {
                 tally.note();
                 count.add(1);
             }),
+            None,
         )?;
         let names: Vec<Arc<str>> = (0..SENDERS).map(|i| format!("sender-{i}").into()).collect();
         let queues = names

@@ -77,7 +77,7 @@ mod util;
 mod wire;
 
 pub use bytes::Bytes;
-pub use deliver::{Delivery, PoolStats};
+pub use deliver::{Delivery, Inbox, InboxIter, InboxTryIter, PoolStats, RecvError};
 pub use journal::{
     inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,
     RecordKind, SegmentInfo, SegmentState, SegmentStatus,

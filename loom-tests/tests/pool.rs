@@ -174,7 +174,7 @@ fn the_pool_runs_a_yielding_sender_task() {
             let ran = ran.clone();
             Arc::new(move |d: Delivery| ran.ran(usize::from(d.payload()[0])))
         };
-        let pool = Pool::start("model", 1, 1, handler).expect("pool started");
+        let pool = Pool::start("model", 1, 1, handler, None).expect("pool started");
         let member = Arc::new(SenderQueue::new(Arc::from("sender"), Box::new(NoCredit)));
         let batch =
             (0..2u8).map(|i| Delivery::new(Arc::from("sender"), Bytes::from(vec![i]), None, false));

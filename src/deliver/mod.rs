@@ -4,19 +4,23 @@
 //! the pool's threads drain at once, in any order.
 
 mod credit;
+mod inbox;
 mod oob;
 mod pool;
 mod progress;
 mod sender;
 
 pub use credit::PeerCreditSink;
+pub use inbox::{Inbox, InboxIter, InboxTryIter, RecvError};
 pub use oob::{OobQueue, OobRun};
-pub use pool::{Handler, Pool, PoolStats, Task, TaskQueue};
+pub(crate) use pool::on_pool_thread;
+pub use pool::{Handler, Next, Pool, PoolStats, Task, TaskQueue};
 pub use progress::Progress;
 pub use sender::{CreditSink, RunOutcome, SenderQueue};
 
 use bytes::Bytes;
 
+use crate::node::Sender;
 use crate::sync::SharedStr;
 
 /// A message handed to the application's handler.
@@ -36,6 +40,8 @@ pub struct Delivery {
     oob: bool,
     /// The receiver's stream epoch (see [`Progress`]).
     epoch: u32,
+    /// The receiving node's send handle (set as the delivery is handed over).
+    node: Option<Sender>,
 }
 
 impl Delivery {
@@ -47,6 +53,7 @@ impl Delivery {
             seq,
             oob,
             epoch: 0,
+            node: None,
         }
     }
     /// A regular message whose sender the [`SenderQueue`] fills in when it delivers it.
@@ -57,6 +64,7 @@ impl Delivery {
             seq,
             oob: false,
             epoch: 0,
+            node: None,
         }
     }
     /// Tags the delivery with the receiver's stream epoch.
@@ -69,6 +77,11 @@ impl Delivery {
     }
     pub(crate) fn is_named(&self) -> bool {
         self.from.is_some()
+    }
+    /// Gives the delivery the receiving node's send handle.
+    pub(crate) fn with_node(mut self, node: Option<&Sender>) -> Delivery {
+        self.node = node.cloned();
+        self
     }
     pub(crate) fn name_as(&mut self, from: &SharedStr) {
         self.from = Some(from.clone());
@@ -84,6 +97,32 @@ impl Delivery {
     /// Takes the message bytes.
     pub fn into_payload(self) -> Bytes {
         self.payload
+    }
+    /// Takes the sender's name and the message bytes.
+    pub fn into_parts(self) -> (String, Bytes) {
+        (self.from().to_owned(), self.payload)
+    }
+    /// The receiving node's send handle, to answer the sender or send anywhere from inside
+    /// a handler (no need to smuggle the node's [`Sender`] in after `start`). `Some` for
+    /// every message a node delivers, to a handler or through an
+    /// [`Inbox`]; `None` only for a `Delivery` built by hand.
+    ///
+    /// A handler should answer with [`Sender::try_send`], not with a blocking
+    /// [`Sender::send`]: the handler's pool thread is what returns credit, so two members
+    /// that both block in their handlers on each other's full windows wait for ever (a
+    /// send from a handler that waits for the window logs a warning once).
+    ///
+    /// ```
+    /// let echo = cohort::Node::builder("echo").on_message(|d| {
+    ///     if let Some(node) = d.sender() {
+    ///         // A full window hands the payload back instead of blocking the handler.
+    ///         let _ = node.try_send(d.from(), d.payload().clone());
+    ///     }
+    /// });
+    /// # let _ = echo;
+    /// ```
+    pub fn sender(&self) -> Option<&Sender> {
+        self.node.as_ref()
     }
     /// The sender's sequence number for a reliable message (regular or out-of-band); `None`
     /// for unreliable messages. Numbers strictly increase per sender and incarnation. With a

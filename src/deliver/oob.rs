@@ -114,7 +114,7 @@ impl OobQueue {
     /// [`RunOutcome::Idle`]) or `budget` messages were delivered (it keeps its place:
     /// [`RunOutcome::Yield`], the caller re-submits it to the back of the pool). Must be
     /// called only by a drainer [`push`](OobQueue::push) asked for, or a re-submission.
-    pub fn run(&self, budget: usize, handler: &(dyn Fn(Delivery) + Send + Sync)) -> OobRun {
+    pub fn run(&self, budget: usize, mut handler: impl FnMut(Delivery)) -> OobRun {
         let now = self.active.fetch_add(1, Ordering::AcqRel) + 1;
         self.max_active.fetch_max(now, Ordering::AcqRel);
         let budget = budget.max(1);

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use super::oob::OobQueue;
 use super::sender::{RunOutcome, SenderQueue};
 use super::Delivery;
+use crate::node::Sender;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{thread, wait_timeout, Arc, Condvar, Mutex};
 
@@ -34,6 +35,17 @@ impl std::fmt::Debug for Task {
             Task::Oob(q) => f.debug_tuple("Oob").field(&q.name()).finish(),
         }
     }
+}
+
+/// What [`TaskQueue::next_until`] found.
+#[derive(Debug)]
+pub enum Next<T> {
+    /// The next task, in order.
+    Task(T),
+    /// The queue is stopping and empty: no task will come.
+    Stopped,
+    /// The deadline passed with nothing queued.
+    TimedOut,
 }
 
 struct Queue<T> {
@@ -138,7 +150,20 @@ impl<T> TaskQueue<T> {
     /// `Some(keep)` spins (yielding the core each round) while `keep()` says so and nothing
     /// is queued, then looks again before it parks. `spin` is asked again after each
     /// wake-up that found nothing.
-    pub fn next<S, K>(&self, mut spin: S) -> Option<T>
+    pub fn next<S, K>(&self, spin: S) -> Option<T>
+    where
+        S: FnMut() -> Option<K>,
+        K: FnMut() -> bool,
+    {
+        match self.next_until(spin, None) {
+            Next::Task(t) => Some(t),
+            Next::Stopped | Next::TimedOut => None,
+        }
+    }
+
+    /// Like [`next`](TaskQueue::next), but gives up at `deadline` (if any) with
+    /// [`Next::TimedOut`]; a deadline already past looks once without waiting.
+    pub fn next_until<S, K>(&self, mut spin: S, deadline: Option<Instant>) -> Next<T>
     where
         S: FnMut() -> Option<K>,
         K: FnMut() -> bool,
@@ -149,26 +174,37 @@ impl<T> TaskQueue<T> {
             if let Some(t) = q.tasks.pop_front() {
                 // Release: as in `submit` (a spinner reading 0 keeps spinning).
                 self.queued.store(q.tasks.len(), Ordering::Release);
-                return Some(t);
+                return Next::Task(t);
             }
             if q.stopping {
-                return None;
+                return Next::Stopped;
+            }
+            let now = deadline.map(|_| Instant::now());
+            if let (Some(deadline), Some(now)) = (deadline, now) {
+                if now >= deadline {
+                    return Next::TimedOut;
+                }
             }
             // One spinner is enough to take the next task without a wake-up; more would
             // only take cores from the threads producing the work. (Relaxed: a hint; two
             // workers that both read 0 both spin, which is merely wasteful.)
             if !spun && self.spinning.load(Ordering::Relaxed) == 0 {
-                if let Some(keep) = spin() {
+                if let Some(mut keep) = spin() {
                     spun = true;
                     drop(q);
-                    self.spin_while(keep);
+                    self.spin_while(|| keep() && deadline.is_none_or(|d| Instant::now() < d));
                     // Look again under the lock before parking: a submitter that counted
                     // us spinning did not wake anyone.
                     q = self.queue.lock();
                     continue;
                 }
             }
-            self.work.wait(&mut q);
+            match (deadline, now) {
+                (Some(deadline), Some(now)) => {
+                    wait_timeout(&self.work, &mut q, deadline - now);
+                }
+                _ => self.work.wait(&mut q),
+            }
             spun = false;
         }
     }
@@ -208,6 +244,8 @@ struct Shared {
     tasks: TaskQueue<Task>,
     budget: usize,
     handler: Handler,
+    /// The node's send handle, given to every delivery (`Delivery::sender`).
+    node: Option<Sender>,
     /// Workers still running; shutdown waits on `exited` for it to reach zero.
     live: Mutex<usize>,
     exited: Condvar,
@@ -256,18 +294,37 @@ pub struct PoolStats {
 impl Pool {
     /// Starts `threads` workers (at least one) named `{name}-deliver-{i}`. `budget` is the
     /// most messages one task handles before it yields its thread (re-submitted to the back
-    /// of the queue, so one hot sender cannot starve others).
+    /// of the queue, so one hot sender cannot starve others). Deliveries carry `node`, the
+    /// node's send handle, when there is one.
     pub fn start(
         name: &str,
         threads: usize,
         budget: usize,
         handler: Handler,
+        node: Option<Sender>,
     ) -> std::io::Result<Pool> {
-        let threads = threads.max(1);
+        Pool::spawn(name, threads.max(1), budget, handler, node)
+    }
+
+    /// A pool without worker threads, whose tasks an [`Inbox`](super::Inbox) runs on the
+    /// application's thread.
+    pub(crate) fn without_workers(budget: usize, node: Option<Sender>) -> std::io::Result<Pool> {
+        let unused: Handler = Arc::new(|_| {});
+        Pool::spawn("", 0, budget, unused, node)
+    }
+
+    fn spawn(
+        name: &str,
+        threads: usize,
+        budget: usize,
+        handler: Handler,
+        node: Option<Sender>,
+    ) -> std::io::Result<Pool> {
         let shared = Arc::new(Shared {
             tasks: TaskQueue::new(),
             budget: budget.max(1),
             handler,
+            node,
             live: Mutex::new(0),
             exited: Condvar::new(),
             busy: AtomicUsize::new(0),
@@ -340,6 +397,31 @@ impl Pool {
         )
     }
 
+    /// Runs the next task on the calling thread (an inbox's), waiting for one until
+    /// `deadline` (forever if `None`; a deadline already past looks once), spinning first as
+    /// the workers would. Each delivery, carrying `node`, goes to `handler`.
+    pub(crate) fn run_next(
+        &self,
+        deadline: Option<Instant>,
+        node: Option<&Sender>,
+        handler: impl FnMut(Delivery),
+    ) -> Next<()> {
+        let s = &*self.shared;
+        match s.tasks.next_until(|| spin_episode(s), deadline) {
+            Next::Task(task) => {
+                run_task(s, task, node, handler);
+                Next::Task(())
+            }
+            Next::Stopped => Next::Stopped,
+            Next::TimedOut => Next::TimedOut,
+        }
+    }
+
+    /// The node's send handle the deliveries carry, if any.
+    pub(crate) fn node(&self) -> Option<&Sender> {
+        self.shared.node.as_ref()
+    }
+
     /// Tells the workers to finish the queued tasks and exit. Does not wait.
     pub fn stop(&self) {
         self.shared.tasks.stop();
@@ -380,36 +462,58 @@ fn spin_episode(s: &Shared) -> Option<impl FnMut() -> bool> {
     Some(move || started.elapsed() < spin)
 }
 
+std::thread_local! {
+    /// Whether this thread is one of a pool's workers (see [`on_pool_thread`]).
+    static POOL_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is a delivery pool's worker: a handler's thread, which a
+/// send blocked on a full window keeps from delivering (and so from returning credit).
+pub(crate) fn on_pool_thread() -> bool {
+    POOL_WORKER.with(|w| w.get())
+}
+
 fn worker(s: Arc<Shared>) {
+    POOL_WORKER.with(|w| w.set(true));
+    // Each worker its own handle: the deliveries' clones of it then touch a reference count
+    // no other worker touches.
+    let node = s.node.as_ref().map(Sender::fork);
     while let Some(task) = s.tasks.next(|| spin_episode(&s)) {
-        s.busy.fetch_add(1, Ordering::Relaxed);
-        let again = match task {
-            Task::Sender(m) => match m.run(s.budget, &*s.handler) {
-                RunOutcome::Yield => Some(Task::Sender(m)),
-                RunOutcome::Idle => None,
-            },
-            Task::Oob(q) => {
-                let run = q.run(s.budget, &*s.handler);
-                s.oob_delivered.fetch_add(run.delivered, Ordering::Relaxed);
-                s.oob_bytes.fetch_add(run.bytes, Ordering::Relaxed);
-                s.panics.fetch_add(run.panics, Ordering::Relaxed);
-                match run.outcome {
-                    RunOutcome::Yield => Some(Task::Oob(q)),
-                    RunOutcome::Idle => None,
-                }
-            }
-        };
-        if let Some(task) = again {
-            // Back of the queue: the sender keeps its place (no new task), others get their
-            // turn first.
-            s.tasks.resubmit(task);
-        }
-        s.busy.fetch_sub(1, Ordering::Relaxed);
-        s.tasks_run.fetch_add(1, Ordering::Relaxed);
+        run_task(&s, task, node.as_ref(), &*s.handler);
     }
     let mut live = s.live.lock();
     *live -= 1;
     s.exited.notify_all();
+}
+
+/// Runs one task on the calling thread, handing each delivery (with `node`, the send handle
+/// it carries) to `handler`; a task that yielded goes to the back of the queue again.
+fn run_task(s: &Shared, task: Task, node: Option<&Sender>, mut handler: impl FnMut(Delivery)) {
+    s.busy.fetch_add(1, Ordering::Relaxed);
+    let mut give = |d: Delivery| handler(d.with_node(node));
+    let again = match task {
+        Task::Sender(m) => match m.run(s.budget, &mut give) {
+            RunOutcome::Yield => Some(Task::Sender(m)),
+            RunOutcome::Idle => None,
+        },
+        Task::Oob(q) => {
+            let run = q.run(s.budget, &mut give);
+            s.oob_delivered.fetch_add(run.delivered, Ordering::Relaxed);
+            s.oob_bytes.fetch_add(run.bytes, Ordering::Relaxed);
+            s.panics.fetch_add(run.panics, Ordering::Relaxed);
+            match run.outcome {
+                RunOutcome::Yield => Some(Task::Oob(q)),
+                RunOutcome::Idle => None,
+            }
+        }
+    };
+    if let Some(task) = again {
+        // Back of the queue: the sender keeps its place (no new task), others get their
+        // turn first.
+        s.tasks.resubmit(task);
+    }
+    s.busy.fetch_sub(1, Ordering::Relaxed);
+    s.tasks_run.fetch_add(1, Ordering::Relaxed);
 }
 
 #[cfg(all(test, not(loom)))]

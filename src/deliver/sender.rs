@@ -188,7 +188,7 @@ impl SenderQueue {
     /// Delivers up to `budget` messages to `handler`, in order. Must be called only by the
     /// holder of `RUNNING` (the task a `push` returning `true` scheduled, or a re-submission
     /// after [`RunOutcome::Yield`]).
-    pub fn run(&self, budget: usize, handler: &(dyn Fn(Delivery) + Send + Sync)) -> RunOutcome {
+    pub fn run(&self, budget: usize, mut handler: impl FnMut(Delivery)) -> RunOutcome {
         let now_active = self.active.fetch_add(1, Ordering::AcqRel) + 1;
         self.max_active.fetch_max(now_active, Ordering::AcqRel);
         let budget = budget.max(1);

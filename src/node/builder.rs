@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{Error, Node};
-use crate::deliver::{Delivery, Handler};
+use crate::deliver::{Delivery, Handler, Inbox};
 use crate::flow::MESSAGE_OVERHEAD;
 use crate::journal::{FsyncPolicy, DEFAULT_SEGMENT_SIZE};
 use crate::net::IoConfig;
@@ -785,6 +785,33 @@ impl Builder {
     /// Binds the listener, starts the IO thread and the delivery pool, and dials the
     /// configured peers.
     pub fn start(self) -> Result<Node, Error> {
-        Node::start(self)
+        Node::start(self, false).map(|(node, _pool)| node)
+    }
+
+    /// Like [`start`](Builder::start), but the application takes the messages on its own
+    /// thread from the returned [`Inbox`] instead of a handler on pool threads (no pool is
+    /// started). With no hop to a pool thread, it is the lowest-latency way to receive.
+    /// Fails with [`Error::Config`] if an [`on_message`](Builder::on_message) handler was
+    /// set.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let (node, inbox) = cohort::Node::builder("beta").listen("127.0.0.1:7001").start_with_inbox()?;
+    /// for d in &inbox {
+    ///     println!("{} bytes from {}", d.payload().len(), d.from());
+    /// }
+    /// # drop(node);
+    /// # Ok(()) }
+    /// ```
+    pub fn start_with_inbox(self) -> Result<(Node, Inbox), Error> {
+        if self.handler.is_some() {
+            return Err(Error::Config(
+                "start_with_inbox takes messages through the inbox: remove the on_message \
+                 handler, or call start"
+                    .into(),
+            ));
+        }
+        let (node, pool) = Node::start(self, true)?;
+        Ok((node, Inbox::new(pool)))
     }
 }

@@ -111,7 +111,9 @@ impl Node {
         Builder::new(name)
     }
 
-    fn start(b: Builder) -> Result<Node, Error> {
+    /// Starts the node; with `inbox`, its pool has no workers (an [`Inbox`](crate::Inbox)
+    /// on the application's thread runs its tasks). Returns the pool with the node.
+    fn start(b: Builder, inbox: bool) -> Result<(Node, Arc<Pool>), Error> {
         let (listen, peer_addrs) = b.validate()?;
         // The journal first: a directory that cannot be recovered stops the start before a
         // socket is bound.
@@ -171,6 +173,15 @@ impl Node {
             b.effective_oob_concurrency(),
         ));
 
+        let peers: PeerMap = Arc::new(RwLock::new(HashMap::default()));
+        let stopped = Arc::new(AtomicBool::new(false));
+        let sender = Sender::new(
+            name.clone(),
+            peers.clone(),
+            io.clone(),
+            max_message,
+            stopped.clone(),
+        );
         let handler = b.handler.clone().unwrap_or_else(|| {
             let warned = Arc::new(AtomicBool::new(false));
             let node = name.clone();
@@ -183,12 +194,17 @@ impl Node {
                 }
             })
         });
-        let pool = Arc::new(Pool::start(
-            b.name(),
-            b.pool_threads,
-            b.delivery_batch,
-            handler,
-        )?);
+        let pool = Arc::new(if inbox {
+            Pool::without_workers(b.delivery_batch, Some(sender.clone()))?
+        } else {
+            Pool::start(
+                b.name(),
+                b.pool_threads,
+                b.delivery_batch,
+                handler,
+                Some(sender.clone()),
+            )?
+        });
 
         // The pool spins as long as the IO thread would; an adaptive IO thread turns the
         // pool's spin off while the node is loaded (`Pool::allow_spin`).
@@ -196,7 +212,6 @@ impl Node {
             IdleStrategy::Block => Duration::ZERO,
             IdleStrategy::Adaptive(d) | IdleStrategy::Spin(d) => d,
         });
-        let peers: PeerMap = Arc::new(RwLock::new(HashMap::default()));
         for (pname, addr) in &peer_addrs {
             let shared = io.new_peer(pname.as_str().into(), window);
             peers.write().insert(shared.name.clone(), shared.clone());
@@ -207,7 +222,6 @@ impl Node {
         }
 
         let counters = Arc::new(NodeCounters::default());
-        let stopped = Arc::new(AtomicBool::new(false));
         let undelivered: Option<UndeliveredHook> = b.undelivered.clone().map(|f| {
             let h: UndeliveredHook =
                 Arc::new(move |peer: &str, msgs: Vec<crate::proto::Unacked>| {
@@ -260,14 +274,7 @@ impl Node {
             b.io.proto.cluster,
             peer_addrs.len()
         );
-        let sender = Sender::new(
-            name.clone(),
-            peers.clone(),
-            io.clone(),
-            max_message,
-            stopped,
-        );
-        Ok(Node {
+        let node = Node {
             sender,
             name,
             launch_id,
@@ -276,13 +283,14 @@ impl Node {
             window,
             io,
             peers,
-            pool,
+            pool: pool.clone(),
             counters,
             io_thread: Mutex::new(Some(io_thread)),
             io_done,
             shut: AtomicBool::new(false),
             tls,
-        })
+        };
+        Ok((node, pool))
     }
 
     /// This member's name.

@@ -90,6 +90,23 @@ impl Sender {
                 io,
                 max_message,
                 stopped,
+                warned_blocking: Arc::new(AtomicBool::new(false)),
+            }),
+        }
+    }
+
+    /// The same node's handle under a reference count of its own: a pool worker's clones
+    /// of it (one per delivery) then never touch a count another thread touches.
+    pub(crate) fn fork(&self) -> Sender {
+        let c = &self.core;
+        Sender {
+            core: Arc::new(SendCore {
+                name: c.name.clone(),
+                peers: c.peers.clone(),
+                io: c.io.clone(),
+                max_message: c.max_message,
+                stopped: c.stopped.clone(),
+                warned_blocking: c.warned_blocking.clone(),
             }),
         }
     }
@@ -299,6 +316,8 @@ struct SendCore {
     io: Arc<IoShared>,
     max_message: usize,
     stopped: Arc<AtomicBool>,
+    /// A handler has blocked on a full window (warned once per node).
+    warned_blocking: Arc<AtomicBool>,
 }
 
 /// How long a send waits for room in the window.
@@ -353,6 +372,25 @@ impl SendCore {
         }
     }
 
+    /// A send about to wait for a full window on a pool thread: the handler's thread is
+    /// what hands credit back, so two members whose handlers wait on each other this way
+    /// wait for ever. Warned once per node, with the way out.
+    #[cold]
+    fn warn_if_handler(&self, peer: &PeerShared) {
+        // Relaxed: a once-only flag for a log line.
+        if crate::deliver::on_pool_thread() && !self.warned_blocking.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "{}: a message handler is blocked sending to '{}' (its window is full): \
+                 while it waits, this node returns no credit for the sender it is \
+                 delivering, and two members doing this to each other wait for ever. From \
+                 a handler, send with try_send (a full window hands the payload back) or \
+                 hand the work to another thread",
+                self.name,
+                peer.name
+            );
+        }
+    }
+
     /// Takes the message's permits from the peer's window (the only place they are taken)
     /// and queues it for the IO thread.
     fn enqueue_to(
@@ -377,8 +415,16 @@ impl SendCore {
         let window = peer.outbox.window();
         let acquired = match wait {
             Wait::No => window.try_acquire(c),
-            Wait::Forever => window.acquire(c),
-            Wait::For(d) => window.acquire_timeout(c, d),
+            Wait::Forever | Wait::For(_) => match window.try_acquire(c) {
+                Err(AcquireError::Full) => {
+                    self.warn_if_handler(peer);
+                    match wait {
+                        Wait::For(d) => window.acquire_timeout(c, d),
+                        _ => window.acquire(c),
+                    }
+                }
+                first => first,
+            },
         };
         let permit = match acquired {
             Ok(permit) => permit,

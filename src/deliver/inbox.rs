@@ -1,0 +1,182 @@
+//! Pull-style receive: an [`Inbox`] takes the node's deliveries on the application's own
+//! thread instead of a handler on the pool's.
+//!
+//! It is the pool with the application's thread as its only worker: the IO thread queues
+//! the same tasks (a sender's queue, never a message), and each `recv` runs the next one,
+//! taking up to a batch of that sender's messages off its queue. Credit goes back to the
+//! sender as messages are taken, so a consumer that stops taking stalls its senders through
+//! their windows, and memory stays bounded exactly as with a handler.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use super::pool::{Next, Pool};
+use super::Delivery;
+use crate::node::Sender;
+use crate::sync::Arc;
+
+/// Why an [`Inbox`] returned no message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum RecvError {
+    /// [`try_recv`](Inbox::try_recv): no message is waiting now.
+    #[error("no message is waiting")]
+    Empty,
+    /// [`recv_timeout`](Inbox::recv_timeout) or [`recv_deadline`](Inbox::recv_deadline): no
+    /// message came in time.
+    #[error("no message came before the deadline")]
+    Timeout,
+    /// The node was shut down and every message it had received has been taken.
+    #[error("the node is shut down and its inbox is empty")]
+    Closed,
+}
+
+/// The node's messages, taken on the application's own thread (see
+/// [`Builder::start_with_inbox`](crate::Builder::start_with_inbox)); the method names are
+/// crossbeam-channel's.
+///
+/// - **Order**: a sender's regular messages come out in its order; its out-of-band ones in
+///   any order. Senders are served in turn, a batch at most
+///   ([`delivery_batch`](crate::Builder::delivery_batch)) from one before the next.
+/// - **Flow control holds end to end**: a message's credit goes back to its sender when the
+///   inbox takes it off the sender's queue, so a consumer that stops taking stalls each
+///   sender after about one window (plus the batch the inbox holds), and resumes it when
+///   it takes again.
+/// - **One consumer**: an `Inbox` can move to another thread but not be shared (it is
+///   `Send`, not `Sync`), which is what keeps a sender's order.
+/// - The messages it has taken off the senders' queues and not yet returned (at most one
+///   batch) are lost if it is dropped: they count as delivered.
+///
+/// ```
+/// use std::time::Duration;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let (beta, inbox) = cohort::Node::builder("beta").start_with_inbox()?;
+/// let alpha = cohort::Node::builder("alpha").peer("beta", beta.local_addr()).start()?;
+/// beta.add_peer("alpha", alpha.local_addr())?;
+/// for i in 0..10u8 {
+///     alpha.send("beta", vec![i])?;
+/// }
+/// for i in 0..10u8 {
+///     let d = inbox.recv_timeout(Duration::from_secs(10))?;
+///     assert_eq!((d.from(), &d.payload()[..]), ("alpha", &[i][..]));
+/// }
+/// assert_eq!(inbox.try_recv().unwrap_err(), cohort::RecvError::Empty);
+/// alpha.shutdown(Duration::from_secs(5))?;
+/// beta.shutdown(Duration::from_secs(5))?;
+/// assert_eq!(inbox.recv().unwrap_err(), cohort::RecvError::Closed);
+/// # Ok(()) }
+/// ```
+pub struct Inbox {
+    pool: Arc<Pool>,
+    /// Its own handle (see `Sender::fork`), for the deliveries' `sender()`.
+    node: Option<Sender>,
+    /// Messages taken off a sender's queue, not yet returned. A `RefCell`: one consumer,
+    /// which also makes the inbox `!Sync`.
+    hand: RefCell<VecDeque<Delivery>>,
+}
+
+impl std::fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inbox")
+            .field("held", &self.hand.borrow().len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inbox {
+    /// The inbox that runs `pool`'s tasks (a pool without workers).
+    pub(crate) fn new(pool: Arc<Pool>) -> Inbox {
+        let node = pool.node().map(Sender::fork);
+        Inbox {
+            pool,
+            node,
+            hand: RefCell::new(VecDeque::new()),
+        }
+    }
+
+    /// The next message; waits as long as it takes. Fails only with
+    /// [`RecvError::Closed`].
+    pub fn recv(&self) -> Result<Delivery, RecvError> {
+        self.take(None)
+    }
+
+    /// The next message if one is waiting: [`RecvError::Empty`] if none.
+    pub fn try_recv(&self) -> Result<Delivery, RecvError> {
+        self.take(Some(Instant::now())).map_err(|e| match e {
+            RecvError::Timeout => RecvError::Empty,
+            e => e,
+        })
+    }
+
+    /// The next message, waiting at most `timeout`: [`RecvError::Timeout`] if none came.
+    pub fn recv_timeout(&self, timeout: Duration) -> Result<Delivery, RecvError> {
+        self.take(Some(Instant::now() + timeout))
+    }
+
+    /// The next message, waiting until `deadline`: [`RecvError::Timeout`] if none came.
+    pub fn recv_deadline(&self, deadline: Instant) -> Result<Delivery, RecvError> {
+        self.take(Some(deadline))
+    }
+
+    /// A blocking iterator over the messages; it ends when the node is shut down and the
+    /// inbox is empty.
+    pub fn iter(&self) -> InboxIter<'_> {
+        InboxIter { inbox: self }
+    }
+
+    /// An iterator over the messages waiting now; it never blocks.
+    pub fn try_iter(&self) -> InboxTryIter<'_> {
+        InboxTryIter { inbox: self }
+    }
+
+    fn take(&self, deadline: Option<Instant>) -> Result<Delivery, RecvError> {
+        loop {
+            if let Some(d) = self.hand.borrow_mut().pop_front() {
+                return Ok(d);
+            }
+            let hand = &self.hand;
+            match self.pool.run_next(deadline, self.node.as_ref(), |d| {
+                hand.borrow_mut().push_back(d)
+            }) {
+                Next::Task(()) => {}
+                Next::TimedOut => return Err(RecvError::Timeout),
+                Next::Stopped => return Err(RecvError::Closed),
+            }
+        }
+    }
+}
+
+/// A blocking iterator over an [`Inbox`] (see [`Inbox::iter`]).
+#[derive(Debug)]
+pub struct InboxIter<'a> {
+    inbox: &'a Inbox,
+}
+
+impl Iterator for InboxIter<'_> {
+    type Item = Delivery;
+    fn next(&mut self) -> Option<Delivery> {
+        self.inbox.recv().ok()
+    }
+}
+
+/// A non-blocking iterator over an [`Inbox`] (see [`Inbox::try_iter`]).
+#[derive(Debug)]
+pub struct InboxTryIter<'a> {
+    inbox: &'a Inbox,
+}
+
+impl Iterator for InboxTryIter<'_> {
+    type Item = Delivery;
+    fn next(&mut self) -> Option<Delivery> {
+        self.inbox.try_recv().ok()
+    }
+}
+
+impl<'a> IntoIterator for &'a Inbox {
+    type Item = Delivery;
+    type IntoIter = InboxIter<'a>;
+    fn into_iter(self) -> InboxIter<'a> {
+        self.iter()
+    }
+}
