@@ -69,7 +69,7 @@ impl Hold {
 
     /// In an outbound filter: holds if `m` is this hold's message.
     fn check(&self, m: &Outgoing) {
-        if m.payload().as_ref() == self.payload {
+        if m.payload() == self.payload {
             self.enter();
         }
     }

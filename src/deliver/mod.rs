@@ -20,7 +20,7 @@ pub use sender::{CreditSink, RunOutcome, SenderQueue};
 
 use bytes::Bytes;
 
-use crate::node::Sender;
+use crate::node::{Error, Sender};
 use crate::sync::SharedStr;
 
 /// A message handed to the application's handler.
@@ -42,6 +42,8 @@ pub struct Delivery {
     epoch: u32,
     /// The receiving node's send handle (set as the delivery is handed over).
     node: Option<Sender>,
+    /// The requester's id, when the message is a request.
+    request: Option<u64>,
 }
 
 impl Delivery {
@@ -54,6 +56,7 @@ impl Delivery {
             oob,
             epoch: 0,
             node: None,
+            request: None,
         }
     }
     /// A regular message whose sender the [`SenderQueue`] fills in when it delivers it.
@@ -65,6 +68,7 @@ impl Delivery {
             oob: false,
             epoch: 0,
             node: None,
+            request: None,
         }
     }
     /// Tags the delivery with the receiver's stream epoch.
@@ -77,6 +81,21 @@ impl Delivery {
     }
     pub(crate) fn is_named(&self) -> bool {
         self.from.is_some()
+    }
+    /// Marks the delivery a request with the requester's id (when there is one).
+    pub(crate) fn with_request(mut self, id: Option<u64>) -> Delivery {
+        self.request = id;
+        self
+    }
+    /// Window bytes the message took on the wire: its payload, the request id if any, and
+    /// the overhead (what the sender's permit held; see [`crate::flow::cost`]).
+    pub(crate) fn cost(&self) -> u64 {
+        let id = if self.request.is_some() {
+            crate::wire::REQUEST_ID_BYTES
+        } else {
+            0
+        };
+        crate::flow::cost(self.payload.len() + id)
     }
     /// Gives the delivery the receiving node's send handle.
     pub(crate) fn with_node(mut self, node: Option<&Sender>) -> Delivery {
@@ -101,6 +120,41 @@ impl Delivery {
     /// Takes the sender's name and the message bytes.
     pub fn into_parts(self) -> (String, Bytes) {
         (self.from().to_owned(), self.payload)
+    }
+    /// Whether the message is a request (sent with [`Sender::request`] or
+    /// [`Sender::send_request`]), which the requester waits to have answered with
+    /// [`reply`](Delivery::reply).
+    pub fn is_request(&self) -> bool {
+        self.request.is_some()
+    }
+    /// Answers the request this message is, with `payload`. Never blocks and never waits
+    /// for the window: replies travel outside flow control (bounded by the requester's
+    /// cap on requests in flight, [`Builder::max_requests`](crate::Builder::max_requests)),
+    /// so a handler can always answer, and two members requesting each other cannot
+    /// deadlock. Reliable like any message: it survives reconnects. A second reply to the
+    /// same request reaches nobody (the requester counts it late).
+    ///
+    /// Fails with [`Error::NotARequest`] for a message that is not a request,
+    /// [`Error::TooLarge`], [`Error::UnknownPeer`] if the requester was removed meanwhile,
+    /// and [`Error::Closed`] once the node is shut down.
+    ///
+    /// ```
+    /// let server = cohort::Node::builder("server").on_message(|d| {
+    ///     if d.is_request() {
+    ///         let mut answer = d.payload().to_vec();
+    ///         answer.reverse();
+    ///         if let Err(e) = d.reply(answer) {
+    ///             eprintln!("cannot answer {}: {e}", d.from());
+    ///         }
+    ///     }
+    /// });
+    /// # let _ = server;
+    /// ```
+    pub fn reply(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
+        let (Some(id), Some(node)) = (self.request, &self.node) else {
+            return Err(Error::NotARequest);
+        };
+        node.reply(self.from(), id, payload.into())
     }
     /// The receiving node's send handle, to answer the sender or send anywhere from inside
     /// a handler (no need to smuggle the node's [`Sender`] in after `start`). `Some` for

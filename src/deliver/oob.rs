@@ -136,7 +136,7 @@ impl OobQueue {
             }
             for d in batch.drain(..) {
                 let len = d.payload().len();
-                let (epoch, seq) = (d.epoch(), d.seq());
+                let (epoch, seq, cost) = (d.epoch(), d.seq(), d.cost());
                 if catch_unwind(AssertUnwindSafe(|| handler(d))).is_err() {
                     panics += 1;
                     log::error!(
@@ -144,7 +144,6 @@ impl OobQueue {
                         self.name
                     );
                 }
-                let cost = crate::flow::cost(len);
                 match seq {
                     Some(seq) if track => self.credit.handled(epoch, &[seq]),
                     _ => {}

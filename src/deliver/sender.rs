@@ -226,7 +226,7 @@ impl SenderQueue {
                 seg.epoch = d.epoch();
                 let len = d.payload().len();
                 bytes += len as u64;
-                let cost = crate::flow::cost(len);
+                let cost = d.cost();
                 seg.cost += cost;
                 let seq = d.seq();
                 if track && seq.is_none() {

@@ -21,6 +21,18 @@ pub fn cost(payload_len: usize) -> u64 {
     payload_len as u64 + MESSAGE_OVERHEAD
 }
 
+/// Window bytes a data frame with wire `flags` and a payload of `payload_len` bytes takes:
+/// its [`cost`], but none for a reply, which travels outside flow control (the requester
+/// bounds replies by the requests it has in flight).
+#[inline]
+pub fn frame_cost(flags: u8, payload_len: usize) -> u64 {
+    if flags & crate::wire::FLAG_REPLY != 0 {
+        0
+    } else {
+        cost(payload_len)
+    }
+}
+
 /// Window bytes taken from a [`SendWindow`]: only the window creates one (an acquire, or the
 /// charge for messages restored from a journal), a message carries it through the outbox
 /// and the IO thread's ledger, and it is consumed only by giving it back

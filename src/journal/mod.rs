@@ -326,11 +326,14 @@ pub(crate) fn apply(
     }
     match record {
         Record::Message {
-            peer, seq, payload, ..
+            peer,
+            seq,
+            flags,
+            payload,
         } => {
             let c = entry(counters, peer);
             c.sent = c.sent.max(*seq);
-            c.published += crate::flow::cost(payload.len());
+            c.published += crate::flow::frame_cost(*flags, payload.len());
             match pins.get_mut(&**peer) {
                 Some(pin) => *pin = (*pin).max(*seq),
                 None => {

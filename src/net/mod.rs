@@ -103,6 +103,8 @@ pub(crate) struct IoShared {
     next_peer: AtomicUsize,
     /// Pool threads that may deliver one sender's out-of-band messages at once.
     oob_limit: usize,
+    /// Requests one peer may have in flight from this node.
+    max_requests: usize,
     /// The node journals: peers track how far their streams have been handled.
     journalled: bool,
     /// The journal's counters as of its last write (journalling nodes only).
@@ -118,12 +120,18 @@ impl std::fmt::Debug for IoShared {
 }
 
 impl IoShared {
-    pub(crate) fn new(waker: mio::Waker, journalled: bool, oob_limit: usize) -> IoShared {
+    pub(crate) fn new(
+        waker: mio::Waker,
+        journalled: bool,
+        oob_limit: usize,
+        max_requests: usize,
+    ) -> IoShared {
         IoShared {
             handoff: Arc::new(Handoff::new(Box::new(waker))),
             commands: Mutex::new(Vec::new()),
             next_peer: AtomicUsize::new(0),
             oob_limit,
+            max_requests,
             journalled,
             journal_stats: Mutex::new(None),
             journal_left: Mutex::new(None),
@@ -171,7 +179,14 @@ impl IoShared {
         let member = Arc::new(SenderQueue::new(name.clone(), Box::new(sink)));
         let oob = Arc::new(OobQueue::new(name.clone(), self.oob_limit, oob_sink));
         Arc::new(PeerShared::new(
-            id, name, window, credit, member, oob, progress,
+            id,
+            name,
+            window,
+            credit,
+            member,
+            oob,
+            progress,
+            self.max_requests,
         ))
     }
 }

@@ -21,6 +21,9 @@ use crate::sync::Arc;
 /// them. Arguments: the peer's name and the payloads, in send order.
 pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
 
+/// Requests in flight to one peer, by default (`Builder::max_requests`).
+const DEFAULT_MAX_REQUESTS: usize = 1024;
+
 /// Delivery threads at least, by default: handlers may block, and one sender occupies
 /// at most `1 + oob_concurrency` of them.
 const MIN_POOL_THREADS: usize = 4;
@@ -98,6 +101,7 @@ pub struct Builder {
     /// the pool, at least one).
     pub(crate) oob_concurrency: Option<usize>,
     pub(crate) delivery_batch: usize,
+    pub(crate) max_requests: usize,
     pub(crate) handler: Option<Handler>,
     pub(crate) undelivered: Option<Arc<UndeliveredFn>>,
     pub(crate) journal: Option<JournalSettings>,
@@ -188,6 +192,7 @@ impl Builder {
                 .max(MIN_POOL_THREADS),
             oob_concurrency: None,
             delivery_batch: 256,
+            max_requests: DEFAULT_MAX_REQUESTS,
             handler: None,
             undelivered: None,
             journal: None,
@@ -399,6 +404,15 @@ impl Builder {
     pub fn socket_buffers(mut self, send: Option<usize>, recv: Option<usize>) -> Self {
         self.io.send_buffer = send;
         self.io.recv_buffer = recv;
+        self
+    }
+
+    /// Requests this node may have in flight to one peer (default 1024): a request beyond
+    /// it waits for an earlier one's reply (within its timeout). Replies travel outside
+    /// flow control, so this is what bounds them: at most this many replies of at most
+    /// [`max_message`](Builder::max_message) bytes are ever owed to this node by one peer.
+    pub fn max_requests(mut self, n: usize) -> Self {
+        self.max_requests = n.max(1);
         self
     }
 

@@ -31,6 +31,18 @@ pub enum Error {
     /// peer is slow or not consuming.
     #[error("timed out after {0:?} waiting for send window")]
     TimedOut(Duration),
+    /// A request got no reply within its timeout (a reply that comes later is dropped and
+    /// counted in [`PeerStats::late_replies`](crate::PeerStats::late_replies)).
+    #[error("no reply within {0:?}")]
+    NoReply(Duration),
+    /// The peer restarted as a new incarnation while the request waited: the new process
+    /// cannot answer what the old one received (and the request may or may not have been
+    /// handled by the old one).
+    #[error("peer '{0}' restarted while the request waited for its reply; it may or may not have been handled")]
+    PeerRestarted(String),
+    /// [`Delivery::reply`](crate::Delivery::reply) on a message that is not a request.
+    #[error("the message is not a request: there is nobody to reply to")]
+    NotARequest,
     /// The builder's settings are inconsistent.
     #[error("invalid configuration: {0}")]
     Config(String),

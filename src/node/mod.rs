@@ -8,7 +8,7 @@ mod stats;
 
 pub use builder::{Builder, IdleStrategy, UndeliveredFn};
 pub use error::{Error, TrySendError};
-pub use send::{PeerSender, SendOptions, Sender};
+pub use send::{PeerSender, PendingReply, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
 
 use std::collections::HashMap;
@@ -171,6 +171,7 @@ impl Node {
             waker,
             journal.is_some(),
             b.effective_oob_concurrency(),
+            b.max_requests,
         ));
 
         let peers: PeerMap = Arc::new(RwLock::new(HashMap::default()));
@@ -225,7 +226,23 @@ impl Node {
         let undelivered: Option<UndeliveredHook> = b.undelivered.clone().map(|f| {
             let h: UndeliveredHook =
                 Arc::new(move |peer: &str, msgs: Vec<crate::proto::Unacked>| {
-                    f(peer, msgs.into_iter().map(|u| u.payload).collect())
+                    // The application's payloads: replies are not its messages, and a
+                    // request's id is the transport's.
+                    let payloads: Vec<Bytes> = msgs
+                        .into_iter()
+                        .filter(|u| u.flags & wire::FLAG_REPLY == 0)
+                        .map(|u| {
+                            if u.flags & wire::FLAG_REQUEST != 0 {
+                                u.payload
+                                    .slice(wire::REQUEST_ID_BYTES.min(u.payload.len())..)
+                            } else {
+                                u.payload
+                            }
+                        })
+                        .collect();
+                    if !payloads.is_empty() {
+                        f(peer, payloads)
+                    }
                 });
             h
         });
@@ -372,6 +389,7 @@ impl Node {
             done: done.clone(),
         });
         peer.outbox.window().close();
+        peer.requests.close();
         if !done.wait_until(Instant::now() + Duration::from_secs(10))
             && !self.io_done.wait_until(Instant::now())
         {
@@ -426,6 +444,21 @@ impl Node {
         opts: SendOptions,
     ) -> Result<(), Error> {
         self.sender.send_with(to, payload, opts)
+    }
+
+    /// See [`Sender::request`].
+    pub fn request(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<Bytes, Error> {
+        self.sender.request(to, payload, timeout)
+    }
+
+    /// See [`Sender::send_request`].
+    pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
+        self.sender.send_request(to, payload)
     }
 
     /// See [`Sender::broadcast`].
@@ -538,6 +571,10 @@ impl Node {
         } else {
             stuck.push(format!("{}-io", self.name));
         }
+        // Requests still waiting will not be answered now.
+        for p in self.peers.read().values() {
+            p.requests.close();
+        }
         self.pool.stop();
         let left = self
             .pool
@@ -632,6 +669,9 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         unreliable_lost_bytes: p.outbox.returned(crate::peer::Return::Lost),
         max_concurrent_deliverers: p.member.max_concurrent(),
         max_concurrent_oob: p.oob.max_concurrent(),
+        requests_in_flight: p.requests.in_flight(),
+        replies: p.requests.answered(),
+        late_replies: p.requests.late(),
     }
 }
 

@@ -10,9 +10,11 @@ use bytes::Bytes;
 use super::{Error, TrySendError};
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
+use crate::peer::{Failure, Slot};
 use crate::peer::{Outgoing, PeerShared};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
+use crate::wire;
 
 /// Options of [`Sender::send_with`].
 ///
@@ -180,6 +182,83 @@ impl Sender {
         out
     }
 
+    /// Sends `payload` to `to` as a request and waits at most `timeout` (for room in the
+    /// window, under the cap of requests in flight, and for the reply) for `to`'s handler
+    /// to answer it with [`Delivery::reply`](crate::Delivery::reply). Returns the reply.
+    ///
+    /// Fails with [`Error::NoReply`] when the time is up (a reply that comes later is
+    /// dropped and counted in [`PeerStats::late_replies`](crate::PeerStats::late_replies)),
+    /// and fails fast, not at the timeout, when the peer can no longer answer:
+    /// [`Error::Closed`] once it is removed or this node shuts down,
+    /// [`Error::PeerRestarted`] when it comes back as a new incarnation. A request is
+    /// delivered exactly once like any regular message, in order with the sender's others.
+    ///
+    /// Do not wait for a reply inside a message handler: it holds the pool thread that
+    /// delivers that sender's messages. Use [`send_request`](Sender::send_request) there,
+    /// and take the reply elsewhere.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let server = cohort::Node::builder("server")
+    ///     .on_message(|d| {
+    ///         let n = u32::from_le_bytes(d.payload()[..4].try_into().unwrap_or([0; 4]));
+    ///         let _ = d.reply((n * 2).to_le_bytes().to_vec());
+    ///     })
+    ///     .start()?;
+    /// let client = cohort::Node::builder("client").peer("server", server.local_addr()).start()?;
+    /// server.add_peer("client", client.local_addr())?;
+    /// let reply = client.sender().request("server", 21u32.to_le_bytes().to_vec(), Duration::from_secs(10))?;
+    /// assert_eq!(&reply[..], &42u32.to_le_bytes());
+    /// # client.shutdown(Duration::from_secs(5))?;
+    /// # server.shutdown(Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn request(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<Bytes, Error> {
+        self.route(to).request(payload.into(), timeout)
+    }
+
+    /// Sends `payload` to `to` as a request and returns at once with a handle to wait on,
+    /// so that one thread can have many requests in flight. Waits, like
+    /// [`send`](Sender::send), only for room in the window and under the cap of requests in
+    /// flight ([`Builder::max_requests`](crate::Builder::max_requests)).
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// # let node = cohort::Node::builder("client").peer("server", "127.0.0.1:7001").start()?;
+    /// let sender = node.sender();
+    /// let pending: Vec<_> = (0..100u32)
+    ///     .map(|i| sender.send_request("server", i.to_le_bytes().to_vec()))
+    ///     .collect::<Result<_, _>>()?;
+    /// for p in pending {
+    ///     let reply = p.wait(Duration::from_secs(5))?;
+    ///     println!("{} bytes back", reply.len());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
+        self.route(to).send_request(payload.into())
+    }
+
+    /// Queues the reply to request `id` from `to` (see `Delivery::reply`).
+    pub(crate) fn reply(&self, to: &str, id: u64, payload: Bytes) -> Result<(), Error> {
+        self.core
+            .enqueue_kind(
+                To::Name(to),
+                payload,
+                SendOptions::new(),
+                Wait::No,
+                Kind::Reply(id),
+            )
+            .map_err(Error::from)
+    }
+
     /// This node's member name.
     pub fn node_name(&self) -> &str {
         &self.core.name
@@ -264,6 +343,16 @@ impl PeerSender {
     pub fn send_with(&self, payload: impl Into<Bytes>, opts: SendOptions) -> Result<(), Error> {
         self.route().send_with(payload.into(), opts)
     }
+
+    /// See [`Sender::request`].
+    pub fn request(&self, payload: impl Into<Bytes>, timeout: Duration) -> Result<Bytes, Error> {
+        self.route().request(payload.into(), timeout)
+    }
+
+    /// See [`Sender::send_request`].
+    pub fn send_request(&self, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
+        self.route().send_request(payload.into())
+    }
 }
 
 /// Where a message goes: a peer named on each call (looked up in the peer map), or the one
@@ -271,7 +360,7 @@ impl PeerSender {
 #[derive(Clone, Copy)]
 enum To<'a> {
     Name(&'a str),
-    Peer(&'a PeerShared),
+    Peer(&'a Arc<PeerShared>),
 }
 
 /// A send on its way: the node's sending side and where the message goes. Its methods are
@@ -307,6 +396,112 @@ impl Route<'_> {
             .enqueue(self.to, payload, opts, Wait::Forever)
             .map_err(Error::from)
     }
+
+    fn request(self, payload: Bytes, timeout: Duration) -> Result<Bytes, Error> {
+        let deadline = Instant::now() + timeout;
+        self.send_request_until(payload, Some(deadline), timeout)?
+            .wait_until(Some(deadline), timeout)
+    }
+
+    fn send_request(self, payload: Bytes) -> Result<PendingReply, Error> {
+        self.send_request_until(payload, None, Duration::ZERO)
+    }
+
+    /// Registers a request with the peer (within its cap) and queues it; `timeout` is what
+    /// `deadline` was computed from, for the error.
+    fn send_request_until(
+        self,
+        payload: Bytes,
+        deadline: Option<Instant>,
+        timeout: Duration,
+    ) -> Result<PendingReply, Error> {
+        let peer = match self.to {
+            To::Peer(p) => p.clone(),
+            To::Name(name) => self.core.peer_named(name)?,
+        };
+        let (id, slot) = peer
+            .requests
+            .register(deadline)
+            .map_err(|f| failure(f, &peer.name, timeout))?;
+        let pending = PendingReply {
+            peer: peer.clone(),
+            id,
+            slot,
+        };
+        let wait = match deadline {
+            None => Wait::Forever,
+            Some(d) => Wait::For(d.saturating_duration_since(Instant::now())),
+        };
+        self.core
+            .enqueue_to(&peer, payload, SendOptions::new(), wait, Kind::Request(id))
+            .map_err(Error::from)?;
+        Ok(pending)
+    }
+}
+
+/// The error a request's failure is to its caller (`timeout`: what it waited).
+fn failure(f: Failure, peer: &str, timeout: Duration) -> Error {
+    match f {
+        Failure::Closed => Error::Closed,
+        Failure::Restarted => Error::PeerRestarted(peer.to_owned()),
+        Failure::TimedOut => Error::NoReply(timeout),
+    }
+}
+
+/// A request on its way (see [`Sender::send_request`]): wait for its reply with
+/// [`wait`](PendingReply::wait), or look without waiting with
+/// [`try_take`](PendingReply::try_take). Dropping it gives the request up: a reply that
+/// comes later is counted late.
+#[must_use = "a request's reply is only seen through its PendingReply"]
+pub struct PendingReply {
+    peer: Arc<PeerShared>,
+    id: u64,
+    slot: Arc<Slot>,
+}
+
+impl std::fmt::Debug for PendingReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingReply")
+            .field("peer", &self.peer.name)
+            .field("id", &self.id)
+            .finish()
+    }
+}
+
+impl PendingReply {
+    /// The peer the request went to.
+    pub fn peer(&self) -> &str {
+        &self.peer.name
+    }
+
+    /// Waits at most `timeout` for the reply. Fails with [`Error::NoReply`] if none came
+    /// (the request is then given up), [`Error::PeerRestarted`] as soon as the peer comes
+    /// back as a new incarnation, and [`Error::Closed`] as soon as it is removed or the
+    /// node shuts down.
+    pub fn wait(self, timeout: Duration) -> Result<Bytes, Error> {
+        self.wait_until(Some(Instant::now() + timeout), timeout)
+    }
+
+    /// The reply or the request's failure if either is there now; `None` while it waits.
+    pub fn try_take(&mut self) -> Option<Result<Bytes, Error>> {
+        self.slot
+            .try_take()
+            .map(|r| r.map_err(|f| failure(f, &self.peer.name, Duration::ZERO)))
+    }
+
+    fn wait_until(self, deadline: Option<Instant>, timeout: Duration) -> Result<Bytes, Error> {
+        match self.slot.take_until(deadline) {
+            Some(r) => r.map_err(|f| failure(f, &self.peer.name, timeout)),
+            None => Err(Error::NoReply(timeout)),
+        }
+    }
+}
+
+impl Drop for PendingReply {
+    fn drop(&mut self) {
+        // Answered or failed requests are already out of the table (a no-op then).
+        self.peer.requests.forget(self.id);
+    }
 }
 
 /// What every send handle of a node shares.
@@ -320,6 +515,14 @@ struct SendCore {
     warned_blocking: Arc<AtomicBool>,
 }
 
+/// What a send queues: a message, a request with its id, or the reply to one.
+#[derive(Clone, Copy)]
+enum Kind {
+    Message,
+    Request(u64),
+    Reply(u64),
+}
+
 /// How long a send waits for room in the window.
 enum Wait {
     No,
@@ -328,6 +531,17 @@ enum Wait {
 }
 
 impl SendCore {
+    fn peer_named(&self, name: &str) -> Result<Arc<PeerShared>, Error> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        self.peers
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| Error::UnknownPeer(name.to_owned()))
+    }
+
     fn enqueue(
         &self,
         to: To<'_>,
@@ -335,9 +549,20 @@ impl SendCore {
         opts: SendOptions,
         wait: Wait,
     ) -> Result<(), TrySendError<Bytes>> {
+        self.enqueue_kind(to, payload, opts, wait, Kind::Message)
+    }
+
+    fn enqueue_kind(
+        &self,
+        to: To<'_>,
+        payload: Bytes,
+        opts: SendOptions,
+        wait: Wait,
+        kind: Kind,
+    ) -> Result<(), TrySendError<Bytes>> {
         match to {
-            To::Name(name) => self.enqueue_named(name, payload, opts, wait),
-            To::Peer(peer) => self.enqueue_to(peer, payload, opts, wait),
+            To::Name(name) => self.enqueue_named(name, payload, opts, wait, kind),
+            To::Peer(peer) => self.enqueue_to(peer, payload, opts, wait, kind),
         }
     }
 
@@ -349,6 +574,7 @@ impl SendCore {
         payload: Bytes,
         opts: SendOptions,
         wait: Wait,
+        kind: Kind,
     ) -> Result<(), TrySendError<Bytes>> {
         let peers = self.peers.read();
         let Some(peer) = peers.get(to) else {
@@ -358,15 +584,15 @@ impl SendCore {
             ));
         };
         if let Wait::No = wait {
-            return self.enqueue_to(peer, payload, opts, wait);
+            return self.enqueue_to(peer, payload, opts, wait, kind);
         }
         // Never park while holding the map's read lock: a blocked sender would stall
         // add_peer/remove_peer. Try without waiting first; wait only on our own clone.
-        match self.enqueue_to(peer, payload, opts, Wait::No) {
+        match self.enqueue_to(peer, payload, opts, Wait::No, kind) {
             Err(TrySendError::Full(payload)) => {
                 let peer = peer.clone();
                 drop(peers);
-                self.enqueue_to(&peer, payload, opts, wait)
+                self.enqueue_to(&peer, payload, opts, wait, kind)
             }
             other => other,
         }
@@ -399,11 +625,16 @@ impl SendCore {
         payload: Bytes,
         opts: SendOptions,
         wait: Wait,
+        kind: Kind,
     ) -> Result<(), TrySendError<Bytes>> {
         let len = payload.len();
-        if len > self.max_message {
+        let on_wire = match kind {
+            Kind::Message => len,
+            Kind::Request(_) | Kind::Reply(_) => len + wire::REQUEST_ID_BYTES,
+        };
+        if on_wire > self.max_message {
             let e = Error::TooLarge {
-                len,
+                len: on_wire,
                 max: self.max_message,
             };
             return Err(TrySendError::Failed(payload, e));
@@ -411,7 +642,20 @@ impl SendCore {
         if self.stopped.load(Ordering::Acquire) {
             return Err(TrySendError::Failed(payload, Error::Closed));
         }
-        let c = cost(len);
+        if let Kind::Reply(id) = kind {
+            // Outside flow control: no window to wait for (see `Delivery::reply`).
+            return match peer.outbox.admit(Outgoing::reply(id, &payload)) {
+                Ok(()) => {
+                    self.io.schedule(peer);
+                    Ok(())
+                }
+                Err(_) => Err(TrySendError::Failed(payload, Error::Closed)),
+            };
+        }
+        let c = match kind {
+            Kind::Request(_) => Outgoing::request_cost(len),
+            _ => cost(len),
+        };
         let window = peer.outbox.window();
         let acquired = match wait {
             Wait::No => window.try_acquire(c),
@@ -449,14 +693,25 @@ impl SendCore {
             peer.note_ttl();
             Instant::now() + t
         });
-        let mut m = Outgoing::new(payload, opts.oob, deadline, permit);
-        if opts.unreliable {
-            m = m.unreliable();
-        }
+        // A request's payload is copied behind its id: keep the caller's to hand back.
+        let (m, kept) = match kind {
+            Kind::Request(id) => (
+                Outgoing::request(id, &payload, opts.oob, deadline, permit),
+                Some(payload),
+            ),
+            _ if opts.unreliable => (
+                Outgoing::new(payload, opts.oob, deadline, permit).unreliable(),
+                None,
+            ),
+            _ => (Outgoing::new(payload, opts.oob, deadline, permit), None),
+        };
         // Counted *accepted* under the queue lock, before the IO thread can see it.
         if let Err(m) = peer.outbox.admit(m) {
             // `admit` gave the permits back (Return::Refused).
-            return Err(TrySendError::Failed(m.payload, Error::Closed));
+            return Err(TrySendError::Failed(
+                kept.unwrap_or(m.payload),
+                Error::Closed,
+            ));
         }
         self.io.schedule(peer);
         Ok(())

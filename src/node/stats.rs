@@ -87,6 +87,13 @@ pub struct PeerStats {
     /// The most pool threads ever seen delivering this peer's out-of-band messages at once
     /// (at most its fair share, `Builder::oob_concurrency`).
     pub max_concurrent_oob: usize,
+    /// This node's requests to the peer waiting for their reply now.
+    pub requests_in_flight: usize,
+    /// Replies from the peer that reached their request.
+    pub replies: u64,
+    /// Replies from the peer that came after their request was given up (timed out,
+    /// dropped, failed), or answered a request twice: dropped.
+    pub late_replies: u64,
 }
 
 /// Node-wide connection counters.

@@ -14,10 +14,12 @@
 //! closed at once. Every transition goes through [`PeerState::can_become`].
 
 mod outbox;
+mod requests;
 
 use std::fmt;
 
 pub use outbox::{Ledger, Outbox, Outgoing, Return};
+pub use requests::{Failure, Requests, Slot};
 
 use crate::deliver::{OobQueue, Progress, SenderQueue};
 use crate::flow::RecvCredit;
@@ -174,6 +176,8 @@ pub(crate) struct PeerShared {
     /// How far the application has handled this peer's reliable stream (journalling
     /// nodes only).
     pub(crate) progress: Option<Arc<Progress>>,
+    /// This node's requests to the peer, waiting for their replies.
+    pub(crate) requests: Requests,
     pub(crate) counters: Counters,
 }
 
@@ -188,6 +192,8 @@ impl fmt::Debug for PeerShared {
 }
 
 impl PeerShared {
+    // Its parts, wired together by `IoShared::new_peer` (and the simulation).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         id: usize,
         name: SharedStr,
@@ -196,6 +202,7 @@ impl PeerShared {
         member: Arc<SenderQueue>,
         oob: Arc<OobQueue>,
         progress: Option<Arc<Progress>>,
+        max_requests: usize,
     ) -> PeerShared {
         PeerShared {
             id,
@@ -208,6 +215,7 @@ impl PeerShared {
             member,
             oob,
             progress,
+            requests: Requests::new(max_requests),
             counters: Counters::default(),
         }
     }

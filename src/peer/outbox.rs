@@ -69,6 +69,35 @@ impl Outgoing {
         }
     }
 
+    /// A request with id `id`: `payload` is prefixed with the id, which its permit covers
+    /// (see [`Outgoing::request_cost`]).
+    pub(crate) fn request(
+        id: u64,
+        payload: &[u8],
+        oob: bool,
+        deadline: Option<Instant>,
+        permit: Permit,
+    ) -> Outgoing {
+        let mut m = Outgoing::new(tagged(id, payload), oob, deadline, permit);
+        m.flags |= wire::FLAG_REQUEST;
+        m
+    }
+
+    /// The reply to request `id`: reliable, outside flow control (it holds no permit).
+    pub(crate) fn reply(id: u64, payload: &[u8]) -> Outgoing {
+        Outgoing {
+            payload: tagged(id, payload),
+            flags: wire::FLAG_RELIABLE | wire::FLAG_REPLY,
+            deadline: None,
+            permit: Permit::none(),
+        }
+    }
+
+    /// Window bytes a request of `payload_len` bytes takes (its id travels with it).
+    pub(crate) fn request_cost(payload_len: usize) -> u64 {
+        cost(payload_len + wire::REQUEST_ID_BYTES)
+    }
+
     /// The same message sent unreliably: no sequence number, no ack, no resend; lost if its
     /// connection breaks.
     pub(crate) fn unreliable(mut self) -> Outgoing {
@@ -80,9 +109,21 @@ impl Outgoing {
     pub fn is_reliable(&self) -> bool {
         self.flags & wire::FLAG_RELIABLE != 0
     }
-    /// The message bytes.
-    pub fn payload(&self) -> &Bytes {
-        &self.payload
+    /// The message bytes (of a request or a reply: without the id the transport adds).
+    pub fn payload(&self) -> &[u8] {
+        if self.is_request() || self.is_reply() {
+            &self.payload[wire::REQUEST_ID_BYTES..]
+        } else {
+            &self.payload
+        }
+    }
+    /// Whether it is a request (sent with `Sender::request` or `send_request`).
+    pub fn is_request(&self) -> bool {
+        self.flags & wire::FLAG_REQUEST != 0
+    }
+    /// Whether it is the reply to a request (`Delivery::reply`).
+    pub fn is_reply(&self) -> bool {
+        self.flags & wire::FLAG_REPLY != 0
     }
     /// Whether it was sent out of band.
     pub fn is_oob(&self) -> bool {
@@ -94,13 +135,21 @@ impl Outgoing {
     }
     /// Window bytes it holds: its length plus 16.
     pub fn cost(&self) -> u64 {
-        cost(self.payload.len())
+        crate::flow::frame_cost(self.flags, self.payload.len())
     }
 
     /// Gives up the message for its permit (to give back, or to enter the ledger).
     pub(crate) fn into_permit(self) -> Permit {
         self.permit
     }
+}
+
+/// `payload` prefixed with a request id, as requests and replies travel.
+fn tagged(id: u64, payload: &[u8]) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(wire::REQUEST_ID_BYTES + payload.len());
+    b.extend_from_slice(&id.to_le_bytes());
+    b.extend_from_slice(payload);
+    b.freeze()
 }
 
 /// Why permits went back to a window.

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 
 use super::endpoint::{Config, Event, Out};
 use super::link::Link;
@@ -24,7 +24,7 @@ use super::PeerIdentity;
 use crate::deliver::{Delivery, Task};
 use crate::flow::Permit;
 use crate::journal::{Record, RecoveredPeer};
-use crate::peer::{Counters, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
+use crate::peer::{Counters, Failure, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
 
@@ -454,9 +454,9 @@ impl Peer {
         out: &mut Out,
         flags: u8,
         seq: Option<u64>,
-        payload: Bytes,
+        mut payload: Bytes,
     ) -> Result<Inflow, RecoveryError> {
-        let cost = crate::flow::cost(payload.len());
+        let cost = crate::flow::frame_cost(flags, payload.len());
         match self.desc.accept_data(seq, cost, self.peer_window)? {
             Receive::Deliver => {}
             Receive::Duplicate => {
@@ -468,17 +468,47 @@ impl Peer {
         }
         Counters::add(&self.shared.counters.received, 1);
         Counters::add(&self.shared.counters.received_bytes, payload.len() as u64);
+        // The wire checked that a request or reply starts with its id.
+        let request = if flags & (wire::FLAG_REQUEST | wire::FLAG_REPLY) != 0 {
+            let id = wire::request_id(&payload);
+            if id.is_some() {
+                payload.advance(wire::REQUEST_ID_BYTES);
+            }
+            id
+        } else {
+            None
+        };
+        if flags & wire::FLAG_REPLY != 0 {
+            // Straight to the request waiting for it, outside flow control: it took no
+            // window and returns no credit. A journalling receiver counts it handled now.
+            if let (Some(p), Some(seq)) = (&self.shared.progress, seq) {
+                p.complete(self.epoch, std::iter::once(seq));
+            }
+            let id = request.unwrap_or_default();
+            if !self.shared.requests.answer(id, payload) {
+                log::debug!(
+                    "reply from '{}' to request {id} came after the request was given up",
+                    self.shared.name
+                );
+            }
+            return Ok(Inflow::Go);
+        }
         let held = self.shared.credit.received(cost);
         self.shared.counters.note_held(held);
         if flags & wire::FLAG_OOB != 0 {
             out.oob_batch.push(
-                Delivery::new(self.shared.name.clone(), payload, seq, true).in_epoch(self.epoch),
+                Delivery::new(self.shared.name.clone(), payload, seq, true)
+                    .in_epoch(self.epoch)
+                    .with_request(request),
             );
         } else {
             // Named by the deliverer, on the pool thread: cloning the sender's name here and
             // dropping it there would bounce its refcount between cores on every message.
-            out.batch
-                .push(Delivery::unnamed(payload, seq).in_epoch(self.epoch));
+            out.batch.push(
+                Delivery::unnamed(payload, seq)
+                    .in_epoch(self.epoch)
+                    .with_request(request),
+            );
         }
         Ok(if held > self.shared.credit.window() {
             Inflow::Pause
@@ -718,7 +748,27 @@ impl Peer {
         // Messages that never left (published while disconnected, with a journal) were
         // never the old incarnation's: they go to the new one, numbered afresh.
         let split = old.partition_point(|m| m.seq <= written);
-        let unsent = old.split_off(split);
+        let mut unsent = old.split_off(split);
+        // Replies among them answer the old incarnation's requests: nobody waits for them.
+        unsent.retain(|m| m.flags & wire::FLAG_REPLY == 0);
+        // Our requests the old incarnation will never answer fail now; those that never
+        // left go to the new one and still wait.
+        let still_sent: Vec<u64> = unsent
+            .iter()
+            .filter(|m| m.flags & wire::FLAG_REQUEST != 0)
+            .filter_map(|m| wire::request_id(&m.payload))
+            .collect();
+        let failed = self
+            .shared
+            .requests
+            .fail_all_but(&still_sent, Failure::Restarted);
+        if failed > 0 {
+            log::warn!(
+                "{}: {failed} requests to '{}' failed: it restarted before answering",
+                cfg.name,
+                peer.name
+            );
+        }
         log::warn!(
             "{}: '{}' restarted (new launch id); {} unacknowledged messages to its old incarnation are undelivered, {} never sent go to the new one",
             cfg.name,
@@ -730,7 +780,7 @@ impl Peer {
         // unsent messages hold).
         let keep: u64 = unsent
             .iter()
-            .map(|m| crate::flow::cost(m.payload.len()))
+            .map(|m| crate::flow::frame_cost(m.flags, m.payload.len()))
             .sum();
         let mut outstanding = self.ledger.retire();
         self.ledger.publish(outstanding.take(keep));
@@ -1043,7 +1093,7 @@ impl Peer {
         // ones, and acked ones whose credit was still on its way.
         let unacked_cost: u64 = unacked
             .iter()
-            .map(|u| crate::flow::cost(u.payload.len()))
+            .map(|u| crate::flow::frame_cost(u.flags, u.payload.len()))
             .sum();
         let cost = r.published.saturating_sub(r.credit_seen).max(unacked_cost);
         let permit = self.shared.outbox.window().take_up_to(cost);

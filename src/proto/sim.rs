@@ -295,6 +295,7 @@ impl Member {
             member,
             oob,
             progress,
+            16,
         ));
         Member {
             ep,

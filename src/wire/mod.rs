@@ -21,8 +21,9 @@ use bytes::{Buf, Bytes, BytesMut};
 /// Magic bytes that open every handshake identity: `"CHRT"`.
 pub const MAGIC: [u8; 4] = *b"CHRT";
 /// Protocol version carried in the handshake; peers with another version are refused.
-/// Version 2 added the authentication trailer to `Hello`, `HelloReply` and `Ready`.
-pub const VERSION: u16 = 2;
+/// Version 2 added the authentication trailer to `Hello`, `HelloReply` and `Ready`; version 3
+/// the request and reply data flags.
+pub const VERSION: u16 = 3;
 /// Bytes of the length prefix.
 pub const LEN_BYTES: usize = 4;
 /// Bytes of length prefix + kind + flags.
@@ -75,6 +76,45 @@ pub mod kind {
 pub const FLAG_OOB: u8 = 0x01;
 /// Data flag: reliable (carries a sequence number, acked, resent across reconnects).
 pub const FLAG_RELIABLE: u8 = 0x02;
+/// Data flag: a request; the payload starts with its [`REQUEST_ID_BYTES`]-byte id (the
+/// requester's, little-endian), which the reply carries back. Always reliable.
+pub const FLAG_REQUEST: u8 = 0x04;
+/// Data flag: the reply to a request; the payload starts with the request's id. Always
+/// reliable, and outside flow control (it costs no window: the requester bounds replies by
+/// the requests it has in flight).
+pub const FLAG_REPLY: u8 = 0x08;
+/// Bytes of the request id that starts the payload of a request or a reply.
+pub const REQUEST_ID_BYTES: usize = 8;
+
+/// The request id at the start of a request's or reply's payload (`None` if too short).
+pub fn request_id(payload: &[u8]) -> Option<u64> {
+    let id: [u8; REQUEST_ID_BYTES] = payload.get(..REQUEST_ID_BYTES)?.try_into().ok()?;
+    Some(u64::from_le_bytes(id))
+}
+
+/// Checks a data frame's flags against what follows its sequence number (`rest` bytes).
+fn check_data_flags(flags: u8, rest: usize) -> Result<(), WireError> {
+    if flags & !(FLAG_OOB | FLAG_RELIABLE | FLAG_REQUEST | FLAG_REPLY) != 0 {
+        return Err(WireError::Malformed("unknown data flags"));
+    }
+    let tagged = flags & (FLAG_REQUEST | FLAG_REPLY);
+    if tagged == 0 {
+        return Ok(());
+    }
+    if tagged == FLAG_REQUEST | FLAG_REPLY {
+        return Err(WireError::Malformed("both request and reply"));
+    }
+    if flags & FLAG_RELIABLE == 0 {
+        return Err(WireError::Malformed("unreliable request or reply"));
+    }
+    if tagged == FLAG_REPLY && flags & FLAG_OOB != 0 {
+        return Err(WireError::Malformed("out-of-band reply"));
+    }
+    if rest < REQUEST_ID_BYTES {
+        return Err(WireError::Malformed("request id"));
+    }
+    Ok(())
+}
 
 /// Why a connection is being closed; sent in a [`Frame::Close`] and logged by the receiver.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -564,9 +604,8 @@ pub fn split_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Split>, 
     if kind != kind::DATA {
         return Ok(Some(Split::Control(buf.split_to(total).freeze())));
     }
-    if flags & !(FLAG_OOB | FLAG_RELIABLE) != 0 {
-        return Err(WireError::Malformed("unknown data flags"));
-    }
+    let seq_bytes = if flags & FLAG_RELIABLE != 0 { 8 } else { 0 };
+    check_data_flags(flags, (len - 2).saturating_sub(seq_bytes))?;
     let seq = if flags & FLAG_RELIABLE != 0 {
         if len < 2 + 8 {
             return Err(WireError::Malformed("sequence number"));
@@ -595,9 +634,8 @@ pub fn decode_body(kind: u8, flags: u8, body: &[u8]) -> Result<Frame<'_>, WireEr
     let mut r = Reader { buf: body };
     let frame = match kind {
         kind::DATA => {
-            if flags & !(FLAG_OOB | FLAG_RELIABLE) != 0 {
-                return Err(WireError::Malformed("unknown data flags"));
-            }
+            let seq_bytes = if flags & FLAG_RELIABLE != 0 { 8 } else { 0 };
+            check_data_flags(flags, r.buf.len().saturating_sub(seq_bytes))?;
             let seq = if flags & FLAG_RELIABLE != 0 {
                 let s = r.u64("sequence number")?;
                 if s == 0 {
@@ -817,6 +855,64 @@ mod tests {
         encode_hello_reply(&mut b, &id, 1, 1, 1, Some(&[0; MAC_LEN]));
         assert!(b.len() - LEN_BYTES <= 2 + MAX_HANDSHAKE_BODY);
         assert_eq!(MAX_HANDSHAKE_BODY, 691);
+    }
+
+    /// Requests and replies carry their id behind the sequence number; the flags that
+    /// cannot go together, an unreliable one, and one too short for its id are refused by
+    /// both decoders.
+    #[test]
+    fn request_and_reply_flags_are_checked() {
+        let id = 0x0102_0304_0506_0708u64.to_le_bytes();
+        let ok = [
+            (FLAG_RELIABLE | FLAG_REQUEST, &id[..]),
+            (FLAG_RELIABLE | FLAG_REQUEST | FLAG_OOB, &id[..]),
+            (FLAG_RELIABLE | FLAG_REPLY, &id[..]),
+        ];
+        for (flags, body) in ok {
+            let mut b = Vec::new();
+            encode_data(&mut b, flags, Some(3), body);
+            assert!(decode(&b, 1024).is_ok(), "flags {flags:#x}");
+            let mut buf = BytesMut::from(&b[..]);
+            match split_frame(&mut buf, 1024) {
+                Ok(Some(Split::Data { payload, .. })) => {
+                    assert_eq!(request_id(&payload), Some(0x0102_0304_0506_0708))
+                }
+                other => panic!("flags {flags:#x}: {other:?}"),
+            }
+        }
+        let bad: [(u8, Option<u64>, &[u8], &str); 4] = [
+            (FLAG_REQUEST, None, &id[..], "unreliable request or reply"),
+            (
+                FLAG_RELIABLE | FLAG_REQUEST | FLAG_REPLY,
+                Some(1),
+                &id[..],
+                "both request and reply",
+            ),
+            (
+                FLAG_RELIABLE | FLAG_REPLY | FLAG_OOB,
+                Some(1),
+                &id[..],
+                "out-of-band reply",
+            ),
+            (FLAG_RELIABLE | FLAG_REPLY, Some(1), &id[..7], "request id"),
+        ];
+        for (flags, seq, body, why) in bad {
+            let mut b = Vec::new();
+            // Bypass encode_data's check: a hostile peer writes what it likes.
+            b.extend_from_slice(&((2 + seq.map_or(0, |_| 8) + body.len()) as u32).to_le_bytes());
+            b.extend_from_slice(&[kind::DATA, flags]);
+            if let Some(s) = seq {
+                b.extend_from_slice(&s.to_le_bytes());
+            }
+            b.extend_from_slice(body);
+            assert_eq!(decode(&b, 1024), Err(WireError::Malformed(why)), "{why}");
+            let mut buf = BytesMut::from(&b[..]);
+            assert_eq!(
+                split_frame(&mut buf, 1024).map(|_| ()),
+                Err(WireError::Malformed(why)),
+                "{why}"
+            );
+        }
     }
 
     #[test]

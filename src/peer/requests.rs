@@ -1,0 +1,271 @@
+//! The requests a node has in flight to one peer: each waits in a slot for its reply.
+//!
+//! A requester registers a slot (waiting while the peer's cap of requests in flight is
+//! reached), sends the request with the slot's id, and waits on the slot. The IO thread
+//! fills it when the reply arrives, or fails it when the peer can no longer answer (removed,
+//! node shut down, restarted as a new incarnation). A reply whose slot is gone (timed out,
+//! dropped, already answered) is dropped and counted late.
+//!
+//! The cap is what bounds replies, which travel outside flow control: at most `cap` replies
+//! of at most `max_message` bytes each are ever owed to this node by one peer.
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{wait_timeout, Arc, Condvar, Mutex};
+
+/// Why a request got no reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The peer was removed or the node shut down.
+    Closed,
+    /// The peer restarted as a new incarnation, which cannot answer the old one's requests.
+    Restarted,
+    /// No reply (or no room to send the request) before the deadline.
+    TimedOut,
+}
+
+/// Where one request's reply lands.
+#[derive(Debug, Default)]
+pub struct Slot {
+    state: Mutex<Option<Result<Bytes, Failure>>>,
+    filled: Condvar,
+}
+
+impl Slot {
+    fn fill(&self, r: Result<Bytes, Failure>) {
+        let mut s = self.state.lock();
+        if s.is_none() {
+            *s = Some(r);
+            self.filled.notify_all();
+        }
+    }
+
+    /// The outcome if there is one now, taken.
+    pub fn try_take(&self) -> Option<Result<Bytes, Failure>> {
+        self.state.lock().take()
+    }
+
+    /// Waits for the outcome until `deadline`; `None` if it did not come in time.
+    pub fn take_until(&self, deadline: Option<Instant>) -> Option<Result<Bytes, Failure>> {
+        let mut s = self.state.lock();
+        loop {
+            if let Some(r) = s.take() {
+                return Some(r);
+            }
+            match deadline {
+                None => self.filled.wait(&mut s),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return None;
+                    }
+                    wait_timeout(&self.filled, &mut s, d - now);
+                }
+            }
+        }
+    }
+}
+
+struct Table {
+    slots: HashMap<u64, Arc<Slot>>,
+    /// Refuses new requests once the peer is removed or the node is shutting down.
+    closed: bool,
+}
+
+/// One peer's requests in flight.
+pub struct Requests {
+    // A mutex: taken once when a request is sent and once when its reply lands (or it is
+    // given up), never per byte; the condvar parks requesters at the cap.
+    table: Mutex<Table>,
+    room: Condvar,
+    cap: usize,
+    next_id: AtomicU64,
+    late: AtomicU64,
+    answered: AtomicU64,
+}
+
+impl std::fmt::Debug for Requests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Requests")
+            .field("in_flight", &self.in_flight())
+            .field("cap", &self.cap)
+            .finish()
+    }
+}
+
+impl Requests {
+    /// No requests in flight; at most `cap` (at least one) at once.
+    pub fn new(cap: usize) -> Requests {
+        Requests {
+            table: Mutex::new(Table {
+                slots: HashMap::new(),
+                closed: false,
+            }),
+            room: Condvar::new(),
+            cap: cap.max(1),
+            // A random start: a stale reply meant for an earlier process under this name
+            // (whatever slipped past the drop of replies to a restarted peer) never
+            // matches one of ours.
+            next_id: AtomicU64::new(crate::util::random_nonzero_u64() >> 1),
+            late: AtomicU64::new(0),
+            answered: AtomicU64::new(0),
+        }
+    }
+
+    /// A slot for a new request, and its id; waits until `deadline` (forever if `None`)
+    /// while the cap is reached.
+    pub fn register(&self, deadline: Option<Instant>) -> Result<(u64, Arc<Slot>), Failure> {
+        let mut t = self.table.lock();
+        loop {
+            if t.closed {
+                return Err(Failure::Closed);
+            }
+            if t.slots.len() < self.cap {
+                break;
+            }
+            match deadline {
+                None => self.room.wait(&mut t),
+                Some(d) => {
+                    let now = Instant::now();
+                    if now >= d {
+                        return Err(Failure::TimedOut);
+                    }
+                    wait_timeout(&self.room, &mut t, d - now);
+                }
+            }
+        }
+        // Relaxed: uniqueness only; the table's lock orders the slot's publication.
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let slot = Arc::new(Slot::default());
+        t.slots.insert(id, slot.clone());
+        Ok((id, slot))
+    }
+
+    /// Gives up request `id` (timed out, failed to send, its handle dropped): a reply that
+    /// comes later is counted late.
+    pub fn forget(&self, id: u64) {
+        if self.table.lock().slots.remove(&id).is_some() {
+            self.room.notify_one();
+        }
+    }
+
+    /// The IO thread: the reply to request `id` arrived. `false` if nobody waits for it
+    /// any more (counted late).
+    pub fn answer(&self, id: u64, reply: Bytes) -> bool {
+        let slot = self.table.lock().slots.remove(&id);
+        match slot {
+            Some(slot) => {
+                self.room.notify_one();
+                slot.fill(Ok(reply));
+                // Relaxed: a counter.
+                self.answered.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            None => {
+                // Relaxed: a counter.
+                self.late.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Fails every request in flight but those in `keep` (requests not sent yet, which the
+    /// peer will still receive) with `why`.
+    pub fn fail_all_but(&self, keep: &[u64], why: Failure) -> usize {
+        let failed: Vec<Arc<Slot>> = {
+            let mut t = self.table.lock();
+            let ids: Vec<u64> = t
+                .slots
+                .keys()
+                .copied()
+                .filter(|id| !keep.contains(id))
+                .collect();
+            ids.iter().filter_map(|id| t.slots.remove(id)).collect()
+        };
+        if !failed.is_empty() {
+            self.room.notify_all();
+        }
+        for s in &failed {
+            s.fill(Err(why));
+        }
+        failed.len()
+    }
+
+    /// Fails every request in flight with [`Failure::Closed`] and refuses new ones: the
+    /// peer is removed or the node is shutting down.
+    pub fn close(&self) {
+        let failed: Vec<Arc<Slot>> = {
+            let mut t = self.table.lock();
+            t.closed = true;
+            t.slots.drain().map(|(_, s)| s).collect()
+        };
+        self.room.notify_all();
+        for s in failed {
+            s.fill(Err(Failure::Closed));
+        }
+    }
+
+    /// Requests waiting for their reply now.
+    pub fn in_flight(&self) -> usize {
+        self.table.lock().slots.len()
+    }
+
+    /// Replies that came after their request was given up.
+    pub fn late(&self) -> u64 {
+        self.late.load(Ordering::Relaxed)
+    }
+
+    /// Replies that reached their request.
+    pub fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_reply_reaches_its_slot_and_a_late_one_is_counted() {
+        let r = Requests::new(4);
+        let (id, slot) = r.register(None).expect("room");
+        assert!(slot.try_take().is_none());
+        assert!(r.answer(id, Bytes::from_static(b"yes")));
+        assert_eq!(slot.take_until(None), Some(Ok(Bytes::from_static(b"yes"))));
+        assert!(!r.answer(id, Bytes::from_static(b"again")), "answered once");
+        assert_eq!((r.answered(), r.late(), r.in_flight()), (1, 1, 0));
+    }
+
+    #[test]
+    fn the_cap_holds_requesters_until_room_comes_back() {
+        let r = Requests::new(2);
+        let (a, _sa) = r.register(None).expect("room");
+        let (_b, _sb) = r.register(None).expect("room");
+        let soon = Some(Instant::now() + Duration::from_millis(5));
+        assert_eq!(r.register(soon).map(|_| ()), Err(Failure::TimedOut));
+        r.forget(a);
+        assert!(r.register(soon).is_ok(), "room came back");
+    }
+
+    #[test]
+    fn failing_spares_the_kept_and_closing_refuses_new_requests() {
+        let r = Requests::new(8);
+        let (a, sa) = r.register(None).expect("room");
+        let (b, sb) = r.register(None).expect("room");
+        assert_eq!(r.fail_all_but(&[b], Failure::Restarted), 1);
+        assert_eq!(sa.try_take(), Some(Err(Failure::Restarted)));
+        assert!(sb.try_take().is_none(), "a kept request still waits");
+        assert!(
+            !r.answer(a, Bytes::new()),
+            "a failed request's reply is late"
+        );
+        r.close();
+        assert_eq!(sb.try_take(), Some(Err(Failure::Closed)));
+        assert_eq!(r.register(None).map(|_| ()), Err(Failure::Closed));
+    }
+}

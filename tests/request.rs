@@ -1,0 +1,381 @@
+//! Request and reply: replies travel outside flow control, so members requesting each
+//! other at full rate through small windows never deadlock; every reply reaches its own
+//! request; a request fails fast when its peer is removed or restarts; late replies are
+//! dropped and counted.
+
+mod support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cohort::{Bytes, Error, Node};
+use support::*;
+
+const WINDOW: u64 = 64 * 1024;
+
+/// What a server answers to request `payload`: the payload reversed, then its length.
+fn answer(payload: &[u8]) -> Vec<u8> {
+    let mut a: Vec<u8> = payload.iter().rev().copied().collect();
+    a.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    a
+}
+
+/// A request payload unique to (member, thread, i), of a size that varies with `i`.
+fn request_payload(member: u8, thread: u8, i: u64) -> Vec<u8> {
+    let mut p = vec![member, thread];
+    p.extend_from_slice(&i.to_le_bytes());
+    p.resize(10 + (i % 7) as usize * 150, (i % 251) as u8);
+    p
+}
+
+/// Checks that one sender's regular messages come in order: counters 0, 1, 2, … (their
+/// sequence numbers have gaps: requests and replies share the sender's stream).
+#[derive(Default)]
+struct InOrder {
+    next: AtomicU64,
+    errors: AtomicU64,
+}
+
+impl InOrder {
+    fn record(&self, payload: &[u8]) {
+        // One deliverer at a time per sender: a load and a store suffice.
+        let n = counter_of(payload).expect("a numbered payload");
+        if n != self.next.load(Ordering::SeqCst) {
+            self.errors.fetch_add(1, Ordering::SeqCst);
+        }
+        self.next.store(n + 1, Ordering::SeqCst);
+    }
+}
+
+/// A member that answers every request, and (with `chatter`) also sends the requester a
+/// regular message from its handler for each request, with `try_send` (a full window
+/// skips one, counted in `skipped`).
+fn member(
+    name: &str,
+    chatter: bool,
+    regular_in: Arc<InOrder>,
+    skipped: Arc<AtomicU64>,
+    chat_seq: Arc<AtomicU64>,
+) -> Node {
+    Node::builder(name)
+        .cluster("t-rr")
+        .window_bytes(WINDOW)
+        .on_message(move |d| {
+            if !d.is_request() {
+                regular_in.record(d.payload());
+                return;
+            }
+            d.reply(answer(d.payload())).expect("reply");
+            if chatter {
+                let node = d.sender().expect("the node");
+                // One sequence per member, taken and sent under no lock: each pool thread
+                // sends its own; order is checked by the receiver per sender, so number
+                // only what was accepted.
+                let next = chat_seq.load(Ordering::SeqCst);
+                match node.try_send(d.from(), payload(next, 64)) {
+                    Ok(()) => {
+                        chat_seq.store(next + 1, Ordering::SeqCst);
+                    }
+                    Err(e) if e.is_full() => {
+                        skipped.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(e) => panic!("chatter: {e}"),
+                }
+            }
+        })
+        .start()
+        .expect("start member")
+}
+
+/// Two members request each other from 4 threads each, 32 requests in flight per thread,
+/// 100,000 requests each way through 64 KiB windows; returns when every reply came back
+/// matched to its request.
+fn request_each_other(chatter: bool) {
+    const THREADS: u8 = 4;
+    const EACH: u64 = 25_000; // per thread: 100,000 per member
+    const IN_FLIGHT: usize = 32;
+    let checks = [Arc::new(InOrder::default()), Arc::new(InOrder::default())];
+    let skipped = Arc::new(AtomicU64::new(0));
+    let seqs = [Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0))];
+    let nodes = [
+        member(
+            "rr-a",
+            chatter,
+            checks[0].clone(),
+            skipped.clone(),
+            seqs[0].clone(),
+        ),
+        member(
+            "rr-b",
+            chatter,
+            checks[1].clone(),
+            skipped.clone(),
+            seqs[1].clone(),
+        ),
+    ];
+    // Both dial at once, and request from the first instant.
+    introduce_at_once(&nodes);
+    let [a, b] = nodes;
+    let mut threads = Vec::new();
+    for (m, (node, peer)) in [(&a, "rr-b"), (&b, "rr-a")].into_iter().enumerate() {
+        for t in 0..THREADS {
+            let to = node.sender().to(peer).expect("peer handle");
+            threads.push(std::thread::spawn(move || {
+                let mut pending = std::collections::VecDeque::new();
+                let mut matched = 0u64;
+                let mut settle = |p: (u64, cohort::PendingReply)| {
+                    let (i, reply) = p;
+                    let got = reply.wait(PATIENCE).expect("a reply");
+                    assert_eq!(
+                        &got[..],
+                        &answer(&request_payload(m as u8, t, i))[..],
+                        "the reply to request {i} of thread {t}"
+                    );
+                    matched += 1;
+                };
+                for i in 0..EACH {
+                    let req = to
+                        .send_request(request_payload(m as u8, t, i))
+                        .expect("send_request");
+                    pending.push_back((i, req));
+                    if pending.len() >= IN_FLIGHT {
+                        settle(pending.pop_front().expect("one"));
+                    }
+                }
+                while let Some(p) = pending.pop_front() {
+                    settle(p);
+                }
+                matched
+            }));
+        }
+    }
+    let matched: u64 = threads
+        .into_iter()
+        .map(|t| t.join().expect("requesting thread"))
+        .sum();
+    assert_eq!(matched, 2 * THREADS as u64 * EACH);
+    for (node, peer) in [(&a, "rr-b"), (&b, "rr-a")] {
+        let p = peer_stats(node, peer);
+        assert_eq!(p.replies, THREADS as u64 * EACH, "{}", node.stats());
+        assert_eq!((p.late_replies, p.requests_in_flight), (0, 0));
+    }
+    if chatter {
+        // Every regular message a handler managed to send arrives, in order.
+        for (k, check) in checks.iter().enumerate() {
+            let sent = seqs[1 - k].load(Ordering::SeqCst);
+            wait_until("the handlers' regular messages", PATIENCE, || {
+                check.next.load(Ordering::SeqCst) == sent
+            });
+            assert_eq!(check.errors.load(Ordering::SeqCst), 0, "out of order");
+        }
+        assert!(
+            seqs[0].load(Ordering::SeqCst) + seqs[1].load(Ordering::SeqCst) > 0,
+            "the handlers sent regular messages"
+        );
+    }
+    a.shutdown(SHUTDOWN).expect("shutdown a");
+    b.shutdown(SHUTDOWN).expect("shutdown b");
+}
+
+#[test]
+fn members_requesting_each_other_through_small_windows_never_deadlock() {
+    request_each_other(false);
+}
+
+#[test]
+fn requests_and_regular_messages_from_handlers_both_ways_never_deadlock() {
+    request_each_other(true);
+}
+
+/// A request whose peer is removed fails with `Closed` at once, not at its timeout; one
+/// whose reply comes after the timeout fails with `NoReply`, and the reply is counted late.
+#[test]
+fn a_request_fails_fast_when_its_peer_is_removed_and_late_replies_are_counted() {
+    let gate = Gate::new();
+    let held = Arc::new(AtomicU64::new(0));
+    let (g, h) = (gate.clone(), held.clone());
+    let server = Node::builder("rf-server")
+        .cluster("t-rf")
+        .on_message(move |d| {
+            h.fetch_add(1, Ordering::SeqCst);
+            g.pass();
+            let _ = d.reply(answer(d.payload()));
+        })
+        .start()
+        .expect("start server");
+    let client = Node::builder("rf-client")
+        .cluster("t-rf")
+        .peer("rf-server", server.local_addr())
+        .start()
+        .expect("start client");
+    server
+        .add_peer("rf-client", client.local_addr())
+        .expect("add_peer");
+
+    // Late: the handler holds the request past its timeout, then answers.
+    let r = client.request("rf-server", &b"late"[..], Duration::from_millis(100));
+    assert!(matches!(r, Err(Error::NoReply(_))), "{r:?}");
+    gate.open();
+    wait_until_or(
+        PATIENCE,
+        || peer_stats(&client, "rf-server").late_replies == 1,
+        || client.stats().to_string(),
+    );
+    let ok = client
+        .request("rf-server", &b"now"[..], PATIENCE)
+        .expect("an answered request");
+    assert_eq!(&ok[..], &answer(b"now")[..]);
+
+    // Removed: a request waiting for a reply that will not come fails with Closed.
+    let stuck = Gate::new();
+    let s2 = stuck.clone();
+    let server2 = Node::builder("rf-server2")
+        .cluster("t-rf")
+        .on_message(move |_| s2.pass())
+        .start()
+        .expect("start server2");
+    client
+        .add_peer("rf-server2", server2.local_addr())
+        .expect("add_peer");
+    server2
+        .add_peer("rf-client", client.local_addr())
+        .expect("add_peer");
+    let pending = client
+        .send_request("rf-server2", &b"never answered"[..])
+        .expect("send_request");
+    wait_until("server2 holds the request", PATIENCE, || {
+        peer_stats(&server2, "rf-client").received == 1
+    });
+    let waiter = std::thread::spawn(move || pending.wait(Duration::from_secs(3600)));
+    client.remove_peer("rf-server2").expect("remove_peer");
+    let r = waiter.join().expect("waiter");
+    assert!(matches!(r, Err(Error::Closed)), "{r:?}");
+    assert!(matches!(
+        client.request("rf-server2", &b"x"[..], PATIENCE),
+        Err(Error::UnknownPeer(_))
+    ));
+    stuck.open();
+    client.shutdown(SHUTDOWN).expect("shutdown client");
+    server.shutdown(SHUTDOWN).expect("shutdown server");
+    server2.shutdown(SHUTDOWN).expect("shutdown server2");
+}
+
+/// A peer that restarts (a new process under the same name and address) while requests
+/// wait for it: they fail with `PeerRestarted` as soon as the new incarnation is met, and
+/// the new one answers new requests.
+#[test]
+fn a_request_fails_fast_when_its_peer_restarts() {
+    let addr = HeldAddr::new();
+    let silent = || {
+        Node::builder("rs-server")
+            .cluster("t-rs")
+            .listen(addr.addr())
+            .on_message(|_| {})
+    };
+    let client = Node::builder("rs-client")
+        .cluster("t-rs")
+        .peer("rs-server", addr.addr())
+        .reconnect_backoff(Duration::from_millis(5), Duration::from_millis(50))
+        .start()
+        .expect("start client");
+    let first = silent().start().expect("start server");
+    first
+        .add_peer("rs-client", client.local_addr())
+        .expect("add_peer");
+    let pending: Vec<_> = (0..10u8)
+        .map(|i| {
+            client
+                .send_request("rs-server", vec![i; 100])
+                .expect("send_request")
+        })
+        .collect();
+    wait_until("the first server received the requests", PATIENCE, || {
+        peer_stats(&first, "rs-client").received == 10
+    });
+    first.shutdown(SHUTDOWN).expect("shutdown the first server");
+    drop(first);
+
+    let second = Node::builder("rs-server")
+        .cluster("t-rs")
+        .listen(addr.addr())
+        .peer("rs-client", client.local_addr())
+        .on_message(|d| {
+            let _ = d.reply(answer(d.payload()));
+        })
+        .start()
+        .expect("start the second server");
+    let started = Instant::now();
+    for p in pending {
+        let r = p.wait(Duration::from_secs(3600));
+        assert!(
+            matches!(r, Err(Error::PeerRestarted(ref n)) if n == "rs-server"),
+            "{r:?}"
+        );
+    }
+    // Failed at the new incarnation's handshake, not at an hour's timeout.
+    assert!(started.elapsed() < Duration::from_secs(3600));
+    let r = client
+        .request("rs-server", &b"again"[..], PATIENCE)
+        .expect("the new incarnation answers");
+    assert_eq!(&r[..], &answer(b"again")[..]);
+    client.shutdown(SHUTDOWN).expect("shutdown client");
+    second.shutdown(SHUTDOWN).expect("shutdown server");
+}
+
+/// `reply` on a message that is not a request fails; requests and replies respect
+/// `max_message` with their id; a node's shutdown fails a waiting request with `Closed`.
+#[test]
+fn reply_and_request_edges() {
+    let not_a_request = Arc::new(AtomicU64::new(0));
+    let n = not_a_request.clone();
+    let server = Node::builder("re-server")
+        .cluster("t-re")
+        .max_message(1000)
+        .window_bytes(64 * 1024)
+        .on_message(move |d| {
+            if d.is_request() {
+                // A reply one byte too long with its id fails; the right size goes.
+                assert!(matches!(
+                    d.reply(vec![0u8; 993]),
+                    Err(Error::TooLarge { .. })
+                ));
+                d.reply(Bytes::from(vec![7u8; 992])).expect("reply");
+            } else if matches!(d.reply(&b"no"[..]), Err(Error::NotARequest)) {
+                n.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+        .start()
+        .expect("start server");
+    let client = Node::builder("re-client")
+        .cluster("t-re")
+        .max_message(1000)
+        .window_bytes(64 * 1024)
+        .peer("re-server", server.local_addr())
+        .start()
+        .expect("start client");
+    server
+        .add_peer("re-client", client.local_addr())
+        .expect("add_peer");
+    client.send("re-server", &b"plain"[..]).expect("send");
+    wait_until("NotARequest", PATIENCE, || {
+        not_a_request.load(Ordering::SeqCst) == 1
+    });
+    assert!(matches!(
+        client.request("re-server", vec![0u8; 993], PATIENCE),
+        Err(Error::TooLarge {
+            len: 1001,
+            max: 1000
+        })
+    ));
+    let r = client
+        .request("re-server", vec![1u8; 992], PATIENCE)
+        .expect("a request of the largest size");
+    assert_eq!(r.len(), 992);
+    client.shutdown(SHUTDOWN).expect("shutdown client");
+    assert!(matches!(
+        client.request("re-server", &b"after"[..], PATIENCE),
+        Err(Error::Closed)
+    ));
+    server.shutdown(SHUTDOWN).expect("shutdown server");
+}
