@@ -379,3 +379,61 @@ fn reply_and_request_edges() {
     ));
     server.shutdown(SHUTDOWN).expect("shutdown server");
 }
+
+/// Journalling members: replies are journalled and acknowledged like any reliable message,
+/// and, though they never reach a handler, they count as handled: the acks (which with a
+/// journal cover only what was handled) keep up, so both windows come back whole and
+/// regular messages after the replies are acknowledged.
+#[test]
+fn requests_between_journalling_members_keep_their_acks_moving() {
+    let (da, db) = (TempDir::new("rj-a"), TempDir::new("rj-b"));
+    let serve = |name: &str, dir: &TempDir| {
+        Node::builder(name)
+            .cluster("t-rj")
+            .journal(dir.path())
+            .window_bytes(WINDOW)
+            .on_message(|d| {
+                if d.is_request() {
+                    let _ = d.reply(answer(d.payload()));
+                }
+            })
+            .start()
+            .expect("start a journalling member")
+    };
+    let nodes = [serve("rj-a", &da), serve("rj-b", &db)];
+    introduce_at_once(&nodes);
+    let [a, b] = nodes;
+    for i in 0..2_000u64 {
+        let (from, to) = if i % 2 == 0 {
+            (&a, "rj-b")
+        } else {
+            (&b, "rj-a")
+        };
+        let p = request_payload(0, 0, i);
+        let r = from.request(to, p.clone(), PATIENCE).expect("a reply");
+        assert_eq!(&r[..], &answer(&p)[..]);
+        from.send(to, payload(i, 100)).expect("send");
+    }
+    let nodes = [a, b];
+    wait_windows_whole(&nodes);
+    for (node, peer) in [(&nodes[0], "rj-b"), (&nodes[1], "rj-a")] {
+        wait_until_or(
+            PATIENCE,
+            || {
+                let p = peer_stats(node, peer);
+                p.sent > 0 && p.queued == 0 && p.in_flight == 0 && p.unacked == 0
+            },
+            || node.stats().to_string(),
+        );
+    }
+    // Everything acknowledged: nothing left to report undelivered at the shutdown.
+    for node in &nodes {
+        let report = node.shutdown(SHUTDOWN).expect("shutdown");
+        assert_eq!(
+            (report.undelivered, report.failed),
+            (0, 0),
+            "{}",
+            node.name()
+        );
+    }
+}

@@ -669,6 +669,7 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         unreliable_lost_bytes: p.outbox.returned(crate::peer::Return::Lost),
         max_concurrent_deliverers: p.member.max_concurrent(),
         max_concurrent_oob: p.oob.max_concurrent(),
+        unacked: Counters::get(&c.unacked),
         requests_in_flight: p.requests.in_flight(),
         replies: p.requests.answered(),
         late_replies: p.requests.late(),

@@ -87,6 +87,9 @@ pub struct PeerStats {
     /// The most pool threads ever seen delivering this peer's out-of-band messages at once
     /// (at most its fair share, `Builder::oob_concurrency`).
     pub max_concurrent_oob: usize,
+    /// Reliable messages published to the peer and not yet acknowledged by it (kept for
+    /// resend), as of the IO thread's last publish or ack.
+    pub unacked: u64,
     /// This node's requests to the peer waiting for their reply now.
     pub requests_in_flight: usize,
     /// Replies from the peer that reached their request.

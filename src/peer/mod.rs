@@ -132,6 +132,8 @@ pub(crate) struct Counters {
     pub(crate) connects: AtomicU64,
     pub(crate) disconnects: AtomicU64,
     pub(crate) undelivered: AtomicU64,
+    /// Reliable messages published and not yet acknowledged (a gauge).
+    pub(crate) unacked: AtomicU64,
     /// The most window bytes ever held for this peer (received, not yet consumed).
     pub(crate) held_peak: AtomicU64,
 }

@@ -25,6 +25,7 @@ use crate::deliver::{Delivery, Task};
 use crate::flow::Permit;
 use crate::journal::{Record, RecoveredPeer};
 use crate::peer::{Counters, Failure, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
+use crate::sync::atomic::Ordering;
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
 
@@ -388,7 +389,17 @@ impl Peer {
                 shared.name
             );
         }
+        self.note_unacked();
         wrote
+    }
+
+    /// Updates the unacknowledged gauge the stats read.
+    fn note_unacked(&self) {
+        // Relaxed: a gauge for the stats, written by the IO thread only.
+        self.shared
+            .counters
+            .unacked
+            .store(self.desc.unacked_len() as u64, Ordering::Relaxed);
     }
 
     /// Fails the expired messages queued for a disconnected peer (for a connected one,
@@ -655,6 +666,7 @@ impl Peer {
         self.desc.on_ack(received)?;
         if self.desc.acked() > acked {
             self.acked_at = Some(now);
+            self.note_unacked();
         }
         let credit = self.desc.on_credit(credit);
         if (self.desc.acked() > acked || credit > 0) && out.journal_open() {
