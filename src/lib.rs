@@ -63,6 +63,7 @@
 )]
 
 mod deliver;
+mod events;
 mod flow;
 mod handoff;
 mod journal;
@@ -78,6 +79,7 @@ mod wire;
 
 pub use bytes::Bytes;
 pub use deliver::{Delivery, PoolStats};
+pub use events::{DisconnectReason, Event, RefuseReason};
 pub use journal::{
     inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,
     RecordKind, SegmentInfo, SegmentState, SegmentStatus,
@@ -97,6 +99,10 @@ pub mod internals {
     /// The delivery side: sender queues, OOB queues, the pool, progress.
     pub mod deliver {
         pub use crate::deliver::*;
+    }
+    /// Membership events and their queue.
+    pub mod events {
+        pub use crate::events::*;
     }
     /// The send window and receive credit.
     pub mod flow {

@@ -25,6 +25,9 @@ pub enum Task {
     Sender(Arc<SenderQueue>),
     /// Drain a sender's out-of-band queue (one of its at most `limit` drainers).
     Oob(Arc<OobQueue>),
+    /// Hand the node's membership events to the application (the one deliverer of the
+    /// events queue, so they arrive in order).
+    Events(Arc<crate::events::EventQueue>),
 }
 
 impl std::fmt::Debug for Task {
@@ -32,6 +35,7 @@ impl std::fmt::Debug for Task {
         match self {
             Task::Sender(m) => f.debug_tuple("Sender").field(&m.name()).finish(),
             Task::Oob(q) => f.debug_tuple("Oob").field(&q.name()).finish(),
+            Task::Events(_) => f.write_str("Events"),
         }
     }
 }
@@ -398,6 +402,7 @@ fn worker(s: Arc<Shared>) {
                     RunOutcome::Idle => None,
                 }
             }
+            Task::Events(q) => q.run(s.budget).then_some(Task::Events(q)),
         };
         if let Some(task) = again {
             // Back of the queue: the sender keeps its place (no new task), others get their
