@@ -17,6 +17,9 @@
 //! - **a durable outbox** ([`Builder::journal`]): preallocated segment files, an empty-file
 //!   pool and recovery, so reliable messages and delivery counts survive a restart
 //!   ([`inspect_journal`] looks inside one);
+//! - **membership events** ([`Builder::on_event`]): a peer connected, disconnected,
+//!   restarted as a new incarnation, a handshake refused, a member removed or forgotten
+//!   ([`Builder::forget_after`]), told in order on the delivery pool, never on the IO thread;
 //! - **optional TLS** (cargo feature `tls`, module `tls`): rustls over the same
 //!   connections, certificates on both sides, each member's name checked against its
 //!   certificate.

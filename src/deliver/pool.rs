@@ -5,7 +5,8 @@
 //! time) and at most its out-of-band limit of [`Task::Oob`] drainers in the pool at once,
 //! so the queue holds at most `senders × (1 + limit)` tasks, whatever they send; what they
 //! send is bounded by their windows. A full pool therefore never makes the IO thread stop
-//! reading: a slow handler backs up only its own sender, through credit.
+//! reading: a slow handler backs up only its own sender, through credit. Besides, the node's
+//! membership events have at most one [`Task::Events`] at once.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
