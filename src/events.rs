@@ -230,7 +230,7 @@ impl fmt::Display for RefuseReason {
 }
 
 /// The application's event callback.
-pub(crate) type EventFn = Arc<dyn Fn(Event) + Send + Sync>;
+pub type EventFn = Arc<dyn Fn(Event) + Send + Sync>;
 
 struct Inner {
     queue: VecDeque<Event>,
@@ -279,7 +279,7 @@ pub enum Pushed {
 
 impl EventQueue {
     /// An empty queue of node `node`'s events for `handler`, holding at most `capacity`.
-    pub(crate) fn new(node: SharedStr, handler: EventFn, capacity: usize) -> EventQueue {
+    pub fn new(node: SharedStr, handler: EventFn, capacity: usize) -> EventQueue {
         EventQueue {
             node,
             inner: Mutex::new(Inner {
