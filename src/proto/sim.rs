@@ -895,6 +895,12 @@ impl Sim {
                 "{}: nothing reported undelivered",
                 NAMES[side]
             );
+            assert_eq!(
+                m.connects_told,
+                crate::peer::Counters::get(&m.peer.counters.connects),
+                "{}: told Connected once per connection",
+                NAMES[side]
+            );
         }
     }
 
