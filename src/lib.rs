@@ -17,6 +17,9 @@
 //! - **a durable outbox** ([`Builder::journal`]): preallocated segment files, an empty-file
 //!   pool and recovery, so reliable messages and delivery counts survive a restart
 //!   ([`inspect_journal`] looks inside one);
+//! - **membership events** ([`Builder::on_event`]): a peer connected, disconnected,
+//!   restarted as a new incarnation, a handshake refused, a member removed or forgotten
+//!   ([`Builder::forget_after`]), told in order on the delivery pool, never on the IO thread;
 //! - **optional TLS** (cargo feature `tls`, module `tls`): rustls over the same
 //!   connections, certificates on both sides, each member's name checked against its
 //!   certificate.
@@ -63,6 +66,7 @@
 )]
 
 mod deliver;
+mod events;
 mod flow;
 mod handoff;
 mod journal;
@@ -78,6 +82,7 @@ mod wire;
 
 pub use bytes::Bytes;
 pub use deliver::{Delivery, Inbox, InboxIter, InboxTryIter, PoolStats, RecvError};
+pub use events::{DisconnectReason, Event, RefuseReason};
 pub use journal::{
     inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,
     RecordKind, SegmentInfo, SegmentState, SegmentStatus,
@@ -97,6 +102,10 @@ pub mod internals {
     /// The delivery side: sender queues, OOB queues, the pool, progress.
     pub mod deliver {
         pub use crate::deliver::*;
+    }
+    /// Membership events and their queue.
+    pub mod events {
+        pub use crate::events::*;
     }
     /// The send window and receive credit.
     pub mod flow {

@@ -5,7 +5,8 @@
 //! time) and at most its out-of-band limit of [`Task::Oob`] drainers in the pool at once,
 //! so the queue holds at most `senders × (1 + limit)` tasks, whatever they send; what they
 //! send is bounded by their windows. A full pool therefore never makes the IO thread stop
-//! reading: a slow handler backs up only its own sender, through credit.
+//! reading: a slow handler backs up only its own sender, through credit. Besides, the node's
+//! membership events have at most one [`Task::Events`] at once.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -26,6 +27,9 @@ pub enum Task {
     Sender(Arc<SenderQueue>),
     /// Drain a sender's out-of-band queue (one of its at most `limit` drainers).
     Oob(Arc<OobQueue>),
+    /// Hand the node's membership events to the application (the one deliverer of the
+    /// events queue, so they arrive in order).
+    Events(Arc<crate::events::EventQueue>),
 }
 
 impl std::fmt::Debug for Task {
@@ -33,6 +37,7 @@ impl std::fmt::Debug for Task {
         match self {
             Task::Sender(m) => f.debug_tuple("Sender").field(&m.name()).finish(),
             Task::Oob(q) => f.debug_tuple("Oob").field(&q.name()).finish(),
+            Task::Events(_) => f.write_str("Events"),
         }
     }
 }
@@ -506,6 +511,7 @@ fn run_task(s: &Shared, task: Task, node: Option<&Sender>, mut handler: impl FnM
                 RunOutcome::Idle => None,
             }
         }
+        Task::Events(q) => q.run(s.budget).then_some(Task::Events(q)),
     };
     if let Some(task) = again {
         // Back of the queue: the sender keeps its place (no new task), others get their

@@ -22,10 +22,11 @@ use super::{
     Command, Completion, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN,
     LISTENER, WAKER,
 };
-use crate::deliver::Pool;
+use crate::deliver::{Pool, Task};
+use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
 use crate::journal::{JournalWriter, WriterMarks};
 use crate::node::IdleStrategy;
-use crate::proto::{Endpoint, Event, JournalLeft, LinkId, NodeCounters, Verdict};
+use crate::proto::{Endpoint, Event, Fact, JournalLeft, LinkId, NodeCounters, Verdict};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::Arc;
 use crate::util::IdHash;
@@ -48,6 +49,8 @@ pub(crate) struct IoThread {
     pool: Arc<Pool>,
     counters: Arc<NodeCounters>,
     undelivered: Option<UndeliveredHook>,
+    /// The application's membership events (`Builder::on_event`), delivered on the pool.
+    events: Option<Arc<EventQueue>>,
     stopped: Arc<AtomicBool>,
     endpoint: Endpoint,
     /// The journal's writer thread (journalling nodes), and its marks as last seen.
@@ -228,6 +231,7 @@ impl IoThread {
             pool: parts.pool,
             counters: parts.counters,
             undelivered: parts.undelivered,
+            events: parts.events,
             stopped: parts.stopped,
             endpoint,
             writer,
@@ -435,8 +439,70 @@ impl IoThread {
                     self.peers_map.write().insert(shared.name.clone(), shared);
                 }
                 Event::JournalFailed => {}
+                Event::Fact(fact) => self.tell(fact),
+                Event::Forget(shared) => {
+                    let mut map = self.peers_map.write();
+                    // Only the state the endpoint retired: a member added again under the
+                    // name since is another.
+                    if map
+                        .get(&shared.name)
+                        .is_some_and(|p| Arc::ptr_eq(p, &shared))
+                    {
+                        map.remove(&shared.name);
+                    }
+                }
             }
             self.submit_tasks();
+        }
+    }
+
+    /// Queues a membership fact for the application's callback, delivered on the pool (one
+    /// task at a time, in order); never runs the callback here.
+    fn tell(&mut self, fact: Fact) {
+        let Some(q) = &self.events else {
+            return;
+        };
+        let event = match fact {
+            Fact::Connected { peer, launch } => Public::Connected {
+                peer: peer.to_string(),
+                incarnation: launch,
+            },
+            Fact::Disconnected { peer, why } => Public::Disconnected {
+                peer: peer.to_string(),
+                reason: why,
+            },
+            Fact::NewIncarnation {
+                peer,
+                launch,
+                undelivered,
+            } => Public::NewIncarnation {
+                peer: peer.to_string(),
+                incarnation: launch,
+                undelivered,
+            },
+            Fact::Refused {
+                peer,
+                addr,
+                reason,
+                by_peer,
+            } => Public::Refused {
+                peer,
+                addr,
+                reason,
+                by_peer,
+            },
+            Fact::Removed { peer } => Public::Removed {
+                peer: peer.to_string(),
+            },
+            Fact::Forgotten { peer } => Public::Forgotten {
+                peer: peer.to_string(),
+            },
+        };
+        if q.push(event) == Pushed::Schedule && !self.pool.submit(Task::Events(q.clone())) {
+            log::debug!(
+                "{}: delivery pool stopped; membership events were dropped",
+                self.cfg.proto.name
+            );
         }
     }
 
@@ -669,7 +735,7 @@ impl IoThread {
 
     fn connect_failed(&mut self, now: Instant, id: LinkId, e: io::Error) {
         log::debug!("{}: connect failed: {e}", self.cfg.proto.name);
-        self.endpoint.link_failed(now, id);
+        self.endpoint.link_failed(now, id, Why::Io);
         self.settle(now);
     }
 
@@ -694,7 +760,7 @@ impl IoThread {
             match conn.read_some(link.read_buffer(), &mut self.scratch) {
                 Ok((0, _)) => {
                     self.hand_over(now, id);
-                    self.endpoint.link_failed(now, id);
+                    self.endpoint.link_failed(now, id, Why::PeerClosed);
                     return;
                 }
                 Ok((n, short)) => {
@@ -726,7 +792,7 @@ impl IoThread {
                         "{}: read failed, closing connection: {e}",
                         self.cfg.proto.name
                     );
-                    self.endpoint.link_failed(now, id);
+                    self.endpoint.link_failed(now, id, Why::Io);
                     return;
                 }
             }
@@ -788,7 +854,8 @@ impl IoThread {
         if !self.endpoint.journal_ok() {
             // The buffer may hold messages the journal could not take: they must not reach
             // the peer (a restart would give their sequence numbers to other messages).
-            self.endpoint.link_failed(now, id);
+            // The node is stopping.
+            self.endpoint.link_failed(now, id, Why::Shutdown);
             return;
         }
         if self.endpoint.link_mut(id).is_none_or(|l| l.connecting) {
@@ -813,7 +880,7 @@ impl IoThread {
                     "{}: write failed, closing connection: {e}",
                     self.cfg.proto.name
                 );
-                self.endpoint.link_failed(now, id);
+                self.endpoint.link_failed(now, id, Why::Io);
             }
         }
     }

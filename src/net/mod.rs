@@ -201,6 +201,8 @@ pub(crate) struct IoParts {
     pub(crate) pool: Arc<Pool>,
     pub(crate) counters: Arc<NodeCounters>,
     pub(crate) undelivered: Option<UndeliveredHook>,
+    /// The application's membership events (`Builder::on_event`).
+    pub(crate) events: Option<Arc<crate::events::EventQueue>>,
     pub(crate) stopped: Arc<AtomicBool>,
     /// The opened journal and what it recovered (journalling nodes only).
     pub(crate) journal: Option<(Journal, Recovered)>,

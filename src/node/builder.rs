@@ -28,6 +28,10 @@ const DEFAULT_MAX_REQUESTS: usize = 1024;
 /// at most `1 + oob_concurrency` of them.
 const MIN_POOL_THREADS: usize = 4;
 
+/// How long a member admitted at run time may stay disconnected before it is forgotten, by
+/// default ([`Builder::forget_after`]).
+const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(60);
+
 /// How a node's IO thread and idle delivery threads wait for work
 /// ([`Builder::idle_strategy`]).
 ///
@@ -104,6 +108,9 @@ pub struct Builder {
     pub(crate) max_requests: usize,
     pub(crate) handler: Option<Handler>,
     pub(crate) undelivered: Option<Arc<UndeliveredFn>>,
+    /// The membership event callback and how many events may wait for it.
+    pub(crate) on_event: Option<crate::events::EventFn>,
+    pub(crate) event_capacity: usize,
     pub(crate) journal: Option<JournalSettings>,
     // The IO thread's settings whose default follows from others, as given; `io_config`
     // resolves them.
@@ -172,7 +179,9 @@ impl Builder {
                     max_connections: 4096,
                     max_pending: 128,
                     secret: None,
+                    forget_after: DEFAULT_FORGET_AFTER,
                     // Filled in by `io_config`.
+                    events: false,
                     launch_id: 0,
                     journalled: false,
                     recv_window: 0,
@@ -195,6 +204,8 @@ impl Builder {
             max_requests: DEFAULT_MAX_REQUESTS,
             handler: None,
             undelivered: None,
+            on_event: None,
+            event_capacity: crate::events::DEFAULT_CAPACITY,
             journal: None,
             recv_window: None,
             max_message: None,
@@ -214,6 +225,7 @@ impl Builder {
         let p = &mut io.proto;
         p.launch_id = launch_id;
         p.journalled = journalled;
+        p.events = self.on_event.is_some();
         p.recv_window = self.recv_window.unwrap_or(p.window);
         p.max_message = self.effective_max_message();
         p.max_pending_per_source = self.effective_pending_per_source();
@@ -365,6 +377,36 @@ impl Builder {
         self
     }
 
+    /// How long a member admitted at run time ([`allow_unknown_members`]) may stay
+    /// disconnected before this node forgets it (default 60 s): it is then removed as
+    /// [`Node::remove_peer`](crate::Node::remove_peer) would remove it — messages still
+    /// queued for it fail, those it had not acknowledged are reported undelivered
+    /// ([`on_undelivered`](Builder::on_undelivered)) — an [`Event::Forgotten`] is emitted,
+    /// and [`broadcast`](crate::Sender::broadcast) no longer includes it. If it dials in
+    /// again later it is admitted afresh, as a new member.
+    ///
+    /// The clock starts when its connection is lost (or its first handshake fails) and
+    /// stops when it connects again. Members configured with [`peer`](Builder::peer) or
+    /// [`Node::add_peer`](crate::Node::add_peer) are never forgotten. `Duration::MAX`
+    /// never forgets.
+    ///
+    /// [`allow_unknown_members`]: Builder::allow_unknown_members
+    /// [`Event::Forgotten`]: crate::Event::Forgotten
+    ///
+    /// ```
+    /// use std::time::Duration;
+    ///
+    /// // A registry that accepts any member, and forgets one gone for ten seconds.
+    /// let b = cohort::Node::builder("registry")
+    ///     .allow_unknown_members(true)
+    ///     .forget_after(Duration::from_secs(10));
+    /// # let _ = b;
+    /// ```
+    pub fn forget_after(mut self, d: Duration) -> Self {
+        self.io.proto.forget_after = d;
+        self
+    }
+
     /// Acks are sent once this many messages are unacknowledged (default 1024) or after
     /// [`ack_delay`](Builder::ack_delay), whichever comes first.
     pub fn ack_threshold(mut self, n: u64) -> Self {
@@ -435,6 +477,52 @@ impl Builder {
         F: Fn(&str, Vec<Bytes>) + Send + Sync + 'static,
     {
         self.undelivered = Some(Arc::new(f));
+        self
+    }
+
+    /// Called with each membership [`Event`](crate::Event): a peer connected, disconnected,
+    /// restarted as a new incarnation, a handshake refused, a member removed or forgotten.
+    ///
+    /// It never runs on the IO thread: the IO thread queues events, and one delivery pool
+    /// thread at a time hands them to `f`, in the order they happened. So `f` may block
+    /// or call into the node (`send`, `stats`, `remove_peer`), at the price of a pool
+    /// thread while it does. At most [`event_capacity`](Builder::event_capacity) events
+    /// (default 4096) wait for it; beyond that, newer events are dropped, counted in
+    /// [`Stats::events_dropped`](crate::Stats::events_dropped) and a warning is logged once
+    /// per overflow. A panic in it is caught and logged. Without it, no event is made.
+    ///
+    /// ```
+    /// use std::sync::{mpsc, Mutex};
+    /// use cohort::Event;
+    ///
+    /// let (tx, rx) = mpsc::channel();
+    /// let tx = Mutex::new(tx);
+    /// let beta = cohort::Node::builder("beta").allow_unknown_members(true).start()?;
+    /// let alpha = cohort::Node::builder("alpha")
+    ///     .peer("beta", beta.local_addr())
+    ///     .on_event(move |e| { let _ = tx.lock().unwrap().send(e); })
+    ///     .start()?;
+    /// match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+    ///     Ok(Event::Connected { peer, .. }) => assert_eq!(peer, "beta"),
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// alpha.shutdown(std::time::Duration::from_secs(5))?;
+    /// beta.shutdown(std::time::Duration::from_secs(5))?;
+    /// # Ok::<(), cohort::Error>(())
+    /// ```
+    pub fn on_event<F>(mut self, f: F) -> Self
+    where
+        F: Fn(crate::Event) + Send + Sync + 'static,
+    {
+        self.on_event = Some(Arc::new(f));
+        self
+    }
+
+    /// How many membership events may wait for the [`on_event`](Builder::on_event)
+    /// callback (default 4096, at least 1); newer ones are dropped and counted
+    /// ([`Stats::events_dropped`](crate::Stats::events_dropped)).
+    pub fn event_capacity(mut self, n: usize) -> Self {
+        self.event_capacity = n.max(1);
         self
     }
 

@@ -80,6 +80,8 @@ pub struct Node {
     io_thread: Mutex<Option<thread::JoinHandle<()>>>,
     io_done: Arc<Completion>,
     shut: AtomicBool,
+    /// The membership events queue (`Builder::on_event`).
+    events: Option<Arc<crate::events::EventQueue>>,
     /// Connections run TLS: peer names added later must be DNS names.
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls: bool,
@@ -246,6 +248,13 @@ impl Node {
                 });
             h
         });
+        let events = b.on_event.clone().map(|f| {
+            Arc::new(crate::events::EventQueue::new(
+                name.clone(),
+                f,
+                b.event_capacity,
+            ))
+        });
         let tls = config.tls.is_some();
         let io_done = Arc::new(Completion::default());
         let parts = IoParts {
@@ -257,6 +266,7 @@ impl Node {
             pool: pool.clone(),
             counters: counters.clone(),
             undelivered,
+            events: events.clone(),
             stopped: stopped.clone(),
             journal,
         };
@@ -305,6 +315,7 @@ impl Node {
             io_thread: Mutex::new(Some(io_thread)),
             io_done,
             shut: AtomicBool::new(false),
+            events,
             tls,
         };
         Ok((node, pool))
@@ -511,6 +522,7 @@ impl Node {
             },
             journal: *self.io.journal_stats.lock(),
             journal_failures: g(&c.journal_failures),
+            events_dropped: self.events.as_ref().map_or(0, |q| q.dropped()),
         }
     }
 

@@ -191,6 +191,9 @@ pub struct Stats {
     pub journal: Option<crate::journal::JournalStats>,
     /// Journal writes or syncs that failed (each stops the node).
     pub journal_failures: u64,
+    /// Membership events dropped because [`event_capacity`](crate::Builder::event_capacity)
+    /// of them were already waiting for the [`on_event`](crate::Builder::on_event) callback.
+    pub events_dropped: u64,
 }
 
 impl Stats {

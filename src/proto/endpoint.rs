@@ -19,6 +19,7 @@ use super::peer::{Inflow, Peer, Unestablished};
 use super::timer::{Backoff, TimerKind, Timers};
 use super::{keep_new, Handshake, HsEvent, LocalIdentity, PeerIdentity, RecoveryError, TieBreak};
 use crate::deliver::Task;
+use crate::events::{DisconnectReason as Why, RefuseReason};
 use crate::journal::{FsyncPolicy, Journal, JournalError, Record, RecoveredPeer, WriterMarks};
 use crate::peer::{Counters, OutboundFilter, PeerShared, PeerState};
 use crate::proto::Unacked;
@@ -68,6 +69,11 @@ pub(crate) struct Config {
     pub(crate) secret: Option<super::Secret>,
     /// The node journals (its reliable messages and delivery progress).
     pub(crate) journalled: bool,
+    /// The application wants membership facts ([`Event::Fact`]); without it none is made.
+    pub(crate) events: bool,
+    /// A member admitted at run time (unknown, no address) that stays disconnected this
+    /// long is removed ([`Event::Forget`]).
+    pub(crate) forget_after: Duration,
 }
 
 /// Node-wide connection counters, shared with the node's stats.
@@ -135,6 +141,61 @@ pub(crate) enum Event {
     Admitted(Arc<PeerShared>),
     /// A journal write or sync failed: the node stops.
     JournalFailed,
+    /// A membership fact for the application (only when [`Config::events`] is set).
+    Fact(Fact),
+    /// A member admitted at run time stayed disconnected for `forget_after` and was
+    /// retired, as `remove_peer` does: the node must forget it (if the shared state it
+    /// holds under that name is still this one).
+    Forget(Arc<PeerShared>),
+}
+
+/// A transition of a peer the application hears of (the driver turns it into a public
+/// [`crate::Event`]). Per peer, `Connected` and `Disconnected` alternate, starting with
+/// `Connected`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fact {
+    /// A link to `peer` was established; `launch` is the peer's launch id.
+    Connected { peer: SharedStr, launch: u64 },
+    /// The established link to `peer` is gone.
+    Disconnected { peer: SharedStr, why: Why },
+    /// `peer` turned out to be a new incarnation; `undelivered` messages to the old one
+    /// were reported undelivered.
+    NewIncarnation {
+        peer: SharedStr,
+        launch: u64,
+        undelivered: u64,
+    },
+    /// A handshake was refused (by us, or by the other side: `by_peer`).
+    Refused {
+        peer: Option<String>,
+        addr: Option<SocketAddr>,
+        reason: RefuseReason,
+        by_peer: bool,
+    },
+    /// `peer` was removed (`remove_peer`).
+    Removed { peer: SharedStr },
+    /// `peer`, admitted at run time, was forgotten after staying disconnected.
+    Forgotten { peer: SharedStr },
+}
+
+/// Records `fact` for the driver if the application wants facts (one branch otherwise).
+pub(crate) fn note(cfg: &Config, out: &mut Out, fact: impl FnOnce() -> Fact) {
+    if cfg.events {
+        out.events.push_back(Event::Fact(fact()));
+    }
+}
+
+/// What a close code sent in a refused handshake means to the application (`None`: not a
+/// refusal of who the other side is).
+fn refusal(code: CloseCode) -> Option<RefuseReason> {
+    match code {
+        CloseCode::Cluster => Some(RefuseReason::WrongCluster),
+        CloseCode::UnknownMember => Some(RefuseReason::UnknownMember),
+        CloseCode::Version => Some(RefuseReason::Version),
+        CloseCode::Auth => Some(RefuseReason::Auth),
+        CloseCode::NameMismatch => Some(RefuseReason::NameMismatch),
+        _ => None,
+    }
 }
 
 /// A numbered batch of journal records, for the journal's writer.
@@ -463,11 +524,27 @@ impl Endpoint {
     /// its window and link. A reconnect timer still pending finds no peer and does nothing;
     /// a link completing later finds no peer and is refused.
     pub(crate) fn remove_peer(&mut self, now: Instant, id: usize) {
-        let link = self.peers.get(&id).and_then(|p| p.link);
+        let Some(p) = self.peers.get(&id) else {
+            return;
+        };
+        let (link, name, up) = (p.link, p.name().clone(), p.up);
         self.retire_peer(id, true);
         if let Some(link) = link {
-            self.close_link(now, link, Some((CloseCode::Removed, "member removed")));
+            self.close_link(
+                now,
+                link,
+                Some((CloseCode::Removed, "member removed")),
+                Why::Removed,
+            );
         }
+        if up {
+            let peer = name.clone();
+            note(&self.cfg, &mut self.out, || Fact::Disconnected {
+                peer,
+                why: Why::Removed,
+            });
+        }
+        note(&self.cfg, &mut self.out, || Fact::Removed { peer: name });
     }
 
     /// Drops the peer's link; recovery brings it back.
@@ -478,7 +555,12 @@ impl Endpoint {
                 self.cfg.name,
                 self.peer_name(id)
             );
-            self.close_link(now, link, Some((CloseCode::Other, "disconnect requested")));
+            self.close_link(
+                now,
+                link,
+                Some((CloseCode::Other, "disconnect requested")),
+                Why::Requested,
+            );
         }
     }
 
@@ -579,7 +661,12 @@ impl Endpoint {
             self.retire_peer(id, false);
         }
         for l in links {
-            self.close_link(now, l, Some((CloseCode::Shutdown, "node shutting down")));
+            self.close_link(
+                now,
+                l,
+                Some((CloseCode::Shutdown, "node shutting down")),
+                Why::Shutdown,
+            );
         }
         self.cut_journal();
         let j = self.journal.as_ref()?;
@@ -652,7 +739,9 @@ impl Endpoint {
         log::debug!("{}: accepted connection from {from}", self.cfg.name);
         let mut first = Vec::new();
         let hs = Handshake::acceptor(self.local.clone(), nonce, &mut first);
-        self.links.insert(id, Link::new(id, None, hs, first, now));
+        let mut link = Link::new(id, None, hs, first, now);
+        link.remote = Some(from);
+        self.links.insert(id, link);
         self.admission
             .insert(id, admission::source_of(from.ip()), now);
         self.update_gauges();
@@ -727,7 +816,7 @@ impl Endpoint {
                 self.admission.max_pending()
             );
         }
-        self.close_link(now, victim, None);
+        self.close_link(now, victim, None, Why::Replaced);
     }
 
     /// Closes every pending accepted link past the deadline of the table as it is at
@@ -760,7 +849,7 @@ impl Endpoint {
                 String::new()
             }
         );
-        self.close_link(now, id, None);
+        self.close_link(now, id, None, Why::IdleTimeout);
     }
 
     /// Dials peer `id` now if it has an address and no link: the driver opens the
@@ -803,8 +892,9 @@ impl Endpoint {
         let hs = Handshake::dialler(self.local.clone(), p.name().to_string(), nonce);
         p.link = Some(id);
         p.set_state(PeerState::Connecting);
-        self.links
-            .insert(id, Link::new(id, Some(peer), hs, Vec::new(), now));
+        let mut link = Link::new(id, Some(peer), hs, Vec::new(), now);
+        link.remote = p.addr;
+        self.links.insert(id, link);
         self.update_gauges();
         Counters::add(&self.counters.dialled, 1);
         self.timers.add(
@@ -832,9 +922,9 @@ impl Endpoint {
         self.dirty.push(id);
     }
 
-    /// The link's connection failed or the peer closed it (EOF): it is closed without a
-    /// Close frame.
-    pub(crate) fn link_failed(&mut self, now: Instant, id: LinkId) {
+    /// The link's connection failed or the peer closed it (EOF), `why`: it is closed
+    /// without a Close frame.
+    pub(crate) fn link_failed(&mut self, now: Instant, id: LinkId, why: Why) {
         if let Some(link) = self.links.get(&id) {
             if link.connecting {
                 Counters::add(&self.counters.dial_failures, 1);
@@ -847,7 +937,7 @@ impl Endpoint {
                 }
             }
         }
-        self.close_link(now, id, None);
+        self.close_link(now, id, None, why);
     }
 
     /// A TLS failure on link `id` (handshake, certificate, or a certificate not valid for
@@ -869,12 +959,13 @@ impl Endpoint {
             "{}: TLS failure with {who}, closing connection: {reason}",
             self.cfg.name
         );
-        self.close_link(now, id, None);
+        self.close_link(now, id, None, Why::Tls);
     }
 
     /// Closes a link (after writing `close`, best effort) and, if it spoke for a peer,
-    /// moves the peer to `Backoff` and schedules a reconnect.
-    fn close_link(&mut self, now: Instant, id: LinkId, close: Option<(CloseCode, &str)>) {
+    /// moves the peer to `Backoff` and schedules a reconnect. `why`: what the application
+    /// is told if the link was the peer's established one.
+    fn close_link(&mut self, now: Instant, id: LinkId, close: Option<(CloseCode, &str)>, why: Why) {
         let journal_ok = self.journal_ok();
         self.admission.remove(id);
         let Some(link) = self.links.remove(&id) else {
@@ -906,6 +997,13 @@ impl Endpoint {
             return;
         }
         p.link_lost(&self.cfg, link.established);
+        if std::mem::take(&mut p.up) {
+            let peer = p.name().clone();
+            note(&self.cfg, &mut self.out, || Fact::Disconnected {
+                peer,
+                why,
+            });
+        }
         if p.state != PeerState::Closed {
             self.schedule_reconnect(now, pid);
         }
@@ -920,6 +1018,15 @@ impl Endpoint {
         }
         p.set_state(PeerState::Backoff);
         if p.addr.is_none() {
+            // Nothing to dial: it will dial us. A member admitted at run time is forgotten
+            // if it does not within `forget_after` (a reconnect bumps `gen`, cancelling it).
+            if p.dynamic {
+                p.gen += 1;
+                let gen = p.gen;
+                if let Some(at) = now.checked_add(self.cfg.forget_after) {
+                    self.timers.add(at, TimerKind::Forget { peer: id, gen });
+                }
+            }
             return;
         }
         p.gen += 1;
@@ -941,7 +1048,9 @@ impl Endpoint {
         if removed {
             let name = p.name().clone();
             self.timers.cancel(|k| match k {
-                TimerKind::Reconnect { peer, .. } | TimerKind::AckDelay { peer } => *peer == id,
+                TimerKind::Reconnect { peer, .. }
+                | TimerKind::AckDelay { peer }
+                | TimerKind::Forget { peer, .. } => *peer == id,
                 _ => false,
             });
             self.peers.remove(&id);
@@ -957,7 +1066,36 @@ impl Endpoint {
         log::info!("{}: admitting unknown member '{name}'", self.cfg.name);
         self.out.events.push_back(Event::Admitted(shared.clone()));
         self.add_peer(now, shared, None);
+        if let Some(p) = self.peers.get_mut(&id) {
+            p.dynamic = true;
+        }
         id
+    }
+
+    /// The forget timer of peer `id` (generation `gen`) fired: if that member, admitted at
+    /// run time, is still disconnected since, it is retired as `remove_peer` does (queued
+    /// messages fail, unacknowledged ones are undelivered) and the node forgets it.
+    fn forget_peer(&mut self, id: usize, gen: u64) {
+        let Some(p) = self.peers.get(&id) else {
+            return;
+        };
+        if !p.dynamic
+            || p.gen != gen
+            || p.link.is_some()
+            || p.state == PeerState::Closed
+            || self.shutdown.is_some()
+        {
+            return;
+        }
+        let (name, shared) = (p.name().clone(), p.shared.clone());
+        log::info!(
+            "{}: forgetting '{name}', admitted at run time and disconnected for {:?}",
+            self.cfg.name,
+            self.cfg.forget_after
+        );
+        self.retire_peer(id, true);
+        self.out.events.push_back(Event::Forget(shared));
+        note(&self.cfg, &mut self.out, || Fact::Forgotten { peer: name });
     }
 
     // ---- input -----------------------------------------------------------------------
@@ -1122,7 +1260,12 @@ impl Endpoint {
             "{}: protocol error from {who}, closing connection: {reason}",
             self.cfg.name
         );
-        self.close_link(now, id, Some((CloseCode::Protocol, &reason)));
+        self.close_link(
+            now,
+            id,
+            Some((CloseCode::Protocol, &reason)),
+            Why::ProtocolError,
+        );
     }
 
     fn count_refusal(&self, code: CloseCode) {
@@ -1136,13 +1279,40 @@ impl Endpoint {
         }
     }
 
+    /// Tells the application that the handshake on link `id` was refused with `code` (by
+    /// the other side: `by_peer`), if that is a refusal of who the other side is.
+    fn refused(&mut self, id: LinkId, code: CloseCode, by_peer: bool) {
+        let Some(reason) = refusal(code) else {
+            return;
+        };
+        let Some(link) = self.links.get(&id) else {
+            return;
+        };
+        let addr = link.remote;
+        let peer = match link.peer.or(link.dialled) {
+            Some(p) => Some(self.peer_name(p).to_string()),
+            None => link
+                .hs
+                .as_ref()
+                .and_then(|h| h.peer())
+                .map(|p| p.name.clone()),
+        };
+        note(&self.cfg, &mut self.out, || Fact::Refused {
+            peer,
+            addr,
+            reason,
+            by_peer,
+        });
+    }
+
     fn refuse(&mut self, now: Instant, id: LinkId, code: CloseCode, reason: &str) {
         log::warn!(
             "{}: refusing connection ({code:?}): {reason}",
             self.cfg.name
         );
         self.count_refusal(code);
-        self.close_link(now, id, Some((code, reason)));
+        self.refused(id, code, false);
+        self.close_link(now, id, Some((code, reason)), Why::ProtocolError);
     }
 
     /// A control frame (any frame but data) on link `id`.
@@ -1174,11 +1344,12 @@ impl Endpoint {
                     if e.by_peer && e.code == CloseCode::Superseded {
                         // The peer kept the other of two simultaneous connections.
                         log::debug!("{}: {e}", self.cfg.name);
-                        self.close_link(now, id, None);
+                        self.close_link(now, id, None, Why::Replaced);
                     } else if e.by_peer {
                         log::warn!("{}: {e}", self.cfg.name);
                         self.count_refusal(e.code);
-                        self.close_link(now, id, None);
+                        self.refused(id, e.code, true);
+                        self.close_link(now, id, None, Why::PeerClosed);
                     } else if e.code == CloseCode::Protocol {
                         // A frame the handshake cannot take (malformed, or not the one its
                         // step expects): a protocol error, not a refusal of who the peer is.
@@ -1218,7 +1389,7 @@ impl Endpoint {
                     self.cfg.name,
                     self.peer_name(pid)
                 );
-                self.close_link(now, id, None);
+                self.close_link(now, id, None, Why::PeerClosed);
             }
             Frame::Data { .. } => unreachable!("data frames are split off by split_frame"),
             Frame::Hello(_) | Frame::HelloReply(..) | Frame::Ready { .. } => {
@@ -1252,6 +1423,13 @@ impl Endpoint {
                 self.cfg.name,
                 peer.name
             );
+            let addr = self.links.get(&id).and_then(|l| l.remote);
+            note(&self.cfg, &mut self.out, || Fact::Refused {
+                peer: Some(peer.name.clone()),
+                addr,
+                reason: RefuseReason::NameMismatch,
+                by_peer: false,
+            });
             return self.close_link(
                 now,
                 id,
@@ -1259,6 +1437,7 @@ impl Endpoint {
                     CloseCode::NameMismatch,
                     "TLS certificate not valid for the member name claimed",
                 )),
+                Why::Tls,
             );
         }
         let pid = match self.by_name.get(peer.name.as_str()) {
@@ -1378,6 +1557,7 @@ impl Endpoint {
                         now,
                         other,
                         Some((CloseCode::Superseded, "replaced by a newer connection")),
+                        Why::Replaced,
                     );
                 } else {
                     log::debug!(
@@ -1392,6 +1572,7 @@ impl Endpoint {
                             CloseCode::Superseded,
                             "simultaneous connect lost the tie-break",
                         )),
+                        Why::Replaced,
                     );
                     return None;
                 }
@@ -1429,21 +1610,52 @@ impl Endpoint {
             now,
         ) {
             Ok(()) => {
+                let launch = link.launch.unwrap_or_default();
+                if p.up {
+                    // Never two `Connected` in a row: a link established while another was
+                    // announced replaced it (the old one is closed by now).
+                    let peer = p.name().clone();
+                    note(&self.cfg, &mut self.out, || Fact::Disconnected {
+                        peer,
+                        why: Why::Replaced,
+                    });
+                }
+                p.up = true;
+                let peer = p.name().clone();
+                note(&self.cfg, &mut self.out, || Fact::Connected {
+                    peer,
+                    launch,
+                });
                 Counters::add(&self.counters.handshakes, 1);
                 self.update_gauges();
                 self.dirty.push(id);
                 self.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
-                self.close_link(now, id, Some((CloseCode::Superseded, "superseded")));
+                self.close_link(
+                    now,
+                    id,
+                    Some((CloseCode::Superseded, "superseded")),
+                    Why::Replaced,
+                );
             }
             Err(Unestablished::Outdated(why)) => {
                 log::info!("{}: {why}", self.cfg.name);
-                self.close_link(now, id, Some((CloseCode::Superseded, "superseded")));
+                self.close_link(
+                    now,
+                    id,
+                    Some((CloseCode::Superseded, "superseded")),
+                    Why::Replaced,
+                );
             }
             Err(Unestablished::Forgotten(why)) => {
                 log::warn!("{}: {why}", self.cfg.name);
-                self.close_link(now, id, Some((CloseCode::Other, "state reset")));
+                self.close_link(
+                    now,
+                    id,
+                    Some((CloseCode::Other, "state reset")),
+                    Why::ProtocolError,
+                );
             }
             Err(Unestablished::Violation(e)) => self.protocol_error(now, id, e),
         }
@@ -1498,6 +1710,7 @@ impl Endpoint {
                     }
                 }
                 TimerKind::Handshake { link } => self.handshake_due(now, link),
+                TimerKind::Forget { peer, gen } => self.forget_peer(peer, gen),
                 TimerKind::AckDelay { peer } => self.ack_due(now, peer),
                 TimerKind::Tick => self.tick(now),
                 TimerKind::Deadline => {}
@@ -1556,7 +1769,7 @@ impl Endpoint {
             ),
             None => log::warn!("{}: handshake timed out; closing connection", self.cfg.name),
         }
-        self.close_link(now, id, None);
+        self.close_link(now, id, None, Why::IdleTimeout);
     }
 
     /// Periodic work: pending links past their deadline closed (and the shedding warning,
@@ -1623,7 +1836,12 @@ impl Endpoint {
                 who.as_deref().unwrap_or("?"),
                 self.cfg.idle_timeout
             );
-            self.close_link(now, id, Some((CloseCode::Other, "idle timeout")));
+            self.close_link(
+                now,
+                id,
+                Some((CloseCode::Other, "idle timeout")),
+                Why::IdleTimeout,
+            );
         }
     }
 

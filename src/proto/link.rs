@@ -36,6 +36,8 @@ pub(crate) struct Link {
     pub(crate) established: bool,
     /// The peer's launch id (from the handshake).
     pub(crate) launch: Option<u64>,
+    /// The other end's address, when known (for the application's events).
+    pub(crate) remote: Option<std::net::SocketAddr>,
     /// Not read for now: its peer holds more than its receive window.
     pub(crate) paused: bool,
     /// Bytes read and not yet split into frames.
@@ -78,6 +80,7 @@ impl Link {
             connecting: dialled.is_some(),
             established: false,
             launch: None,
+            remote: None,
             paused: false,
             rbuf: BytesMut::with_capacity(super::READ_CHUNK),
             wbuf: first,

@@ -16,7 +16,7 @@ mod sim;
 pub(crate) mod timer;
 
 pub(crate) use admission::Verdict;
-pub(crate) use endpoint::{Config, Endpoint, Event, JournalLeft, NewPeer, NodeCounters};
+pub(crate) use endpoint::{Config, Endpoint, Event, Fact, JournalLeft, NewPeer, NodeCounters};
 pub use handshake::{
     keep_new, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Role, Secret, TieBreak,
 };

@@ -82,6 +82,12 @@ pub(crate) struct Peer {
     pub(crate) attempt: u32,
     /// Reconnect timers carry this; bumping it cancels them.
     pub(crate) gen: u64,
+    /// The application was told it is connected (`Fact::Connected`) and not yet that it
+    /// is not.
+    pub(crate) up: bool,
+    /// Admitted at run time (an unknown member that dialled in): forgotten after
+    /// `forget_after` disconnected.
+    pub(crate) dynamic: bool,
     /// Taken from the shared outbox, not yet published (the socket buffer was full).
     pending: VecDeque<Outgoing>,
     /// Window bytes published and not yet credited back by the peer.
@@ -136,6 +142,8 @@ impl Peer {
             desc: Descriptor::new(),
             attempt: 0,
             gen: 0,
+            up: false,
+            dynamic: false,
             pending: VecDeque::new(),
             ledger: Ledger::default(),
             ack_timer: false,
@@ -809,6 +817,12 @@ impl Peer {
                 });
             }
         }
+        let (peer, launch, undelivered) = (self.shared.name.clone(), peer.launch_id, old.len());
+        super::endpoint::note(cfg, out, || super::endpoint::Fact::NewIncarnation {
+            peer,
+            launch,
+            undelivered: undelivered as u64,
+        });
         self.undelivered(out, old);
     }
 

@@ -121,6 +121,10 @@ struct Member {
     checked: usize,
     /// Messages reported undelivered (never, with both members keeping their launch ids).
     undelivered: u64,
+    /// What the application was told of its peer: connected (a `Connected` fact not yet
+    /// followed by a `Disconnected`), and how many of each fact it was told.
+    up: bool,
+    connects_told: u64,
     /// Journal batches handed over and not yet "appended" (the writer lags until
     /// [`Sim::journal_catch_up`]), with the highest message sequence number each holds.
     batches: Vec<(u64, u64)>,
@@ -227,6 +231,7 @@ fn run_task(task: Task, handler: &(dyn Fn(Delivery) + Send + Sync)) {
     match task {
         Task::Sender(q) => while q.run(64, handler) == RunOutcome::Yield {},
         Task::Oob(q) => while q.run(64, handler).outcome == RunOutcome::Yield {},
+        Task::Events(q) => while q.run(64) {},
     }
 }
 
@@ -260,6 +265,8 @@ impl Member {
             max_pending_per_source: 16,
             secret: s.secret.then(|| Secret::new(b"sim secret")),
             journalled: journal,
+            events: true,
+            forget_after: Duration::from_secs(60),
         };
         let ep = Endpoint::new(
             cfg,
@@ -307,6 +314,8 @@ impl Member {
             delivered: Arc::new(StdMutex::new(Vec::new())),
             checked: 0,
             undelivered: 0,
+            up: false,
+            connects_told: 0,
             batches: Vec::new(),
             journalled: 0,
         }
@@ -386,7 +395,25 @@ impl Sim {
                     Event::Undelivered { messages, .. } => {
                         self.m[side].undelivered += messages.len() as u64;
                     }
-                    Event::Admitted(_) | Event::JournalFailed => {
+                    Event::Fact(super::Fact::Connected { .. }) => {
+                        let m = &mut self.m[side];
+                        assert!(!m.up, "side {side}: told Connected twice in a row");
+                        m.up = true;
+                        m.connects_told += 1;
+                    }
+                    Event::Fact(super::Fact::Disconnected { .. }) => {
+                        let m = &mut self.m[side];
+                        assert!(m.up, "side {side}: told Disconnected while not connected");
+                        m.up = false;
+                    }
+                    Event::Fact(super::Fact::Removed { .. }) => {
+                        assert!(
+                            !self.m[side].up,
+                            "side {side}: removed while told connected"
+                        );
+                    }
+                    Event::Fact(f) => panic!("side {side}: unexpected fact {f:?}"),
+                    Event::Admitted(_) | Event::JournalFailed | Event::Forget(_) => {
                         unreachable!("no unknown members, no journal")
                     }
                 }
@@ -519,7 +546,9 @@ impl Sim {
         let acceptor = &mut self.m[other(side)].ep;
         let verdict = acceptor.judge(addr(side));
         if matches!(verdict, super::Verdict::SourceFull | super::Verdict::Full) {
-            self.m[side].ep.link_failed(now, d);
+            self.m[side]
+                .ep
+                .link_failed(now, d, crate::events::DisconnectReason::Io);
         } else {
             acceptor.accepted(now, a, addr(side), verdict, na);
             self.m[side].ep.connected(d);
@@ -572,7 +601,9 @@ impl Sim {
             link.read_buffer().extend(input.drain(..k));
             self.m[side].ep.handle_input(now, id, &|_| Ok(()));
         } else if self.links[l].cut || self.links[l].closed[other(side)] {
-            self.m[side].ep.link_failed(now, id);
+            self.m[side]
+                .ep
+                .link_failed(now, id, crate::events::DisconnectReason::PeerClosed);
         }
         self.drain(side);
     }
@@ -863,6 +894,12 @@ impl Sim {
             assert_eq!(
                 m.undelivered, 0,
                 "{}: nothing reported undelivered",
+                NAMES[side]
+            );
+            assert_eq!(
+                m.connects_told,
+                crate::peer::Counters::get(&m.peer.counters.connects),
+                "{}: told Connected once per connection",
                 NAMES[side]
             );
         }

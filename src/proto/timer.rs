@@ -23,6 +23,9 @@ pub(crate) enum TimerKind {
     Tick,
     /// Shutdown's deadline.
     Deadline,
+    /// Forget peer `peer` (admitted at run time) if its generation is still `gen`: it
+    /// stayed disconnected since.
+    Forget { peer: usize, gen: u64 },
 }
 
 #[derive(Debug, Default)]
