@@ -2,10 +2,16 @@
 //! its low-latency setting against a raw-TCP baseline, in the same run.
 //!
 //! - `cohort`: member `ping` sends to member `pong`; pong's handler sends the payload back
-//!   through a [`cohort::Sender`]; ping's handler signals the bench thread, which then sends
-//!   the next one. Each round trip crosses both nodes' IO threads and delivery pools.
+//!   through the node handle its delivery carries; ping's handler signals the bench thread,
+//!   which then sends the next one. Each round trip crosses both nodes' IO threads and
+//!   delivery pools.
 //! - `cohort_low_latency`: the same with `Builder::low_latency(50 µs)` on both nodes: their
 //!   IO threads and idle delivery threads spin that long after each piece of work.
+//! - `request` (and `request_low_latency`): ping's bench thread calls `Node::request`;
+//!   pong's handler answers with `Delivery::reply`, which ping's IO thread hands straight to
+//!   the waiting request (no delivery pool on ping's side).
+//! - `inbox` (and `inbox_low_latency`): ping takes pong's echo on the bench thread from its
+//!   `Inbox` (`Builder::start_with_inbox`), again without a pool hop on ping's side.
 //! - `raw_tcp`: one blocking `std::net::TcpStream` pair with `TCP_NODELAY`, frames of a
 //!   little-endian `u32` length and the payload; an echo thread reads each frame through a
 //!   64 KiB `BufReader` and writes it back, the bench thread writes a frame and reads the
@@ -23,11 +29,11 @@ mod common;
 
 use std::io::{self, BufReader, Write};
 use std::net::TcpStream;
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cohort::{Builder, Bytes, Node, Sender};
+use cohort::{Builder, Bytes, Inbox, Node};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 /// Payload of every ping and pong.
@@ -42,55 +48,103 @@ type Setting = fn(Builder) -> Builder;
 /// The spin of the low-latency case (`Builder::low_latency`).
 const LOW_LATENCY_SPIN: Duration = Duration::from_micros(50);
 
-/// Two cohort members; `pong` echoes whatever `ping` sends.
+/// How `ping` gets its answer.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// Pong sends the payload back; ping's handler signals the bench thread.
+    Handler,
+    /// Ping's bench thread takes pong's echo from its inbox (no hop to a pool thread).
+    Inbox,
+    /// Ping requests, pong's handler replies: the reply goes straight from ping's IO thread
+    /// to the waiting request.
+    Request,
+}
+
+/// How ping receives, per shape.
+enum Answers {
+    Handler(mpsc::Receiver<()>),
+    Inbox(Inbox),
+    Request,
+}
+
+/// Two cohort members; `pong` echoes whatever `ping` sends, or replies to its requests.
 struct CohortPair {
     ping: Node,
     pong: Node,
-    replies: mpsc::Receiver<()>,
+    answers: Answers,
 }
 
 impl CohortPair {
-    /// The pair, each node built from `Node::builder` through `setting`.
-    fn start(setting: Setting) -> Result<CohortPair, cohort::Error> {
-        // The echo handler needs pong's own Sender, which exists only once pong started.
-        let pong_sender: Arc<OnceLock<Sender>> = Arc::new(OnceLock::new());
-        let echo = pong_sender.clone();
+    /// The pair, each node built from `Node::builder` through `setting`, answering as
+    /// `shape` says.
+    fn start(setting: Setting, shape: Shape) -> Result<CohortPair, cohort::Error> {
         let pong = setting(Node::builder("pong"))
             .cluster("bench")
             .on_message(move |d| {
-                let sender = echo.get().expect("pong's Sender is set before any ping");
-                sender
-                    .send(d.from(), d.payload().clone())
-                    .expect("pong: reply to ping");
+                if d.is_request() {
+                    d.reply(d.payload().clone()).expect("pong: reply to ping");
+                } else {
+                    let node = d.sender().expect("a delivery carries its node");
+                    node.send(d.from(), d.payload().clone())
+                        .expect("pong: echo to ping");
+                }
             })
             .start()?;
-        pong_sender
-            .set(pong.sender())
-            .expect("pong's Sender is set once");
-
-        let (replied, replies) = mpsc::channel();
         let ping = setting(Node::builder("ping"))
             .cluster("bench")
-            .peer("pong", pong.local_addr())
-            .on_message(move |_| {
-                // The bench thread may have given up (and dropped the receiver) already.
-                let _ = replied.send(());
-            })
-            .start()?;
+            .peer("pong", pong.local_addr());
+        let (ping, answers) = match shape {
+            Shape::Handler => {
+                let (replied, replies) = mpsc::channel();
+                let ping = ping
+                    .on_message(move |_| {
+                        // The bench thread may have given up (dropped the receiver) already.
+                        let _ = replied.send(());
+                    })
+                    .start()?;
+                (ping, Answers::Handler(replies))
+            }
+            Shape::Inbox => {
+                let (ping, inbox) = ping.start_with_inbox()?;
+                (ping, Answers::Inbox(inbox))
+            }
+            Shape::Request => (ping.start()?, Answers::Request),
+        };
         pong.add_peer("ping", ping.local_addr())?;
         Ok(CohortPair {
             ping,
             pong,
-            replies,
+            answers,
         })
     }
 
     fn round_trip(&self, payload: &Bytes) {
-        self.ping
-            .send("pong", payload.clone())
-            .expect("ping: send to pong");
-        if let Err(e) = self.replies.recv_timeout(REPLY_TIMEOUT) {
-            panic!("cohort: no reply from pong within {REPLY_TIMEOUT:?}: {e}");
+        let answered = match &self.answers {
+            Answers::Request => self
+                .ping
+                .request("pong", payload.clone(), REPLY_TIMEOUT)
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Answers::Handler(replies) => {
+                self.ping
+                    .send("pong", payload.clone())
+                    .expect("ping: send to pong");
+                replies
+                    .recv_timeout(REPLY_TIMEOUT)
+                    .map_err(|e| e.to_string())
+            }
+            Answers::Inbox(inbox) => {
+                self.ping
+                    .send("pong", payload.clone())
+                    .expect("ping: send to pong");
+                inbox
+                    .recv_timeout(REPLY_TIMEOUT)
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            }
+        };
+        if let Err(e) = answered {
+            panic!("cohort: no answer from pong within {REPLY_TIMEOUT:?}: {e}");
         }
     }
 
@@ -270,14 +324,20 @@ fn ping_pong(c: &mut Criterion) {
     });
     raw.shutdown();
 
-    let settings: [(&str, Setting); 2] = [
-        ("cohort", |b| b),
-        ("cohort_low_latency", |b| b.low_latency(LOW_LATENCY_SPIN)),
+    let defaults: Setting = |b| b;
+    let low_latency: Setting = |b| b.low_latency(LOW_LATENCY_SPIN);
+    let cases: [(&str, Setting, Shape); 6] = [
+        ("cohort", defaults, Shape::Handler),
+        ("cohort_low_latency", low_latency, Shape::Handler),
+        ("request", defaults, Shape::Request),
+        ("request_low_latency", low_latency, Shape::Request),
+        ("inbox", defaults, Shape::Inbox),
+        ("inbox_low_latency", low_latency, Shape::Inbox),
     ];
     let mut cohort_latencies = Vec::new();
-    for (case, setting) in settings {
+    for (case, setting, shape) in cases {
         let latencies = Latencies::default();
-        let pair = CohortPair::start(setting).expect("cohort: start the nodes");
+        let pair = CohortPair::start(setting, shape).expect("cohort: start the nodes");
         pair.round_trip(&payload); // connects the members before measuring
         group.bench_function(case, |b| {
             b.iter_custom(|iters| latencies.time(iters, || pair.round_trip(&payload)))
