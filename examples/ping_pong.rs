@@ -16,10 +16,10 @@ use std::error::Error;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use cohort::{Builder, Bytes, FsyncPolicy, Node, Sender};
+use cohort::{Builder, Bytes, FsyncPolicy, Node};
 
 /// Longest wait for one reply before giving up.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -101,21 +101,16 @@ fn run() -> Result<(), Box<dyn Error>> {
     };
     let policy = journal_policy()?;
 
-    // pong echoes through its own Sender, which exists only once pong has started.
-    let pong_sender: Arc<OnceLock<Sender>> = Arc::new(OnceLock::new());
-    let echo = pong_sender.clone();
+    // pong echoes through the node handle its delivery carries.
     let pong = journalled(tune(Node::builder("pong")), "pong", policy)
         .cluster("ping-pong")
         .on_message(move |d| {
-            let Some(sender) = echo.get() else { return };
-            if let Err(e) = sender.send(d.from(), d.payload().clone()) {
+            let Some(node) = d.sender() else { return };
+            if let Err(e) = node.send(d.from(), d.payload().clone()) {
                 eprintln!("pong: reply to {} failed: {e}", d.from());
             }
         })
         .start()?;
-    pong_sender
-        .set(pong.sender())
-        .map_err(|_| "pong's sender was set twice")?;
 
     let (replied, replies) = mpsc::channel::<Instant>();
     let ping = journalled(tune(Node::builder("ping")), "ping", policy)

@@ -22,10 +22,10 @@ use std::collections::HashMap;
 use std::error::Error;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cohort::{Bytes, Delivery, Node, Sender, TrySendError};
+use cohort::{Bytes, Delivery, Node, TrySendError};
 
 const USAGE: &str = "\
 usage:
@@ -187,7 +187,6 @@ struct SinkState {
     messages: AtomicU64,
     bytes: AtomicU64,
     runs: Mutex<HashMap<String, Run>>,
-    reply: OnceLock<Sender>,
     events: mpsc::Sender<Event>,
 }
 
@@ -238,8 +237,8 @@ impl SinkState {
             _ => announced,
         };
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
-        if let Some(reply) = self.reply.get() {
-            if let Err(e) = reply.send(d.from(), control(DONE, delivered, nanos)) {
+        if let Some(node) = d.sender() {
+            if let Err(e) = node.send(d.from(), control(DONE, delivered, nanos)) {
                 eprintln!("sink: telling {} its run is done failed: {e}", d.from());
             }
         }
@@ -273,7 +272,6 @@ fn sink(addr: &str, runs: Option<u64>) -> Result<(), Box<dyn Error>> {
         messages: AtomicU64::new(0),
         bytes: AtomicU64::new(0),
         runs: Mutex::new(HashMap::new()),
-        reply: OnceLock::new(),
         events: events_tx,
     });
     let handler_state = state.clone();
@@ -283,12 +281,6 @@ fn sink(addr: &str, runs: Option<u64>) -> Result<(), Box<dyn Error>> {
         .allow_unknown_members(true)
         .on_message(move |d| handler_state.handle(d))
         .start()?;
-    // A run needs a connection and a handshake first, so this is set long before any
-    // end message can arrive.
-    state
-        .reply
-        .set(node.sender())
-        .map_err(|_| "the sink's sender was set twice")?;
     println!(
         "sink: listening on {} (cluster '{CLUSTER}')",
         node.local_addr()
