@@ -295,6 +295,14 @@ fn a_request_fails_fast_when_its_peer_restarts() {
     });
     first.shutdown(SHUTDOWN).expect("shutdown the first server");
     drop(first);
+    // A request made while the server is away is not published: the new incarnation gets
+    // it, and answers it.
+    wait_until("the client saw the server go", PATIENCE, || {
+        !is_connected(&client, "rs-server")
+    });
+    let while_away = client
+        .send_request("rs-server", &b"while away"[..])
+        .expect("send_request");
 
     let second = Node::builder("rs-server")
         .cluster("t-rs")
@@ -315,6 +323,10 @@ fn a_request_fails_fast_when_its_peer_restarts() {
     }
     // Failed at the new incarnation's handshake, not at an hour's timeout.
     assert!(started.elapsed() < Duration::from_secs(3600));
+    let r = while_away
+        .wait(PATIENCE)
+        .expect("answered by the new incarnation");
+    assert_eq!(&r[..], &answer(b"while away")[..]);
     let r = client
         .request("rs-server", &b"again"[..], PATIENCE)
         .expect("the new incarnation answers");
@@ -363,10 +375,7 @@ fn reply_and_request_edges() {
     });
     assert!(matches!(
         client.request("re-server", vec![0u8; 993], PATIENCE),
-        Err(Error::TooLarge {
-            len: 1001,
-            max: 1000
-        })
+        Err(Error::TooLarge { len: 993, max: 992 })
     ));
     let r = client
         .request("re-server", vec![1u8; 992], PATIENCE)
@@ -436,4 +445,104 @@ fn requests_between_journalling_members_keep_their_acks_moving() {
             node.name()
         );
     }
+}
+
+/// A requester that never reads its replies (a hand-driven peer: it sends 20,000 small
+/// requests, each answered with 64 KiB, and reads nothing) stops being read once what the
+/// replier owes it passes the receive window: the replier does not take in all its
+/// requests and pile up gigabytes of replies. Other members are served meanwhile.
+#[test]
+fn a_requester_that_does_not_read_its_replies_stops_being_read() {
+    use cohort::internals::wire;
+    use std::io::Write;
+    const RECV_WINDOW: u64 = 256 * 1024;
+    const REPLY: usize = 64 * 1024;
+    const REQUESTS: u64 = 20_000;
+    let server = Node::builder("nr-server")
+        .cluster("t-nr")
+        .recv_window(RECV_WINDOW)
+        .allow_unknown_members(true)
+        .on_message(|d| {
+            if d.is_request() {
+                let _ = d.reply(vec![7u8; REPLY]);
+            }
+        })
+        .start()
+        .expect("start server");
+    // It declares a window large enough for every request: only the replier's own bound
+    // can stop it.
+    let me = raw::identity("t-nr", "nr-raw", 1 << 30, None);
+    let s = raw::dial(server.local_addr(), me, server.name(), PATIENCE);
+    let mut w = s.try_clone().expect("clone");
+    let writer = std::thread::spawn(move || {
+        let mut frame = Vec::new();
+        for seq in 1..=REQUESTS {
+            frame.clear();
+            let mut body = seq.to_le_bytes().to_vec(); // the request id
+            body.extend_from_slice(b"question");
+            wire::encode_data(
+                &mut frame,
+                wire::FLAG_RELIABLE | wire::FLAG_REQUEST,
+                Some(seq),
+                &body,
+            );
+            if w.write_all(&frame).is_err() {
+                return seq - 1;
+            }
+        }
+        REQUESTS
+    });
+    wait_until_or(
+        PATIENCE,
+        || server.stats().connections.read_pauses > 0,
+        || {
+            format!(
+                "the server paused reading the requester:\n{}",
+                server.stats()
+            )
+        },
+    );
+    // Someone else is still answered.
+    let client = Node::builder("nr-client")
+        .cluster("t-nr")
+        .peer("nr-server", server.local_addr())
+        .start()
+        .expect("start client");
+    let r = client
+        .request("nr-server", &b"me too"[..], PATIENCE)
+        .expect("another member is answered");
+    assert_eq!(r.len(), REPLY);
+    // A bounded look, not a wait for an event: what the server owes the requester stays
+    // bounded while the requester goes on not reading.
+    let mut most = 0;
+    let look_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < look_until {
+        most = most.max(peer_stats(&server, "nr-raw").queued_bytes);
+        std::thread::yield_now();
+    }
+    let p = peer_stats(&server, "nr-raw");
+    assert!(
+        p.received < REQUESTS,
+        "the server took in all {REQUESTS} requests of a peer that reads none of its \
+         replies:\n{}",
+        server.stats()
+    );
+    // What it owes is bounded by the requests it took in before it stopped reading (the
+    // replies to one read's worth of small requests), not by what the requester sends.
+    assert!(
+        most <= p.received * REPLY as u64,
+        "owed {most} bytes for {} requests",
+        p.received
+    );
+    assert!(
+        most < REQUESTS * REPLY as u64 / 2,
+        "owed {most} bytes: about every reply the requester asked for"
+    );
+    client.shutdown(SHUTDOWN).expect("shutdown client");
+    // Its connection is not drained: the shutdown's flush to it waits only so long.
+    server
+        .shutdown(Duration::from_secs(1))
+        .expect("shutdown server");
+    drop(s);
+    let _ = writer.join().expect("writer");
 }

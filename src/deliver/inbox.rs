@@ -47,6 +47,11 @@ pub enum RecvError {
 ///   `Send`, not `Sync`), which is what keeps a sender's order.
 /// - The messages it has taken off the senders' queues and not yet returned (at most one
 ///   batch) are lost if it is dropped: they count as delivered.
+/// - **With a journal** ([`Builder::journal`](crate::Builder::journal)) a message counts as
+///   handled, and is acknowledged, once the inbox has handed it to you (a handler's counts
+///   when it returns): if the process dies while you process it, that message is lost
+///   rather than delivered again. The inbox then takes one message at a time, so at most
+///   that one is at stake.
 ///
 /// ```
 /// use std::time::Duration;
@@ -131,6 +136,7 @@ impl Inbox {
     }
 
     fn take(&self, deadline: Option<Instant>) -> Result<Delivery, RecvError> {
+        super::pool::mark_delivering_thread();
         loop {
             if let Some(d) = self.hand.borrow_mut().pop_front() {
                 return Ok(d);

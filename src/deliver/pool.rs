@@ -478,8 +478,14 @@ pub(crate) fn on_pool_thread() -> bool {
     POOL_WORKER.with(|w| w.get())
 }
 
-fn worker(s: Arc<Shared>) {
+/// Marks the calling thread as one that delivers (an inbox's, as it takes messages): a
+/// send it blocks on a full window returns no credit either.
+pub(crate) fn mark_delivering_thread() {
     POOL_WORKER.with(|w| w.set(true));
+}
+
+fn worker(s: Arc<Shared>) {
+    mark_delivering_thread();
     // Each worker its own handle: the deliveries' clones of it then touch a reference count
     // no other worker touches.
     let node = s.node.as_ref().map(Sender::fork);

@@ -449,10 +449,13 @@ impl Builder {
         self
     }
 
-    /// Requests this node may have in flight to one peer (default 1024): a request beyond
-    /// it waits for an earlier one's reply (within its timeout). Replies travel outside
-    /// flow control, so this is what bounds them: at most this many replies of at most
-    /// [`max_message`](Builder::max_message) bytes are ever owed to this node by one peer.
+    /// Requests this node may have waiting for their reply to one peer at once (default
+    /// 1024): a request beyond it waits until an earlier one is answered, fails or is given
+    /// up (within its timeout, for [`Sender::request`](crate::Sender::request)). Replies
+    /// travel outside flow control; what bounds them is on the replying side: a reply this
+    /// node owes a peer counts, until it is sent, as bytes held for that peer, whose
+    /// connection is not read while they exceed its receive window
+    /// ([`recv_window`](Builder::recv_window)).
     pub fn max_requests(mut self, n: usize) -> Self {
         self.max_requests = n.max(1);
         self
@@ -490,6 +493,8 @@ impl Builder {
     /// (default 4096) wait for it; beyond that, newer events are dropped, counted in
     /// [`Stats::events_dropped`](crate::Stats::events_dropped) and a warning is logged once
     /// per overflow. A panic in it is caught and logged. Without it, no event is made.
+    /// With [`start_with_inbox`](Builder::start_with_inbox) there is no pool: `f` runs on
+    /// the thread that calls the inbox's `recv` methods, between two messages.
     ///
     /// ```
     /// use std::sync::{mpsc, Mutex};

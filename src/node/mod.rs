@@ -198,7 +198,14 @@ impl Node {
             })
         });
         let pool = Arc::new(if inbox {
-            Pool::without_workers(b.delivery_batch, Some(sender.clone()))?
+            // With a journal, what the inbox takes counts as handled (and is acknowledged):
+            // one message at a time, so only the one the application holds is at stake.
+            let batch = if b.journal.is_some() {
+                1
+            } else {
+                b.delivery_batch
+            };
+            Pool::without_workers(batch, Some(sender.clone()))?
         } else {
             Pool::start(
                 b.name(),

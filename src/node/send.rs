@@ -10,7 +10,7 @@ use bytes::Bytes;
 use super::{Error, TrySendError};
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
-use crate::peer::{Failure, Slot};
+use crate::peer::{Failure, Owed, Slot};
 use crate::peer::{Outgoing, PeerShared};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
@@ -399,7 +399,12 @@ impl Route<'_> {
 
     fn request(self, payload: Bytes, timeout: Duration) -> Result<Bytes, Error> {
         let deadline = Instant::now() + timeout;
-        self.send_request_until(payload, Some(deadline), timeout)?
+        self.send_request_until(payload, Some(deadline), timeout)
+            .map_err(|e| match e {
+                // Its time ran out waiting for the window: no reply within it either.
+                Error::TimedOut(_) => Error::NoReply(timeout),
+                e => e,
+            })?
             .wait_until(Some(deadline), timeout)
     }
 
@@ -450,7 +455,7 @@ fn failure(f: Failure, peer: &str, timeout: Duration) -> Error {
 
 /// A request on its way (see [`Sender::send_request`]): wait for its reply with
 /// [`wait`](PendingReply::wait), or look without waiting with
-/// [`try_take`](PendingReply::try_take). Dropping it gives the request up: a reply that
+/// [`is_ready`](PendingReply::is_ready). Dropping it gives the request up: a reply that
 /// comes later is counted late.
 #[must_use = "a request's reply is only seen through its PendingReply"]
 pub struct PendingReply {
@@ -482,15 +487,20 @@ impl PendingReply {
         self.wait_until(Some(Instant::now() + timeout), timeout)
     }
 
-    /// The reply or the request's failure if either is there now; `None` while it waits.
-    pub fn try_take(&mut self) -> Option<Result<Bytes, Error>> {
-        self.slot
-            .try_take()
-            .map(|r| r.map_err(|f| failure(f, &self.peer.name, Duration::ZERO)))
+    /// Whether the reply (or the request's failure) is there: [`wait`](PendingReply::wait)
+    /// then returns at once.
+    pub fn is_ready(&self) -> bool {
+        self.slot.is_filled()
     }
 
     fn wait_until(self, deadline: Option<Instant>, timeout: Duration) -> Result<Bytes, Error> {
-        match self.slot.take_until(deadline) {
+        let outcome = match self.slot.take_until(deadline) {
+            Some(r) => Some(r),
+            // Give the request up; a reply that landed in between is still ours.
+            None if !self.peer.requests.forget(self.id) => self.slot.try_take(),
+            None => None,
+        };
+        match outcome {
             Some(r) => r.map_err(|f| failure(f, &self.peer.name, timeout)),
             None => Err(Error::NoReply(timeout)),
         }
@@ -500,7 +510,7 @@ impl PendingReply {
 impl Drop for PendingReply {
     fn drop(&mut self) {
         // Answered or failed requests are already out of the table (a no-op then).
-        self.peer.requests.forget(self.id);
+        let _ = self.peer.requests.forget(self.id);
     }
 }
 
@@ -628,14 +638,17 @@ impl SendCore {
         kind: Kind,
     ) -> Result<(), TrySendError<Bytes>> {
         let len = payload.len();
-        let on_wire = match kind {
-            Kind::Message => len,
-            Kind::Request(_) | Kind::Reply(_) => len + wire::REQUEST_ID_BYTES,
+        // A request or reply carries its id in the message: that much less room for the
+        // payload.
+        let id_bytes = match kind {
+            Kind::Message => 0,
+            Kind::Request(_) | Kind::Reply(_) => wire::REQUEST_ID_BYTES,
         };
+        let on_wire = len + id_bytes;
         if on_wire > self.max_message {
             let e = Error::TooLarge {
-                len: on_wire,
-                max: self.max_message,
+                len,
+                max: self.max_message - id_bytes.min(self.max_message),
             };
             return Err(TrySendError::Failed(payload, e));
         }
@@ -643,8 +656,16 @@ impl SendCore {
             return Err(TrySendError::Failed(payload, Error::Closed));
         }
         if let Kind::Reply(id) = kind {
-            // Outside flow control: no window to wait for (see `Delivery::reply`).
-            return match peer.outbox.admit(Outgoing::reply(id, &payload)) {
+            // Outside flow control: no window to wait for (see `Delivery::reply`). Until it
+            // leaves the queue it counts as held for the requester, whose connection is not
+            // read while that exceeds its receive window.
+            let owed = Owed::new(
+                peer.credit.clone(),
+                self.io.handoff.clone(),
+                peer.id,
+                cost(on_wire),
+            );
+            return match peer.outbox.admit(Outgoing::reply(id, &payload, owed)) {
                 Ok(()) => {
                     self.io.schedule(peer);
                     Ok(())

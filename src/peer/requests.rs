@@ -49,6 +49,11 @@ impl Slot {
         self.state.lock().take()
     }
 
+    /// Whether the outcome is there (not taken).
+    pub fn is_filled(&self) -> bool {
+        self.state.lock().is_some()
+    }
+
     /// Waits for the outcome until `deadline`; `None` if it did not come in time.
     pub fn take_until(&self, deadline: Option<Instant>) -> Option<Result<Bytes, Failure>> {
         let mut s = self.state.lock();
@@ -70,8 +75,15 @@ impl Slot {
     }
 }
 
+/// A request waiting for its reply.
+struct Waiting {
+    slot: Arc<Slot>,
+    /// Published to the peer's current incarnation (the IO thread marks it).
+    sent: bool,
+}
+
 struct Table {
-    slots: HashMap<u64, Arc<Slot>>,
+    slots: HashMap<u64, Waiting>,
     /// Refuses new requests once the peer is removed or the node is shutting down.
     closed: bool,
 }
@@ -141,15 +153,32 @@ impl Requests {
         // Relaxed: uniqueness only; the table's lock orders the slot's publication.
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let slot = Arc::new(Slot::default());
-        t.slots.insert(id, slot.clone());
+        t.slots.insert(
+            id,
+            Waiting {
+                slot: slot.clone(),
+                sent: false,
+            },
+        );
         Ok((id, slot))
     }
 
     /// Gives up request `id` (timed out, failed to send, its handle dropped): a reply that
-    /// comes later is counted late.
-    pub fn forget(&self, id: u64) {
-        if self.table.lock().slots.remove(&id).is_some() {
+    /// comes later is counted late. `false` if it was no longer waiting (answered or failed
+    /// meanwhile: its slot holds the outcome).
+    pub fn forget(&self, id: u64) -> bool {
+        let waiting = self.table.lock().slots.remove(&id).is_some();
+        if waiting {
             self.room.notify_one();
+        }
+        waiting
+    }
+
+    /// The IO thread published request `id`: from now on only the incarnation it went to
+    /// can answer it.
+    pub fn mark_sent(&self, id: u64) {
+        if let Some(w) = self.table.lock().slots.get_mut(&id) {
+            w.sent = true;
         }
     }
 
@@ -157,7 +186,7 @@ impl Requests {
     /// any more (counted late).
     pub fn answer(&self, id: u64, reply: Bytes) -> bool {
         let slot = self.table.lock().slots.remove(&id);
-        match slot {
+        match slot.map(|w| w.slot) {
             Some(slot) => {
                 self.room.notify_one();
                 slot.fill(Ok(reply));
@@ -173,18 +202,22 @@ impl Requests {
         }
     }
 
-    /// Fails every request in flight but those in `keep` (requests not sent yet, which the
-    /// peer will still receive) with `why`.
-    pub fn fail_all_but(&self, keep: &[u64], why: Failure) -> usize {
+    /// The peer restarted: fails with `why` every request published to it, but those in
+    /// `keep` (published while it was away and never written, which go to the new
+    /// incarnation). Requests not published yet still wait: the new incarnation gets them.
+    pub fn fail_sent_but(&self, keep: &[u64], why: Failure) -> usize {
         let failed: Vec<Arc<Slot>> = {
             let mut t = self.table.lock();
             let ids: Vec<u64> = t
                 .slots
-                .keys()
-                .copied()
-                .filter(|id| !keep.contains(id))
+                .iter()
+                .filter(|(id, w)| w.sent && !keep.contains(id))
+                .map(|(id, _)| *id)
                 .collect();
-            ids.iter().filter_map(|id| t.slots.remove(id)).collect()
+            ids.iter()
+                .filter_map(|id| t.slots.remove(id))
+                .map(|w| w.slot)
+                .collect()
         };
         if !failed.is_empty() {
             self.room.notify_all();
@@ -201,7 +234,7 @@ impl Requests {
         let failed: Vec<Arc<Slot>> = {
             let mut t = self.table.lock();
             t.closed = true;
-            t.slots.drain().map(|(_, s)| s).collect()
+            t.slots.drain().map(|(_, w)| w.slot).collect()
         };
         self.room.notify_all();
         for s in failed {
@@ -253,19 +286,24 @@ mod tests {
     }
 
     #[test]
-    fn failing_spares_the_kept_and_closing_refuses_new_requests() {
+    fn a_restart_fails_what_was_sent_and_closing_refuses_new_requests() {
         let r = Requests::new(8);
         let (a, sa) = r.register(None).expect("room");
         let (b, sb) = r.register(None).expect("room");
-        assert_eq!(r.fail_all_but(&[b], Failure::Restarted), 1);
+        let (_c, sc) = r.register(None).expect("room");
+        r.mark_sent(a);
+        r.mark_sent(b);
+        assert_eq!(r.fail_sent_but(&[b], Failure::Restarted), 1);
         assert_eq!(sa.try_take(), Some(Err(Failure::Restarted)));
         assert!(sb.try_take().is_none(), "a kept request still waits");
+        assert!(sc.try_take().is_none(), "an unsent request still waits");
         assert!(
             !r.answer(a, Bytes::new()),
             "a failed request's reply is late"
         );
         r.close();
         assert_eq!(sb.try_take(), Some(Err(Failure::Closed)));
+        assert_eq!(sc.try_take(), Some(Err(Failure::Closed)));
         assert_eq!(r.register(None).map(|_| ()), Err(Failure::Closed));
     }
 }

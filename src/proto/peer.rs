@@ -342,6 +342,11 @@ impl Peer {
                     ..
                 } = m;
                 if reliable {
+                    if flags & wire::FLAG_REQUEST != 0 {
+                        if let Some(id) = wire::request_id(&payload) {
+                            shared.requests.mark_sent(id);
+                        }
+                    }
                     let u = self.desc.publish(flags, payload);
                     if journal {
                         out.records.push(Record::Message {
@@ -772,7 +777,7 @@ impl Peer {
         // Replies among them answer the old incarnation's requests: nobody waits for them.
         unsent.retain(|m| m.flags & wire::FLAG_REPLY == 0);
         // Our requests the old incarnation will never answer fail now; those that never
-        // left go to the new one and still wait.
+        // left, or were not published yet, go to the new one and still wait.
         let still_sent: Vec<u64> = unsent
             .iter()
             .filter(|m| m.flags & wire::FLAG_REQUEST != 0)
@@ -781,7 +786,7 @@ impl Peer {
         let failed = self
             .shared
             .requests
-            .fail_all_but(&still_sent, Failure::Restarted);
+            .fail_sent_but(&still_sent, Failure::Restarted);
         if failed > 0 {
             log::warn!(
                 "{}: {failed} requests to '{}' failed: it restarted before answering",
@@ -1053,6 +1058,8 @@ impl Peer {
             .outbox
             .give_back(Return::Retired, self.ledger.retire());
         self.shared.outbox.window().close();
+        // Closed for good: requests waiting for its replies fail now, and no new ones go.
+        self.shared.requests.close();
         let name = self.shared.name.clone();
         if cfg.journalled && !removed && !unacked.is_empty() {
             // Shutting down with a journal: they stay journalled and are resent after a
