@@ -353,6 +353,7 @@ fn reply_and_request_edges() {
                     Err(Error::TooLarge { .. })
                 ));
                 d.reply(Bytes::from(vec![7u8; 992])).expect("reply");
+                assert!(matches!(d.reply(&b"again"[..]), Err(Error::AlreadyReplied)));
             } else if matches!(d.reply(&b"no"[..]), Err(Error::NotARequest)) {
                 n.fetch_add(1, Ordering::SeqCst);
             }
@@ -373,14 +374,16 @@ fn reply_and_request_edges() {
     wait_until("NotARequest", PATIENCE, || {
         not_a_request.load(Ordering::SeqCst) == 1
     });
+    // A request's header takes 12 bytes of max_message; the reply's room is what is left
+    // for a reply (max_message less its 8-byte id).
     assert!(matches!(
-        client.request("re-server", vec![0u8; 993], PATIENCE),
-        Err(Error::TooLarge { len: 993, max: 992 })
+        client.request("re-server", vec![0u8; 989], PATIENCE),
+        Err(Error::TooLarge { len: 989, max: 988 })
     ));
     let r = client
-        .request("re-server", vec![1u8; 992], PATIENCE)
+        .request("re-server", vec![1u8; 988], PATIENCE)
         .expect("a request of the largest size");
-    assert_eq!(r.len(), 992);
+    assert_eq!(r.len(), 992, "a reply of the largest size");
     client.shutdown(SHUTDOWN).expect("shutdown client");
     assert!(matches!(
         client.request("re-server", &b"after"[..], PATIENCE),
@@ -448,9 +451,10 @@ fn requests_between_journalling_members_keep_their_acks_moving() {
 }
 
 /// A requester that never reads its replies (a hand-driven peer: it sends 20,000 small
-/// requests, each answered with 64 KiB, and reads nothing) stops being read once what the
-/// replier owes it passes the receive window: the replier does not take in all its
-/// requests and pile up gigabytes of replies. Other members are served meanwhile.
+/// requests, each reserving and answered with 64 KiB, and reads nothing) stops being read
+/// once what the replier holds for it — its requests and their reply rooms — passes the
+/// receive window: the replier does not take in all its requests and pile up gigabytes of
+/// replies. Other members are served meanwhile.
 #[test]
 fn a_requester_that_does_not_read_its_replies_stops_being_read() {
     use cohort::internals::wire;
@@ -479,6 +483,7 @@ fn a_requester_that_does_not_read_its_replies_stops_being_read() {
         for seq in 1..=REQUESTS {
             frame.clear();
             let mut body = seq.to_le_bytes().to_vec(); // the request id
+            body.extend_from_slice(&(REPLY as u32).to_le_bytes()); // room for the reply
             body.extend_from_slice(b"question");
             wire::encode_data(
                 &mut frame,
@@ -527,16 +532,12 @@ fn a_requester_that_does_not_read_its_replies_stops_being_read() {
          replies:\n{}",
         server.stats()
     );
-    // What it owes is bounded by the requests it took in before it stopped reading (the
-    // replies to one read's worth of small requests), not by what the requester sends.
+    // What it owes is bounded by its receive window (each request's room counted in it,
+    // and the one request that took it past the window), not by what the requester sends.
     assert!(
-        most <= p.received * REPLY as u64,
-        "owed {most} bytes for {} requests",
-        p.received
-    );
-    assert!(
-        most < REQUESTS * REPLY as u64 / 2,
-        "owed {most} bytes: about every reply the requester asked for"
+        most <= RECV_WINDOW + 2 * REPLY as u64,
+        "owed {most} bytes with a receive window of {RECV_WINDOW}:\n{}",
+        server.stats()
     );
     client.shutdown(SHUTDOWN).expect("shutdown client");
     // Its connection is not drained: the shutdown's flush to it waits only so long.
@@ -545,4 +546,49 @@ fn a_requester_that_does_not_read_its_replies_stops_being_read() {
         .expect("shutdown server");
     drop(s);
     let _ = writer.join().expect("writer");
+}
+
+/// A request's window cost includes the room it reserves for its reply; the room comes back
+/// with the reply, or, for a request its handler drops unanswered, with the request: either
+/// way the requester's window is whole again.
+#[test]
+fn reply_rooms_come_back_answered_or_not() {
+    let server = Node::builder("rr2-server")
+        .cluster("t-rr2")
+        .on_message(|d| {
+            // Answer the even ones; drop the odd ones unanswered.
+            if d.payload()[0] % 2 == 0 {
+                d.reply(d.payload().clone()).expect("reply");
+            }
+        })
+        .start()
+        .expect("start server");
+    let client = Node::builder("rr2-client")
+        .cluster("t-rr2")
+        .window_bytes(512 * 1024)
+        .max_reply(32 * 1024)
+        .peer("rr2-server", server.local_addr())
+        .start()
+        .expect("start client");
+    server
+        .add_peer("rr2-client", client.local_addr())
+        .expect("add_peer");
+    // Ten rooms of 32 KiB fit the window at once: no send waits for one to come back.
+    let pending: Vec<_> = (0..10u8)
+        .map(|i| {
+            client
+                .send_request("rr2-server", vec![i; 10])
+                .expect("send_request")
+        })
+        .collect();
+    for (i, p) in pending.into_iter().enumerate() {
+        if i % 2 == 0 {
+            assert_eq!(&p.wait(PATIENCE).expect("a reply")[..], &[i as u8; 10][..]);
+        }
+        // The odd ones are given up here, unanswered.
+    }
+    wait_window_whole(&client, "rr2-server");
+    assert_eq!(peer_stats(&client, "rr2-server").requests_in_flight, 0);
+    client.shutdown(SHUTDOWN).expect("shutdown client");
+    server.shutdown(SHUTDOWN).expect("shutdown server");
 }

@@ -8,6 +8,7 @@ mod inbox;
 mod oob;
 mod pool;
 mod progress;
+mod room;
 mod sender;
 
 pub use credit::PeerCreditSink;
@@ -16,12 +17,13 @@ pub use oob::{OobQueue, OobRun};
 pub(crate) use pool::on_pool_thread;
 pub use pool::{Handler, Next, Pool, PoolStats, Task, TaskQueue};
 pub use progress::Progress;
+pub(crate) use room::{ReplyRoom, RoomCredit};
 pub use sender::{CreditSink, RunOutcome, SenderQueue};
 
 use bytes::Bytes;
 
 use crate::node::{Error, Sender};
-use crate::sync::SharedStr;
+use crate::sync::{Arc, SharedStr};
 
 /// A message handed to the application's handler.
 ///
@@ -42,8 +44,9 @@ pub struct Delivery {
     epoch: u32,
     /// The receiving node's send handle (set as the delivery is handed over).
     node: Option<Sender>,
-    /// The requester's id, when the message is a request.
-    request: Option<u64>,
+    /// The requester's id and the room it reserved for the reply, when the message is a
+    /// request.
+    request: Option<(u64, Arc<ReplyRoom>)>,
 }
 
 impl Delivery {
@@ -82,20 +85,22 @@ impl Delivery {
     pub(crate) fn is_named(&self) -> bool {
         self.from.is_some()
     }
-    /// Marks the delivery a request with the requester's id (when there is one).
-    pub(crate) fn with_request(mut self, id: Option<u64>) -> Delivery {
-        self.request = id;
+    /// Marks the delivery a request: the requester's id and its reply's room (when there
+    /// is one).
+    pub(crate) fn with_request(mut self, request: Option<(u64, Arc<ReplyRoom>)>) -> Delivery {
+        self.request = request;
         self
     }
-    /// Window bytes the message took on the wire: its payload, the request id if any, and
-    /// the overhead (what the sender's permit held; see [`crate::flow::cost`]).
+    /// Window bytes the message took on the wire that its consumption gives back: its
+    /// payload, a request's header, and the overhead (see [`crate::flow::cost`]). A
+    /// request's reply room is given back with its reply instead ([`ReplyRoom`]).
     pub(crate) fn cost(&self) -> u64 {
-        let id = if self.request.is_some() {
-            crate::wire::REQUEST_ID_BYTES
+        let header = if self.request.is_some() {
+            crate::wire::REQUEST_HEADER_BYTES
         } else {
             0
         };
-        crate::flow::cost(self.payload.len() + id)
+        crate::flow::cost(self.payload.len() + header)
     }
     /// Gives the delivery the receiving node's send handle.
     pub(crate) fn with_node(mut self, node: Option<&Sender>) -> Delivery {
@@ -128,15 +133,15 @@ impl Delivery {
         self.request.is_some()
     }
     /// Answers the request this message is, with `payload`. Never blocks and never waits
-    /// for the window: replies travel outside flow control (bounded by the requester's
-    /// cap on requests in flight, [`Builder::max_requests`](crate::Builder::max_requests)),
-    /// so a handler can always answer, and two members requesting each other cannot
-    /// deadlock. Reliable like any message: it survives reconnects. A second reply to the
-    /// same request reaches nobody (the requester counts it late).
+    /// for the window: the requester reserved room for the reply in its request's window
+    /// bytes ([`Builder::max_reply`](crate::Builder::max_reply)), so a handler can always
+    /// answer, and two members requesting each other cannot deadlock. Reliable like any
+    /// message: it survives reconnects. A request dropped unanswered gives its room back.
     ///
     /// Fails with [`Error::NotARequest`] for a message that is not a request,
-    /// [`Error::TooLarge`], [`Error::UnknownPeer`] if the requester was removed meanwhile,
-    /// and [`Error::Closed`] once the node is shut down.
+    /// [`Error::TooLarge`] for a reply larger than the room its requester reserved,
+    /// [`Error::AlreadyReplied`] for a second reply, [`Error::UnknownPeer`] if the
+    /// requester was removed meanwhile, and [`Error::Closed`] once the node is shut down.
     ///
     /// ```
     /// let server = cohort::Node::builder("server").on_message(|d| {
@@ -151,10 +156,20 @@ impl Delivery {
     /// # let _ = server;
     /// ```
     pub fn reply(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
-        let (Some(id), Some(node)) = (self.request, &self.node) else {
+        let (Some((id, room)), Some(node)) = (&self.request, &self.node) else {
             return Err(Error::NotARequest);
         };
-        node.reply(self.from(), id, payload.into())
+        let payload = payload.into();
+        if payload.len() as u64 > room.bytes() {
+            return Err(Error::TooLarge {
+                len: payload.len(),
+                max: room.bytes() as usize,
+            });
+        }
+        let Some(credit) = room.claim() else {
+            return Err(Error::AlreadyReplied);
+        };
+        node.reply(self.from(), *id, payload, credit)
     }
     /// The receiving node's send handle, to answer the sender or send anywhere from inside
     /// a handler (no need to smuggle the node's [`Sender`] in after `start`). `Some` for

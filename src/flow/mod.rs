@@ -21,15 +21,18 @@ pub fn cost(payload_len: usize) -> u64 {
     payload_len as u64 + MESSAGE_OVERHEAD
 }
 
-/// Window bytes a data frame with wire `flags` and a payload of `payload_len` bytes takes:
-/// its [`cost`], but none for a reply, which travels outside flow control (the requester
-/// bounds replies by the requests it has in flight).
+/// Window bytes a data frame with wire `flags` and `payload` (as on the wire, with the
+/// transport's header) takes: its [`cost`]; for a request, also the room it reserves for
+/// its reply; for a reply, nothing — its room was reserved in its request's cost, so it
+/// travels outside flow control.
 #[inline]
-pub fn frame_cost(flags: u8, payload_len: usize) -> u64 {
+pub fn frame_cost(flags: u8, payload: &[u8]) -> u64 {
     if flags & crate::wire::FLAG_REPLY != 0 {
         0
+    } else if flags & crate::wire::FLAG_REQUEST != 0 {
+        cost(payload.len()) + u64::from(crate::wire::request_room(payload).unwrap_or(0))
     } else {
-        cost(payload_len)
+        cost(payload.len())
     }
 }
 
@@ -536,25 +539,6 @@ impl RecvCredit {
                 Err(now) => cur = now,
             }
         }
-    }
-
-    /// A reply this receiver owes the sender was queued: its `bytes` count as held for
-    /// the sender until it leaves the queue ([`repaid`](RecvCredit::repaid)), so the
-    /// sender's connection is not read while what it makes us hold, replies it asked for
-    /// included, exceeds the window. Earns no credit: replies take no window.
-    pub fn owe(&self, bytes: u64) {
-        // SeqCst: as in `received`.
-        self.held.fetch_add(bytes, Ordering::SeqCst);
-    }
-
-    /// An owed reply of `bytes` left the queue (published or dropped). Returns `true` when
-    /// the caller should ask the IO thread to resume a paused sender (as in `consumed`).
-    pub fn repaid(&self, bytes: u64) -> bool {
-        let before = self.held.fetch_sub(bytes, Ordering::SeqCst);
-        debug_assert!(before >= bytes, "repaid more than was owed");
-        // Pairs with the fence in `pause` (see there).
-        fence(Ordering::SeqCst);
-        before.saturating_sub(bytes) <= self.window() && self.paused.load(Ordering::SeqCst)
     }
 
     /// Bytes consumed and not yet returned.

@@ -333,7 +333,7 @@ pub(crate) fn apply(
         } => {
             let c = entry(counters, peer);
             c.sent = c.sent.max(*seq);
-            c.published += crate::flow::frame_cost(*flags, payload.len());
+            c.published += crate::flow::frame_cost(*flags, payload);
             match pins.get_mut(&**peer) {
                 Some(pin) => *pin = (*pin).max(*seq),
                 None => {

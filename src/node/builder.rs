@@ -119,6 +119,9 @@ pub struct Builder {
     /// The largest message (`None`: the default of
     /// [`effective_max_message`](Builder::effective_max_message)).
     pub(crate) max_message: Option<usize>,
+    /// The room a request reserves for its reply (`None`: see
+    /// [`effective_max_reply`](Builder::effective_max_reply)).
+    pub(crate) max_reply: Option<usize>,
     /// Pending connections one source may hold (`None`: a share of `max_pending`).
     pub(crate) pending_per_source: Option<usize>,
 }
@@ -209,6 +212,7 @@ impl Builder {
             journal: None,
             recv_window: None,
             max_message: None,
+            max_reply: None,
             pending_per_source: None,
         }
     }
@@ -449,13 +453,35 @@ impl Builder {
         self
     }
 
+    /// The largest reply this node's requests accept: each request reserves that much room
+    /// for its reply in the peer's send window (its window cost is its own plus this), and
+    /// the replier holds that room for it until the reply is sent. So a reply never waits
+    /// for the window — two members requesting each other cannot deadlock — and what a
+    /// replier owes is bounded by its receive window. A larger reply fails at the replier
+    /// with [`Error::TooLarge`]. Default: 64 KiB, or a quarter of the send window if that is
+    /// less, and at most `max_message` less the reply's 8-byte id.
+    pub fn max_reply(mut self, bytes: usize) -> Self {
+        self.max_reply = Some(bytes);
+        self
+    }
+
+    /// The room each request reserves for its reply (see [`max_reply`](Builder::max_reply)).
+    pub(crate) fn effective_max_reply(&self) -> u32 {
+        let max = self
+            .max_reply
+            .unwrap_or_else(|| (64 * 1024).min(self.io.proto.window as usize / 4))
+            .min(
+                self.effective_max_message()
+                    .saturating_sub(crate::wire::REQUEST_ID_BYTES),
+            );
+        max.min(u32::MAX as usize) as u32
+    }
+
     /// Requests this node may have waiting for their reply to one peer at once (default
     /// 1024): a request beyond it waits until an earlier one is answered, fails or is given
-    /// up (within its timeout, for [`Sender::request`](crate::Sender::request)). Replies
-    /// travel outside flow control; what bounds them is on the replying side: a reply this
-    /// node owes a peer counts, until it is sent, as bytes held for that peer, whose
-    /// connection is not read while they exceed its receive window
-    /// ([`recv_window`](Builder::recv_window)).
+    /// up (within its timeout, for [`Sender::request`](crate::Sender::request)). What
+    /// bounds the replies themselves is the room each request reserves for its reply in
+    /// the window ([`max_reply`](Builder::max_reply)).
     pub fn max_requests(mut self, n: usize) -> Self {
         self.max_requests = n.max(1);
         self
@@ -853,6 +879,17 @@ impl Builder {
             return Err(Error::Config(format!(
                 "max_message {max} (+{MESSAGE_OVERHEAD} overhead) exceeds half the window ({} bytes): \
                  such a message could never be sent; raise window_bytes or lower max_message",
+                self.io.proto.window / 2
+            )));
+        }
+        let room = crate::wire::REQUEST_HEADER_BYTES as u64 + u64::from(self.effective_max_reply());
+        if crate::flow::cost(0) + room > self.io.proto.window / 2 {
+            return Err(Error::Config(format!(
+                "max_reply {} (+{} bytes of request header and overhead) exceeds half the \
+                 window ({} bytes): no request could be sent; raise window_bytes or lower \
+                 max_reply",
+                self.effective_max_reply(),
+                crate::wire::REQUEST_HEADER_BYTES as u64 + MESSAGE_OVERHEAD,
                 self.io.proto.window / 2
             )));
         }

@@ -43,6 +43,9 @@ pub enum Error {
     /// [`Delivery::reply`](crate::Delivery::reply) on a message that is not a request.
     #[error("the message is not a request: there is nobody to reply to")]
     NotARequest,
+    /// A second [`Delivery::reply`](crate::Delivery::reply) to the same request.
+    #[error("the request was already answered")]
+    AlreadyReplied,
     /// The builder's settings are inconsistent.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -183,6 +183,7 @@ impl Node {
             peers.clone(),
             io.clone(),
             max_message,
+            b.effective_max_reply(),
             stopped.clone(),
         );
         let handler = b.handler.clone().unwrap_or_else(|| {
@@ -241,12 +242,8 @@ impl Node {
                         .into_iter()
                         .filter(|u| u.flags & wire::FLAG_REPLY == 0)
                         .map(|u| {
-                            if u.flags & wire::FLAG_REQUEST != 0 {
-                                u.payload
-                                    .slice(wire::REQUEST_ID_BYTES.min(u.payload.len())..)
-                            } else {
-                                u.payload
-                            }
+                            let header = wire::tag_bytes(u.flags).min(u.payload.len());
+                            u.payload.slice(header..)
                         })
                         .collect();
                     if !payloads.is_empty() {

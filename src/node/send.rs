@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{Error, TrySendError};
+use crate::deliver::RoomCredit;
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
-use crate::peer::{Failure, Owed, Slot};
+use crate::peer::{Failure, Slot};
 use crate::peer::{Outgoing, PeerShared};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
@@ -83,6 +84,7 @@ impl Sender {
         peers: PeerMap,
         io: Arc<IoShared>,
         max_message: usize,
+        max_reply: u32,
         stopped: Arc<AtomicBool>,
     ) -> Sender {
         Sender {
@@ -91,6 +93,7 @@ impl Sender {
                 peers,
                 io,
                 max_message,
+                max_reply,
                 stopped,
                 warned_blocking: Arc::new(AtomicBool::new(false)),
             }),
@@ -107,6 +110,7 @@ impl Sender {
                 peers: c.peers.clone(),
                 io: c.io.clone(),
                 max_message: c.max_message,
+                max_reply: c.max_reply,
                 stopped: c.stopped.clone(),
                 warned_blocking: c.warned_blocking.clone(),
             }),
@@ -246,17 +250,28 @@ impl Sender {
         self.route(to).send_request(payload.into())
     }
 
-    /// Queues the reply to request `id` from `to` (see `Delivery::reply`).
-    pub(crate) fn reply(&self, to: &str, id: u64, payload: Bytes) -> Result<(), Error> {
-        self.core
-            .enqueue_kind(
-                To::Name(to),
-                payload,
-                SendOptions::new(),
-                Wait::No,
-                Kind::Reply(id),
-            )
-            .map_err(Error::from)
+    /// Queues the reply to request `id` from `to` in the room its request reserved (see
+    /// `Delivery::reply`): no window to wait for.
+    pub(crate) fn reply(
+        &self,
+        to: &str,
+        id: u64,
+        payload: Bytes,
+        room: RoomCredit,
+    ) -> Result<(), Error> {
+        let peer = self.core.peer_named(to)?;
+        if payload.len() + wire::REQUEST_ID_BYTES > self.core.max_message {
+            return Err(Error::TooLarge {
+                len: payload.len(),
+                max: self.core.max_message - wire::REQUEST_ID_BYTES,
+            });
+        }
+        // Refused once the peer is closed: the room goes back with the dropped message.
+        peer.outbox
+            .admit(Outgoing::reply(id, &payload, room))
+            .map_err(|_| Error::Closed)?;
+        self.core.io.schedule(&peer);
+        Ok(())
     }
 
     /// This node's member name.
@@ -438,7 +453,13 @@ impl Route<'_> {
             Some(d) => Wait::For(d.saturating_duration_since(Instant::now())),
         };
         self.core
-            .enqueue_to(&peer, payload, SendOptions::new(), wait, Kind::Request(id))
+            .enqueue_to(
+                &peer,
+                payload,
+                SendOptions::new(),
+                wait,
+                Kind::Request(id, self.core.max_reply),
+            )
             .map_err(Error::from)?;
         Ok(pending)
     }
@@ -520,17 +541,19 @@ struct SendCore {
     peers: PeerMap,
     io: Arc<IoShared>,
     max_message: usize,
+    /// The room a request reserves for its reply (`Builder::max_reply`).
+    max_reply: u32,
     stopped: Arc<AtomicBool>,
     /// A handler has blocked on a full window (warned once per node).
     warned_blocking: Arc<AtomicBool>,
 }
 
-/// What a send queues: a message, a request with its id, or the reply to one.
+/// What a send queues: a message, or a request with its id and the room it reserves for
+/// its reply.
 #[derive(Clone, Copy)]
 enum Kind {
     Message,
-    Request(u64),
-    Reply(u64),
+    Request(u64, u32),
 }
 
 /// How long a send waits for room in the window.
@@ -642,7 +665,7 @@ impl SendCore {
         // payload.
         let id_bytes = match kind {
             Kind::Message => 0,
-            Kind::Request(_) | Kind::Reply(_) => wire::REQUEST_ID_BYTES,
+            Kind::Request(..) => wire::REQUEST_HEADER_BYTES,
         };
         let on_wire = len + id_bytes;
         if on_wire > self.max_message {
@@ -655,27 +678,9 @@ impl SendCore {
         if self.stopped.load(Ordering::Acquire) {
             return Err(TrySendError::Failed(payload, Error::Closed));
         }
-        if let Kind::Reply(id) = kind {
-            // Outside flow control: no window to wait for (see `Delivery::reply`). Until it
-            // leaves the queue it counts as held for the requester, whose connection is not
-            // read while that exceeds its receive window.
-            let owed = Owed::new(
-                peer.credit.clone(),
-                self.io.handoff.clone(),
-                peer.id,
-                cost(on_wire),
-            );
-            return match peer.outbox.admit(Outgoing::reply(id, &payload, owed)) {
-                Ok(()) => {
-                    self.io.schedule(peer);
-                    Ok(())
-                }
-                Err(_) => Err(TrySendError::Failed(payload, Error::Closed)),
-            };
-        }
         let c = match kind {
-            Kind::Request(_) => Outgoing::request_cost(len),
-            _ => cost(len),
+            Kind::Request(_, room) => Outgoing::request_cost(len, room),
+            Kind::Message => cost(len),
         };
         let window = peer.outbox.window();
         let acquired = match wait {
@@ -716,8 +721,8 @@ impl SendCore {
         });
         // A request's payload is copied behind its id: keep the caller's to hand back.
         let (m, kept) = match kind {
-            Kind::Request(id) => (
-                Outgoing::request(id, &payload, opts.oob, deadline, permit),
+            Kind::Request(id, room) => (
+                Outgoing::request(id, room, &payload, opts.oob, deadline, permit),
                 Some(payload),
             ),
             _ if opts.unreliable => (

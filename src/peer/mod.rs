@@ -18,7 +18,6 @@ mod requests;
 
 use std::fmt;
 
-pub(crate) use outbox::Owed;
 pub use outbox::{Ledger, Outbox, Outgoing, Return};
 pub use requests::{Failure, Requests, Slot};
 

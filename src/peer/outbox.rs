@@ -28,10 +28,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::flow::{cost, Permit, RecvCredit, SendWindow};
-use crate::handoff::Handoff;
+use crate::deliver::RoomCredit;
+use crate::flow::{cost, Permit, SendWindow};
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::{Arc, Mutex};
+use crate::sync::Mutex;
 use crate::wire;
 
 /// A message accepted by `send*` and not yet published, with the window bytes it holds.
@@ -44,53 +44,10 @@ pub struct Outgoing {
     /// Its window bytes, given back when it is filtered, expires or fails, or moved into the
     /// ledger when it is published.
     pub(crate) permit: Permit,
-    /// A reply's bytes, counted as held for its requester until this message leaves the
-    /// queue, whichever way: only its drop is used.
+    /// A reply's room in its requester's window, given back as credit when this message
+    /// leaves the queue, whichever way: only its drop is used.
     #[allow(dead_code)]
-    owed: Option<Owed>,
-}
-
-/// A queued reply's bytes, counted as held for the requester it answers (see
-/// [`RecvCredit::owe`]) until dropped — which happens wherever the reply leaves the queue:
-/// published, failed, filtered, or refused.
-pub(crate) struct Owed {
-    credit: Arc<RecvCredit>,
-    handoff: Arc<Handoff>,
-    peer: usize,
-    bytes: u64,
-}
-
-impl Owed {
-    /// Owes peer `peer` (whose receive credit is `credit`) `bytes`.
-    pub(crate) fn new(
-        credit: Arc<RecvCredit>,
-        handoff: Arc<Handoff>,
-        peer: usize,
-        bytes: u64,
-    ) -> Owed {
-        credit.owe(bytes);
-        Owed {
-            credit,
-            handoff,
-            peer,
-            bytes,
-        }
-    }
-}
-
-impl Drop for Owed {
-    fn drop(&mut self) {
-        // Back within the window: ask the IO thread to resume reading the requester.
-        if self.credit.repaid(self.bytes) && self.credit.request_flush() {
-            self.handoff.request_credit(self.peer);
-        }
-    }
-}
-
-impl std::fmt::Debug for Owed {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Owed").field("bytes", &self.bytes).finish()
-    }
+    room: Option<RoomCredit>,
 }
 
 impl Outgoing {
@@ -114,39 +71,50 @@ impl Outgoing {
             flags,
             deadline,
             permit,
-            owed: None,
+            room: None,
         }
     }
 
-    /// A request with id `id`: `payload` is prefixed with the id, which its permit covers
-    /// (see [`Outgoing::request_cost`]).
+    /// A request with id `id`, reserving `room` bytes for its reply: `payload` goes behind
+    /// the request header, and `permit` covers both (see [`Outgoing::request_cost`]).
     pub(crate) fn request(
         id: u64,
+        room: u32,
         payload: &[u8],
         oob: bool,
         deadline: Option<Instant>,
         permit: Permit,
     ) -> Outgoing {
-        let mut m = Outgoing::new(tagged(id, payload), oob, deadline, permit);
-        m.flags |= wire::FLAG_REQUEST;
+        let mut header = [0u8; wire::REQUEST_HEADER_BYTES];
+        header[..wire::REQUEST_ID_BYTES].copy_from_slice(&id.to_le_bytes());
+        header[wire::REQUEST_ID_BYTES..].copy_from_slice(&room.to_le_bytes());
+        let flags = if oob { wire::FLAG_OOB } else { 0 } | wire::FLAG_RELIABLE | wire::FLAG_REQUEST;
+        let m = Outgoing {
+            payload: tagged(&header, payload),
+            flags,
+            deadline,
+            permit,
+            room: None,
+        };
+        debug_assert_eq!(m.permit.bytes(), m.cost(), "a request holds its cost");
         m
     }
 
-    /// The reply to request `id`: reliable, outside flow control (it holds no permit);
-    /// `owed` counts it as held for its requester until it leaves the queue.
-    pub(crate) fn reply(id: u64, payload: &[u8], owed: Owed) -> Outgoing {
+    /// The reply to request `id`: reliable, with no permit of its own; `room`, the room its
+    /// request reserved, goes back to the requester as credit when it leaves the queue.
+    pub(crate) fn reply(id: u64, payload: &[u8], room: RoomCredit) -> Outgoing {
         Outgoing {
-            payload: tagged(id, payload),
+            payload: tagged(&id.to_le_bytes(), payload),
             flags: wire::FLAG_RELIABLE | wire::FLAG_REPLY,
             deadline: None,
             permit: Permit::none(),
-            owed: Some(owed),
+            room: Some(room),
         }
     }
 
-    /// Window bytes a request of `payload_len` bytes takes (its id travels with it).
-    pub(crate) fn request_cost(payload_len: usize) -> u64 {
-        cost(payload_len + wire::REQUEST_ID_BYTES)
+    /// Window bytes a request of `payload_len` bytes reserving `room` for its reply takes.
+    pub(crate) fn request_cost(payload_len: usize, room: u32) -> u64 {
+        cost(payload_len + wire::REQUEST_HEADER_BYTES) + u64::from(room)
     }
 
     /// The same message sent unreliably: no sequence number, no ack, no resend; lost if its
@@ -162,11 +130,9 @@ impl Outgoing {
     }
     /// The message bytes (of a request or a reply: without the id the transport adds).
     pub fn payload(&self) -> &[u8] {
-        if self.is_request() || self.is_reply() {
-            &self.payload[wire::REQUEST_ID_BYTES..]
-        } else {
-            &self.payload
-        }
+        self.payload
+            .get(wire::tag_bytes(self.flags)..)
+            .unwrap_or_default()
     }
     /// Whether it is a request (sent with `Sender::request` or `send_request`).
     pub fn is_request(&self) -> bool {
@@ -186,7 +152,7 @@ impl Outgoing {
     }
     /// Window bytes it holds: its length plus 16.
     pub fn cost(&self) -> u64 {
-        crate::flow::frame_cost(self.flags, self.payload.len())
+        crate::flow::frame_cost(self.flags, &self.payload)
     }
 
     /// Gives up the message for its permit (to give back, or to enter the ledger).
@@ -195,10 +161,10 @@ impl Outgoing {
     }
 }
 
-/// `payload` prefixed with a request id, as requests and replies travel.
-fn tagged(id: u64, payload: &[u8]) -> Bytes {
-    let mut b = bytes::BytesMut::with_capacity(wire::REQUEST_ID_BYTES + payload.len());
-    b.extend_from_slice(&id.to_le_bytes());
+/// `payload` behind `header` (a request's header, a reply's id), as they travel.
+fn tagged(header: &[u8], payload: &[u8]) -> Bytes {
+    let mut b = bytes::BytesMut::with_capacity(header.len() + payload.len());
+    b.extend_from_slice(header);
     b.extend_from_slice(payload);
     b.freeze()
 }

@@ -6,8 +6,8 @@
 //! node shut down, restarted as a new incarnation). A reply whose slot is gone (timed out,
 //! dropped, already answered) is dropped and counted late.
 //!
-//! The cap is what bounds replies, which travel outside flow control: at most `cap` replies
-//! of at most `max_message` bytes each are ever owed to this node by one peer.
+//! The cap bounds how many requests one requester keeps waiting; what bounds the replies
+//! themselves is the room each request reserves in the window (`deliver::ReplyRoom`).
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -189,9 +189,11 @@ impl Requests {
         match slot.map(|w| w.slot) {
             Some(slot) => {
                 self.room.notify_one();
-                slot.fill(Ok(reply));
-                // Relaxed: a counter.
+                // Counted before the waiter can see its reply, so that a requester reading
+                // the stats after its last reply sees every one counted. (Relaxed: the
+                // slot's lock orders it before the waiter's wake-up.)
                 self.answered.fetch_add(1, Ordering::Relaxed);
+                slot.fill(Ok(reply));
                 true
             }
             None => {

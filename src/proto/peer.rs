@@ -21,7 +21,7 @@ use super::endpoint::{Config, Event, Out};
 use super::link::Link;
 use super::recovery::{Descriptor, Receive, RecoveryError, Unacked};
 use super::PeerIdentity;
-use crate::deliver::{Delivery, Task};
+use crate::deliver::{Delivery, ReplyRoom, Task};
 use crate::flow::Permit;
 use crate::journal::{Record, RecoveredPeer};
 use crate::peer::{Counters, Failure, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
@@ -480,7 +480,7 @@ impl Peer {
         seq: Option<u64>,
         mut payload: Bytes,
     ) -> Result<Inflow, RecoveryError> {
-        let cost = crate::flow::frame_cost(flags, payload.len());
+        let cost = crate::flow::frame_cost(flags, &payload);
         match self.desc.accept_data(seq, cost, self.peer_window)? {
             Receive::Deliver => {}
             Receive::Duplicate => {
@@ -492,23 +492,17 @@ impl Peer {
         }
         Counters::add(&self.shared.counters.received, 1);
         Counters::add(&self.shared.counters.received_bytes, payload.len() as u64);
-        // The wire checked that a request or reply starts with its id.
-        let request = if flags & (wire::FLAG_REQUEST | wire::FLAG_REPLY) != 0 {
-            let id = wire::request_id(&payload);
-            if id.is_some() {
-                payload.advance(wire::REQUEST_ID_BYTES);
-            }
-            id
-        } else {
-            None
-        };
+        // The wire checked that a request or reply starts with its header.
+        let id = wire::request_id(&payload).unwrap_or_default();
+        let room = wire::request_room(&payload).unwrap_or_default();
+        payload.advance(wire::tag_bytes(flags).min(payload.len()));
         if flags & wire::FLAG_REPLY != 0 {
             // Straight to the request waiting for it, outside flow control: it took no
-            // window and returns no credit. A journalling receiver counts it handled now.
+            // window of its own (its room came back when the replier sent it) and returns
+            // no credit. A journalling receiver counts it handled now.
             if let (Some(p), Some(seq)) = (&self.shared.progress, seq) {
                 p.complete(self.epoch, std::iter::once(seq));
             }
-            let id = request.unwrap_or_default();
             if !self.shared.requests.answer(id, payload) {
                 log::debug!(
                     "reply from '{}' to request {id} came after the request was given up",
@@ -517,8 +511,17 @@ impl Peer {
             }
             return Ok(Inflow::Go);
         }
+        // What this sender makes us hold: the message, and a request's reply room (given
+        // back with the reply, or when the request is dropped unanswered).
         let held = self.shared.credit.received(cost);
         self.shared.counters.note_held(held);
+        let request = (flags & wire::FLAG_REQUEST != 0).then(|| {
+            let sink = self.shared.oob.credit_sink().clone();
+            (
+                id,
+                Arc::new(ReplyRoom::new(sink, self.epoch, u64::from(room))),
+            )
+        });
         if flags & wire::FLAG_OOB != 0 {
             out.oob_batch.push(
                 Delivery::new(self.shared.name.clone(), payload, seq, true)
@@ -805,7 +808,7 @@ impl Peer {
         // unsent messages hold).
         let keep: u64 = unsent
             .iter()
-            .map(|m| crate::flow::frame_cost(m.flags, m.payload.len()))
+            .map(|m| crate::flow::frame_cost(m.flags, &m.payload))
             .sum();
         let mut outstanding = self.ledger.retire();
         self.ledger.publish(outstanding.take(keep));
@@ -1126,7 +1129,7 @@ impl Peer {
         // ones, and acked ones whose credit was still on its way.
         let unacked_cost: u64 = unacked
             .iter()
-            .map(|u| crate::flow::frame_cost(u.flags, u.payload.len()))
+            .map(|u| crate::flow::frame_cost(u.flags, &u.payload))
             .sum();
         let cost = r.published.saturating_sub(r.credit_seen).max(unacked_cost);
         let permit = self.shared.outbox.window().take_up_to(cost);

@@ -77,14 +77,39 @@ pub const FLAG_OOB: u8 = 0x01;
 /// Data flag: reliable (carries a sequence number, acked, resent across reconnects).
 pub const FLAG_RELIABLE: u8 = 0x02;
 /// Data flag: a request; the payload starts with its [`REQUEST_ID_BYTES`]-byte id (the
-/// requester's, little-endian), which the reply carries back. Always reliable.
+/// requester's, little-endian), which the reply carries back, then the 4-byte room it
+/// reserves for the reply ([`request_room`]). Always reliable.
 pub const FLAG_REQUEST: u8 = 0x04;
 /// Data flag: the reply to a request; the payload starts with the request's id. Always
-/// reliable, and outside flow control (it costs no window: the requester bounds replies by
-/// the requests it has in flight).
+/// reliable, and outside flow control: it costs no window of its own, its room was
+/// reserved in the request's.
 pub const FLAG_REPLY: u8 = 0x08;
 /// Bytes of the request id that starts the payload of a request or a reply.
 pub const REQUEST_ID_BYTES: usize = 8;
+/// Bytes before a request's payload: its id and the room reserved for its reply.
+pub const REQUEST_HEADER_BYTES: usize = REQUEST_ID_BYTES + 4;
+
+/// Bytes the transport puts before the application's payload in a data frame with
+/// `flags`: a request's header, a reply's id, or nothing.
+pub fn tag_bytes(flags: u8) -> usize {
+    if flags & FLAG_REQUEST != 0 {
+        REQUEST_HEADER_BYTES
+    } else if flags & FLAG_REPLY != 0 {
+        REQUEST_ID_BYTES
+    } else {
+        0
+    }
+}
+
+/// The room (payload bytes) a request reserves for its reply, from its header (`None` if
+/// too short).
+pub fn request_room(payload: &[u8]) -> Option<u32> {
+    let room: [u8; 4] = payload
+        .get(REQUEST_ID_BYTES..REQUEST_HEADER_BYTES)?
+        .try_into()
+        .ok()?;
+    Some(u32::from_le_bytes(room))
+}
 
 /// The request id at the start of a request's or reply's payload (`None` if too short).
 pub fn request_id(payload: &[u8]) -> Option<u64> {
@@ -110,7 +135,7 @@ fn check_data_flags(flags: u8, rest: usize) -> Result<(), WireError> {
     if tagged == FLAG_REPLY && flags & FLAG_OOB != 0 {
         return Err(WireError::Malformed("out-of-band reply"));
     }
-    if rest < REQUEST_ID_BYTES {
+    if rest < tag_bytes(flags) {
         return Err(WireError::Malformed("request id"));
     }
     Ok(())
@@ -863,9 +888,11 @@ mod tests {
     #[test]
     fn request_and_reply_flags_are_checked() {
         let id = 0x0102_0304_0506_0708u64.to_le_bytes();
+        let mut header = id.to_vec();
+        header.extend_from_slice(&1000u32.to_le_bytes());
         let ok = [
-            (FLAG_RELIABLE | FLAG_REQUEST, &id[..]),
-            (FLAG_RELIABLE | FLAG_REQUEST | FLAG_OOB, &id[..]),
+            (FLAG_RELIABLE | FLAG_REQUEST, &header[..]),
+            (FLAG_RELIABLE | FLAG_REQUEST | FLAG_OOB, &header[..]),
             (FLAG_RELIABLE | FLAG_REPLY, &id[..]),
         ];
         for (flags, body) in ok {
@@ -880,8 +907,15 @@ mod tests {
                 other => panic!("flags {flags:#x}: {other:?}"),
             }
         }
-        let bad: [(u8, Option<u64>, &[u8], &str); 4] = [
-            (FLAG_REQUEST, None, &id[..], "unreliable request or reply"),
+        assert_eq!(request_room(&header), Some(1000));
+        let bad: [(u8, Option<u64>, &[u8], &str); 5] = [
+            (
+                FLAG_REQUEST,
+                None,
+                &header[..],
+                "unreliable request or reply",
+            ),
+            (FLAG_RELIABLE | FLAG_REQUEST, Some(1), &id[..], "request id"),
             (
                 FLAG_RELIABLE | FLAG_REQUEST | FLAG_REPLY,
                 Some(1),
