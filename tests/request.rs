@@ -592,3 +592,53 @@ fn reply_rooms_come_back_answered_or_not() {
     client.shutdown(SHUTDOWN).expect("shutdown client");
     server.shutdown(SHUTDOWN).expect("shutdown server");
 }
+
+/// A handler may keep requests and answer them later, from another thread: many more than
+/// the receive window holds rooms for are kept unanswered at once, and all are answered.
+#[test]
+fn requests_kept_and_answered_later_never_stall_the_requester() {
+    const KEPT: usize = 40; // 40 rooms of 16 KiB: 640 KiB, against a 128 KiB window
+    let kept = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let k = kept.clone();
+    let server = Node::builder("kl-server")
+        .cluster("t-kl")
+        .recv_window(128 * 1024)
+        .on_message(move |d| k.lock().expect("kept").push(d))
+        .start()
+        .expect("start server");
+    let client = Node::builder("kl-client")
+        .cluster("t-kl")
+        .window_bytes(128 * 1024)
+        .max_reply(16 * 1024)
+        .peer("kl-server", server.local_addr())
+        .start()
+        .expect("start client");
+    server
+        .add_peer("kl-client", client.local_addr())
+        .expect("add_peer");
+    let to = client.sender().to("kl-server").expect("peer");
+    let requester = std::thread::spawn(move || {
+        let pending: Vec<_> = (0..KEPT as u8)
+            .map(|i| to.send_request(vec![i; 100]).expect("send_request"))
+            .collect();
+        pending
+            .into_iter()
+            .map(|p| p.wait(PATIENCE).expect("a reply").to_vec())
+            .collect::<Vec<_>>()
+    });
+    wait_until_or(
+        PATIENCE,
+        || kept.lock().expect("kept").len() == KEPT,
+        || format!("the server kept every request:\n{}", server.stats()),
+    );
+    // Answered now, from this thread, in reverse.
+    for d in kept.lock().expect("kept").drain(..).rev() {
+        d.reply(answer(d.payload())).expect("reply");
+    }
+    let replies = requester.join().expect("requester");
+    for (i, r) in replies.iter().enumerate() {
+        assert_eq!(r, &answer(&[i as u8; 100]));
+    }
+    client.shutdown(SHUTDOWN).expect("shutdown client");
+    server.shutdown(SHUTDOWN).expect("shutdown server");
+}

@@ -17,7 +17,7 @@ pub use oob::{OobQueue, OobRun};
 pub(crate) use pool::on_pool_thread;
 pub use pool::{Handler, Next, Pool, PoolStats, Task, TaskQueue};
 pub use progress::Progress;
-pub(crate) use room::{ReplyRoom, RoomCredit};
+pub(crate) use room::ReplyRoom;
 pub use sender::{CreditSink, RunOutcome, SenderQueue};
 
 use bytes::Bytes;
@@ -91,16 +91,17 @@ impl Delivery {
         self.request = request;
         self
     }
-    /// Window bytes the message took on the wire that its consumption gives back: its
-    /// payload, a request's header, and the overhead (see [`crate::flow::cost`]). A
-    /// request's reply room is given back with its reply instead ([`ReplyRoom`]).
+    /// Window bytes the message took (what the sender's permit held; see
+    /// [`crate::flow::frame_cost`]): its payload and the overhead, and for a request its
+    /// header and the room it reserved for the reply.
     pub(crate) fn cost(&self) -> u64 {
-        let header = if self.request.is_some() {
-            crate::wire::REQUEST_HEADER_BYTES
-        } else {
-            0
-        };
-        crate::flow::cost(self.payload.len() + header)
+        match &self.request {
+            None => crate::flow::cost(self.payload.len()),
+            Some((_, room)) => {
+                crate::flow::cost(self.payload.len() + crate::wire::REQUEST_HEADER_BYTES)
+                    + room.bytes()
+            }
+        }
     }
     /// Gives the delivery the receiving node's send handle.
     pub(crate) fn with_node(mut self, node: Option<&Sender>) -> Delivery {
@@ -135,8 +136,8 @@ impl Delivery {
     /// Answers the request this message is, with `payload`. Never blocks and never waits
     /// for the window: the requester reserved room for the reply in its request's window
     /// bytes ([`Builder::max_reply`](crate::Builder::max_reply)), so a handler can always
-    /// answer, and two members requesting each other cannot deadlock. Reliable like any
-    /// message: it survives reconnects. A request dropped unanswered gives its room back.
+    /// answer (now, or later from a kept `Delivery`), and two members requesting each other
+    /// cannot deadlock. Reliable like any message: it survives reconnects.
     ///
     /// Fails with [`Error::NotARequest`] for a message that is not a request,
     /// [`Error::TooLarge`] for a reply larger than the room its requester reserved,
@@ -166,10 +167,14 @@ impl Delivery {
                 max: room.bytes() as usize,
             });
         }
-        let Some(credit) = room.claim() else {
+        if !room.claim() {
             return Err(Error::AlreadyReplied);
-        };
-        node.reply(self.from(), *id, payload, credit)
+        }
+        let queued = node.reply(self.from(), *id, payload);
+        if queued.is_err() {
+            room.release();
+        }
+        queued
     }
     /// The receiving node's send handle, to answer the sender or send anywhere from inside
     /// a handler (no need to smuggle the node's [`Sender`] in after `start`). `Some` for

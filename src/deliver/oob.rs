@@ -94,11 +94,6 @@ impl OobQueue {
         }
     }
 
-    /// Where this sender's consumption is reported (its credit sink).
-    pub fn credit_sink(&self) -> &Arc<dyn CreditSink> {
-        &self.credit
-    }
-
     /// The sender's name.
     pub fn name(&self) -> &str {
         &self.name

@@ -1,92 +1,44 @@
-//! The room a request reserves for its reply. Its requester took that many window bytes
-//! with the request, and the replier holds them for it (they count in what it holds for
-//! the requester) until the reply leaves its queue — published, or dropped — or, if the
-//! request is never answered, until the request is dropped. So replies need no window of
-//! their own, and what a replier owes is bounded by its receive window like everything
-//! else it holds.
+//! The room a request reserves for its reply: the most payload bytes the reply may carry.
+//! The requester took that many window bytes with the request (its window cost is its own
+//! plus the room), and the replier gives them back with the request's own cost when it
+//! has consumed the request. So a replier never holds more unconsumed requests than the
+//! window pays for their replies too, a reply never waits for the window, and a queued
+//! reply counts as held for its requester until it is written (`RecvCredit::owe`).
 
-use super::CreditSink;
 use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::sync::Arc;
 
-/// A request's reply room, shared by the clones of its [`Delivery`](super::Delivery):
-/// claimed by the one reply, or given back as credit when the last clone is dropped
-/// unanswered.
+/// A request's reply room and whether it was answered, shared by the clones of its
+/// [`Delivery`](super::Delivery): one reply takes it.
+#[derive(Debug)]
 pub(crate) struct ReplyRoom {
-    sink: Arc<dyn CreditSink>,
-    /// The requester's stream epoch the request came in (credit of an older one is void).
-    epoch: u32,
     bytes: u64,
-    claimed: AtomicBool,
+    answered: AtomicBool,
 }
 
 impl ReplyRoom {
-    /// Room of `bytes` for a request of stream epoch `epoch` from the sender whose
-    /// consumption `sink` takes.
-    pub(crate) fn new(sink: Arc<dyn CreditSink>, epoch: u32, bytes: u64) -> ReplyRoom {
+    /// Room for a reply of at most `bytes` payload bytes.
+    pub(crate) fn new(bytes: u64) -> ReplyRoom {
         ReplyRoom {
-            sink,
-            epoch,
             bytes,
-            claimed: AtomicBool::new(false),
+            answered: AtomicBool::new(false),
         }
     }
 
-    /// The reply's payload bytes the room takes.
+    /// The most payload bytes the reply may carry.
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
     }
 
-    /// Takes the room for the reply: `None` if a reply already took it.
-    pub(crate) fn claim(&self) -> Option<RoomCredit> {
-        // AcqRel: one claimer wins; the loser (and the drop) see it.
-        if self.claimed.swap(true, Ordering::AcqRel) {
-            return None;
-        }
-        Some(RoomCredit {
-            sink: self.sink.clone(),
-            epoch: self.epoch,
-            bytes: self.bytes,
-        })
+    /// Takes the room for a reply: `false` if a reply has it already.
+    pub(crate) fn claim(&self) -> bool {
+        // AcqRel: one claimer wins, and a release happens after its claim.
+        self.answered
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
-}
 
-impl Drop for ReplyRoom {
-    fn drop(&mut self) {
-        // Never answered: the room goes back now.
-        if !self.claimed.load(Ordering::Acquire) {
-            self.sink.consumed(self.epoch, self.bytes);
-        }
-    }
-}
-
-impl std::fmt::Debug for ReplyRoom {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReplyRoom")
-            .field("bytes", &self.bytes)
-            .field("claimed", &self.claimed.load(Ordering::Relaxed))
-            .finish()
-    }
-}
-
-/// A claimed room, travelling with its reply: given back as credit when dropped, which
-/// happens wherever the reply leaves the queue (published, failed, refused).
-pub(crate) struct RoomCredit {
-    sink: Arc<dyn CreditSink>,
-    epoch: u32,
-    bytes: u64,
-}
-
-impl Drop for RoomCredit {
-    fn drop(&mut self) {
-        self.sink.consumed(self.epoch, self.bytes);
-    }
-}
-
-impl std::fmt::Debug for RoomCredit {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RoomCredit")
-            .field("bytes", &self.bytes)
-            .finish()
+    /// Gives the room back: the claimed reply could not be queued (another may try).
+    pub(crate) fn release(&self) {
+        self.answered.store(false, Ordering::Release);
     }
 }

@@ -541,6 +541,25 @@ impl RecvCredit {
         }
     }
 
+    /// A reply this receiver owes the sender was queued: its `bytes` count as held for
+    /// the sender until it leaves the queue ([`repaid`](RecvCredit::repaid)), so the
+    /// sender's connection is not read while what it makes us hold, replies it asked for
+    /// included, exceeds the window. Earns no credit: the request's room paid for it.
+    pub fn owe(&self, bytes: u64) {
+        // SeqCst: as in `received`.
+        self.held.fetch_add(bytes, Ordering::SeqCst);
+    }
+
+    /// An owed reply of `bytes` left the queue (published or dropped). Returns `true` when
+    /// the caller should ask the IO thread to resume a paused sender (as in `consumed`).
+    pub fn repaid(&self, bytes: u64) -> bool {
+        let before = self.held.fetch_sub(bytes, Ordering::SeqCst);
+        debug_assert!(before >= bytes, "repaid more than was owed");
+        // Pairs with the fence in `pause` (see there).
+        fence(Ordering::SeqCst);
+        before.saturating_sub(bytes) <= self.window() && self.paused.load(Ordering::SeqCst)
+    }
+
     /// Bytes consumed and not yet returned.
     pub fn pending(&self) -> u64 {
         self.pending.load(Ordering::Acquire) & CREDIT_BYTES

@@ -454,11 +454,11 @@ impl Builder {
     }
 
     /// The largest reply this node's requests accept: each request reserves that much room
-    /// for its reply in the peer's send window (its window cost is its own plus this), and
-    /// the replier holds that room for it until the reply is sent. So a reply never waits
-    /// for the window — two members requesting each other cannot deadlock — and what a
-    /// replier owes is bounded by its receive window. A larger reply fails at the replier
-    /// with [`Error::TooLarge`]. Default: 64 KiB, or a quarter of the send window if that is
+    /// for its reply in the peer's send window (its window cost is its own plus this, given
+    /// back when the peer has consumed it). So a replier takes in no more requests than its
+    /// receive window holds with their replies' room, a reply never waits for the window,
+    /// and two members requesting each other cannot deadlock. A larger reply fails at the
+    /// replier with [`Error::TooLarge`]. Default: 64 KiB, or a quarter of the send window if that is
     /// less, and at most `max_message` less the reply's 8-byte id.
     pub fn max_reply(mut self, bytes: usize) -> Self {
         self.max_reply = Some(bytes);

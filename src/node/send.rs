@@ -8,10 +8,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{Error, TrySendError};
-use crate::deliver::RoomCredit;
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
-use crate::peer::{Failure, Slot};
+use crate::peer::{Failure, Owed, Slot};
 use crate::peer::{Outgoing, PeerShared};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
@@ -250,25 +249,27 @@ impl Sender {
         self.route(to).send_request(payload.into())
     }
 
-    /// Queues the reply to request `id` from `to` in the room its request reserved (see
-    /// `Delivery::reply`): no window to wait for.
-    pub(crate) fn reply(
-        &self,
-        to: &str,
-        id: u64,
-        payload: Bytes,
-        room: RoomCredit,
-    ) -> Result<(), Error> {
+    /// Queues the reply to request `id` from `to` (see `Delivery::reply`): no window to
+    /// wait for, its request's room paid for it.
+    pub(crate) fn reply(&self, to: &str, id: u64, payload: Bytes) -> Result<(), Error> {
         let peer = self.core.peer_named(to)?;
-        if payload.len() + wire::REQUEST_ID_BYTES > self.core.max_message {
+        let on_wire = payload.len() + wire::REQUEST_ID_BYTES;
+        if on_wire > self.core.max_message {
             return Err(Error::TooLarge {
                 len: payload.len(),
                 max: self.core.max_message - wire::REQUEST_ID_BYTES,
             });
         }
-        // Refused once the peer is closed: the room goes back with the dropped message.
+        // Until it is written it counts as held for the requester, whose connection is
+        // not read while that exceeds its receive window.
+        let owed = Owed::new(
+            peer.credit.clone(),
+            self.core.io.handoff.clone(),
+            peer.id,
+            cost(on_wire),
+        );
         peer.outbox
-            .admit(Outgoing::reply(id, &payload, room))
+            .admit(Outgoing::reply(id, &payload, owed))
             .map_err(|_| Error::Closed)?;
         self.core.io.schedule(&peer);
         Ok(())

@@ -18,6 +18,7 @@ mod requests;
 
 use std::fmt;
 
+pub(crate) use outbox::Owed;
 pub use outbox::{Ledger, Outbox, Outgoing, Return};
 pub use requests::{Failure, Requests, Slot};
 

@@ -28,10 +28,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use crate::deliver::RoomCredit;
-use crate::flow::{cost, Permit, SendWindow};
+use crate::flow::{cost, Permit, RecvCredit, SendWindow};
+use crate::handoff::Handoff;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::Mutex;
+use crate::sync::{Arc, Mutex};
 use crate::wire;
 
 /// A message accepted by `send*` and not yet published, with the window bytes it holds.
@@ -44,10 +44,53 @@ pub struct Outgoing {
     /// Its window bytes, given back when it is filtered, expires or fails, or moved into the
     /// ledger when it is published.
     pub(crate) permit: Permit,
-    /// A reply's room in its requester's window, given back as credit when this message
-    /// leaves the queue, whichever way: only its drop is used.
+    /// A reply's bytes, counted as held for its requester until this message leaves the
+    /// queue, whichever way: only its drop is used.
     #[allow(dead_code)]
-    room: Option<RoomCredit>,
+    owed: Option<Owed>,
+}
+
+/// A queued reply's bytes, counted as held for the requester it answers (see
+/// [`RecvCredit::owe`]) until dropped — which happens wherever the reply leaves the queue:
+/// published, failed, filtered, or refused.
+pub(crate) struct Owed {
+    credit: Arc<RecvCredit>,
+    handoff: Arc<Handoff>,
+    peer: usize,
+    bytes: u64,
+}
+
+impl Owed {
+    /// Owes peer `peer` (whose receive credit is `credit`) `bytes`.
+    pub(crate) fn new(
+        credit: Arc<RecvCredit>,
+        handoff: Arc<Handoff>,
+        peer: usize,
+        bytes: u64,
+    ) -> Owed {
+        credit.owe(bytes);
+        Owed {
+            credit,
+            handoff,
+            peer,
+            bytes,
+        }
+    }
+}
+
+impl Drop for Owed {
+    fn drop(&mut self) {
+        // Back within the window: ask the IO thread to resume reading the requester.
+        if self.credit.repaid(self.bytes) && self.credit.request_flush() {
+            self.handoff.request_credit(self.peer);
+        }
+    }
+}
+
+impl std::fmt::Debug for Owed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Owed").field("bytes", &self.bytes).finish()
+    }
 }
 
 impl Outgoing {
@@ -71,7 +114,7 @@ impl Outgoing {
             flags,
             deadline,
             permit,
-            room: None,
+            owed: None,
         }
     }
 
@@ -94,21 +137,21 @@ impl Outgoing {
             flags,
             deadline,
             permit,
-            room: None,
+            owed: None,
         };
         debug_assert_eq!(m.permit.bytes(), m.cost(), "a request holds its cost");
         m
     }
 
-    /// The reply to request `id`: reliable, with no permit of its own; `room`, the room its
-    /// request reserved, goes back to the requester as credit when it leaves the queue.
-    pub(crate) fn reply(id: u64, payload: &[u8], room: RoomCredit) -> Outgoing {
+    /// The reply to request `id`: reliable, with no permit of its own (its request's room
+    /// paid for it); `owed` counts it as held for its requester until it leaves the queue.
+    pub(crate) fn reply(id: u64, payload: &[u8], owed: Owed) -> Outgoing {
         Outgoing {
             payload: tagged(&id.to_le_bytes(), payload),
             flags: wire::FLAG_RELIABLE | wire::FLAG_REPLY,
             deadline: None,
             permit: Permit::none(),
-            room: Some(room),
+            owed: Some(owed),
         }
     }
 

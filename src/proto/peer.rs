@@ -511,17 +511,12 @@ impl Peer {
             }
             return Ok(Inflow::Go);
         }
-        // What this sender makes us hold: the message, and a request's reply room (given
-        // back with the reply, or when the request is dropped unanswered).
+        // What this sender makes us hold: the message, with a request's reply room, until
+        // it is consumed.
         let held = self.shared.credit.received(cost);
         self.shared.counters.note_held(held);
-        let request = (flags & wire::FLAG_REQUEST != 0).then(|| {
-            let sink = self.shared.oob.credit_sink().clone();
-            (
-                id,
-                Arc::new(ReplyRoom::new(sink, self.epoch, u64::from(room))),
-            )
-        });
+        let request = (flags & wire::FLAG_REQUEST != 0)
+            .then(|| (id, Arc::new(ReplyRoom::new(u64::from(room)))));
         if flags & wire::FLAG_OOB != 0 {
             out.oob_batch.push(
                 Delivery::new(self.shared.name.clone(), payload, seq, true)
