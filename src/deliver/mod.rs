@@ -45,8 +45,8 @@ pub struct Delivery {
     /// The receiving node's send handle (set as the delivery is handed over).
     node: Option<Sender>,
     /// The requester's id and the room it reserved for the reply, when the message is a
-    /// request.
-    request: Option<(u64, Arc<ReplyRoom>)>,
+    /// request (behind a pointer: a delivery stays small).
+    request: Option<Arc<ReplyRoom>>,
 }
 
 impl Delivery {
@@ -87,7 +87,7 @@ impl Delivery {
     }
     /// Marks the delivery a request: the requester's id and its reply's room (when there
     /// is one).
-    pub(crate) fn with_request(mut self, request: Option<(u64, Arc<ReplyRoom>)>) -> Delivery {
+    pub(crate) fn with_request(mut self, request: Option<Arc<ReplyRoom>>) -> Delivery {
         self.request = request;
         self
     }
@@ -97,7 +97,7 @@ impl Delivery {
     pub(crate) fn cost(&self) -> u64 {
         match &self.request {
             None => crate::flow::cost(self.payload.len()),
-            Some((_, room)) => {
+            Some(room) => {
                 crate::flow::cost(self.payload.len() + crate::wire::REQUEST_HEADER_BYTES)
                     + room.bytes()
             }
@@ -157,7 +157,7 @@ impl Delivery {
     /// # let _ = server;
     /// ```
     pub fn reply(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
-        let (Some((id, room)), Some(node)) = (&self.request, &self.node) else {
+        let (Some(room), Some(node)) = (&self.request, &self.node) else {
             return Err(Error::NotARequest);
         };
         let payload = payload.into();
@@ -170,7 +170,7 @@ impl Delivery {
         if !room.claim() {
             return Err(Error::AlreadyReplied);
         }
-        let queued = node.reply(self.from(), *id, payload);
+        let queued = node.reply(self.from(), room.id(), payload);
         if queued.is_err() {
             room.release();
         }

@@ -11,17 +11,25 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 /// [`Delivery`](super::Delivery): one reply takes it.
 #[derive(Debug)]
 pub(crate) struct ReplyRoom {
+    /// The requester's id for the request.
+    id: u64,
     bytes: u64,
     answered: AtomicBool,
 }
 
 impl ReplyRoom {
-    /// Room for a reply of at most `bytes` payload bytes.
-    pub(crate) fn new(bytes: u64) -> ReplyRoom {
+    /// Room for a reply of at most `bytes` payload bytes to request `id`.
+    pub(crate) fn new(id: u64, bytes: u64) -> ReplyRoom {
         ReplyRoom {
+            id,
             bytes,
             answered: AtomicBool::new(false),
         }
+    }
+
+    /// The requester's id for the request.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// The most payload bytes the reply may carry.

@@ -583,20 +583,9 @@ impl SendCore {
         opts: SendOptions,
         wait: Wait,
     ) -> Result<(), TrySendError<Bytes>> {
-        self.enqueue_kind(to, payload, opts, wait, Kind::Message)
-    }
-
-    fn enqueue_kind(
-        &self,
-        to: To<'_>,
-        payload: Bytes,
-        opts: SendOptions,
-        wait: Wait,
-        kind: Kind,
-    ) -> Result<(), TrySendError<Bytes>> {
         match to {
-            To::Name(name) => self.enqueue_named(name, payload, opts, wait, kind),
-            To::Peer(peer) => self.enqueue_to(peer, payload, opts, wait, kind),
+            To::Name(name) => self.enqueue_named(name, payload, opts, wait),
+            To::Peer(peer) => self.enqueue_to(peer, payload, opts, wait, Kind::Message),
         }
     }
 
@@ -608,8 +597,8 @@ impl SendCore {
         payload: Bytes,
         opts: SendOptions,
         wait: Wait,
-        kind: Kind,
     ) -> Result<(), TrySendError<Bytes>> {
+        let kind = Kind::Message;
         let peers = self.peers.read();
         let Some(peer) = peers.get(to) else {
             return Err(TrySendError::Failed(

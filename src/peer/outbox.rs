@@ -46,8 +46,9 @@ pub struct Outgoing {
     pub(crate) permit: Permit,
     /// A reply's bytes, counted as held for its requester until this message leaves the
     /// queue, whichever way: only its drop is used.
+    // Boxed: only replies have one, and a message stays small in the queues.
     #[allow(dead_code)]
-    owed: Option<Owed>,
+    owed: Option<Box<Owed>>,
 }
 
 /// A queued reply's bytes, counted as held for the requester it answers (see
@@ -151,7 +152,7 @@ impl Outgoing {
             flags: wire::FLAG_RELIABLE | wire::FLAG_REPLY,
             deadline: None,
             permit: Permit::none(),
-            owed: Some(owed),
+            owed: Some(Box::new(owed)),
         }
     }
 

@@ -493,9 +493,14 @@ impl Peer {
         Counters::add(&self.shared.counters.received, 1);
         Counters::add(&self.shared.counters.received_bytes, payload.len() as u64);
         // The wire checked that a request or reply starts with its header.
-        let id = wire::request_id(&payload).unwrap_or_default();
-        let room = wire::request_room(&payload).unwrap_or_default();
-        payload.advance(wire::tag_bytes(flags).min(payload.len()));
+        let (id, room) = if flags & (wire::FLAG_REQUEST | wire::FLAG_REPLY) != 0 {
+            let id = wire::request_id(&payload).unwrap_or_default();
+            let room = wire::request_room(&payload).unwrap_or_default();
+            payload.advance(wire::tag_bytes(flags).min(payload.len()));
+            (id, room)
+        } else {
+            (0, 0)
+        };
         if flags & wire::FLAG_REPLY != 0 {
             // Straight to the request waiting for it, outside flow control: it took no
             // window of its own (its room came back when the replier sent it) and returns
@@ -516,7 +521,7 @@ impl Peer {
         let held = self.shared.credit.received(cost);
         self.shared.counters.note_held(held);
         let request = (flags & wire::FLAG_REQUEST != 0)
-            .then(|| (id, Arc::new(ReplyRoom::new(u64::from(room)))));
+            .then(|| Arc::new(ReplyRoom::new(id, u64::from(room))));
         if flags & wire::FLAG_OOB != 0 {
             out.oob_batch.push(
                 Delivery::new(self.shared.name.clone(), payload, seq, true)
