@@ -16,7 +16,7 @@ use super::sender::{RunOutcome, SenderQueue};
 use super::Delivery;
 use crate::node::Sender;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use crate::sync::{thread, wait_timeout, Arc, Condvar, Mutex};
+use crate::sync::{thread, wait_timeout, wait_until, Arc, Condvar, Mutex};
 
 /// The application's message handler.
 pub type Handler = Arc<dyn Fn(Delivery) + Send + Sync>;
@@ -184,11 +184,8 @@ impl<T> TaskQueue<T> {
             if q.stopping {
                 return Next::Stopped;
             }
-            let now = deadline.map(|_| Instant::now());
-            if let (Some(deadline), Some(now)) = (deadline, now) {
-                if now >= deadline {
-                    return Next::TimedOut;
-                }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Next::TimedOut;
             }
             // One spinner is enough to take the next task without a wake-up; more would
             // only take cores from the threads producing the work. (Relaxed: a hint; two
@@ -204,11 +201,8 @@ impl<T> TaskQueue<T> {
                     continue;
                 }
             }
-            match (deadline, now) {
-                (Some(deadline), Some(now)) => {
-                    wait_timeout(&self.work, &mut q, deadline - now);
-                }
-                _ => self.work.wait(&mut q),
+            if !wait_until(&self.work, &mut q, deadline) {
+                return Next::TimedOut;
             }
             spun = false;
         }

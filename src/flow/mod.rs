@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use crate::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use crate::sync::{wait_timeout, CachePadded, Condvar, Mutex};
+use crate::sync::{wait_until, CachePadded, Condvar, Mutex};
 
 /// Bytes of window a message costs besides its payload, so that empty messages are
 /// flow-controlled too and the window bounds the memory their bookkeeping takes.
@@ -263,15 +263,8 @@ impl SendWindow {
             if self.take(n) {
                 break Ok(Permit { bytes: n });
             }
-            match deadline {
-                None => self.cond.wait(&mut guard),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        break Err(AcquireError::TimedOut);
-                    }
-                    wait_timeout(&self.cond, &mut guard, d - now);
-                }
+            if !wait_until(&self.cond, &mut guard, deadline) {
+                break Err(AcquireError::TimedOut);
             }
         };
         if self.waiters.fetch_sub(1, Ordering::SeqCst) == 1 {

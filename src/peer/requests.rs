@@ -15,7 +15,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::{wait_timeout, Arc, Condvar, Mutex};
+use crate::sync::{wait_until, Arc, Condvar, Mutex};
 
 /// Why a request got no reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,15 +61,8 @@ impl Slot {
             if let Some(r) = s.take() {
                 return Some(r);
             }
-            match deadline {
-                None => self.filled.wait(&mut s),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return None;
-                    }
-                    wait_timeout(&self.filled, &mut s, d - now);
-                }
+            if !wait_until(&self.filled, &mut s, deadline) {
+                return None;
             }
         }
     }
@@ -139,15 +132,8 @@ impl Requests {
             if t.slots.len() < self.cap {
                 break;
             }
-            match deadline {
-                None => self.room.wait(&mut t),
-                Some(d) => {
-                    let now = Instant::now();
-                    if now >= d {
-                        return Err(Failure::TimedOut);
-                    }
-                    wait_timeout(&self.room, &mut t, d - now);
-                }
+            if !wait_until(&self.room, &mut t, deadline) {
+                return Err(Failure::TimedOut);
             }
         }
         // Relaxed: uniqueness only; the table's lock orders the slot's publication.

@@ -141,6 +141,26 @@ mod imp {
 
 pub(crate) use imp::*;
 
+/// Waits on `cv` until woken or `deadline` passes (no limit with `None`). Returns `false`,
+/// without waiting, if the deadline has already passed: the caller's loop gives up then.
+pub(crate) fn wait_until<T>(
+    cv: &Condvar,
+    guard: &mut MutexGuard<'_, T>,
+    deadline: Option<std::time::Instant>,
+) -> bool {
+    match deadline {
+        None => cv.wait(guard),
+        Some(d) => {
+            let now = std::time::Instant::now();
+            if now >= d {
+                return false;
+            }
+            wait_timeout(cv, guard, d - now);
+        }
+    }
+    true
+}
+
 /// Pads a hot value to its own cache line (crossbeam's, in every build).
 pub(crate) use crossbeam_utils::CachePadded;
 
