@@ -632,7 +632,10 @@ fn sigkill_at_random_points_loses_nothing_synced_and_never_replays_garbage() {
     }
 
     // A last start, without sending: `a` resends what `b` lacks — everything the journal
-    // held after the last kill, synced or not — then stops cleanly.
+    // held after the last kill, synced or not — then stops cleanly. `b` may hold it all
+    // already (what the last run wrote before its kill): `a` must connect all the same, to
+    // learn it and record it in its journal.
+    let connects = peer_stats(&b, "a").connects;
     let mut a = ChildNode::spawn(
         dir.path(),
         run,
@@ -644,7 +647,10 @@ fn sigkill_at_random_points_loses_nothing_synced_and_never_replays_garbage() {
     a.wait_started();
     wait_until_or(
         PATIENCE,
-        || b.stats().peer("a").map_or(0, |p| p.received) >= journalled,
+        || {
+            let p = peer_stats(&b, "a");
+            p.received >= journalled && p.connects > connects
+        },
         || {
             format!(
                 "the {journalled} journalled messages at b; synced per run {synced:?}, reached b {:?}; b:\n{}\n{}",

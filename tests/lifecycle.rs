@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::io::Read;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 
@@ -232,6 +234,121 @@ fn shutdown_fails_queued_messages_and_gives_back_every_permit() {
     );
     assert_eq!(p.available, p.window, "every permit given back: {p:?}");
     assert_eq!(p.in_flight, 0, "{p:?}");
+}
+
+/// A forwarder for one connection whose other direction (target to client) is held until
+/// [`release`](HeldReplies::release): the client's transport is open and its handshake under
+/// way, waiting for the target's first frame.
+struct HeldReplies {
+    addr: SocketAddr,
+    accepted: Arc<AtomicBool>,
+    release: mpsc::Sender<()>,
+}
+
+impl HeldReplies {
+    fn start(target: SocketAddr) -> HeldReplies {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the forwarder");
+        let addr = listener.local_addr().expect("forwarder address");
+        let accepted = Arc::new(AtomicBool::new(false));
+        let (release, released) = mpsc::channel::<()>();
+        let seen = accepted.clone();
+        std::thread::spawn(move || {
+            let Ok((client, _)) = listener.accept() else {
+                return;
+            };
+            let server = TcpStream::connect(target).expect("connect to the target");
+            seen.store(true, Ordering::SeqCst);
+            let (mut c_in, mut s_out) = (
+                client.try_clone().expect("clone"),
+                server.try_clone().expect("clone"),
+            );
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c_in, &mut s_out);
+                let _ = s_out.shutdown(Shutdown::Write);
+            });
+            // Held: nothing from the target reaches the client before the release (or
+            // before the test drops the forwarder's handle).
+            let _ = released.recv();
+            let (mut s_in, mut c_out) = (server, client);
+            let _ = std::io::copy(&mut s_in, &mut c_out);
+            let _ = c_out.shutdown(Shutdown::Write);
+        });
+        HeldReplies {
+            addr,
+            accepted,
+            release,
+        }
+    }
+
+    fn release(&self) {
+        let _ = self.release.send(());
+    }
+}
+
+/// Whether `node` has begun shutting down, seen from outside: a connection to its listener
+/// is dropped at once (or refused, once it is closed) instead of being answered with the
+/// handshake's first frame.
+fn refuses_connections(addr: SocketAddr) -> bool {
+    let Ok(mut probe) = TcpStream::connect(addr) else {
+        return true;
+    };
+    probe
+        .set_read_timeout(Some(PATIENCE))
+        .expect("probe read timeout");
+    let mut first = [0u8; 1];
+    !matches!(probe.read(&mut first), Ok(1))
+}
+
+/// A node told to shut down while its handshake with a peer is under way (the transport
+/// open, the peer's first frame not read yet) finishes the handshake and hands over what it
+/// queued for that peer before it stops, rather than failing it: nothing is undelivered,
+/// the peer has every message in order.
+#[test]
+fn shutdown_during_a_handshake_finishes_it_and_delivers_what_was_queued() {
+    const COUNT: u64 = 200;
+    let check = OrderCheck::new();
+    let b = Node::builder("hb")
+        .cluster("t-hs-stop")
+        .allow_unknown_members(true)
+        .on_message(check.handler())
+        .start()
+        .expect("start b");
+    let held = HeldReplies::start(b.local_addr());
+    let a = Arc::new(
+        Node::builder("ha")
+            .cluster("t-hs-stop")
+            .peer("hb", held.addr)
+            .start()
+            .expect("start a"),
+    );
+    let tx = a.sender();
+    for i in 0..COUNT {
+        tx.send("hb", payload(i, 700)).expect("queued for b");
+    }
+    wait_until("a's handshake with b under way", PATIENCE, || {
+        held.accepted.load(Ordering::SeqCst) && peer_stats(&a, "hb").state == PeerState::Handshaking
+    });
+    let a_addr = a.local_addr();
+    let stopping = {
+        let a = a.clone();
+        std::thread::spawn(move || a.shutdown(SHUTDOWN))
+    };
+    wait_until("a to begin its shutdown", PATIENCE, || {
+        refuses_connections(a_addr)
+    });
+    held.release();
+    let report = stopping
+        .join()
+        .expect("the shutdown thread")
+        .expect("a clean shutdown");
+    assert_eq!((report.undelivered, report.failed), (0, 0), "{report:?}");
+    let p = peer_stats(&a, "hb");
+    assert_eq!((p.sent, p.failed, p.queued), (COUNT, 0, 0), "{p:?}");
+    wait_until("b to deliver everything", PATIENCE, || {
+        check.total() >= COUNT
+    });
+    check.assert_got_exactly("hb", &["ha"], COUNT);
+    shutdown_all(&[b]);
 }
 
 /// Recovery across dropped connections (invariant 5): `disconnect` drops the connection

@@ -440,20 +440,20 @@ impl Endpoint {
     }
 
     /// Whether the endpoint is shutting down and done: everything queued to connected
-    /// peers written and acknowledged, or the deadline passed.
+    /// peers written and acknowledged, or the deadline passed. A peer whose handshake is
+    /// under way over an open transport counts as connected when it is owed something: the
+    /// handshake ends soon (established, refused, or at its timeout), and a node stopping
+    /// just as it reconnects still hands over what it holds.
     pub(crate) fn shutdown_done(&self, now: Instant) -> bool {
         let Some(deadline) = self.shutdown else {
             return false;
         };
         now >= deadline
             || self.peers.values().all(|p| {
-                match p
-                    .link
-                    .and_then(|l| self.links.get(&l))
-                    .filter(|l| l.established)
-                {
-                    None => true, // not connected: nothing more can be flushed
-                    Some(l) => p.flushed(l),
+                match p.link.and_then(|l| self.links.get(&l)) {
+                    Some(l) if l.established => p.flushed(l),
+                    Some(l) if !l.connecting => !p.owes_anything(),
+                    _ => true, // not connected: nothing more can be flushed
                 }
             })
     }
@@ -751,6 +751,13 @@ impl Endpoint {
             .add(now + deadline, TimerKind::Handshake { link: id });
         // The table just grew: older links may be past the shorter deadline.
         self.shed_overdue(now);
+    }
+
+    /// Whether a handshake with `p` is refused: it is closed, or the node is shutting down
+    /// and owes it nothing. A handshake already under way when a shutdown begins goes on
+    /// while the peer is owed messages, so that they are handed over before the node stops.
+    fn closed_to(&self, p: &Peer) -> bool {
+        p.state == PeerState::Closed || (self.shutdown.is_some() && !p.owes_anything())
     }
 
     /// Whether connections accepted now are refused outright (shutting down).
@@ -1475,7 +1482,7 @@ impl Endpoint {
         let Some(p) = self.peers.get(&pid) else {
             return self.refuse(now, id, CloseCode::Removed, "member removed");
         };
-        if p.state == PeerState::Closed || self.shutdown.is_some() {
+        if self.closed_to(p) {
             return self.refuse(now, id, CloseCode::Shutdown, "member closed");
         }
         let (received, connections, unreliable) = p.counts_for(peer.launch_id);
@@ -1529,7 +1536,7 @@ impl Endpoint {
             self.refuse(now, id, CloseCode::Removed, "member removed");
             return None;
         };
-        if p.state == PeerState::Closed || self.shutdown.is_some() {
+        if self.closed_to(p) {
             self.refuse(now, id, CloseCode::Shutdown, "member closed");
             return None;
         }

@@ -226,10 +226,12 @@ impl Peer {
     /// Whether everything queued to the peer is published, written and acknowledged (on
     /// `link`, established).
     pub(crate) fn flushed(&self, link: &Link) -> bool {
-        self.pending.is_empty()
-            && self.shared.outbox.is_empty()
-            && link.unwritten() == 0
-            && self.desc.unacked_len() == 0
+        !self.owes_anything() && link.unwritten() == 0
+    }
+
+    /// Whether anything queued to the peer is not acknowledged yet, published or not.
+    pub(crate) fn owes_anything(&self) -> bool {
+        !self.pending.is_empty() || !self.shared.outbox.is_empty() || self.desc.unacked_len() > 0
     }
 
     // ---- publishing ---------------------------------------------------------------
