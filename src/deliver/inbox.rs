@@ -17,6 +17,19 @@ use crate::node::Sender;
 use crate::sync::Arc;
 
 /// Why an [`Inbox`] returned no message.
+///
+/// ```
+/// use std::time::Duration;
+/// use cohort::RecvError;
+/// # fn main() -> Result<(), cohort::Error> {
+/// let (node, inbox) = cohort::Node::builder("alpha").cluster("docs").start_with_inbox()?;
+/// assert_eq!(inbox.try_recv().err(), Some(RecvError::Empty));
+/// let waited = inbox.recv_timeout(Duration::from_millis(10));
+/// assert_eq!(waited.err(), Some(RecvError::Timeout));
+/// node.shutdown(Duration::from_secs(5))?;
+/// assert_eq!(inbox.recv().err(), Some(RecvError::Closed)); // nothing more will come
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum RecvError {

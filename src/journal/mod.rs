@@ -158,6 +158,24 @@ const MIN_FRAME: u64 = (FRAME_HEADER + 2 + 8) as u64;
 /// leaves for its peer only once its batch is written, and delivery progress is
 /// acknowledged to the sender only once it is durable under the policy.
 ///
+/// ```
+/// use std::time::Duration;
+/// use cohort::{FsyncPolicy, Node};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = std::env::temp_dir().join(format!("cohort-doc-fsync-{}", std::process::id()));
+/// let node = Node::builder("alpha")
+///     .cluster("docs")
+///     .journal(&dir)
+///     // Survives a process crash at once, an OS crash up to 5 ms back.
+///     .journal_fsync(FsyncPolicy::Interval(Duration::from_millis(5)))
+///     .journal_segment_size(64 << 10)
+///     .start()?;
+/// node.sync_journal(Duration::from_secs(5))?; // what is journalled now is on disk
+/// node.shutdown(Duration::from_secs(5))?;
+/// # std::fs::remove_dir_all(&dir)?;
+/// # Ok(()) }
+/// ```
+///
 /// [`Builder::journal_fsync`]: crate::Builder::journal_fsync
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FsyncPolicy {

@@ -31,6 +31,21 @@ const LISTEN_BACKLOG: i32 = 4096;
 /// What [`Node::shutdown`] reports once the node has stopped: the node's account of the
 /// messages that never reached a peer, totals since it started over the peers it had when
 /// it stopped (per peer: [`PeerStats`](crate::PeerStats) `undelivered` and `failed`).
+///
+/// ```
+/// use std::time::Duration;
+/// # fn main() -> Result<(), cohort::Error> {
+/// // A peer that is never up: what is queued for it cannot be handed over.
+/// let alpha = cohort::Node::builder("alpha")
+///     .cluster("docs")
+///     .peer("beta", "127.0.0.1:9") // nothing listens on the discard port here
+///     .start()?;
+/// alpha.send("beta", &b"lost"[..])?;
+/// let report = alpha.shutdown(Duration::from_secs(1))?;
+/// assert_eq!(report.failed, 1); // queued, never published: its permits came back
+/// assert_eq!(report.undelivered, 0); // nothing was published and left unacknowledged
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ShutdownReport {

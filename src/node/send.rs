@@ -61,6 +61,34 @@ impl SendOptions {
 
 /// The send half of a node: cheap to clone, usable from any thread, including from inside
 /// a message handler (to reply).
+///
+/// ```
+/// use std::time::Duration;
+/// # fn main() -> Result<(), cohort::Error> {
+/// let beta = cohort::Node::builder("beta")
+///     .cluster("docs")
+///     .allow_unknown_members(true)
+///     .on_message(|d| println!("{} bytes from {}", d.payload().len(), d.from()))
+///     .start()?;
+/// let alpha = cohort::Node::builder("alpha")
+///     .cluster("docs")
+///     .peer("beta", beta.local_addr())
+///     .start()?;
+/// // One Sender, cloned into every thread that sends.
+/// let tx = alpha.sender();
+/// let workers: Vec<_> = (0..4)
+///     .map(|w| {
+///         let tx = tx.clone();
+///         std::thread::spawn(move || tx.send("beta", format!("from worker {w}").into_bytes()))
+///     })
+///     .collect();
+/// for w in workers {
+///     w.join().expect("a worker panicked")?;
+/// }
+/// alpha.shutdown(Duration::from_secs(5))?; // flushes what is queued first
+/// beta.shutdown(Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct Sender {
     core: Arc<SendCore>,
@@ -306,7 +334,26 @@ impl Sender {
     }
 }
 
-/// A [`Sender`] bound to one peer (see [`Sender::to`]).
+/// A [`Sender`] bound to one peer (see [`Sender::to`]): the peer is looked up once, not
+/// on every send, which makes it the fastest way to send many messages to one member.
+///
+/// ```
+/// use std::time::Duration;
+/// # fn main() -> Result<(), cohort::Error> {
+/// # let beta = cohort::Node::builder("beta").cluster("docs").allow_unknown_members(true).start()?;
+/// let alpha = cohort::Node::builder("alpha")
+///     .cluster("docs")
+///     .peer("beta", beta.local_addr())
+///     .start()?;
+/// let to_beta = alpha.sender().to("beta")?; // fails with Error::UnknownPeer for a stranger
+/// for i in 0..100u32 {
+///     to_beta.send(i.to_le_bytes().to_vec())?;
+/// }
+/// assert_eq!(to_beta.peer(), "beta");
+/// alpha.shutdown(Duration::from_secs(5))?;
+/// # beta.shutdown(Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone)]
 pub struct PeerSender {
     core: Arc<SendCore>,

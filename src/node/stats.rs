@@ -170,6 +170,23 @@ pub struct ConnStats {
 }
 
 /// A snapshot of a node's counters. `Display` prints it as a table.
+///
+/// ```
+/// # fn main() -> Result<(), cohort::Error> {
+/// let node = cohort::Node::builder("alpha")
+///     .cluster("docs")
+///     .peer("beta", "127.0.0.1:9") // not up: what is sent stays queued
+///     .start()?;
+/// node.send("beta", &b"queued"[..])?;
+/// let stats = node.stats();
+/// let beta = stats.peer("beta").expect("a configured peer");
+/// // Every message accepted is sent, filtered, failed or still queued.
+/// assert_eq!(beta.accepted, 1);
+/// assert_eq!(beta.accepted, beta.sent + beta.filtered + beta.failed + beta.queued);
+/// println!("{stats}");
+/// # node.shutdown(std::time::Duration::from_secs(1))?;
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Stats {
