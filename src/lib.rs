@@ -55,6 +55,8 @@
 //! The architecture is described in `docs/design.md`, the wire format in `docs/wire.md`.
 
 #![doc(test(attr(deny(warnings))))]
+// docs.rs builds with `--cfg docsrs` on nightly: each item says which feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 // The internal modules' `pub` items are their API within the crate; cohort's own tests,
 // benches, fuzz targets and loom models reach them through `internals` (feature
