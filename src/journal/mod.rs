@@ -427,7 +427,7 @@ pub(crate) fn unpin(live: &mut [LiveSegment], peer: &str) {
     }
 }
 
-/// A member's journal. See the [module docs](self) for the format and the rules.
+/// A member's journal. The module docs (`src/journal/mod.rs`) give the format and the rules.
 #[derive(Debug)]
 pub struct Journal {
     /// The owner's launch id, kept across restarts (see [`Journal::launch_id`]).

@@ -13,7 +13,8 @@
 //! Both sides then drop from their unacked queue what the other has and resend the rest,
 //! before any new message. The machine only validates and sequences; decisions that need
 //! the node's state (is this member known, which of two connections wins) are the caller's,
-//! taken between [`HsEvent::Identified`] and [`Handshake::accept`] / [`Handshake::refuse`].
+//! taken between [`HsEvent::Identified`] and [`Handshake::accept`] (or a refusal: a `Close`
+//! frame).
 //!
 //! ## Authentication
 //!
@@ -190,7 +191,7 @@ enum Step {
 #[must_use]
 pub enum HsEvent {
     /// The peer said who it is and passed the version, authentication and cluster checks.
-    /// The caller now calls [`Handshake::accept`] or [`Handshake::refuse`]. For an
+    /// The caller now calls [`Handshake::accept`] or refuses the link (a `Close` frame). For an
     /// acceptor, `peer_received` is how many of our messages the dialler holds, and the
     /// dialler is authenticated (with a secret). For a dialler the acceptor is not
     /// authenticated yet: change no state before [`HsEvent::Established`].
