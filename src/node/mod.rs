@@ -305,6 +305,9 @@ impl Node {
             b.io.proto.cluster,
             peer_addrs.len()
         );
+        if let Some(warning) = b.loopback_listen_warning(local_addr, &peer_addrs) {
+            log::warn!("{warning}");
+        }
         let node = Node {
             sender,
             name,
