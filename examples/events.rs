@@ -134,29 +134,39 @@ fn run(forget: Duration) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+/// The command line: how long the registry keeps a departed guest; `Ok(None)` when help
+/// was asked for.
+fn parse() -> Result<Option<Duration>, String> {
     let mut forget = Duration::from_millis(500);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return ExitCode::SUCCESS;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--forget-ms" => {
+                let value = it.next().ok_or(format!("{flag} needs a value"))?;
+                let ms = value
+                    .parse()
+                    .map_err(|e| format!("{flag} {value:?}: {e}"))?;
+                forget = Duration::from_millis(ms);
             }
-            "--forget-ms" => match it.next().and_then(|v| v.parse().ok()) {
-                Some(ms) => forget = Duration::from_millis(ms),
-                None => {
-                    eprintln!("--forget-ms needs a number of milliseconds\n{USAGE}");
-                    return ExitCode::FAILURE;
-                }
-            },
-            other => {
-                eprintln!("unknown argument {other:?}\n{USAGE}");
-                return ExitCode::FAILURE;
-            }
+            other => return Err(format!("unknown argument {other:?}")),
         }
     }
+    Ok(Some(forget))
+}
+
+fn main() -> ExitCode {
+    let forget = match parse() {
+        Ok(Some(forget)) => forget,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("events: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
     match run(forget) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
