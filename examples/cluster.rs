@@ -2,15 +2,30 @@
 //! table shows what was delivered per sender, whether order held, the rate, and the most
 //! pool threads ever seen delivering one sender's messages at once (must be 1).
 //!
-//! `cargo run --release --example cluster [-- --count N --size B]`
+//! `cargo run --release --example cluster [-- --count N --size B --pool-threads T]`
 
 use std::collections::HashMap;
+use std::error::Error;
+use std::process::ExitCode;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use cohort::Node;
 
+const USAGE: &str = "usage: cluster [--count N] [--size B] [--pool-threads T]
+
+Three members on loopback send each other N messages each; prints what every member
+delivered from every other, whether their order held, the rate, and each node's stats.
+
+  --count N          messages from each member to each other member (default 200000)
+  --size B           bytes per message, at least 8 (default 64)
+  --pool-threads T   delivery threads per member (default 2)
+  -h, --help         this text";
+
 const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
+
+/// The longest the example waits for its messages to be delivered.
+const DEADLINE: Duration = Duration::from_secs(120);
 
 /// What one receiver saw from one sender.
 #[derive(Default)]
@@ -20,19 +35,85 @@ struct Seen {
     out_of_order: u64,
 }
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+struct Args {
+    count: u64,
+    size: usize,
+    pool_threads: usize,
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let count = arg("--count", 200_000);
-    let size = arg("--size", 64).max(8) as usize;
-    let pool_threads = arg("--pool-threads", 2) as usize;
+/// The command line; `Ok(None)` when help was asked for.
+fn parse() -> Result<Option<Args>, String> {
+    let mut a = Args {
+        count: 200_000,
+        size: 64,
+        pool_threads: 2,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "-h" || flag == "--help" {
+            return Ok(None);
+        }
+        if !["--count", "--size", "--pool-threads"].contains(&flag.as_str()) {
+            return Err(format!("unknown argument {flag:?}"));
+        }
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        let n = value
+            .parse::<u64>()
+            .map_err(|e| format!("{flag} {value:?}: {e}"))?;
+        match flag.as_str() {
+            "--count" => a.count = n,
+            "--size" if n < 8 => return Err(format!("--size {n}: at least 8 (the counter)")),
+            "--size" => a.size = n as usize,
+            _ if n == 0 => return Err(format!("{flag} {n}: at least 1")),
+            _ => a.pool_threads = n as usize,
+        }
+    }
+    Ok(Some(a))
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("cluster: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cluster: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Messages of every sender delivered by `node`, as its stats count them.
+fn counted(node: &Node) -> u64 {
+    node.stats().peers.iter().map(|p| p.delivered).sum()
+}
+
+/// Waits until every node's stats count `per_node` delivered messages, or `deadline`.
+/// A handler's own count runs ahead of the stats, which count a delivery once its handler
+/// has returned: without this wait the table could show fewer than the handlers saw.
+fn wait_for_stats(nodes: &[Node], per_node: u64, deadline: Instant) -> bool {
+    loop {
+        if nodes.iter().all(|n| counted(n) >= per_node) {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::park_timeout(Duration::from_millis(1));
+    }
+}
+
+fn run(a: &Args) -> Result<(), Box<dyn Error>> {
+    let (count, size, pool_threads) = (a.count, a.size, a.pool_threads);
 
     let expected_total = count * 6;
     // seen[receiver][sender]
@@ -95,7 +176,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             });
         }
     });
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + DEADLINE;
     {
         let (count, cv) = &*total;
         let mut n = count.lock().expect("no panics holding this lock");
@@ -111,6 +192,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let elapsed = started.elapsed();
+    // Each node receives `count` messages from each of the two others.
+    if !wait_for_stats(&nodes, count * 2, deadline) {
+        eprintln!("cluster: the stats below may lag: not every delivery counted by the deadline");
+    }
 
     println!(
         "{:<8} {:<8} {:>12} {:>10}",

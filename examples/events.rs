@@ -48,21 +48,39 @@ fn member(name: &str, tx: &Sender<Seen>) -> cohort::Builder {
         })
 }
 
-/// Waits until `node` sees an event `want` says is the one.
-fn wait_for(
-    rx: &Receiver<Seen>,
-    node: &str,
-    what: &str,
-    want: impl Fn(&Event) -> bool,
-) -> Result<Event, Box<dyn Error>> {
-    let deadline = Instant::now() + STEP;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok((n, e)) if n == node && want(&e) => return Ok(e),
-            Ok(_) => {}
-            Err(_) => return Err(format!("{node} did not see {what} within {STEP:?}").into()),
+/// The events forwarded by the members, with those that came while the example waited
+/// for another: the members' events interleave in any order.
+struct Events {
+    rx: Receiver<Seen>,
+    early: Vec<Seen>,
+}
+
+impl Events {
+    /// Waits until `node` sees an event `want` says is the one (or has seen it already
+    /// while the example waited for another).
+    fn wait_for(
+        &mut self,
+        node: &str,
+        what: &str,
+        want: impl Fn(&Event) -> bool,
+    ) -> Result<Event, Box<dyn Error>> {
+        if let Some(i) = self.early.iter().position(|(n, e)| n == node && want(e)) {
+            return Ok(self.early.remove(i).1);
         }
+        let deadline = Instant::now() + STEP;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok((n, e)) if n == node && want(&e) => return Ok(e),
+                Ok(other) => self.early.push(other),
+                Err(_) => return Err(format!("{node} did not see {what} within {STEP:?}").into()),
+            }
+        }
+    }
+
+    /// Forgets the events of the steps before: the next step waits for new ones.
+    fn next_step(&mut self) {
+        self.early.clear();
     }
 }
 
@@ -72,6 +90,10 @@ fn connected_to(peer: &'static str) -> impl Fn(&Event) -> bool {
 
 fn run(forget: Duration) -> Result<(), Box<dyn Error>> {
     let (tx, rx) = mpsc::channel();
+    let mut events = Events {
+        rx,
+        early: Vec::new(),
+    };
     let registry = member("registry", &tx)
         .allow_unknown_members(true)
         .forget_after(forget)
@@ -83,21 +105,21 @@ fn run(forget: Duration) -> Result<(), Box<dyn Error>> {
         .peer("registry", registry.local_addr())
         .start()?;
     println!("-- alpha connects to beta and the registry");
-    wait_for(&rx, "alpha", "beta connected", connected_to("beta"))?;
-    wait_for(&rx, "registry", "alpha connected", connected_to("alpha"))?;
+    events.wait_for("alpha", "beta connected", connected_to("beta"))?;
+    events.wait_for("registry", "alpha connected", connected_to("alpha"))?;
     for i in 0..10u32 {
         alpha.send("beta", i.to_le_bytes().to_vec())?;
     }
 
     println!("-- beta restarts (a new process: a new launch id)");
+    events.next_step();
     beta.shutdown(Duration::from_secs(5))?;
     drop(beta);
     let beta = member("beta", &tx)
         .allow_unknown_members(true)
         .listen(beta_addr)
         .start()?;
-    let e = wait_for(
-        &rx,
+    let e = events.wait_for(
         "alpha",
         "beta's new incarnation",
         |e| matches!(e, Event::NewIncarnation { peer, .. } if peer == "beta"),
@@ -105,22 +127,17 @@ fn run(forget: Duration) -> Result<(), Box<dyn Error>> {
     if let Event::NewIncarnation { undelivered, .. } = e {
         println!("-- alpha: {undelivered} messages to beta's old process were undelivered");
     }
-    wait_for(&rx, "alpha", "beta connected again", connected_to("beta"))?;
+    events.wait_for("alpha", "beta connected again", connected_to("beta"))?;
 
     println!("-- a guest the registry does not know comes and goes");
+    events.next_step();
     let guest = member("guest", &tx)
         .peer("registry", registry.local_addr())
         .start()?;
-    wait_for(
-        &rx,
-        "registry",
-        "the guest connected",
-        connected_to("guest"),
-    )?;
+    events.wait_for("registry", "the guest connected", connected_to("guest"))?;
     println!("-- registry peers: {:?}", registry.peers());
     guest.shutdown(Duration::from_secs(5))?;
-    wait_for(
-        &rx,
+    events.wait_for(
         "registry",
         "the guest forgotten",
         |e| matches!(e, Event::Forgotten { peer } if peer == "guest"),
@@ -134,29 +151,39 @@ fn run(forget: Duration) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+/// The command line: how long the registry keeps a departed guest; `Ok(None)` when help
+/// was asked for.
+fn parse() -> Result<Option<Duration>, String> {
     let mut forget = Duration::from_millis(500);
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return ExitCode::SUCCESS;
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "-h" | "--help" => return Ok(None),
+            "--forget-ms" => {
+                let value = it.next().ok_or(format!("{flag} needs a value"))?;
+                let ms = value
+                    .parse()
+                    .map_err(|e| format!("{flag} {value:?}: {e}"))?;
+                forget = Duration::from_millis(ms);
             }
-            "--forget-ms" => match it.next().and_then(|v| v.parse().ok()) {
-                Some(ms) => forget = Duration::from_millis(ms),
-                None => {
-                    eprintln!("--forget-ms needs a number of milliseconds\n{USAGE}");
-                    return ExitCode::FAILURE;
-                }
-            },
-            other => {
-                eprintln!("unknown argument {other:?}\n{USAGE}");
-                return ExitCode::FAILURE;
-            }
+            other => return Err(format!("unknown argument {other:?}")),
         }
     }
+    Ok(Some(forget))
+}
+
+fn main() -> ExitCode {
+    let forget = match parse() {
+        Ok(Some(forget)) => forget,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("events: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
     match run(forget) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

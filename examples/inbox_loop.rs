@@ -38,12 +38,12 @@ fn parse() -> Result<Option<(u64, Duration)>, String> {
             return Ok(None);
         }
         if flag != "--readings" && flag != "--tick-us" {
-            return Err(format!("unknown argument {flag}"));
+            return Err(format!("unknown argument {flag:?}"));
         }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         let n = value
             .parse::<u64>()
-            .map_err(|e| format!("{flag} {value}: {e}"))?;
+            .map_err(|e| format!("{flag} {value:?}: {e}"))?;
         if flag == "--readings" {
             readings = n;
         } else {

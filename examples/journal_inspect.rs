@@ -5,12 +5,45 @@
 //! cargo run --example journal_inspect -- /var/lib/myapp/journal
 //! ```
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
+const USAGE: &str = "usage: journal_inspect DIR
+
+Prints what is on disk in the cohort journal directory DIR (the one given to
+Builder::journal): its segments, their states and record counts, and the empty-file pool.
+Reads only; changes nothing.
+
+  -h, --help       this text";
+
+/// The command line: the directory; `Ok(None)` when help was asked for.
+fn parse() -> Result<Option<OsString>, String> {
+    let mut dir = None;
+    for arg in std::env::args_os().skip(1) {
+        match arg.to_str() {
+            Some("-h" | "--help") => return Ok(None),
+            // A directory whose name starts with '-' can be given as ./-name.
+            Some(flag) if flag.starts_with('-') => {
+                return Err(format!("unknown argument {flag:?}"))
+            }
+            _ if dir.is_some() => return Err(format!("one DIR only, not also {arg:?}")),
+            _ => dir = Some(arg),
+        }
+    }
+    dir.map(Some).ok_or_else(|| "no DIR given".to_owned())
+}
+
 fn main() -> ExitCode {
-    let Some(dir) = std::env::args_os().nth(1) else {
-        eprintln!("usage: journal_inspect DIR");
-        return ExitCode::from(2);
+    let dir = match parse() {
+        Ok(Some(dir)) => dir,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("journal_inspect: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
     };
     match cohort::inspect_journal(&dir) {
         Ok(inspection) => {

@@ -48,6 +48,26 @@ use cohort::{Node, PeerState};
 
 const CLUSTER: &str = "mesh";
 
+const USAGE: &str = "usage: mesh [--members N] [--messages M] [--size B] [--runs R] [--deadline S]
+            [--logs DIR] [--watch MS]
+
+A full mesh of member processes on loopback, every member broadcasting a burst; prints one
+line per run and a summary. Exits non-zero if a run lost a connection to the idle timeout
+or did not complete.
+
+  --members N      member processes (default 16, at least 2)
+  --messages M     messages each member broadcasts (default 2000)
+  --size B         bytes per message, at least 8 (default 256)
+  --runs R         runs, one after the other (default 1)
+  --deadline S     seconds a run may take before its members are killed (default 120)
+  --logs DIR       each member's log, DIR/run-K/mI.log (default target/mesh-logs)
+  --watch MS       sample `ss` every MS milliseconds and report sockets whose receive
+                   queue stayed non-empty for a second or more
+  -h, --help       this text
+
+Member log level: MESH_LOG=error|warn|info|debug|trace (default warn). The example runs its
+members as `mesh --child I --ports P,P,... [options]`; those two flags are its own.";
+
 /// Settings shared by the parent and its children.
 #[derive(Clone, Debug)]
 struct Opts {
@@ -58,42 +78,73 @@ struct Opts {
     deadline: Duration,
     logs: PathBuf,
     watch: Option<Duration>,
+    /// For a member process: its index and every member's port (`--child`, `--ports`).
+    child: Option<(String, String)>,
 }
 
-fn arg(args: &[String], name: &str) -> Option<String> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .cloned()
+fn number<T: std::str::FromStr>(flag: &str, value: &str) -> Result<T, String> {
+    value
+        .parse()
+        .map_err(|_| format!("{flag} {value:?}: not a number"))
 }
 
-fn num<T: std::str::FromStr>(args: &[String], name: &str, default: T) -> Result<T, String> {
-    match arg(args, name) {
-        None => Ok(default),
-        Some(v) => v.parse().map_err(|_| format!("{name}: not a number: {v}")),
-    }
-}
-
-fn opts(args: &[String]) -> Result<Opts, String> {
-    let o = Opts {
-        members: num(args, "--members", 16usize)?,
-        messages: num(args, "--messages", 2000u64)?,
-        size: num(args, "--size", 256usize)?,
-        runs: num(args, "--runs", 1usize)?,
-        deadline: Duration::from_secs(num(args, "--deadline", 120u64)?),
-        logs: arg(args, "--logs").map_or_else(|| PathBuf::from("target/mesh-logs"), PathBuf::from),
-        watch: arg(args, "--watch")
-            .map(|v| v.parse().map(Duration::from_millis))
-            .transpose()
-            .map_err(|_| "--watch: not a number of milliseconds".to_owned())?,
+/// The command line; `Ok(None)` when help was asked for.
+fn parse() -> Result<Option<Opts>, String> {
+    let mut o = Opts {
+        members: 16,
+        messages: 2000,
+        size: 256,
+        runs: 1,
+        deadline: Duration::from_secs(120),
+        logs: PathBuf::from("target/mesh-logs"),
+        watch: None,
+        child: None,
     };
+    let (mut child, mut ports) = (None, None);
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "-h" || flag == "--help" {
+            return Ok(None);
+        }
+        let known = [
+            "--members",
+            "--messages",
+            "--size",
+            "--runs",
+            "--deadline",
+            "--logs",
+            "--watch",
+            "--child",
+            "--ports",
+        ];
+        if !known.contains(&flag.as_str()) {
+            return Err(format!("unknown argument {flag:?}"));
+        }
+        let v = it.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--members" => o.members = number(&flag, &v)?,
+            "--messages" => o.messages = number(&flag, &v)?,
+            "--size" => o.size = number(&flag, &v)?,
+            "--runs" => o.runs = number(&flag, &v)?,
+            "--deadline" => o.deadline = Duration::from_secs(number(&flag, &v)?),
+            "--logs" => o.logs = PathBuf::from(v),
+            "--watch" => o.watch = Some(Duration::from_millis(number(&flag, &v)?)),
+            "--child" => child = Some(v),
+            _ => ports = Some(v),
+        }
+    }
     if o.members < 2 {
         return Err("--members: at least 2".into());
     }
     if o.size < 8 {
         return Err("--size: at least 8 (the message number)".into());
     }
-    Ok(o)
+    o.child = match (child, ports) {
+        (Some(i), Some(p)) => Some((i, p)),
+        (None, None) => None,
+        _ => return Err("--child and --ports go together".into()),
+    };
+    Ok(Some(o))
 }
 
 fn member_name(i: usize) -> String {
@@ -101,16 +152,19 @@ fn member_name(i: usize) -> String {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let o = match opts(&args) {
-        Ok(o) => o,
+    let o = match parse() {
+        Ok(Some(o)) => o,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         Err(e) => {
-            eprintln!("mesh: {e}");
-            return ExitCode::FAILURE;
+            eprintln!("mesh: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
         }
     };
-    let result = match arg(&args, "--child") {
-        Some(i) => child(&o, &i, arg(&args, "--ports").unwrap_or_default()),
+    let result = match &o.child {
+        Some((i, ports)) => child(&o, i, ports),
         None => parent(&o),
     };
     match result {
@@ -234,7 +288,7 @@ fn sched_by_role() -> Sched {
     s
 }
 
-fn child(o: &Opts, index: &str, ports: String) -> Result<bool, Box<dyn Error>> {
+fn child(o: &Opts, index: &str, ports: &str) -> Result<bool, Box<dyn Error>> {
     let level = std::env::var("MESH_LOG")
         .ok()
         .and_then(|l| l.parse().ok())

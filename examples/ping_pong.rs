@@ -24,32 +24,68 @@ use cohort::{Builder, Bytes, FsyncPolicy, Node};
 /// Longest wait for one reply before giving up.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The value following `name` on the command line, or `default`.
-fn arg(name: &str, default: u64) -> Result<u64, Box<dyn Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    match args.iter().position(|a| a == name) {
-        None => Ok(default),
-        Some(i) => {
-            let value = args.get(i + 1).ok_or(format!("{name} needs a value"))?;
-            Ok(value
-                .parse()
-                .map_err(|e| format!("{name} {value:?}: {e}"))?)
-        }
-    }
+const USAGE: &str = "usage: ping_pong [--count K] [--size B] [--warmup W] [--spin-us S]
+                 [--journal never|interval|every]
+
+Round-trip time between two members in one process, next to raw blocking TCP.
+
+  --count K        timed round trips (default 100000)
+  --size B         bytes per message (default 64)
+  --warmup W       untimed round trips first (default 10000)
+  --spin-us S      Builder::low_latency(S µs) on both members; 0: never spin
+                   (default: the builder's idle strategy)
+  --journal P      journal both members in fresh temp directories with fsync policy P:
+                   never, interval (5 ms) or every (default: no journal)
+  -h, --help       this text";
+
+/// The command line.
+struct Args {
+    count: usize,
+    size: usize,
+    warmup: usize,
+    spin: Option<Duration>,
+    policy: Option<FsyncPolicy>,
 }
 
-/// The fsync policy named after `--journal`, if any.
-fn journal_policy() -> Result<Option<FsyncPolicy>, Box<dyn Error>> {
-    let args: Vec<String> = std::env::args().collect();
-    let Some(i) = args.iter().position(|a| a == "--journal") else {
-        return Ok(None);
+/// The command line; `Ok(None)` when help was asked for.
+fn parse() -> Result<Option<Args>, String> {
+    let mut a = Args {
+        count: 100_000,
+        size: 64,
+        warmup: 10_000,
+        spin: None,
+        policy: None,
     };
-    match args.get(i + 1).map(String::as_str) {
-        Some("never") => Ok(Some(FsyncPolicy::Never)),
-        Some("interval") => Ok(Some(FsyncPolicy::Interval(Duration::from_millis(5)))),
-        Some("every") => Ok(Some(FsyncPolicy::EveryBatch)),
-        other => Err(format!("--journal never|interval|every, not {other:?}").into()),
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        if flag == "-h" || flag == "--help" {
+            return Ok(None);
+        }
+        let known = ["--count", "--size", "--warmup", "--spin-us", "--journal"];
+        if !known.contains(&flag.as_str()) {
+            return Err(format!("unknown argument {flag:?}"));
+        }
+        let value = it.next().ok_or(format!("{flag} needs a value"))?;
+        if flag == "--journal" {
+            a.policy = Some(match value.as_str() {
+                "never" => FsyncPolicy::Never,
+                "interval" => FsyncPolicy::Interval(Duration::from_millis(5)),
+                "every" => FsyncPolicy::EveryBatch,
+                _ => return Err(format!("--journal never|interval|every, not {value:?}")),
+            });
+            continue;
+        }
+        let n = value
+            .parse::<u64>()
+            .map_err(|e| format!("{flag} {value:?}: {e}"))?;
+        match flag.as_str() {
+            "--count" => a.count = n.max(1) as usize,
+            "--size" => a.size = n as usize,
+            "--warmup" => a.warmup = n as usize,
+            _ => a.spin = Some(Duration::from_micros(n)),
+        }
     }
+    Ok(Some(a))
 }
 
 /// The journal directory of member `name` in this run.
@@ -76,7 +112,18 @@ fn micros(d: Duration) -> f64 {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let args = match parse() {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("ping_pong: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ping_pong: {e}");
@@ -85,21 +132,14 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<(), Box<dyn Error>> {
-    let count = arg("--count", 100_000)?.max(1) as usize;
-    let size = arg("--size", 64)? as usize;
-    let warmup = arg("--warmup", 10_000)? as usize;
+fn run(a: &Args) -> Result<(), Box<dyn Error>> {
+    let (count, size, warmup, spin, policy) = (a.count, a.size, a.warmup, a.spin, a.policy);
     // The IO thread and idle delivery threads spin this long after work before they block
     // (Builder::low_latency; 0 = block at once); the builder's default if not given.
-    let spin = match std::env::args().any(|a| a == "--spin-us") {
-        true => Some(Duration::from_micros(arg("--spin-us", 0)?)),
-        false => None,
-    };
     let tune = |b: Builder| match spin {
         Some(spin) => b.low_latency(spin),
         None => b,
     };
-    let policy = journal_policy()?;
 
     // pong echoes through the node handle its delivery carries.
     let pong = journalled(tune(Node::builder("pong")), "pong", policy)

@@ -44,12 +44,12 @@ fn parse() -> Result<Option<Args>, String> {
             return Ok(None);
         }
         if !["--requests", "--threads", "--window"].contains(&flag.as_str()) {
-            return Err(format!("unknown argument {flag}"));
+            return Err(format!("unknown argument {flag:?}"));
         }
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         let n = value
             .parse::<u64>()
-            .map_err(|e| format!("{flag} {value}: {e}"))?;
+            .map_err(|e| format!("{flag} {value:?}: {e}"))?;
         match flag.as_str() {
             "--requests" => a.requests = n,
             "--threads" => a.threads = n.max(1) as usize,

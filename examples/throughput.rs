@@ -33,7 +33,9 @@ usage:
       run the receiving member 'sink' on ADDR; exit after R runs (default: never)
   throughput --connect ADDR [--count N] [--size B] [--name NAME]
       run a sending member (default name 'source') that sends N messages (default
-      1000000) of B bytes (default 64, at most 1 MiB) to the sink at ADDR";
+      1000000) of B bytes (default 64, at most 1 MiB) to the sink at ADDR
+  throughput -h | --help
+      this text";
 
 const CLUSTER: &str = "throughput";
 const SINK: &str = "sink";
@@ -79,21 +81,15 @@ struct SourceOptions {
 }
 
 impl Role {
-    /// Parses the arguments; `Ok(None)` when there are none or help was asked for.
-    fn parse() -> Result<Option<Role>, Box<dyn Error>> {
-        let mut args = std::env::args().skip(1).peekable();
-        if args.peek().is_none() {
-            return Ok(None);
-        }
+    /// Parses the arguments; `Ok(None)` when help was asked for.
+    fn parse() -> Result<Option<Role>, String> {
+        let mut args = std::env::args().skip(1);
         let (mut listen, mut connect, mut runs) = (None, None, None);
         let (mut count, mut size, mut name) = (1_000_000, 64, "source".to_owned());
         while let Some(flag) = args.next() {
-            let mut value = || {
-                args.next()
-                    .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-            };
-            let number = |v: String| -> Result<u64, Box<dyn Error>> {
-                Ok(v.parse().map_err(|e| format!("{flag} {v:?}: {e}"))?)
+            let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
+            let number = |v: String| -> Result<u64, String> {
+                v.parse().map_err(|e| format!("{flag} {v:?}: {e}"))
             };
             match flag.as_str() {
                 "--listen" => listen = Some(value()?),
@@ -103,14 +99,14 @@ impl Role {
                 "--size" => size = number(value()?)?,
                 "--name" => name = value()?,
                 "-h" | "--help" => return Ok(None),
-                other => return Err(format!("unknown argument {other:?}\n{USAGE}").into()),
+                other => return Err(format!("unknown argument {other:?}")),
             }
         }
         match (listen, connect) {
             (Some(addr), None) => Ok(Some(Role::Sink { addr, runs })),
             (None, Some(addr)) => {
                 if !(1..=MAX_SIZE).contains(&size) {
-                    return Err(format!("--size must be 1 to {MAX_SIZE} bytes, got {size}").into());
+                    return Err(format!("--size must be 1 to {MAX_SIZE} bytes, got {size}"));
                 }
                 Ok(Some(Role::Source(SourceOptions {
                     addr,
@@ -119,29 +115,33 @@ impl Role {
                     name,
                 })))
             }
-            _ => Err(format!("give exactly one of --listen and --connect\n{USAGE}").into()),
+            _ => Err("give exactly one of --listen and --connect".into()),
         }
     }
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let role = match Role::parse() {
+        Ok(Some(role)) => role,
+        Ok(None) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("throughput: {e}\n\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = match role {
+        Role::Sink { addr, runs } => sink(&addr, runs),
+        Role::Source(options) => source(&options),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("throughput: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn run() -> Result<(), Box<dyn Error>> {
-    match Role::parse()? {
-        None => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        Some(Role::Sink { addr, runs }) => sink(&addr, runs),
-        Some(Role::Source(options)) => source(&options),
     }
 }
 

@@ -28,6 +28,9 @@ const DEFAULT_MAX_REQUESTS: usize = 1024;
 /// at most `1 + oob_concurrency` of them.
 const MIN_POOL_THREADS: usize = 4;
 
+/// The listen address of a node that does not call [`Builder::listen`].
+const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 0);
+
 /// How long a member admitted at run time may stay disconnected before it is forgotten, by
 /// default ([`Builder::forget_after`]).
 const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(60);
@@ -99,6 +102,9 @@ pub struct Builder {
     pub(crate) io: IoConfig,
     // The node's own settings: its listener, its peers, the pool, the callbacks, the journal.
     pub(crate) listen: Result<SocketAddr, String>,
+    /// Whether [`listen`](Builder::listen) was called (otherwise `listen` is the default,
+    /// `127.0.0.1:0`).
+    pub(crate) listen_given: bool,
     pub(crate) peers: Vec<(String, Result<SocketAddr, String>)>,
     pub(crate) pool_threads: usize,
     /// Pool threads one sender's out-of-band messages may occupy at once (`None`: half
@@ -197,7 +203,8 @@ impl Builder {
                 idle: IdleStrategy::default(),
                 tls: None,
             },
-            listen: Ok(SocketAddr::from(([127, 0, 0, 1], 0))),
+            listen: Ok(SocketAddr::from(DEFAULT_LISTEN)),
+            listen_given: false,
             peers: Vec::new(),
             pool_threads: std::thread::available_parallelism()
                 .map_or(MIN_POOL_THREADS, |n| n.get())
@@ -246,10 +253,18 @@ impl Builder {
         self
     }
 
-    /// Address to listen on (default `127.0.0.1:0`; port 0 picks an ephemeral port, see
-    /// [`Node::local_addr`]).
+    /// Address to listen on; port 0 picks an ephemeral port, see [`Node::local_addr`].
+    ///
+    /// The default is `127.0.0.1:0`: loopback only, on an ephemeral port, so **members on
+    /// other machines cannot dial a node that never calls `listen`** (only its own dials
+    /// connect it to them). A member of a cluster spanning machines listens on an address
+    /// its peers can reach and that they are configured with, e.g. `.listen("0.0.0.0:7000")`
+    /// or its own interface's address. Every node logs the address it listens on at start
+    /// (`info`, through the [`log`](https://docs.rs/log) crate), and a node on the default
+    /// address with a configured peer outside loopback logs a warning.
     pub fn listen<A: ToSocketAddrs>(mut self, addr: A) -> Self {
         self.listen = resolve(addr);
+        self.listen_given = true;
         self
     }
 
@@ -924,6 +939,35 @@ impl Builder {
             }
         }
         Ok((listen, peers))
+    }
+
+    /// The warning for a node left on the default, loopback-only listen address while
+    /// `peers` names members outside loopback, which cannot dial it; `None` if there is
+    /// nothing to warn about.
+    pub(crate) fn loopback_listen_warning(
+        &self,
+        listen: SocketAddr,
+        peers: &HashMap<String, SocketAddr>,
+    ) -> Option<String> {
+        if self.listen_given || !listen.ip().is_loopback() {
+            return None;
+        }
+        let mut remote: Vec<String> = peers
+            .iter()
+            .filter(|(_, addr)| !addr.ip().is_loopback())
+            .map(|(name, addr)| format!("'{name}' at {addr}"))
+            .collect();
+        if remote.is_empty() {
+            return None;
+        }
+        remote.sort();
+        Some(format!(
+            "{}: listening on {listen}, the default loopback address, with peers outside \
+             loopback ({}): remote peers cannot reach a node listening on loopback; call \
+             Builder::listen with an address they can reach",
+            self.name(),
+            remote.join(", ")
+        ))
     }
 
     /// Binds the listener, starts the IO thread and the delivery pool, and dials the

@@ -320,6 +320,9 @@ impl Node {
             b.io.proto.cluster,
             peer_addrs.len()
         );
+        if let Some(warning) = b.loopback_listen_warning(local_addr, &peer_addrs) {
+            log::warn!("{warning}");
+        }
         let node = Node {
             sender,
             name,
@@ -497,6 +500,12 @@ impl Node {
     }
 
     /// A snapshot of every counter.
+    ///
+    /// The counters are read one by one while the node runs, not frozen together. A
+    /// delivery is counted (`delivered`, `oob_delivered`, the pool's figures) only after
+    /// the handler returns, so a snapshot taken while messages flow may lag what the
+    /// handler itself has counted: to compare the two, wait until the stats reach the
+    /// count expected (or the traffic has stopped and the pool is idle) before reading.
     pub fn stats(&self) -> Stats {
         let peers: Vec<Arc<PeerShared>> = self.peers.read().values().cloned().collect();
         let mut out: Vec<PeerStats> = peers.iter().map(|p| peer_stats(p)).collect();

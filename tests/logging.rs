@@ -1,0 +1,135 @@
+//! What a node logs about its listen address: every node logs the address it listens on,
+//! and a node left on the default, loopback-only address while it has peers outside
+//! loopback warns that they cannot reach it. The records are captured by a `log::Log`
+//! installed for this test binary alone.
+
+mod support;
+
+use std::sync::{Mutex, Once};
+
+use cohort::Node;
+use support::*;
+
+/// Every record logged by this test binary, as `(level, message)`.
+static RECORDS: Mutex<Vec<(log::Level, String)>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl log::Log for Capture {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Info
+    }
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let mut records = RECORDS.lock().unwrap_or_else(|e| e.into_inner());
+            records.push((r.level(), r.args().to_string()));
+        }
+    }
+    fn flush(&self) {}
+}
+
+static CAPTURE: Capture = Capture;
+
+/// Installs [`Capture`] as this binary's logger, once.
+fn capture_logs() {
+    static INSTALL: Once = Once::new();
+    INSTALL.call_once(|| {
+        log::set_logger(&CAPTURE).expect("the only logger of this binary");
+        log::set_max_level(log::LevelFilter::Info);
+    });
+}
+
+/// The messages logged at `level` by the node named `name` (they start with its name).
+fn logged(level: log::Level, name: &str) -> Vec<String> {
+    let prefix = format!("{name}: ");
+    RECORDS
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(l, m)| *l == level && m.starts_with(&prefix))
+        .map(|(_, m)| m.clone())
+        .collect()
+}
+
+/// The one `info` record saying where `node` listens.
+fn assert_listening_logged(node: &Node) {
+    let want = format!("{}: listening on {}", node.name(), node.local_addr());
+    let infos = logged(log::Level::Info, node.name());
+    assert!(
+        infos.iter().any(|m| m.starts_with(&want)),
+        "no {want:?} among {infos:?}"
+    );
+}
+
+/// A node that never calls `listen` listens on loopback; with a peer configured on an
+/// address outside loopback it warns at start, naming the peer and `Builder::listen`.
+#[test]
+fn default_listen_address_with_a_remote_peer_warns() {
+    capture_logs();
+    let node = Node::builder("log-remote")
+        .cluster("t-logging")
+        .peer("faraway", "10.255.255.1:7000")
+        .start()
+        .expect("node starts");
+    assert!(node.local_addr().ip().is_loopback());
+    assert_listening_logged(&node);
+    let warnings = logged(log::Level::Warn, "log-remote");
+    assert!(
+        warnings
+            .iter()
+            .any(|m| m.contains("'faraway' at 10.255.255.1:7000")
+                && m.contains("remote peers cannot reach a node listening on loopback")
+                && m.contains("Builder::listen")),
+        "no loopback warning among {warnings:?}"
+    );
+    node.shutdown(SHUTDOWN).expect("shutdown");
+}
+
+/// Peers on loopback can reach a node on the default address: no warning, and they
+/// connect.
+#[test]
+fn default_listen_address_with_loopback_peers_does_not_warn() {
+    capture_logs();
+    let b = Node::builder("log-local-b")
+        .cluster("t-logging")
+        .start()
+        .expect("b starts");
+    let a = Node::builder("log-local-a")
+        .cluster("t-logging")
+        .peer("log-local-b", b.local_addr())
+        .start()
+        .expect("a starts");
+    b.add_peer("log-local-a", a.local_addr()).expect("add a");
+    wait_until("a and b connected", PATIENCE, || {
+        is_connected(&a, "log-local-b") && is_connected(&b, "log-local-a")
+    });
+    for node in [&a, &b] {
+        assert_listening_logged(node);
+        let warnings = logged(log::Level::Warn, node.name());
+        assert!(
+            !warnings.iter().any(|m| m.contains("loopback")),
+            "{}: unexpected warning {warnings:?}",
+            node.name()
+        );
+    }
+    shutdown_all(&[a, b]);
+}
+
+/// A listen address the application chose is its business, loopback or not: no warning.
+#[test]
+fn listen_address_given_does_not_warn() {
+    capture_logs();
+    let node = Node::builder("log-given")
+        .cluster("t-logging")
+        .listen("127.0.0.1:0")
+        .peer("faraway", "10.255.255.1:7000")
+        .start()
+        .expect("node starts");
+    assert_listening_logged(&node);
+    let warnings = logged(log::Level::Warn, "log-given");
+    assert!(
+        !warnings.iter().any(|m| m.contains("loopback")),
+        "unexpected warning {warnings:?}"
+    );
+    node.shutdown(SHUTDOWN).expect("shutdown");
+}
