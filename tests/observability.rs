@@ -182,3 +182,34 @@ fn nothing_is_measured_before_a_connection() {
     assert_eq!(back, stats);
     a.shutdown(SHUTDOWN).expect("shutdown");
 }
+
+/// A handler that panics is counted in `PoolStats::panics` whether the message was regular
+/// or out-of-band, and the table shows the count.
+#[test]
+fn handler_panics_are_counted_for_regular_and_oob_messages() {
+    let seen = Counter::new();
+    let b_seen = seen.clone();
+    let nodes = connected([
+        Node::builder("a").cluster("t-obs-panics"),
+        Node::builder("b")
+            .cluster("t-obs-panics")
+            .on_message(move |d| {
+                b_seen.add();
+                if d.payload().starts_with(b"boom") {
+                    panic!("a handler that fails on purpose");
+                }
+            }),
+    ]);
+    nodes[0].send("b", &b"boom: regular"[..]).expect("send");
+    nodes[0]
+        .send_oob("b", &b"boom: out of band"[..])
+        .expect("send");
+    nodes[0].send("b", &b"fine"[..]).expect("send");
+    wait_until_or(
+        PATIENCE,
+        || seen.get() == 3 && nodes[1].stats().pool.panics == 2,
+        || format!("two panics counted; stats:\n{}", all_stats(&nodes)),
+    );
+    assert!(nodes[1].stats().to_string().contains("2 handler panics"));
+    shutdown_all(&nodes);
+}
