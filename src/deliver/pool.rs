@@ -276,6 +276,7 @@ impl std::fmt::Debug for Pool {
 
 /// Pool counters at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct PoolStats {
     /// Worker threads.
     pub threads: usize,
@@ -286,7 +287,8 @@ pub struct PoolStats {
     pub busy: usize,
     /// Tasks run so far (batches of a sender's regular or out-of-band messages).
     pub tasks_run: u64,
-    /// Handler panics caught in OOB deliveries.
+    /// Handler panics caught, in regular and out-of-band deliveries (each one logged; the
+    /// message counts as handled).
     pub panics: u64,
 }
 
@@ -497,10 +499,20 @@ fn run_task(s: &Shared, task: Task, node: Option<&Sender>, mut handler: impl FnM
     s.busy.fetch_add(1, Ordering::Relaxed);
     let mut give = |d: Delivery| handler(d.with_node(node));
     let again = match task {
-        Task::Sender(m) => match m.run(s.budget, &mut give) {
-            RunOutcome::Yield => Some(Task::Sender(m)),
-            RunOutcome::Idle => None,
-        },
+        Task::Sender(m) => {
+            let before = m.panics();
+            let outcome = m.run(s.budget, &mut give);
+            // One deliverer at a time runs a sender's queue: what its count gained since
+            // `before` was caught in this run. Two loads per task, none per message.
+            let caught = m.panics().saturating_sub(before);
+            if caught > 0 {
+                s.panics.fetch_add(caught, Ordering::Relaxed);
+            }
+            match outcome {
+                RunOutcome::Yield => Some(Task::Sender(m)),
+                RunOutcome::Idle => None,
+            }
+        }
         Task::Oob(q) => {
             let run = q.run(s.budget, &mut give);
             s.oob_delivered.fetch_add(run.delivered, Ordering::Relaxed);

@@ -292,7 +292,6 @@ impl SenderQueue {
         self.delivered_bytes.load(Ordering::Relaxed)
     }
     /// Handler panics caught.
-    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn panics(&self) -> u64 {
         self.panics.load(Ordering::Relaxed)
     }

@@ -236,6 +236,7 @@ impl JournalConfig {
 
 /// Counters of what a journal has done since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct JournalStats {
     /// Batches of records written (each holding at least one record).
     pub appends: u64,

@@ -69,6 +69,8 @@ pub(crate) struct IoThread {
     /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
     /// connections; stays empty without TLS).
     scratch: Vec<u8>,
+    /// Periodic work and when it is due next.
+    periodic: Option<(super::Periodic, Instant)>,
 }
 
 /// The IO thread's idle strategy ([`IdleStrategy`]): after a turn with something to do it
@@ -243,6 +245,10 @@ impl IoThread {
             dirty: Vec::new(),
             accept_pending: false,
             scratch: Vec::new(),
+            periodic: parts.periodic.map(|p| {
+                let first = Instant::now() + p.every;
+                (p, first)
+            }),
         })
     }
 
@@ -272,9 +278,12 @@ impl IoThread {
             let timeout = if busy || spin.keep(now, &self.shared.handoff) {
                 Some(Duration::ZERO)
             } else {
-                self.endpoint
-                    .poll_timeout()
-                    .map(|at| at.saturating_duration_since(now))
+                let due = self.periodic.as_ref().map(|p| p.1);
+                let wake = match (self.endpoint.poll_timeout(), due) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                wake.map(|at| at.saturating_duration_since(now))
             };
             if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() == io::ErrorKind::Interrupted {
@@ -323,6 +332,7 @@ impl IoThread {
             self.process_read_pending();
             self.endpoint.handle_timeout(polled_at);
             self.settle(now);
+            self.run_periodic(polled_at);
             if self.endpoint.shutdown_done(Instant::now()) {
                 break;
             }
@@ -558,6 +568,18 @@ impl IoThread {
         }
     }
 
+    /// The periodic work, if due at `now`.
+    fn run_periodic(&mut self, now: Instant) {
+        let Some((p, due)) = &mut self.periodic else {
+            return;
+        };
+        if *due <= now {
+            (p.run)();
+            // Not a fixed rate: a late turn moves the next run, never runs it twice.
+            *due = now + p.every;
+        }
+    }
+
     fn finish(&mut self) {
         let now = Instant::now();
         let peers = self.endpoint.finish(now);
@@ -568,6 +590,10 @@ impl IoThread {
         let journal = self.writer.take().and_then(JournalWriter::stop);
         if let (Some(journal), Some(peers)) = (journal, peers) {
             *self.shared.journal_left.lock() = Some(JournalLeft::new(journal, peers));
+        }
+        // Once more, so what is published ends with the node's last counts.
+        if let Some((p, _)) = &mut self.periodic {
+            (p.run)();
         }
         self.stopped.store(true, Ordering::Release);
         log::debug!("{}: IO thread stopped", self.cfg.proto.name);

@@ -206,4 +206,23 @@ pub(crate) struct IoParts {
     pub(crate) stopped: Arc<AtomicBool>,
     /// The opened journal and what it recovered (journalling nodes only).
     pub(crate) journal: Option<(Journal, Recovered)>,
+    /// Work the IO thread does on a period of its own (feature `metrics`: publishing the
+    /// node's counters).
+    pub(crate) periodic: Option<Periodic>,
+}
+
+/// Something the IO thread runs every `every`, between two turns, and once more as it
+/// stops: never on the path of a message.
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+pub(crate) struct Periodic {
+    pub(crate) every: std::time::Duration,
+    pub(crate) run: Box<dyn FnMut() + Send>,
+}
+
+impl std::fmt::Debug for Periodic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Periodic")
+            .field("every", &self.every)
+            .finish_non_exhaustive()
+    }
 }

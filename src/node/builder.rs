@@ -118,6 +118,9 @@ pub struct Builder {
     pub(crate) on_event: Option<crate::events::EventFn>,
     pub(crate) event_capacity: usize,
     pub(crate) journal: Option<JournalSettings>,
+    /// How often the IO thread publishes metrics (zero: never).
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics_interval: Duration,
     // The IO thread's settings whose default follows from others, as given; `io_config`
     // resolves them.
     /// The most this node holds for one peer (`None`: our own window).
@@ -217,6 +220,8 @@ impl Builder {
             on_event: None,
             event_capacity: crate::events::DEFAULT_CAPACITY,
             journal: None,
+            #[cfg(feature = "metrics")]
+            metrics_interval: Duration::from_secs(1),
             recv_window: None,
             max_message: None,
             max_reply: None,
@@ -561,6 +566,21 @@ impl Builder {
         F: Fn(crate::Event) + Send + Sync + 'static,
     {
         self.on_event = Some(Arc::new(f));
+        self
+    }
+
+    /// Feature `metrics`: how often the node publishes its counters and gauges through the
+    /// [`metrics`](https://docs.rs/metrics) facade (default 1 s; `Duration::ZERO` turns it
+    /// off). The IO thread takes a [`Stats`](crate::Stats) snapshot between two turns and
+    /// sets every metric to its current value (`Counter::absolute`, `Gauge::set`), so
+    /// sending, receiving and delivering pay nothing for it; a recorder sees values at most
+    /// this old, and once more the last ones as the node shuts down. Install the recorder
+    /// (an exporter) before starting the node. Metrics are named `cohort_…`, labelled
+    /// `node` (this member) and, per peer, `peer`; every one of them — name, kind, unit,
+    /// labels, meaning — is listed in `docs/metrics.md` in the crate's sources.
+    #[cfg(feature = "metrics")]
+    pub fn metrics_interval(mut self, every: Duration) -> Self {
+        self.metrics_interval = every;
         self
     }
 

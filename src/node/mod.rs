@@ -3,6 +3,8 @@
 
 mod builder;
 mod error;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod send;
 mod stats;
 
@@ -275,6 +277,20 @@ impl Node {
             ))
         });
         let tls = config.tls.is_some();
+        #[cfg(feature = "metrics")]
+        let periodic = metrics::publisher(
+            b.metrics_interval,
+            StatsSources {
+                name: name.clone(),
+                peers: peers.clone(),
+                pool: pool.clone(),
+                counters: counters.clone(),
+                io: io.clone(),
+                events: events.clone(),
+            },
+        );
+        #[cfg(not(feature = "metrics"))]
+        let periodic = None;
         let io_done = Arc::new(Completion::default());
         let parts = IoParts {
             config,
@@ -288,6 +304,7 @@ impl Node {
             events: events.clone(),
             stopped: stopped.clone(),
             journal,
+            periodic,
         };
         let guard = DoneGuard(io_done.clone(), stopped.clone());
         let io_state = match IoThread::new(parts) {
@@ -507,50 +524,17 @@ impl Node {
     /// handler itself has counted: to compare the two, wait until the stats reach the
     /// count expected (or the traffic has stopped and the pool is idle) before reading.
     pub fn stats(&self) -> Stats {
-        let peers: Vec<Arc<PeerShared>> = self.peers.read().values().cloned().collect();
-        let mut out: Vec<PeerStats> = peers.iter().map(|p| peer_stats(p)).collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        let c = &self.counters;
-        let g = |a: &crate::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-        Stats {
-            node: self.name.to_string(),
-            max_concurrent_deliverers: out
-                .iter()
-                .map(|p| p.max_concurrent_deliverers)
-                .max()
-                .unwrap_or(0),
-            peers: out,
-            pool: self.pool.stats(),
-            oob_delivered: self.pool.oob_delivered().0,
-            connections: ConnStats {
-                accepted: g(&c.accepted),
-                dialled: g(&c.dialled),
-                dial_failures: g(&c.dial_failures),
-                handshakes: g(&c.handshakes),
-                refused: g(&c.refused),
-                refused_cluster: g(&c.refused_cluster),
-                refused_unknown: g(&c.refused_unknown),
-                refused_version: g(&c.refused_version),
-                auth_failures: g(&c.auth_failures),
-                handshake_timeouts: g(&c.handshake_timeouts),
-                tie_breaks: g(&c.tie_breaks),
-                protocol_errors: g(&c.protocol_errors),
-                window_violations: g(&c.window_violations),
-                read_pauses: g(&c.read_pauses),
-                idle_timeouts: g(&c.idle_timeouts),
-                refused_limit: g(&c.refused_limit),
-                refused_per_source: g(&c.refused_per_source),
-                displaced: g(&c.displaced),
-                pressure_timeouts: g(&c.pressure_timeouts),
-                tls_failures: g(&c.tls_failures),
-                timers: g(&c.timers),
-                open: g(&c.open),
-                established: g(&c.established),
-                pending: g(&c.pending),
-            },
-            journal: *self.io.journal_stats.lock(),
-            journal_failures: g(&c.journal_failures),
-            events_dropped: self.events.as_ref().map_or(0, |q| q.dropped()),
+        self.sources().collect()
+    }
+
+    fn sources(&self) -> StatsSources {
+        StatsSources {
+            name: self.name.clone(),
+            peers: self.peers.clone(),
+            pool: self.pool.clone(),
+            counters: self.counters.clone(),
+            io: self.io.clone(),
+            events: self.events.clone(),
         }
     }
 
@@ -667,6 +651,68 @@ fn io_barrier(io: &IoShared, io_done: &Completion) {
     }
 }
 
+/// What a stats snapshot is read from: the node's, or the IO thread's when it publishes
+/// metrics.
+struct StatsSources {
+    name: SharedStr,
+    peers: PeerMap,
+    pool: Arc<Pool>,
+    counters: Arc<NodeCounters>,
+    io: Arc<IoShared>,
+    events: Option<Arc<crate::events::EventQueue>>,
+}
+
+impl StatsSources {
+    /// A snapshot of every counter.
+    fn collect(&self) -> Stats {
+        let peers: Vec<Arc<PeerShared>> = self.peers.read().values().cloned().collect();
+        let mut out: Vec<PeerStats> = peers.iter().map(|p| peer_stats(p)).collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        let c = &self.counters;
+        let g = |a: &crate::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+        Stats {
+            node: self.name.to_string(),
+            max_concurrent_deliverers: out
+                .iter()
+                .map(|p| p.max_concurrent_deliverers)
+                .max()
+                .unwrap_or(0),
+            peers: out,
+            pool: self.pool.stats(),
+            oob_delivered: self.pool.oob_delivered().0,
+            connections: ConnStats {
+                accepted: g(&c.accepted),
+                dialled: g(&c.dialled),
+                dial_failures: g(&c.dial_failures),
+                handshakes: g(&c.handshakes),
+                refused: g(&c.refused),
+                refused_cluster: g(&c.refused_cluster),
+                refused_unknown: g(&c.refused_unknown),
+                refused_version: g(&c.refused_version),
+                auth_failures: g(&c.auth_failures),
+                handshake_timeouts: g(&c.handshake_timeouts),
+                tie_breaks: g(&c.tie_breaks),
+                protocol_errors: g(&c.protocol_errors),
+                window_violations: g(&c.window_violations),
+                read_pauses: g(&c.read_pauses),
+                idle_timeouts: g(&c.idle_timeouts),
+                refused_limit: g(&c.refused_limit),
+                refused_per_source: g(&c.refused_per_source),
+                displaced: g(&c.displaced),
+                pressure_timeouts: g(&c.pressure_timeouts),
+                tls_failures: g(&c.tls_failures),
+                timers: g(&c.timers),
+                open: g(&c.open),
+                established: g(&c.established),
+                pending: g(&c.pending),
+            },
+            journal: *self.io.journal_stats.lock(),
+            journal_failures: g(&c.journal_failures),
+            events_dropped: self.events.as_ref().map_or(0, |q| q.dropped()),
+        }
+    }
+}
+
 fn peer_stats(p: &PeerShared) -> PeerStats {
     let c = &p.counters;
     // Read the outcomes before accepted: accepted is bumped first, so queued >= 0.
@@ -713,6 +759,9 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         max_concurrent_deliverers: p.member.max_concurrent(),
         max_concurrent_oob: p.oob.max_concurrent(),
         unacked: Counters::get(&c.unacked),
+        rtt: c.rtt.smoothed(),
+        rtt_last: c.rtt.last(),
+        last_heard: c.heard.since(Instant::now()),
         requests_in_flight: p.requests.in_flight(),
         replies: p.requests.answered(),
         late_replies: p.requests.late(),

@@ -9,6 +9,7 @@ use crate::peer::PeerState;
 
 /// One peer's counters at one instant.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct PeerStats {
     /// Member name.
@@ -60,7 +61,11 @@ pub struct PeerStats {
     pub oob_delivered: u64,
     /// Duplicate messages dropped (seen again after a reconnect).
     pub duplicates: u64,
-    /// Messages resent after reconnects.
+    /// Messages resent after reconnects: reliable messages published on a connection that
+    /// broke before the peer acknowledged them, published again on the next one. As a rate,
+    /// read it with [`sent`](PeerStats::sent) at two instants: `Δresent / Δsent` over the
+    /// interval is the share of the traffic that had to go twice (resends are not counted
+    /// in `sent`, so the ratio can pass 1 on a connection that keeps breaking).
     pub resent: u64,
     /// Handshakes completed with this peer.
     pub connects: u64,
@@ -90,6 +95,20 @@ pub struct PeerStats {
     /// Reliable messages published to the peer and not yet acknowledged by it (kept for
     /// resend), as of the IO thread's last publish or ack.
     pub unacked: u64,
+    /// Round-trip time to the peer, smoothed (`srtt = 7/8 srtt + 1/8 sample`, as TCP's):
+    /// the time from a probe this node sends to the ack that answers it, the two IO
+    /// threads' turns included. Sampled at most once per heartbeat interval, and only while
+    /// the peer owes this node no ack and no credit (so the ack can be nothing but the
+    /// answer): while messages stream to the peer without pause it keeps its last value.
+    /// `None` until the first sample.
+    pub rtt: Option<std::time::Duration>,
+    /// The last round-trip sample (see [`rtt`](PeerStats::rtt)). `None` until the first.
+    pub rtt_last: Option<std::time::Duration>,
+    /// Time since bytes last arrived from the peer on an established connection (any
+    /// frame: data, acks, probes, heartbeats — a connected peer is heard from at least every
+    /// heartbeat interval, 1 s by default), as of this snapshot. Kept across disconnects;
+    /// `None` if the peer was never heard from.
+    pub last_heard: Option<std::time::Duration>,
     /// This node's requests to the peer waiting for their reply now.
     pub requests_in_flight: usize,
     /// Replies from the peer that reached their request.
@@ -101,6 +120,7 @@ pub struct PeerStats {
 
 /// Node-wide connection counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct ConnStats {
     /// Connections accepted by the listener.
@@ -188,6 +208,7 @@ pub struct ConnStats {
 /// # Ok(()) }
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[non_exhaustive]
 pub struct Stats {
     /// This member's name.
@@ -223,9 +244,17 @@ impl Stats {
 impl fmt::Display for Stats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "node {}", self.node)?;
+        // The name column fits the longest name, so every row lines up.
+        let w = self
+            .peers
+            .iter()
+            .map(|p| p.name.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(4);
         writeln!(
             f,
-            "{:<12} {:<11} {:>10} {:>10} {:>8} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>9}",
+            "{:<w$} {:<11} {:>10} {:>10} {:>8} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>8} {:>8} {:>8}",
             "peer",
             "state",
             "accepted",
@@ -239,12 +268,14 @@ impl fmt::Display for Stats {
             "resent",
             "window",
             "available",
-            "blocked"
+            "blocked",
+            "rtt",
+            "heard"
         )?;
         for p in &self.peers {
             writeln!(
                 f,
-                "{:<12} {:<11} {:>10} {:>10} {:>8} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>8.1?}",
+                "{:<w$} {:<11} {:>10} {:>10} {:>8} {:>7} {:>8} {:>10} {:>10} {:>6} {:>6} {:>10} {:>10} {:>8} {:>8} {:>8}",
                 p.name,
                 p.state,
                 p.accepted,
@@ -258,7 +289,9 @@ impl fmt::Display for Stats {
                 p.resent,
                 p.window,
                 p.available,
-                p.blocked
+                Short(Some(p.blocked)),
+                Short(p.rtt),
+                Short(p.last_heard)
             )?;
         }
         writeln!(
@@ -299,6 +332,178 @@ impl fmt::Display for Stats {
             c.window_violations,
             c.read_pauses,
             c.tls_failures
-        )
+        )?;
+        if let Some(j) = &self.journal {
+            write!(
+                f,
+                "\njournal: {} appends, {} records, {} bytes written, {} fsyncs, {} live segments, {} pooled, {} created, {} failures",
+                j.appends,
+                j.records,
+                j.bytes_written,
+                j.fsyncs,
+                j.live_segments,
+                j.pool,
+                j.segments_created,
+                self.journal_failures
+            )?;
+        } else if self.journal_failures > 0 {
+            write!(f, "\njournal: {} failures", self.journal_failures)?;
+        }
+        if self.events_dropped > 0 {
+            write!(f, "\nevents dropped: {}", self.events_dropped)?;
+        }
+        Ok(())
+    }
+}
+
+/// A duration for the table: `-` for none, `0` for zero, otherwise three significant
+/// figures or so in the unit that fits (`ns`, `µs`, `ms`, `s`). Honours width and
+/// alignment.
+struct Short(Option<Duration>);
+
+impl fmt::Display for Short {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self.0 {
+            None => "-".to_string(),
+            Some(d) if d.is_zero() => "0".to_string(),
+            Some(d) if d < Duration::from_micros(1) => format!("{}ns", d.as_nanos()),
+            Some(d) if d < Duration::from_millis(1) => format!("{:.1}µs", d.as_secs_f64() * 1e6),
+            Some(d) if d < Duration::from_secs(1) => format!("{:.1}ms", d.as_secs_f64() * 1e3),
+            Some(d) if d < Duration::from_secs(100) => format!("{:.2}s", d.as_secs_f64()),
+            Some(d) => format!("{}s", d.as_secs()),
+        };
+        f.pad(&s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str) -> PeerStats {
+        PeerStats {
+            name: name.to_string(),
+            state: PeerState::Connected,
+            accepted: 3,
+            accepted_bytes: 30,
+            sent: 3,
+            sent_bytes: 30,
+            filtered: 0,
+            filtered_bytes: 0,
+            failed: 0,
+            failed_bytes: 0,
+            expired: 0,
+            queued: 0,
+            queued_bytes: 0,
+            received: 2,
+            received_bytes: 20,
+            delivered: 2,
+            delivered_bytes: 20,
+            delivery_queued_bytes: 0,
+            unconsumed_bytes: 0,
+            unconsumed_peak: 0,
+            oob_delivered: 0,
+            duplicates: 0,
+            resent: 1,
+            connects: 1,
+            disconnects: 0,
+            undelivered: 0,
+            window: 1 << 20,
+            available: 1 << 20,
+            in_flight: 0,
+            blocked: Duration::ZERO,
+            unreliable_lost_bytes: 0,
+            probes: 0,
+            max_concurrent_deliverers: 1,
+            max_concurrent_oob: 0,
+            unacked: 0,
+            rtt: None,
+            rtt_last: None,
+            last_heard: None,
+            requests_in_flight: 0,
+            replies: 0,
+            late_replies: 0,
+        }
+    }
+
+    fn stats() -> Stats {
+        let mut a = peer("a");
+        a.rtt = Some(Duration::from_micros(153));
+        a.rtt_last = a.rtt;
+        a.last_heard = Some(Duration::from_millis(420));
+        a.blocked = Duration::from_millis(2500);
+        let mut long = peer("a-member-with-a-long-name");
+        long.state = PeerState::Backoff;
+        Stats {
+            node: "n".to_string(),
+            peers: vec![a, long],
+            pool: PoolStats {
+                threads: 4,
+                queue_depth: 0,
+                busy: 0,
+                tasks_run: 9,
+                panics: 7,
+            },
+            connections: ConnStats::default(),
+            oob_delivered: 0,
+            max_concurrent_deliverers: 1,
+            journal: None,
+            journal_failures: 0,
+            events_dropped: 0,
+        }
+    }
+
+    #[test]
+    fn stats_table_prints_durations_readably() {
+        assert_eq!(Short(None).to_string(), "-");
+        assert_eq!(Short(Some(Duration::ZERO)).to_string(), "0");
+        assert_eq!(Short(Some(Duration::from_nanos(40))).to_string(), "40ns");
+        assert_eq!(
+            Short(Some(Duration::from_micros(153))).to_string(),
+            "153.0µs"
+        );
+        assert_eq!(
+            Short(Some(Duration::from_millis(420))).to_string(),
+            "420.0ms"
+        );
+        assert_eq!(
+            Short(Some(Duration::from_millis(2500))).to_string(),
+            "2.50s"
+        );
+        assert_eq!(Short(Some(Duration::from_secs(3600))).to_string(), "3600s");
+        assert_eq!(format!("{:>6}", Short(None)), "     -");
+        let table = stats().to_string();
+        assert!(!table.contains("0.0ns"), "{table}");
+        assert!(
+            table.contains("153.0µs") && table.contains("420.0ms"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn stats_table_shows_panics_and_lines_up() {
+        let table = stats().to_string();
+        assert!(table.contains("7 handler panics"), "{table}");
+        let rows: Vec<&str> = table.lines().skip(1).take(3).collect();
+        let widths: Vec<usize> = rows.iter().map(|r| r.chars().count()).collect();
+        assert!(widths.iter().all(|&w| w == widths[0]), "{table}");
+        // Right-aligned columns end at the same character in every row.
+        let end_of = |row: &str, col: usize| {
+            let chars: Vec<char> = row.chars().collect();
+            let mut ends = Vec::new();
+            for i in 0..chars.len() {
+                if chars[i] != ' ' && (i + 1 == chars.len() || chars[i + 1] == ' ') {
+                    ends.push(i);
+                }
+            }
+            ends[col]
+        };
+        for col in 2..16 {
+            let e = end_of(rows[0], col);
+            assert!(
+                rows.iter().all(|r| end_of(r, col) == e),
+                "column {col}: {table}"
+            );
+        }
     }
 }

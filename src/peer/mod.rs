@@ -17,6 +17,7 @@ mod outbox;
 mod requests;
 
 use std::fmt;
+use std::time::{Duration, Instant};
 
 pub(crate) use outbox::Owed;
 pub use outbox::{Ledger, Outbox, Outgoing, Return};
@@ -30,6 +31,7 @@ use crate::sync::{Arc, SharedStr};
 
 /// Where a peer is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 #[repr(u8)]
 pub enum PeerState {
     /// A TCP connect is in progress.
@@ -137,6 +139,10 @@ pub(crate) struct Counters {
     pub(crate) unacked: AtomicU64,
     /// The most window bytes ever held for this peer (received, not yet consumed).
     pub(crate) held_peak: AtomicU64,
+    /// Round-trip samples (the IO thread's probes and their acks).
+    pub(crate) rtt: Rtt,
+    /// When bytes last arrived on the peer's established connection.
+    pub(crate) heard: Heard,
 }
 
 impl Counters {
@@ -154,6 +160,76 @@ impl Counters {
         if held > self.held_peak.load(Ordering::Relaxed) {
             self.held_peak.store(held, Ordering::Relaxed);
         }
+    }
+}
+
+/// Round-trip times measured by the IO thread (its only writer): the last sample and a
+/// smoothed value, `srtt = 7/8 srtt + 1/8 sample` as TCP's (RFC 6298), in nanoseconds; 0
+/// means none measured yet.
+#[derive(Debug, Default)]
+pub(crate) struct Rtt {
+    last: AtomicU64,
+    smoothed: AtomicU64,
+}
+
+impl Rtt {
+    /// Takes one sample.
+    pub(crate) fn sample(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX).max(1);
+        // Relaxed: gauges with one writer; a reader may pair one sample's `last` with the
+        // previous sample's `smoothed`, each value whole, which a snapshot allows.
+        let old = self.smoothed.load(Ordering::Relaxed);
+        let smoothed = if old == 0 { ns } else { old - old / 8 + ns / 8 };
+        self.last.store(ns, Ordering::Relaxed);
+        self.smoothed.store(smoothed.max(1), Ordering::Relaxed);
+    }
+
+    /// The last sample.
+    pub(crate) fn last(&self) -> Option<Duration> {
+        nonzero(self.last.load(Ordering::Relaxed))
+    }
+
+    /// The smoothed value.
+    pub(crate) fn smoothed(&self) -> Option<Duration> {
+        nonzero(self.smoothed.load(Ordering::Relaxed))
+    }
+}
+
+fn nonzero(ns: u64) -> Option<Duration> {
+    (ns > 0).then(|| Duration::from_nanos(ns))
+}
+
+/// When a peer was last heard from: nanoseconds past `epoch`, plus one (0: never), written
+/// by the IO thread once per read.
+#[derive(Debug)]
+pub(crate) struct Heard {
+    epoch: Instant,
+    at: AtomicU64,
+}
+
+impl Default for Heard {
+    fn default() -> Heard {
+        Heard {
+            epoch: Instant::now(),
+            at: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Heard {
+    /// Bytes arrived at `now`.
+    pub(crate) fn note(&self, now: Instant) {
+        let ns = now.saturating_duration_since(self.epoch).as_nanos();
+        let ns = u64::try_from(ns).unwrap_or(u64::MAX - 1) + 1;
+        // Relaxed: a gauge with one writer; nothing else is read on the strength of it.
+        self.at.store(ns, Ordering::Relaxed);
+    }
+
+    /// How long before `now` bytes last arrived (`None`: never).
+    pub(crate) fn since(&self, now: Instant) -> Option<Duration> {
+        let at = self.at.load(Ordering::Relaxed).checked_sub(1)?;
+        let at = self.epoch.checked_add(Duration::from_nanos(at))?;
+        Some(now.saturating_duration_since(at))
     }
 }
 
@@ -246,6 +322,29 @@ impl PeerShared {
 #[cfg(test)]
 mod tests {
     use super::PeerState::*;
+
+    #[test]
+    fn rtt_smooths_like_tcp() {
+        use std::time::Duration;
+        let rtt = super::Rtt::default();
+        assert_eq!((rtt.last(), rtt.smoothed()), (None, None));
+        rtt.sample(Duration::from_millis(8));
+        assert_eq!(rtt.smoothed(), Some(Duration::from_millis(8)));
+        rtt.sample(Duration::from_millis(16));
+        assert_eq!(rtt.last(), Some(Duration::from_millis(16)));
+        assert_eq!(rtt.smoothed(), Some(Duration::from_millis(9)));
+    }
+
+    #[test]
+    fn heard_counts_from_the_last_read() {
+        use std::time::{Duration, Instant};
+        let heard = super::Heard::default();
+        let now = Instant::now();
+        assert_eq!(heard.since(now), None);
+        heard.note(now);
+        let later = now + Duration::from_millis(30);
+        assert_eq!(heard.since(later), Some(Duration::from_millis(30)));
+    }
 
     #[test]
     fn closed_is_terminal() {

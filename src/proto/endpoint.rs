@@ -1115,6 +1115,11 @@ impl Endpoint {
     pub(crate) fn handle_input(&mut self, now: Instant, id: LinkId, cert: CertCheck<'_>) {
         if let Some(link) = self.links.get_mut(&id) {
             link.last_read = now;
+            if let Some(p) = link.peer.filter(|_| link.established) {
+                if let Some(p) = self.peers.get(&p) {
+                    p.shared.counters.heard.note(now);
+                }
+            }
         }
         let mut peer_of_batch = None;
         // Until the link is closed by a frame, paused, or no complete frame is left.
@@ -1374,6 +1379,7 @@ impl Endpoint {
                 let Some(p) = self.peers.get_mut(&pid) else {
                     return;
                 };
+                p.rtt_answer(id, now);
                 if let Err(e) = p.on_ack(&self.cfg, &mut self.out, received, credit, now) {
                     self.protocol_error(now, id, e.to_string());
                 }

@@ -111,6 +111,11 @@ pub(crate) struct Peer {
     acked_at: Option<Instant>,
     /// When we last sent a credit probe.
     last_probe: Option<Instant>,
+    /// A probe sent to measure the round trip, on that link at that instant, and not yet
+    /// answered.
+    rtt_probe: Option<(super::LinkId, Instant)>,
+    /// When we last sent a round-trip probe.
+    rtt_probed: Option<Instant>,
     /// The blocked episode we last warned about.
     warned_episode: u64,
     /// Journal: (messages delivered, credit) recorded for the peer's stream, and the part
@@ -153,6 +158,8 @@ impl Peer {
             peer_window: 0,
             acked_at: None,
             last_probe: None,
+            rtt_probe: None,
+            rtt_probed: None,
             warned_episode: 0,
             recorded: (0, 0),
             recorded_unreliable: 0,
@@ -665,8 +672,51 @@ impl Peer {
     /// A Probe: answer with every byte of credit we hold, even below half a window (an ack
     /// takes all that is pending). No flush request is made for it: one left set when
     /// nothing was pending would swallow the pool's next request.
+    /// The ack is written even when nothing is owed: the prober may be measuring the round
+    /// trip (see [`Peer::rtt_probe`]).
     pub(crate) fn on_probe(&mut self, out: &mut Out, link: &mut Link) -> bool {
-        self.ack(out, Some(link), false)
+        self.ack(out, Some(link), true)
+    }
+
+    /// Round-trip measurement: sends a probe on `link` at most once per heartbeat interval,
+    /// and only while the peer owes this node nothing (every reliable message acknowledged,
+    /// every window byte credited back). The peer answers every probe with an ack at once,
+    /// and owes no other, so the next ack on this link is the answer, whatever the wire's
+    /// frames carry: the time between them is one round trip (the two IO threads' turns
+    /// included). No sample is taken while the peer owes acks or credit (a busy stream in
+    /// this direction); a probe without an answer is dropped after the idle timeout.
+    fn rtt_probe(&mut self, cfg: &Config, link: &mut Link, now: Instant) -> bool {
+        if let Some((lid, at)) = self.rtt_probe {
+            if lid == link.id && now.saturating_duration_since(at) < cfg.idle_timeout {
+                return false;
+            }
+            self.rtt_probe = None;
+        }
+        let due = self
+            .rtt_probed
+            .is_none_or(|t| now.saturating_duration_since(t) >= cfg.heartbeat);
+        let owed = self.desc.acked() < self.desc.sent() || self.ledger.uncredited() > 0;
+        if !due || owed {
+            return false;
+        }
+        wire::encode_probe(&mut link.wbuf);
+        self.rtt_probe = Some((link.id, now));
+        self.rtt_probed = Some(now);
+        true
+    }
+
+    /// An ack arrived on `link` at `now`: the answer to a round-trip probe sent on it, if
+    /// one waits.
+    pub(crate) fn rtt_answer(&mut self, link: super::LinkId, now: Instant) {
+        if let Some((lid, at)) = self.rtt_probe {
+            if lid == link {
+                self.rtt_probe = None;
+                self.shared
+                    .counters
+                    .rtt
+                    .sample(now.saturating_duration_since(at));
+            }
+        }
     }
 
     /// An ack from the peer: retires what it acknowledges, gives back the credit it returns
@@ -1216,6 +1266,11 @@ impl Peer {
                     self.desc.unacked_len(),
                     self.state
                 );
+            }
+        }
+        if established {
+            if let Some(l) = link.as_deref_mut() {
+                wrote |= self.rtt_probe(cfg, l, now);
             }
         }
         let residual = cfg.credit_on_idle
