@@ -218,7 +218,7 @@ fn a_handler_answers_through_the_node_its_delivery_carries() {
                 .sender()
                 .cloned()
                 .expect("a node's delivery carries its sender");
-            assert_eq!(node.node_name(), "ibe-echo");
+            assert_eq!(node.name(), "ibe-echo");
             // Answer without blocking the handler: a full window hands the payload back.
             let (from, mut answer) = d.into_parts();
             while let Err(cohort::TrySendError::Full(back)) = node.try_send(&from, answer) {

@@ -276,6 +276,7 @@ impl std::fmt::Debug for Pool {
 
 /// Pool counters at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Worker threads.
     pub threads: usize,

@@ -89,6 +89,7 @@ impl Default for IdleStrategy {
 /// node.send("beta", &b"hello"[..])?;
 /// # Ok(()) }
 /// ```
+#[must_use = "a Builder does nothing until `start`"]
 pub struct Builder {
     /// What the IO thread is given: the protocol's settings and the sockets' (buffer sizes,
     /// TLS). The setters write here, so an option of either lives in one place. What only

@@ -68,6 +68,7 @@ pub enum Error {
 /// Why [`Node::try_send`](crate::Node::try_send) did not take the message. Every variant
 /// hands the payload back, so nothing is lost by trying.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TrySendError<T> {
     /// The peer's send window has no room now: back-pressure. Retry later.
     #[error("send window full")]

@@ -65,6 +65,7 @@ pub struct ShutdownReport {
 /// beta.shutdown(std::time::Duration::from_secs(5))?;
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping a Node shuts it down"]
 pub struct Node {
     sender: Sender,
     name: SharedStr,
@@ -472,13 +473,20 @@ impl Node {
     }
 
     /// See [`Sender::send_request`].
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
         self.sender.send_request(to, payload)
     }
 
     /// See [`Sender::broadcast`].
+    #[must_use = "each peer's result says whether it was queued"]
     pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
         self.sender.broadcast(payload)
+    }
+
+    /// See [`Sender::to`].
+    pub fn to(&self, peer: &str) -> Result<PeerSender, Error> {
+        self.sender.to(peer)
     }
 
     /// A snapshot of every counter.

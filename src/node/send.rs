@@ -24,6 +24,7 @@ use crate::wire;
 /// # let _ = opts;
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use = "SendOptions do nothing until passed to `send_with`"]
 pub struct SendOptions {
     oob: bool,
     unreliable: bool,
@@ -165,6 +166,7 @@ impl Sender {
     /// Sends `payload` to every peer without blocking: one result per peer. A peer whose
     /// window is full gets [`Error::Full`] and stalls only itself; the others receive the
     /// message.
+    #[must_use = "each peer's result says whether it was queued"]
     pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
         let payload = payload.into();
         let peers: Vec<Arc<PeerShared>> = self.core.peers.read().values().cloned().collect();
@@ -245,6 +247,7 @@ impl Sender {
     /// }
     /// # Ok(()) }
     /// ```
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
         self.route(to).send_request(payload.into())
     }
@@ -275,8 +278,8 @@ impl Sender {
         Ok(())
     }
 
-    /// This node's member name.
-    pub fn node_name(&self) -> &str {
+    /// This node's member name (as [`Node::name`](crate::Node::name)).
+    pub fn name(&self) -> &str {
         &self.core.name
     }
 
@@ -366,6 +369,7 @@ impl PeerSender {
     }
 
     /// See [`Sender::send_request`].
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
         self.route().send_request(payload.into())
     }
