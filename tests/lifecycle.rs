@@ -509,3 +509,32 @@ fn unknown_peer_and_closed_node_errors() {
     let p = peer_stats(&node, "known");
     assert_eq!(p.accepted, 0, "nothing accepted after shutdown: {p:?}");
 }
+
+/// A node asked to listen on an address that is taken fails to start with
+/// `Error::Listen`: its message names the address, and its source is the OS error
+/// (`AddrInUse`).
+#[test]
+fn listening_on_a_taken_address_names_the_address() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("local addr");
+    let err = match Node::builder("late").listen(addr).start() {
+        Err(e) => e,
+        Ok(node) => {
+            node.shutdown(SHUTDOWN).expect("shutdown");
+            panic!("a second listener started on {addr}");
+        }
+    };
+    assert!(
+        matches!(&err, Error::Listen { addr: a, .. } if *a == addr),
+        "{err:?}"
+    );
+    let shown = err.to_string();
+    assert!(shown.contains(&addr.to_string()), "{shown}");
+    let source = std::error::Error::source(&err).expect("the OS error as its source");
+    let io = source
+        .downcast_ref::<std::io::Error>()
+        .expect("an io::Error");
+    assert_eq!(io.kind(), std::io::ErrorKind::AddrInUse, "{io}");
+    drop(taken);
+}
+

@@ -53,7 +53,35 @@ pub enum Error {
     #[cfg(feature = "tls")]
     #[error("TLS configuration: {0}")]
     Tls(#[from] crate::tls::TlsError),
-    /// An OS-level failure (binding the listener, spawning a thread).
+    /// The listener could not be set up on the address of
+    /// [`Builder::listen`](crate::Builder::listen): typically the address is in use
+    /// ([`std::io::ErrorKind::AddrInUse`]) or not one of this host's. The OS error is the
+    /// [`source`](std::error::Error::source).
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    ///
+    /// let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let addr = taken.local_addr()?;
+    /// match cohort::Node::builder("alpha").listen(addr).start() {
+    ///     Err(e @ cohort::Error::Listen { .. }) => {
+    ///         assert!(e.to_string().contains(&addr.to_string()));
+    ///         let os = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+    ///         assert_eq!(os.map(|o| o.kind()), Some(std::io::ErrorKind::AddrInUse));
+    ///     }
+    ///     other => panic!("expected a listen error, got {other:?}"),
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another OS-level failure (setting up the poller, spawning a thread).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
     /// The journal could not be opened, recovered or written (see the message).

@@ -150,21 +150,10 @@ impl Node {
         let (name, window) = (config.proto.name.clone(), config.proto.window);
         let max_message = config.proto.max_message;
 
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(listen),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
-        socket.set_reuse_address(true)?;
-        socket.bind(&listen.into())?;
-        // The accept queue absorbs connection bursts while the IO thread is busy or
-        // descheduled: a connection arriving to a full queue is dropped by the kernel, and
-        // its dialler (a member, perhaps) retries only after a second. The kernel caps this
-        // at its own limit (`net.core.somaxconn`, 4096 by default on Linux).
-        socket.listen(LISTEN_BACKLOG)?;
-        socket.set_nonblocking(true)?;
-        let mut listener = mio::net::TcpListener::from_std(socket.into());
-        let local_addr = listener.local_addr()?;
+        let (mut listener, local_addr) = bind(listen).map_err(|source| Error::Listen {
+            addr: listen,
+            source,
+        })?;
 
         let poll = mio::Poll::new()?;
         poll.registry()
@@ -636,6 +625,26 @@ impl Node {
             elapsed: started.elapsed(),
         })
     }
+}
+
+/// The listening socket on `addr`, and the address it is bound to.
+fn bind(addr: SocketAddr) -> std::io::Result<(mio::net::TcpListener, SocketAddr)> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    // The accept queue absorbs connection bursts while the IO thread is busy or
+    // descheduled: a connection arriving to a full queue is dropped by the kernel, and its
+    // dialler (a member, perhaps) retries only after a second. The kernel caps this at its
+    // own limit (`net.core.somaxconn`, 4096 by default on Linux).
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    let listener = mio::net::TcpListener::from_std(socket.into());
+    let local_addr = listener.local_addr()?;
+    Ok((listener, local_addr))
 }
 
 /// Waits (at most 10 s) until the IO thread has handled every command sent before.
