@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cohort::internals::flow::{cost, MESSAGE_OVERHEAD};
-use cohort::{Error, Node, TrySendError};
+use cohort::{ConfigError, Error, Node, TrySendError};
 use support::*;
 
 const WINDOW: u64 = 64 * 1024;
@@ -230,7 +230,19 @@ fn builder_refuses_max_message_over_half_the_window() {
         .max_message(half_payload + 1)
         .start()
     {
-        Err(Error::Config(msg)) => assert!(msg.contains("max_message"), "{msg}"),
+        Err(Error::Config(
+            e @ ConfigError::OutOfRange {
+                setting: "max_message",
+                ..
+            },
+        )) => {
+            let msg = e.to_string();
+            assert!(msg.contains("max_message"), "{msg}");
+            assert!(
+                msg.contains(&format!("to {half_payload} bytes")),
+                "says the largest that fits: {msg}"
+            );
+        }
         other => panic!("expected Error::Config, got {other:?}"),
     }
     match Node::builder("cfg")
@@ -238,7 +250,11 @@ fn builder_refuses_max_message_over_half_the_window() {
         .max_message(40_000)
         .start()
     {
-        Err(Error::Config(_)) => {}
+        Err(Error::Config(ConfigError::OutOfRange {
+            setting: "max_message",
+            value: 40_000,
+            ..
+        })) => {}
         other => panic!("expected Error::Config, got {other:?}"),
     }
     let node = Node::builder("cfg")

@@ -538,3 +538,85 @@ fn listening_on_a_taken_address_names_the_address() {
     drop(taken);
 }
 
+/// Each kind of bad setting is its own `ConfigError`, naming the setting (and, in its
+/// message, the value and what would work).
+#[test]
+fn configuration_errors_name_the_setting() {
+    use cohort::ConfigError;
+    let refused = |b: cohort::Builder| match b.start() {
+        Err(Error::Config(c)) => c,
+        Err(e) => panic!("another error: {e:?}"),
+        Ok(node) => {
+            node.shutdown(SHUTDOWN).expect("shutdown");
+            panic!("started");
+        }
+    };
+    let c = refused(Node::builder(""));
+    assert!(
+        matches!(
+            &c,
+            ConfigError::Name {
+                setting: "name",
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    let c = refused(Node::builder("cfg").peer("cfg", "127.0.0.1:1"));
+    assert!(
+        matches!(&c, ConfigError::Name { setting: "peer", name, .. } if name == "cfg"),
+        "{c:?}"
+    );
+    assert!(c.to_string().contains("own name"), "{c}");
+    let c = refused(Node::builder("cfg").listen("not an address"));
+    assert!(
+        matches!(
+            &c,
+            ConfigError::Address {
+                setting: "listen",
+                peer: None,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    let c = refused(Node::builder("cfg").peer("far", "not an address"));
+    assert!(
+        matches!(&c, ConfigError::Address { setting: "peer", peer: Some(p), .. } if p == "far"),
+        "{c:?}"
+    );
+    let c = refused(Node::builder("cfg").window_bytes(10));
+    match &c {
+        ConfigError::OutOfRange {
+            setting: "window_bytes",
+            value: 10,
+            min,
+            ..
+        } => assert!(c.to_string().contains(&min.to_string()), "{c}"),
+        other => panic!("{other:?}"),
+    }
+    // The value in effect: the reply's room, at most `max_message` less its id.
+    let c = refused(
+        Node::builder("cfg")
+            .window_bytes(1 << 16)
+            .max_reply(1 << 15),
+    );
+    assert!(
+        matches!(&c, ConfigError::OutOfRange { setting: "max_reply", value, max, .. } if *max < *value),
+        "{c:?}"
+    );
+    assert_eq!(c.setting(), "max_reply");
+
+    let node = Node::builder("cfg").start().expect("start");
+    match node.add_peer("cfg", "127.0.0.1:1") {
+        Err(Error::Config(c)) => assert_eq!(c.setting(), "add_peer", "{c:?}"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    match node.add_peer("far", "not an address") {
+        Err(Error::Config(ConfigError::Address { setting, peer, .. })) => {
+            assert_eq!((setting, peer.as_deref()), ("add_peer", Some("far")))
+        }
+        other => panic!("expected an address error, got {other:?}"),
+    }
+    node.shutdown(SHUTDOWN).expect("shutdown");
+}

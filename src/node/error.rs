@@ -46,9 +46,11 @@ pub enum Error {
     /// A second [`Delivery::reply`](crate::Delivery::reply) to the same request.
     #[error("the request was already answered")]
     AlreadyReplied,
-    /// The builder's settings are inconsistent.
+    /// A setting of the [`Builder`](crate::Builder), or an argument of
+    /// [`Node::add_peer`](crate::Node::add_peer), cannot work: which one and why is in the
+    /// [`ConfigError`].
     #[error("invalid configuration: {0}")]
-    Config(String),
+    Config(ConfigError),
     /// The TLS configuration could not be loaded (feature `tls`).
     #[cfg(feature = "tls")]
     #[error("TLS configuration: {0}")]
@@ -91,6 +93,164 @@ pub enum Error {
     /// still running (typically a message handler that does not return).
     #[error("shutdown deadline passed with threads still running: {0}")]
     ShutdownTimedOut(String),
+}
+
+/// A setting that cannot work, in [`Error::Config`]: one variant per kind of problem, each
+/// naming the setting ([`setting`](ConfigError::setting): the [`Builder`](crate::Builder)
+/// method, or the call, that was given it). Its `Display` says the value and what would
+/// work.
+///
+/// ```
+/// use cohort::{ConfigError, Error};
+///
+/// match cohort::Node::builder("alpha").recv_window(10).start() {
+///     Err(Error::Config(ConfigError::OutOfRange { setting, value, min, .. })) => {
+///         assert_eq!(setting, "recv_window");
+///         assert_eq!(value, 10);
+///         assert!(min > 10);
+///     }
+///     other => panic!("expected an out-of-range recv_window, got {other:?}"),
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A name cannot be used: a member, cluster or peer name that is empty or longer than
+    /// 255 bytes, a peer with this node's own name, or (with TLS) a member name that is not
+    /// a DNS name.
+    Name {
+        /// `"name"` (this member's, given to [`Node::builder`](crate::Node::builder)),
+        /// `"cluster"`, `"peer"` or `"add_peer"`.
+        setting: &'static str,
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A size out of the range that works (the range may follow from other settings: a
+    /// message must fit in half the window).
+    OutOfRange {
+        /// `"window_bytes"`, `"recv_window"`, `"max_message"` or `"max_reply"`.
+        setting: &'static str,
+        /// The value in effect, in bytes.
+        value: u64,
+        /// The smallest that works.
+        min: u64,
+        /// The largest that works with the other settings.
+        max: u64,
+    },
+    /// An address that does not resolve to a socket address.
+    Address {
+        /// `"listen"`, `"peer"` or `"add_peer"`.
+        setting: &'static str,
+        /// The peer whose address it is (`None` for `listen`).
+        peer: Option<String>,
+        /// Why it did not resolve.
+        problem: String,
+    },
+    /// [`Builder::secret`](crate::Builder::secret) with an empty secret.
+    EmptySecret,
+    /// A journal setting, or [`Node::sync_journal`](crate::Node::sync_journal), on a node
+    /// configured without a journal directory ([`Builder::journal`](crate::Builder::journal)).
+    NoJournal {
+        /// `"journal_fsync or journal_segment_size"` or `"sync_journal"`.
+        setting: &'static str,
+    },
+    /// [`Builder::start_with_inbox`](crate::Builder::start_with_inbox) with an
+    /// [`on_message`](crate::Builder::on_message) handler: the messages go to one or the
+    /// other.
+    InboxWithHandler,
+    /// With TLS, this member's own certificate is not valid for its name.
+    Certificate {
+        /// This member's name.
+        member: String,
+        /// Why the certificate does not do.
+        problem: String,
+    },
+}
+
+impl ConfigError {
+    /// The setting at fault: the [`Builder`](crate::Builder) method (or the call) that was
+    /// given it, e.g. `"max_message"`, `"peer"`, `"add_peer"`, `"sync_journal"`.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            ConfigError::Name { setting, .. }
+            | ConfigError::OutOfRange { setting, .. }
+            | ConfigError::Address { setting, .. }
+            | ConfigError::NoJournal { setting } => setting,
+            ConfigError::EmptySecret => "secret",
+            ConfigError::InboxWithHandler => "on_message",
+            ConfigError::Certificate { .. } => "tls",
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Name {
+                setting,
+                name,
+                problem,
+            } => write!(f, "{setting} {name:?}: {problem}"),
+            ConfigError::OutOfRange {
+                setting,
+                value,
+                min,
+                max,
+            } => {
+                write!(
+                    f,
+                    "{setting} of {value} bytes is out of range: it must be from {min} to {max} bytes"
+                )?;
+                match *setting {
+                    "max_message" => f.write_str(
+                        " (a message and its 16 bytes of overhead must fit in half the window, \
+                         or it could never be sent): raise window_bytes or lower max_message",
+                    ),
+                    "max_reply" => f.write_str(
+                        " (a request's room for its reply, with the request's header and \
+                         overhead, must fit in half the window, or no request could be sent): \
+                         raise window_bytes or lower max_reply",
+                    ),
+                    _ => Ok(()),
+                }
+            }
+            ConfigError::Address {
+                setting,
+                peer: Some(peer),
+                problem,
+            } => write!(f, "{setting}: address of peer '{peer}': {problem}"),
+            ConfigError::Address {
+                setting,
+                peer: None,
+                problem,
+            } => write!(f, "{setting} address: {problem}"),
+            ConfigError::EmptySecret => f.write_str(
+                "secret: the secret is empty: use at least 32 random bytes, or no secret",
+            ),
+            ConfigError::NoJournal { setting } => write!(
+                f,
+                "{setting} needs a journal directory: configure Builder::journal(dir)"
+            ),
+            ConfigError::InboxWithHandler => f.write_str(
+                "start_with_inbox takes messages through the inbox: remove the on_message \
+                 handler, or call start",
+            ),
+            ConfigError::Certificate { member, problem } => write!(
+                f,
+                "tls: this member's own certificate must name it ('{member}'): {problem}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Error {
+        Error::Config(e)
+    }
 }
 
 /// Why [`Node::try_send`](crate::Node::try_send) did not take the message. Every variant

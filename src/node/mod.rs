@@ -7,7 +7,7 @@ mod send;
 mod stats;
 
 pub use builder::{Builder, IdleStrategy, UndeliveredFn};
-pub use error::{Error, TrySendError};
+pub use error::{ConfigError, Error, TrySendError};
 pub use send::{PeerSender, PendingReply, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
 
@@ -344,23 +344,36 @@ impl Node {
 
     /// Adds a member at run time; it is dialled at once.
     pub fn add_peer<A: std::net::ToSocketAddrs>(&self, name: &str, addr: A) -> Result<(), Error> {
-        if name.is_empty() || name.len() > wire::MAX_NAME || name == &*self.name {
-            return Err(Error::Config(format!("invalid peer name {name:?}")));
+        builder::check_name("add_peer", name)?;
+        if name == &*self.name {
+            return Err(ConfigError::Name {
+                setting: "add_peer",
+                name: name.to_owned(),
+                problem: "is this node's own name".into(),
+            }
+            .into());
         }
         #[cfg(feature = "tls")]
         if self.tls {
-            crate::tls::server_name(name).map_err(Error::Config)?;
+            crate::tls::server_name(name).map_err(|problem| ConfigError::Name {
+                setting: "add_peer",
+                name: name.to_owned(),
+                problem,
+            })?;
         }
         if self.shut.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
+        let unresolved = |problem: String| ConfigError::Address {
+            setting: "add_peer",
+            peer: Some(name.to_owned()),
+            problem,
+        };
         let addr = addr
             .to_socket_addrs()
-            .map_err(|e| Error::Config(format!("address of peer '{name}': {e}")))?
+            .map_err(|e| unresolved(e.to_string()))?
             .next()
-            .ok_or_else(|| {
-                Error::Config(format!("address of peer '{name}' resolved to nothing"))
-            })?;
+            .ok_or_else(|| unresolved("the address resolved to nothing".into()))?;
         let shared = {
             let mut map = self.peers.write();
             if map.contains_key(name) {
@@ -536,9 +549,10 @@ impl Node {
     /// [`Stats::journal_failures`](crate::Stats::journal_failures)).
     pub fn sync_journal(&self, timeout: Duration) -> Result<(), Error> {
         if !self.journalled {
-            return Err(Error::Config(
-                "sync_journal needs a journal: configure Builder::journal(dir)".into(),
-            ));
+            return Err(ConfigError::NoJournal {
+                setting: "sync_journal",
+            }
+            .into());
         }
         if self.shut.load(Ordering::Acquire) || self.io_done.wait_until(Instant::now()) {
             return Err(Error::Closed);
