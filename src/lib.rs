@@ -89,7 +89,8 @@ pub use journal::{
 };
 pub use node::{
     Builder, ConfigError, ConnStats, Error, IdleStrategy, Node, PeerSender, PeerStats,
-    PendingReply, SendOptions, Sender, ShutdownReport, Stats, TrySendError, UndeliveredFn,
+    PendingReply, SendError, SendOptions, Sender, ShutdownReport, Stats, TrySendError,
+    UndeliveredFn,
 };
 pub use peer::{Outgoing, PeerInfo, PeerState};
 

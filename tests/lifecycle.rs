@@ -13,7 +13,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use cohort::internals::flow::cost;
-use cohort::{Error, Node, PeerState, ShutdownReport, TrySendError};
+use cohort::{Bytes, Error, Node, PeerState, SendError, SendOptions, ShutdownReport, TrySendError};
 use support::*;
 
 /// Runs `node.shutdown(deadline)` on another thread and waits for its result, so that a
@@ -164,12 +164,12 @@ fn remove_peer_fails_queued_messages_and_wakes_blocked_senders() {
         std::slice::from_ref(&node),
         blocked,
     ) {
-        Err(Error::Closed) => {}
+        Err(e) if matches!(e.error(), Error::Closed) => assert_eq!(e.into_inner().len(), SIZE),
         other => panic!("a sender blocked on a removed peer must wake with Closed: {other:?}"),
     }
     assert!(node.stats().peer("ghost").is_none(), "{}", node.stats());
     assert!(node.peers().is_empty());
-    match node.send("ghost", payload(0, SIZE)) {
+    match node.send("ghost", payload(0, SIZE)).map_err(Error::from) {
         Err(Error::UnknownPeer(name)) => assert_eq!(name, "ghost"),
         other => panic!("expected UnknownPeer, got {other:?}"),
     }
@@ -215,7 +215,7 @@ fn shutdown_fails_queued_messages_and_gives_back_every_permit() {
         std::slice::from_ref(&node),
         blocked,
     ) {
-        Err(Error::Closed) => {}
+        Err(e) if matches!(e.error(), Error::Closed) => assert_eq!(e.into_inner().len(), SIZE),
         other => panic!("a sender blocked at shutdown must wake with Closed: {other:?}"),
     }
     assert_eq!(report.failed, queued, "{report:?}");
@@ -469,7 +469,13 @@ fn unknown_peer_and_closed_node_errors() {
         .start()
         .expect("start");
     match node.send("stranger", &b"x"[..]) {
-        Err(Error::UnknownPeer(name)) => assert_eq!(name, "stranger"),
+        Err(e) => {
+            assert!(
+                matches!(e.error(), Error::UnknownPeer(name) if name == "stranger"),
+                "{e:?}"
+            );
+            assert_eq!(&e.into_inner()[..], b"x", "the payload comes back");
+        }
         other => panic!("expected UnknownPeer, got {other:?}"),
     }
     match node.try_send("stranger", &b"x"[..]) {
@@ -491,13 +497,31 @@ fn unknown_peer_and_closed_node_errors() {
         Err(Error::Closed) => {}
         other => panic!("{what} after shutdown: expected Closed, got {other:?}"),
     };
-    closed("send", node.send("known", &b"x"[..]));
-    closed("send via a Sender", sender.send("known", &b"x"[..]));
-    closed(
+    // Every send variant hands the payload back.
+    let closed_send = |what: &str, r: Result<(), SendError<Bytes>>| match r {
+        Err(e) if matches!(e.error(), Error::Closed) => {
+            assert_eq!(&e.into_inner()[..], b"x", "{what}: the payload comes back")
+        }
+        other => panic!("{what} after shutdown: expected Closed, got {other:?}"),
+    };
+    closed_send("send", node.send("known", &b"x"[..]));
+    closed_send("send via a Sender", sender.send("known", &b"x"[..]));
+    closed_send(
         "send_timeout",
         node.send_timeout("known", &b"x"[..], Duration::from_millis(10)),
     );
-    closed("send_oob", node.send_oob("known", &b"x"[..]));
+    closed_send("send_oob", node.send_oob("known", &b"x"[..]));
+    closed_send(
+        "send_with",
+        node.send_with("known", &b"x"[..], SendOptions::new().oob()),
+    );
+    closed_send(
+        "send via a PeerSender",
+        sender
+            .to("known")
+            .map(|p| p.send(&b"x"[..]))
+            .expect("a PeerSender for a known peer"),
+    );
     closed("add_peer", node.add_peer("late", other.addr()));
     match node.try_send("known", &b"y"[..]) {
         Err(TrySendError::Failed(back, Error::Closed)) => assert_eq!(&back[..], b"y"),

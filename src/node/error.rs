@@ -253,6 +253,99 @@ impl From<ConfigError> for Error {
     }
 }
 
+/// Why [`send`](crate::Sender::send), [`send_timeout`](crate::Sender::send_timeout),
+/// [`send_oob`](crate::Sender::send_oob) or [`send_with`](crate::Sender::send_with) (of a
+/// [`Sender`](crate::Sender), [`PeerSender`](crate::PeerSender) or [`Node`](crate::Node)) did
+/// not take the message: the [`Error`], and the payload handed back
+/// ([`into_inner`](SendError::into_inner)) to retry, send elsewhere or log.
+///
+/// A send fails only before its message is queued (unknown peer, too large, node closed or
+/// peer removed, timed out waiting for the window), so the payload always comes back. What
+/// becomes of a message once queued is not the send's result: see
+/// [`Builder::on_undelivered`](crate::Builder::on_undelivered) and the counters of
+/// [`PeerStats`](crate::PeerStats).
+///
+/// Its `Display` and `source` are the error's, and it converts into [`Error`], so `?`
+/// works in a function returning `Result<_, cohort::Error>`.
+///
+/// ```
+/// use std::time::Duration;
+/// use cohort::Error;
+///
+/// # fn main() -> Result<(), cohort::Error> {
+/// let node = cohort::Node::builder("alpha").start()?;
+/// node.shutdown(Duration::from_secs(5))?;
+/// let e = node
+///     .send_timeout("beta", vec![1, 2, 3], Duration::from_millis(10))
+///     .unwrap_err();
+/// assert!(matches!(e.error(), Error::Closed | Error::UnknownPeer(_)));
+/// assert_eq!(&e.into_inner()[..], &[1, 2, 3]);
+/// # Ok(()) }
+/// ```
+pub struct SendError<T> {
+    error: Error,
+    payload: T,
+}
+
+impl<T> SendError<T> {
+    /// Why the message was not taken.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// Takes the payload back.
+    pub fn into_inner(self) -> T {
+        self.payload
+    }
+
+    /// The error, dropping the payload.
+    pub fn into_error(self) -> Error {
+        self.error
+    }
+
+    /// The payload and the error.
+    pub fn into_parts(self) -> (T, Error) {
+        (self.payload, self.error)
+    }
+
+    /// A send's failure from its attempt (a full window is [`Error::Full`]).
+    pub(crate) fn from_try(e: TrySendError<T>) -> SendError<T> {
+        match e {
+            TrySendError::Full(payload) => SendError {
+                error: Error::Full,
+                payload,
+            },
+            TrySendError::Failed(payload, error) => SendError { error, payload },
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for SendError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendError")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> std::fmt::Display for SendError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<T> std::error::Error for SendError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
+impl<T> From<SendError<T>> for Error {
+    fn from(e: SendError<T>) -> Error {
+        e.error
+    }
+}
+
 /// Why [`Node::try_send`](crate::Node::try_send) did not take the message. Every variant
 /// hands the payload back, so nothing is lost by trying.
 #[derive(Debug, thiserror::Error)]

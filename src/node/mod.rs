@@ -7,7 +7,7 @@ mod send;
 mod stats;
 
 pub use builder::{Builder, IdleStrategy, UndeliveredFn};
-pub use error::{ConfigError, Error, TrySendError};
+pub use error::{ConfigError, Error, SendError, TrySendError};
 pub use send::{PeerSender, PendingReply, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
 
@@ -430,7 +430,7 @@ impl Node {
     }
 
     /// See [`Sender::send`].
-    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.sender.send(to, payload)
     }
 
@@ -445,12 +445,12 @@ impl Node {
         to: &str,
         payload: impl Into<Bytes>,
         timeout: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<(), SendError<Bytes>> {
         self.sender.send_timeout(to, payload, timeout)
     }
 
     /// See [`Sender::send_oob`].
-    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.sender.send_oob(to, payload)
     }
 
@@ -460,7 +460,7 @@ impl Node {
         to: &str,
         payload: impl Into<Bytes>,
         opts: SendOptions,
-    ) -> Result<(), Error> {
+    ) -> Result<(), SendError<Bytes>> {
         self.sender.send_with(to, payload, opts)
     }
 
