@@ -90,8 +90,9 @@ pub use journal::{
     RecordKind, SegmentInfo, SegmentState, SegmentStatus,
 };
 pub use node::{
-    Builder, ConnStats, Error, IdleStrategy, Node, PeerSender, PeerStats, PendingReply,
-    SendOptions, Sender, ShutdownReport, Stats, TrySendError, UndeliveredFn,
+    Builder, ConfigError, ConnStats, Error, IdleStrategy, Node, PeerSender, PeerStats,
+    PendingReply, SendError, SendOptions, Sender, ShutdownReport, Stats, TrySendError,
+    UndeliveredFn,
 };
 pub use peer::{Outgoing, PeerInfo, PeerState};
 

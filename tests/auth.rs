@@ -384,7 +384,9 @@ fn garbage_after_a_good_handshake_is_closed_and_counted() {
 #[test]
 fn an_empty_secret_is_refused_at_start() {
     match Node::builder("empty").secret(b"").start() {
-        Err(cohort::Error::Config(why)) => assert!(why.contains("secret"), "{why}"),
+        Err(cohort::Error::Config(why @ cohort::ConfigError::EmptySecret)) => {
+            assert!(why.to_string().contains("secret"), "{why}")
+        }
         Err(e) => panic!("another error: {e}"),
         Ok(n) => {
             n.shutdown(SHUTDOWN).expect("shutdown");

@@ -378,7 +378,9 @@ fn an_unknown_member_that_leaves_is_forgotten() {
     assert_eq!(registry.peers(), ["configured"]);
     assert_eq!(names(registry.broadcast(&b"hello"[..])), ["configured"]);
     assert!(matches!(
-        registry.send("member", &b"late"[..]),
+        registry
+            .send("member", &b"late"[..])
+            .map_err(cohort::Error::from),
         Err(cohort::Error::UnknownPeer(_))
     ));
     let about_member: Vec<Event> = log

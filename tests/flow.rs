@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cohort::internals::flow::{cost, MESSAGE_OVERHEAD};
-use cohort::{Error, Node, TrySendError};
+use cohort::{Bytes, ConfigError, Error, Node, SendError, TrySendError};
 use support::*;
 
 const WINDOW: u64 = 64 * 1024;
@@ -70,7 +70,17 @@ fn blocked_handler_runs_the_window_dry_then_everything_flows() {
 
     // send_timeout waits, then times out; the payload is not taken.
     match sender.send_timeout("bp-rx", payload(accepted, SIZE), Duration::from_millis(50)) {
-        Err(Error::TimedOut(d)) => assert_eq!(d, Duration::from_millis(50)),
+        Err(e) if matches!(e.error(), Error::TimedOut(_)) => {
+            assert!(
+                matches!(e.error(), Error::TimedOut(d) if *d == Duration::from_millis(50)),
+                "{e:?}"
+            );
+            assert_eq!(
+                e.into_inner(),
+                payload(accepted, SIZE),
+                "the payload is handed back"
+            );
+        }
         other => panic!("send_timeout on a dry window: {other:?}"),
     }
     // Still full: a failed try_send or send_timeout takes no permit and leaks none.
@@ -183,7 +193,7 @@ fn message_over_max_message_is_too_large() {
         .peer("absent", absent.addr())
         .start()
         .expect("start");
-    let too_large = |r: Result<(), Error>| match r {
+    let too_large = |r: Result<(), SendError<Bytes>>| match r.map_err(Error::from) {
         Err(Error::TooLarge {
             len: 1001,
             max: 1000,
@@ -230,7 +240,19 @@ fn builder_refuses_max_message_over_half_the_window() {
         .max_message(half_payload + 1)
         .start()
     {
-        Err(Error::Config(msg)) => assert!(msg.contains("max_message"), "{msg}"),
+        Err(Error::Config(
+            e @ ConfigError::OutOfRange {
+                setting: "max_message",
+                ..
+            },
+        )) => {
+            let msg = e.to_string();
+            assert!(msg.contains("max_message"), "{msg}");
+            assert!(
+                msg.contains(&format!("to {half_payload} bytes")),
+                "says the largest that fits: {msg}"
+            );
+        }
         other => panic!("expected Error::Config, got {other:?}"),
     }
     match Node::builder("cfg")
@@ -238,7 +260,11 @@ fn builder_refuses_max_message_over_half_the_window() {
         .max_message(40_000)
         .start()
     {
-        Err(Error::Config(_)) => {}
+        Err(Error::Config(ConfigError::OutOfRange {
+            setting: "max_message",
+            value: 40_000,
+            ..
+        })) => {}
         other => panic!("expected Error::Config, got {other:?}"),
     }
     let node = Node::builder("cfg")

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cohort::{Error, Node, RecvError};
+use cohort::{ConfigError, Error, Node, RecvError};
 use support::*;
 
 /// Three senders stream mixed sizes (8 B to 64 KiB) at once into one inbox through small
@@ -203,7 +203,10 @@ fn an_inbox_reports_empty_and_timeout_and_drains_before_closing() {
 #[test]
 fn an_inbox_and_a_handler_cannot_both_receive() {
     let r = Node::builder("ibh").on_message(|_| {}).start_with_inbox();
-    assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    assert!(
+        matches!(r, Err(Error::Config(ConfigError::InboxWithHandler))),
+        "{r:?}"
+    );
 }
 
 /// A handler answers through the node handle its delivery carries, from the very first
@@ -218,7 +221,7 @@ fn a_handler_answers_through_the_node_its_delivery_carries() {
                 .sender()
                 .cloned()
                 .expect("a node's delivery carries its sender");
-            assert_eq!(node.node_name(), "ibe-echo");
+            assert_eq!(node.name(), "ibe-echo");
             // Answer without blocking the handler: a full window hands the payload back.
             let (from, mut answer) = d.into_parts();
             while let Err(cohort::TrySendError::Full(back)) = node.try_send(&from, answer) {

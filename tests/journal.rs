@@ -252,7 +252,10 @@ fn delivery_progress_is_journalled_and_acknowledged_without_other_traffic() {
 fn sync_journal_without_a_journal_is_a_config_error() {
     let node = Node::builder("solo").start().expect("start");
     match node.sync_journal(SHUTDOWN) {
-        Err(cohort::Error::Config(msg)) => assert!(msg.contains("Builder::journal"), "{msg}"),
+        Err(cohort::Error::Config(e @ cohort::ConfigError::NoJournal { .. })) => {
+            assert_eq!(e.setting(), "sync_journal");
+            assert!(e.to_string().contains("Builder::journal"), "{e}");
+        }
         other => panic!("expected a config error, got {other:?}"),
     }
     let dir = TempDir::new("fsync-without-dir");
@@ -261,6 +264,13 @@ fn sync_journal_without_a_journal_is_a_config_error() {
         .journal_fsync(FsyncPolicy::Never)
         .start()
         .expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            cohort::Error::Config(cohort::ConfigError::NoJournal { .. })
+        ),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("journal directory"), "{err}");
     node.shutdown(SHUTDOWN).expect("stops");
 }

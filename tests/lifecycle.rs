@@ -13,7 +13,7 @@ use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
 use cohort::internals::flow::cost;
-use cohort::{Error, Node, PeerState, ShutdownReport, TrySendError};
+use cohort::{Bytes, Error, Node, PeerState, SendError, SendOptions, ShutdownReport, TrySendError};
 use support::*;
 
 /// Runs `node.shutdown(deadline)` on another thread and waits for its result, so that a
@@ -164,12 +164,12 @@ fn remove_peer_fails_queued_messages_and_wakes_blocked_senders() {
         std::slice::from_ref(&node),
         blocked,
     ) {
-        Err(Error::Closed) => {}
+        Err(e) if matches!(e.error(), Error::Closed) => assert_eq!(e.into_inner().len(), SIZE),
         other => panic!("a sender blocked on a removed peer must wake with Closed: {other:?}"),
     }
     assert!(node.stats().peer("ghost").is_none(), "{}", node.stats());
     assert!(node.peers().is_empty());
-    match node.send("ghost", payload(0, SIZE)) {
+    match node.send("ghost", payload(0, SIZE)).map_err(Error::from) {
         Err(Error::UnknownPeer(name)) => assert_eq!(name, "ghost"),
         other => panic!("expected UnknownPeer, got {other:?}"),
     }
@@ -215,7 +215,7 @@ fn shutdown_fails_queued_messages_and_gives_back_every_permit() {
         std::slice::from_ref(&node),
         blocked,
     ) {
-        Err(Error::Closed) => {}
+        Err(e) if matches!(e.error(), Error::Closed) => assert_eq!(e.into_inner().len(), SIZE),
         other => panic!("a sender blocked at shutdown must wake with Closed: {other:?}"),
     }
     assert_eq!(report.failed, queued, "{report:?}");
@@ -469,7 +469,13 @@ fn unknown_peer_and_closed_node_errors() {
         .start()
         .expect("start");
     match node.send("stranger", &b"x"[..]) {
-        Err(Error::UnknownPeer(name)) => assert_eq!(name, "stranger"),
+        Err(e) => {
+            assert!(
+                matches!(e.error(), Error::UnknownPeer(name) if name == "stranger"),
+                "{e:?}"
+            );
+            assert_eq!(&e.into_inner()[..], b"x", "the payload comes back");
+        }
         other => panic!("expected UnknownPeer, got {other:?}"),
     }
     match node.try_send("stranger", &b"x"[..]) {
@@ -491,13 +497,31 @@ fn unknown_peer_and_closed_node_errors() {
         Err(Error::Closed) => {}
         other => panic!("{what} after shutdown: expected Closed, got {other:?}"),
     };
-    closed("send", node.send("known", &b"x"[..]));
-    closed("send via a Sender", sender.send("known", &b"x"[..]));
-    closed(
+    // Every send variant hands the payload back.
+    let closed_send = |what: &str, r: Result<(), SendError<Bytes>>| match r {
+        Err(e) if matches!(e.error(), Error::Closed) => {
+            assert_eq!(&e.into_inner()[..], b"x", "{what}: the payload comes back")
+        }
+        other => panic!("{what} after shutdown: expected Closed, got {other:?}"),
+    };
+    closed_send("send", node.send("known", &b"x"[..]));
+    closed_send("send via a Sender", sender.send("known", &b"x"[..]));
+    closed_send(
         "send_timeout",
         node.send_timeout("known", &b"x"[..], Duration::from_millis(10)),
     );
-    closed("send_oob", node.send_oob("known", &b"x"[..]));
+    closed_send("send_oob", node.send_oob("known", &b"x"[..]));
+    closed_send(
+        "send_with",
+        node.send_with("known", &b"x"[..], SendOptions::new().oob()),
+    );
+    closed_send(
+        "send via a PeerSender",
+        sender
+            .to("known")
+            .map(|p| p.send(&b"x"[..]))
+            .expect("a PeerSender for a known peer"),
+    );
     closed("add_peer", node.add_peer("late", other.addr()));
     match node.try_send("known", &b"y"[..]) {
         Err(TrySendError::Failed(back, Error::Closed)) => assert_eq!(&back[..], b"y"),
@@ -508,4 +532,115 @@ fn unknown_peer_and_closed_node_errors() {
     }
     let p = peer_stats(&node, "known");
     assert_eq!(p.accepted, 0, "nothing accepted after shutdown: {p:?}");
+}
+
+/// A node asked to listen on an address that is taken fails to start with
+/// `Error::Listen`: its message names the address, and its source is the OS error
+/// (`AddrInUse`).
+#[test]
+fn listening_on_a_taken_address_names_the_address() {
+    let taken = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("local addr");
+    let err = match Node::builder("late").listen(addr).start() {
+        Err(e) => e,
+        Ok(node) => {
+            node.shutdown(SHUTDOWN).expect("shutdown");
+            panic!("a second listener started on {addr}");
+        }
+    };
+    assert!(
+        matches!(&err, Error::Listen { addr: a, .. } if *a == addr),
+        "{err:?}"
+    );
+    let shown = err.to_string();
+    assert!(shown.contains(&addr.to_string()), "{shown}");
+    let source = std::error::Error::source(&err).expect("the OS error as its source");
+    let io = source
+        .downcast_ref::<std::io::Error>()
+        .expect("an io::Error");
+    assert_eq!(io.kind(), std::io::ErrorKind::AddrInUse, "{io}");
+    drop(taken);
+}
+
+/// Each kind of bad setting is its own `ConfigError`, naming the setting (and, in its
+/// message, the value and what would work).
+#[test]
+fn configuration_errors_name_the_setting() {
+    use cohort::ConfigError;
+    let refused = |b: cohort::Builder| match b.start() {
+        Err(Error::Config(c)) => c,
+        Err(e) => panic!("another error: {e:?}"),
+        Ok(node) => {
+            node.shutdown(SHUTDOWN).expect("shutdown");
+            panic!("started");
+        }
+    };
+    let c = refused(Node::builder(""));
+    assert!(
+        matches!(
+            &c,
+            ConfigError::Name {
+                setting: "name",
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    let c = refused(Node::builder("cfg").peer("cfg", "127.0.0.1:1"));
+    assert!(
+        matches!(&c, ConfigError::Name { setting: "peer", name, .. } if name == "cfg"),
+        "{c:?}"
+    );
+    assert!(c.to_string().contains("own name"), "{c}");
+    let c = refused(Node::builder("cfg").listen("not an address"));
+    assert!(
+        matches!(
+            &c,
+            ConfigError::Address {
+                setting: "listen",
+                peer: None,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    let c = refused(Node::builder("cfg").peer("far", "not an address"));
+    assert!(
+        matches!(&c, ConfigError::Address { setting: "peer", peer: Some(p), .. } if p == "far"),
+        "{c:?}"
+    );
+    let c = refused(Node::builder("cfg").window_bytes(10));
+    match &c {
+        ConfigError::OutOfRange {
+            setting: "window_bytes",
+            value: 10,
+            min,
+            ..
+        } => assert!(c.to_string().contains(&min.to_string()), "{c}"),
+        other => panic!("{other:?}"),
+    }
+    // The value in effect: the reply's room, at most `max_message` less its id.
+    let c = refused(
+        Node::builder("cfg")
+            .window_bytes(1 << 16)
+            .max_reply(1 << 15),
+    );
+    assert!(
+        matches!(&c, ConfigError::OutOfRange { setting: "max_reply", value, max, .. } if *max < *value),
+        "{c:?}"
+    );
+    assert_eq!(c.setting(), "max_reply");
+
+    let node = Node::builder("cfg").start().expect("start");
+    match node.add_peer("cfg", "127.0.0.1:1") {
+        Err(Error::Config(c)) => assert_eq!(c.setting(), "add_peer", "{c:?}"),
+        other => panic!("expected a config error, got {other:?}"),
+    }
+    match node.add_peer("far", "not an address") {
+        Err(Error::Config(ConfigError::Address { setting, peer, .. })) => {
+            assert_eq!((setting, peer.as_deref()), ("add_peer", Some("far")))
+        }
+        other => panic!("expected an address error, got {other:?}"),
+    }
+    node.shutdown(SHUTDOWN).expect("shutdown");
 }

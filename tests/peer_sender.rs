@@ -47,7 +47,10 @@ fn a_bound_handle_delivers_in_order_and_closes_with_its_peer() {
     assert_eq!(disorder.load(Ordering::SeqCst), 0, "in order");
 
     a.remove_peer("ps-b").expect("remove");
-    assert!(matches!(to_b.send(payload(0, 8)), Err(Error::Closed)));
+    assert!(matches!(
+        to_b.send(payload(0, 8)).map_err(Error::from),
+        Err(Error::Closed)
+    ));
     assert!(to_b.try_send(payload(0, 8)).is_err());
     a.shutdown(Duration::from_secs(5)).expect("shutdown a");
     b.shutdown(Duration::from_secs(5)).expect("shutdown b");

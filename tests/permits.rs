@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cohort::internals::flow::{cost, MESSAGE_OVERHEAD};
-use cohort::{Error, Node, PeerState, PeerStats, SendOptions, TrySendError};
+use cohort::{Bytes, Error, Node, PeerState, PeerStats, SendError, SendOptions, TrySendError};
 use support::*;
 
 /// The send window of the tests, bytes.
@@ -279,11 +279,22 @@ fn too_large_takes_no_permit_and_too_large_for_the_peer_gives_it_back() {
     ]);
     let (sender, receiver) = (&nodes[0], &nodes[1]);
 
-    let too_large = |what: &str, r: Result<(), Error>| match r {
-        Err(Error::TooLarge {
-            len: 8001,
-            max: 8000,
-        }) => {}
+    let too_large = |what: &str, r: Result<(), SendError<Bytes>>| match r {
+        Err(e)
+            if matches!(
+                e.error(),
+                Error::TooLarge {
+                    len: 8001,
+                    max: 8000,
+                }
+            ) =>
+        {
+            assert_eq!(
+                e.into_inner().len(),
+                8001,
+                "{what}: the payload is handed back"
+            )
+        }
         other => panic!("{what}: expected TooLarge {{ 8001, 8000 }}, got {other:?}"),
     };
     too_large("send", sender.send("tl-rx", vec![1u8; 8001]));
@@ -308,7 +319,13 @@ fn too_large_takes_no_permit_and_too_large_for_the_peer_gives_it_back() {
     }
     let results = sender.broadcast(vec![1u8; 8001]);
     assert_eq!(results.len(), 1, "{results:?}");
-    too_large("broadcast", results.into_iter().next().unwrap().1);
+    match results.into_iter().next().map(|(_, r)| r) {
+        Some(Err(Error::TooLarge {
+            len: 8001,
+            max: 8000,
+        })) => {}
+        other => panic!("broadcast: expected TooLarge {{ 8001, 8000 }}, got {other:?}"),
+    }
     let p = peer_stats(sender, "tl-rx");
     assert_eq!(
         (p.accepted, p.failed),
@@ -422,7 +439,13 @@ fn queued_to_a_down_peer_expire_or_fail_at_shutdown_with_every_permit_back() {
     }
     assert_eq!(2 + more, W / cost(SIZE));
     match node.send_timeout("dn-down", payload(0, SIZE), Duration::from_millis(10)) {
-        Err(Error::TimedOut(_)) => {}
+        Err(e) if matches!(e.error(), Error::TimedOut(_)) => {
+            assert_eq!(
+                e.into_inner(),
+                payload(0, SIZE),
+                "the payload is handed back"
+            )
+        }
         other => panic!("send_timeout on a dry window: {other:?}"),
     }
     let p = peer_stats(&node, "dn-down");
@@ -433,7 +456,8 @@ fn queued_to_a_down_peer_expire_or_fail_at_shutdown_with_every_permit_back() {
     let blocked = blocked_sender(node.sender(), "dn-down", SIZE);
     let report = node.shutdown(SHUTDOWN).expect("shutdown");
     match blocked.join().expect("sender thread") {
-        Err(Error::Closed) => {}
+        // The payload comes back: the send still held it while it waited.
+        Err(e) if matches!(e.error(), Error::Closed) => assert_eq!(e.into_inner().len(), SIZE),
         other => panic!("a sender blocked at shutdown wakes with Closed: {other:?}"),
     }
     assert_eq!(
@@ -495,7 +519,7 @@ fn removing_a_peer_with_queued_messages_wakes_its_blocked_sender_with_closed() {
     let blocked = blocked_sender(sender.sender(), "rm-gone", SIZE);
     sender.remove_peer("rm-gone").expect("remove_peer");
     match join_within("the blocked sender to wake", &nodes, blocked) {
-        Err(Error::Closed) => {}
+        Err(e) if matches!(e.error(), Error::Closed) => assert_eq!(e.into_inner().len(), SIZE),
         other => panic!("a sender blocked on a removed peer wakes with Closed: {other:?}"),
     }
     assert!(sender.stats().peer("rm-gone").is_none());
@@ -705,7 +729,8 @@ fn blocked_time_shows_a_sender_parked_now() {
     assert!(!blocked.is_finished(), "the sender is still parked");
     node.shutdown(SHUTDOWN).expect("shutdown");
     match blocked.join().expect("sender thread") {
-        Err(Error::Closed) => {}
+        // The payload comes back: the send still held it while it waited.
+        Err(e) if matches!(e.error(), Error::Closed) => assert_eq!(e.into_inner().len(), SIZE),
         other => panic!("a sender blocked at shutdown wakes with Closed: {other:?}"),
     }
     let p = peer_stats(&node, "bt-down");

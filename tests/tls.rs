@@ -354,7 +354,10 @@ fn member_names_must_be_dns_names_and_the_certificate_must_name_the_member() {
     let ca = TestCa::new("cohort test CA");
     // `start` fails with a configuration error whose message says all of `says`.
     let refused = |b: cohort::Builder, says: &[&str]| match b.start() {
-        Err(Error::Config(m)) => assert!(says.iter().all(|s| m.contains(s)), "{m}"),
+        Err(Error::Config(c)) => {
+            let m = c.to_string();
+            assert!(says.iter().all(|s| m.contains(s)), "{m}")
+        }
         other => panic!("expected a configuration error saying {says:?}, got {other:?}"),
     };
     refused(
@@ -376,6 +379,9 @@ fn member_names_must_be_dns_names_and_the_certificate_must_name_the_member() {
         .start()
         .expect("a valid member starts");
     let e = a.add_peer("bad name", "127.0.0.1:1").unwrap_err();
-    assert!(matches!(&e, Error::Config(m) if m.contains("DNS")), "{e}");
+    assert!(
+        matches!(&e, Error::Config(c @ cohort::ConfigError::Name { setting: "add_peer", .. }) if c.to_string().contains("DNS")),
+        "{e}"
+    );
     shutdown_all(&[a]);
 }

@@ -168,6 +168,7 @@ impl Inbox {
 
 /// A blocking iterator over an [`Inbox`] (see [`Inbox::iter`]).
 #[derive(Debug)]
+#[must_use = "iterators are lazy and do nothing unless consumed"]
 pub struct InboxIter<'a> {
     inbox: &'a Inbox,
 }
@@ -181,6 +182,7 @@ impl Iterator for InboxIter<'_> {
 
 /// A non-blocking iterator over an [`Inbox`] (see [`Inbox::try_iter`]).
 #[derive(Debug)]
+#[must_use = "iterators are lazy and do nothing unless consumed"]
 pub struct InboxTryIter<'a> {
     inbox: &'a Inbox,
 }

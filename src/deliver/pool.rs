@@ -277,6 +277,7 @@ impl std::fmt::Debug for Pool {
 /// Pool counters at one instant.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Worker threads.
     pub threads: usize,

@@ -11,6 +11,7 @@ use super::JournalError;
 
 /// What a segment file is, as far as its header says.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SegmentStatus {
     /// All zeroes: never initialised (recovery puts it in the pool).
     Uninitialised,
@@ -26,6 +27,7 @@ pub enum SegmentStatus {
 
 /// One segment file.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SegmentInfo {
     /// File name.
     pub file: String,
@@ -62,6 +64,7 @@ impl SegmentInfo {
 
 /// What is on disk in a journal directory. Its `Display` is a table.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct JournalInspection {
     /// The directory.
     pub dir: PathBuf,

@@ -178,6 +178,7 @@ const MIN_FRAME: u64 = (FRAME_HEADER + 2 + 8) as u64;
 ///
 /// [`Builder::journal_fsync`]: crate::Builder::journal_fsync
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FsyncPolicy {
     /// An fsync after every write: what was written survives an OS crash or power loss.
     /// The slowest: every message waits for the disk.
@@ -237,6 +238,7 @@ impl JournalConfig {
 /// Counters of what a journal has done since it was opened.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 pub struct JournalStats {
     /// Batches of records written (each holding at least one record).
     pub appends: u64,

@@ -113,6 +113,7 @@ pub struct PeerCounters {
 
 /// The kind of a record, for counting and display.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum RecordKind {
     /// A reliable message sent to a peer (its sequence number, flags and payload).
     Message,

@@ -28,6 +28,7 @@ const OFF_CLUSTER: usize = 320;
 
 /// The life cycle of a segment (see the module docs for the state machine).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum SegmentState {
     /// In the empty-file pool, waiting to be used.
     Empty,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{Error, Node};
+use super::{ConfigError, Error, Node};
 use crate::deliver::{Delivery, Handler, Inbox};
 use crate::flow::MESSAGE_OVERHEAD;
 use crate::journal::{FsyncPolicy, DEFAULT_SEGMENT_SIZE};
@@ -92,6 +92,7 @@ impl Default for IdleStrategy {
 /// node.send("beta", &b"hello"[..])?;
 /// # Ok(()) }
 /// ```
+#[must_use = "a Builder does nothing until `start`"]
 pub struct Builder {
     /// What the IO thread is given: the protocol's settings and the sockets' (buffer sizes,
     /// TLS). The setters write here, so an option of either lives in one place. What only
@@ -156,6 +157,22 @@ impl std::fmt::Debug for Builder {
             .field("secret", &self.io.proto.secret)
             .finish_non_exhaustive()
     }
+}
+
+/// A member, cluster or peer name (`setting`) is 1 to 255 bytes.
+pub(crate) fn check_name(setting: &'static str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || name.len() > crate::wire::MAX_NAME {
+        return Err(ConfigError::Name {
+            setting,
+            name: name.to_owned(),
+            problem: format!(
+                "is {} bytes: a name must be 1 to {} bytes",
+                name.len(),
+                crate::wire::MAX_NAME
+            ),
+        });
+    }
+    Ok(())
 }
 
 fn resolve<A: ToSocketAddrs>(addr: A) -> Result<SocketAddr, String> {
@@ -811,14 +828,20 @@ impl Builder {
         let Some(tls) = &self.io.tls else {
             return Ok(());
         };
-        for name in std::iter::once(self.name()).chain(self.peers.iter().map(|(n, _)| n.as_str())) {
-            crate::tls::server_name(name).map_err(Error::Config)?;
+        let names = std::iter::once(("name", self.name()))
+            .chain(self.peers.iter().map(|(n, _)| ("peer", n.as_str())));
+        for (setting, name) in names {
+            crate::tls::server_name(name).map_err(|problem| ConfigError::Name {
+                setting,
+                name: name.to_owned(),
+                problem,
+            })?;
         }
-        tls.leaf_names(self.name()).map_err(|e| {
-            Error::Config(format!(
-                "TLS: this member's own certificate must name it ('{}'): {e}",
-                self.name()
-            ))
+        tls.leaf_names(self.name()).map_err(|problem| {
+            Error::Config(ConfigError::Certificate {
+                member: self.name().to_owned(),
+                problem,
+            })
         })
     }
 
@@ -864,96 +887,89 @@ impl Builder {
     pub(crate) fn validate(&self) -> Result<(SocketAddr, HashMap<String, SocketAddr>), Error> {
         if let Some(j) = &self.journal {
             if j.dir.as_os_str().is_empty() {
-                return Err(Error::Config(
-                    "journal_fsync or journal_segment_size given without a journal directory: call Builder::journal(dir)".into(),
-                ));
+                return Err(ConfigError::NoJournal {
+                    setting: "journal_fsync or journal_segment_size",
+                }
+                .into());
             }
         }
-        let name_ok = |s: &str| !s.is_empty() && s.len() <= crate::wire::MAX_NAME;
-        if !name_ok(self.name()) {
-            return Err(Error::Config(format!(
-                "member name must be 1 to 255 bytes, got {:?}",
-                self.name()
-            )));
-        }
-        if !name_ok(&self.io.proto.cluster) {
-            return Err(Error::Config(format!(
-                "cluster name must be 1 to 255 bytes, got {:?}",
-                self.io.proto.cluster
-            )));
-        }
+        check_name("name", self.name())?;
+        check_name("cluster", &self.io.proto.cluster)?;
         if self.io.proto.secret.as_ref().is_some_and(|s| s.is_empty()) {
-            return Err(Error::Config(
-                "the secret is empty: use at least 32 random bytes, or no secret".into(),
-            ));
+            return Err(ConfigError::EmptySecret.into());
         }
-        if self.io.proto.window < 2 * (MESSAGE_OVERHEAD + 1) {
-            return Err(Error::Config(format!(
-                "window of {} bytes is too small",
-                self.io.proto.window
-            )));
+        // The smallest window holds two empty messages; the largest is what a receiver
+        // accounts for.
+        let windows = 2 * (MESSAGE_OVERHEAD + 1)..=crate::flow::MAX_WINDOW;
+        let out_of_range = |setting, value: u64, max: u64| ConfigError::OutOfRange {
+            setting,
+            value,
+            min: 0,
+            max,
+        };
+        if !windows.contains(&self.io.proto.window) {
+            return Err(ConfigError::OutOfRange {
+                setting: "window_bytes",
+                value: self.io.proto.window,
+                min: *windows.start(),
+                max: *windows.end(),
+            }
+            .into());
         }
         if let Some(w) = self.recv_window {
-            if !(2 * (MESSAGE_OVERHEAD + 1)..=crate::flow::MAX_WINDOW).contains(&w) {
-                return Err(Error::Config(format!(
-                    "recv_window of {w} bytes: must be from {} to {} bytes",
-                    2 * (MESSAGE_OVERHEAD + 1),
-                    crate::flow::MAX_WINDOW
-                )));
+            if !windows.contains(&w) {
+                return Err(ConfigError::OutOfRange {
+                    setting: "recv_window",
+                    value: w,
+                    min: *windows.start(),
+                    max: *windows.end(),
+                }
+                .into());
             }
         }
-        if self.io.proto.window > crate::flow::MAX_WINDOW {
-            return Err(Error::Config(format!(
-                "window of {} bytes exceeds the largest a receiver accounts for ({} bytes)",
-                self.io.proto.window,
-                crate::flow::MAX_WINDOW
-            )));
+        let half = self.io.proto.window / 2;
+        // A message and its overhead fit in half the window (or it could never be sent),
+        // and its frame's length in the wire format's.
+        let max = self.effective_max_message() as u64;
+        let max_allowed = half
+            .saturating_sub(MESSAGE_OVERHEAD)
+            .min(u64::from(u32::MAX) - 64);
+        if max > max_allowed {
+            return Err(out_of_range("max_message", max, max_allowed).into());
         }
-        let max = self.effective_max_message();
-        if crate::flow::cost(max) > self.io.proto.window / 2 {
-            return Err(Error::Config(format!(
-                "max_message {max} (+{MESSAGE_OVERHEAD} overhead) exceeds half the window ({} bytes): \
-                 such a message could never be sent; raise window_bytes or lower max_message",
-                self.io.proto.window / 2
-            )));
-        }
-        let room = crate::wire::REQUEST_HEADER_BYTES as u64 + u64::from(self.effective_max_reply());
-        if crate::flow::cost(0) + room > self.io.proto.window / 2 {
-            return Err(Error::Config(format!(
-                "max_reply {} (+{} bytes of request header and overhead) exceeds half the \
-                 window ({} bytes): no request could be sent; raise window_bytes or lower \
-                 max_reply",
-                self.effective_max_reply(),
-                crate::wire::REQUEST_HEADER_BYTES as u64 + MESSAGE_OVERHEAD,
-                self.io.proto.window / 2
-            )));
-        }
-        if max > u32::MAX as usize - 64 {
-            return Err(Error::Config(format!(
-                "max_message {max} exceeds the wire format's limit"
-            )));
+        // A request (its header, overhead and room for its reply) fits in half the window.
+        let reply = u64::from(self.effective_max_reply());
+        let request = crate::wire::REQUEST_HEADER_BYTES as u64 + MESSAGE_OVERHEAD;
+        let reply_allowed = half.saturating_sub(request);
+        if reply + request > half {
+            return Err(out_of_range("max_reply", reply, reply_allowed).into());
         }
         #[cfg(feature = "tls")]
         self.validate_tls()?;
         let listen = self
             .listen
             .clone()
-            .map_err(|e| Error::Config(format!("listen address: {e}")))?;
+            .map_err(|problem| ConfigError::Address {
+                setting: "listen",
+                peer: None,
+                problem,
+            })?;
         let mut peers = HashMap::new();
         for (name, addr) in &self.peers {
-            if !name_ok(name) {
-                return Err(Error::Config(format!(
-                    "peer name must be 1 to 255 bytes, got {name:?}"
-                )));
-            }
+            check_name("peer", name)?;
             if *name == self.name() {
-                return Err(Error::Config(format!(
-                    "peer '{name}' has this node's own name"
-                )));
+                return Err(ConfigError::Name {
+                    setting: "peer",
+                    name: name.clone(),
+                    problem: "is this node's own name".into(),
+                }
+                .into());
             }
-            let addr = addr
-                .clone()
-                .map_err(|e| Error::Config(format!("address of peer '{name}': {e}")))?;
+            let addr = addr.clone().map_err(|problem| ConfigError::Address {
+                setting: "peer",
+                peer: Some(name.clone()),
+                problem,
+            })?;
             if peers.insert(name.clone(), addr).is_some() {
                 return Err(Error::PeerExists(name.clone()));
             }
@@ -1013,11 +1029,7 @@ impl Builder {
     /// ```
     pub fn start_with_inbox(self) -> Result<(Node, Inbox), Error> {
         if self.handler.is_some() {
-            return Err(Error::Config(
-                "start_with_inbox takes messages through the inbox: remove the on_message \
-                 handler, or call start"
-                    .into(),
-            ));
+            return Err(ConfigError::InboxWithHandler.into());
         }
         let (node, pool) = Node::start(self, true)?;
         Ok((node, Inbox::new(pool)))

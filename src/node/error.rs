@@ -46,14 +46,44 @@ pub enum Error {
     /// A second [`Delivery::reply`](crate::Delivery::reply) to the same request.
     #[error("the request was already answered")]
     AlreadyReplied,
-    /// The builder's settings are inconsistent.
+    /// A setting of the [`Builder`](crate::Builder), or an argument of
+    /// [`Node::add_peer`](crate::Node::add_peer), cannot work: which one and why is in the
+    /// [`ConfigError`].
     #[error("invalid configuration: {0}")]
-    Config(String),
+    Config(ConfigError),
     /// The TLS configuration could not be loaded (feature `tls`).
     #[cfg(feature = "tls")]
     #[error("TLS configuration: {0}")]
     Tls(#[from] crate::tls::TlsError),
-    /// An OS-level failure (binding the listener, spawning a thread).
+    /// The listener could not be set up on the address of
+    /// [`Builder::listen`](crate::Builder::listen): typically the address is in use
+    /// ([`std::io::ErrorKind::AddrInUse`]) or not one of this host's. The OS error is the
+    /// [`source`](std::error::Error::source).
+    ///
+    /// ```
+    /// use std::error::Error as _;
+    ///
+    /// let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    /// let addr = taken.local_addr()?;
+    /// match cohort::Node::builder("alpha").listen(addr).start() {
+    ///     Err(e @ cohort::Error::Listen { .. }) => {
+    ///         assert!(e.to_string().contains(&addr.to_string()));
+    ///         let os = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+    ///         assert_eq!(os.map(|o| o.kind()), Some(std::io::ErrorKind::AddrInUse));
+    ///     }
+    ///     other => panic!("expected a listen error, got {other:?}"),
+    /// }
+    /// # Ok::<(), std::io::Error>(())
+    /// ```
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another OS-level failure (setting up the poller, spawning a thread).
     #[error("I/O error: {0}")]
     Io(#[from] std::io::Error),
     /// The journal could not be opened, recovered or written (see the message).
@@ -65,9 +95,261 @@ pub enum Error {
     ShutdownTimedOut(String),
 }
 
+/// A setting that cannot work, in [`Error::Config`]: one variant per kind of problem, each
+/// naming the setting ([`setting`](ConfigError::setting): the [`Builder`](crate::Builder)
+/// method, or the call, that was given it). Its `Display` says the value and what would
+/// work.
+///
+/// ```
+/// use cohort::{ConfigError, Error};
+///
+/// match cohort::Node::builder("alpha").recv_window(10).start() {
+///     Err(Error::Config(ConfigError::OutOfRange { setting, value, min, .. })) => {
+///         assert_eq!(setting, "recv_window");
+///         assert_eq!(value, 10);
+///         assert!(min > 10);
+///     }
+///     other => panic!("expected an out-of-range recv_window, got {other:?}"),
+/// }
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// A name cannot be used: a member, cluster or peer name that is empty or longer than
+    /// 255 bytes, a peer with this node's own name, or (with TLS) a member name that is not
+    /// a DNS name.
+    Name {
+        /// `"name"` (this member's, given to [`Node::builder`](crate::Node::builder)),
+        /// `"cluster"`, `"peer"` or `"add_peer"`.
+        setting: &'static str,
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// A size out of the range that works (the range may follow from other settings: a
+    /// message must fit in half the window).
+    OutOfRange {
+        /// `"window_bytes"`, `"recv_window"`, `"max_message"` or `"max_reply"`.
+        setting: &'static str,
+        /// The value in effect, in bytes.
+        value: u64,
+        /// The smallest that works.
+        min: u64,
+        /// The largest that works with the other settings.
+        max: u64,
+    },
+    /// An address that does not resolve to a socket address.
+    Address {
+        /// `"listen"`, `"peer"` or `"add_peer"`.
+        setting: &'static str,
+        /// The peer whose address it is (`None` for `listen`).
+        peer: Option<String>,
+        /// Why it did not resolve.
+        problem: String,
+    },
+    /// [`Builder::secret`](crate::Builder::secret) with an empty secret.
+    EmptySecret,
+    /// A journal setting, or [`Node::sync_journal`](crate::Node::sync_journal), on a node
+    /// configured without a journal directory ([`Builder::journal`](crate::Builder::journal)).
+    NoJournal {
+        /// `"journal_fsync or journal_segment_size"` or `"sync_journal"`.
+        setting: &'static str,
+    },
+    /// [`Builder::start_with_inbox`](crate::Builder::start_with_inbox) with an
+    /// [`on_message`](crate::Builder::on_message) handler: the messages go to one or the
+    /// other.
+    InboxWithHandler,
+    /// With TLS, this member's own certificate is not valid for its name.
+    Certificate {
+        /// This member's name.
+        member: String,
+        /// Why the certificate does not do.
+        problem: String,
+    },
+}
+
+impl ConfigError {
+    /// The setting at fault: the [`Builder`](crate::Builder) method (or the call) that was
+    /// given it, e.g. `"max_message"`, `"peer"`, `"add_peer"`, `"sync_journal"`.
+    pub fn setting(&self) -> &'static str {
+        match self {
+            ConfigError::Name { setting, .. }
+            | ConfigError::OutOfRange { setting, .. }
+            | ConfigError::Address { setting, .. }
+            | ConfigError::NoJournal { setting } => setting,
+            ConfigError::EmptySecret => "secret",
+            ConfigError::InboxWithHandler => "on_message",
+            ConfigError::Certificate { .. } => "tls",
+        }
+    }
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConfigError::Name {
+                setting,
+                name,
+                problem,
+            } => write!(f, "{setting} {name:?}: {problem}"),
+            ConfigError::OutOfRange {
+                setting,
+                value,
+                min,
+                max,
+            } => {
+                write!(
+                    f,
+                    "{setting} of {value} bytes is out of range: it must be from {min} to {max} bytes"
+                )?;
+                match *setting {
+                    "max_message" => f.write_str(
+                        " (a message and its 16 bytes of overhead must fit in half the window, \
+                         or it could never be sent): raise window_bytes or lower max_message",
+                    ),
+                    "max_reply" => f.write_str(
+                        " (a request's room for its reply, with the request's header and \
+                         overhead, must fit in half the window, or no request could be sent): \
+                         raise window_bytes or lower max_reply",
+                    ),
+                    _ => Ok(()),
+                }
+            }
+            ConfigError::Address {
+                setting,
+                peer: Some(peer),
+                problem,
+            } => write!(f, "{setting}: address of peer '{peer}': {problem}"),
+            ConfigError::Address {
+                setting,
+                peer: None,
+                problem,
+            } => write!(f, "{setting} address: {problem}"),
+            ConfigError::EmptySecret => f.write_str(
+                "secret: the secret is empty: use at least 32 random bytes, or no secret",
+            ),
+            ConfigError::NoJournal { setting } => write!(
+                f,
+                "{setting} needs a journal directory: configure Builder::journal(dir)"
+            ),
+            ConfigError::InboxWithHandler => f.write_str(
+                "start_with_inbox takes messages through the inbox: remove the on_message \
+                 handler, or call start",
+            ),
+            ConfigError::Certificate { member, problem } => write!(
+                f,
+                "tls: this member's own certificate must name it ('{member}'): {problem}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+impl From<ConfigError> for Error {
+    fn from(e: ConfigError) -> Error {
+        Error::Config(e)
+    }
+}
+
+/// Why [`send`](crate::Sender::send), [`send_timeout`](crate::Sender::send_timeout),
+/// [`send_oob`](crate::Sender::send_oob) or [`send_with`](crate::Sender::send_with) (of a
+/// [`Sender`](crate::Sender), [`PeerSender`](crate::PeerSender) or [`Node`](crate::Node)) did
+/// not take the message: the [`Error`], and the payload handed back
+/// ([`into_inner`](SendError::into_inner)) to retry, send elsewhere or log.
+///
+/// A send fails only before its message is queued (unknown peer, too large, node closed or
+/// peer removed, timed out waiting for the window), so the payload always comes back. What
+/// becomes of a message once queued is not the send's result: see
+/// [`Builder::on_undelivered`](crate::Builder::on_undelivered) and the counters of
+/// [`PeerStats`](crate::PeerStats).
+///
+/// Its `Display` and `source` are the error's, and it converts into [`Error`], so `?`
+/// works in a function returning `Result<_, cohort::Error>`.
+///
+/// ```
+/// use std::time::Duration;
+/// use cohort::Error;
+///
+/// # fn main() -> Result<(), cohort::Error> {
+/// let node = cohort::Node::builder("alpha").start()?;
+/// node.shutdown(Duration::from_secs(5))?;
+/// let e = node
+///     .send_timeout("beta", vec![1, 2, 3], Duration::from_millis(10))
+///     .unwrap_err();
+/// assert!(matches!(e.error(), Error::Closed | Error::UnknownPeer(_)));
+/// assert_eq!(&e.into_inner()[..], &[1, 2, 3]);
+/// # Ok(()) }
+/// ```
+pub struct SendError<T> {
+    error: Error,
+    payload: T,
+}
+
+impl<T> SendError<T> {
+    /// Why the message was not taken.
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// Takes the payload back.
+    pub fn into_inner(self) -> T {
+        self.payload
+    }
+
+    /// The error, dropping the payload.
+    pub fn into_error(self) -> Error {
+        self.error
+    }
+
+    /// The payload and the error.
+    pub fn into_parts(self) -> (T, Error) {
+        (self.payload, self.error)
+    }
+
+    /// A send's failure from its attempt (a full window is [`Error::Full`]).
+    pub(crate) fn from_try(e: TrySendError<T>) -> SendError<T> {
+        match e {
+            TrySendError::Full(payload) => SendError {
+                error: Error::Full,
+                payload,
+            },
+            TrySendError::Failed(payload, error) => SendError { error, payload },
+        }
+    }
+}
+
+impl<T> std::fmt::Debug for SendError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendError")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T> std::fmt::Display for SendError<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<T> std::error::Error for SendError<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.error)
+    }
+}
+
+impl<T> From<SendError<T>> for Error {
+    fn from(e: SendError<T>) -> Error {
+        e.error
+    }
+}
+
 /// Why [`Node::try_send`](crate::Node::try_send) did not take the message. Every variant
 /// hands the payload back, so nothing is lost by trying.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TrySendError<T> {
     /// The peer's send window has no room now: back-pressure. Retry later.
     #[error("send window full")]

@@ -9,7 +9,7 @@ mod send;
 mod stats;
 
 pub use builder::{Builder, IdleStrategy, UndeliveredFn};
-pub use error::{Error, TrySendError};
+pub use error::{ConfigError, Error, SendError, TrySendError};
 pub use send::{PeerSender, PendingReply, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
 
@@ -82,6 +82,7 @@ pub struct ShutdownReport {
 /// beta.shutdown(std::time::Duration::from_secs(5))?;
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping a Node shuts it down"]
 pub struct Node {
     sender: Sender,
     name: SharedStr,
@@ -166,21 +167,10 @@ impl Node {
         let (name, window) = (config.proto.name.clone(), config.proto.window);
         let max_message = config.proto.max_message;
 
-        let socket = socket2::Socket::new(
-            socket2::Domain::for_address(listen),
-            socket2::Type::STREAM,
-            Some(socket2::Protocol::TCP),
-        )?;
-        socket.set_reuse_address(true)?;
-        socket.bind(&listen.into())?;
-        // The accept queue absorbs connection bursts while the IO thread is busy or
-        // descheduled: a connection arriving to a full queue is dropped by the kernel, and
-        // its dialler (a member, perhaps) retries only after a second. The kernel caps this
-        // at its own limit (`net.core.somaxconn`, 4096 by default on Linux).
-        socket.listen(LISTEN_BACKLOG)?;
-        socket.set_nonblocking(true)?;
-        let mut listener = mio::net::TcpListener::from_std(socket.into());
-        let local_addr = listener.local_addr()?;
+        let (mut listener, local_addr) = bind(listen).map_err(|source| Error::Listen {
+            addr: listen,
+            source,
+        })?;
 
         let poll = mio::Poll::new()?;
         poll.registry()
@@ -389,23 +379,36 @@ impl Node {
 
     /// Adds a member at run time; it is dialled at once.
     pub fn add_peer<A: std::net::ToSocketAddrs>(&self, name: &str, addr: A) -> Result<(), Error> {
-        if name.is_empty() || name.len() > wire::MAX_NAME || name == &*self.name {
-            return Err(Error::Config(format!("invalid peer name {name:?}")));
+        builder::check_name("add_peer", name)?;
+        if name == &*self.name {
+            return Err(ConfigError::Name {
+                setting: "add_peer",
+                name: name.to_owned(),
+                problem: "is this node's own name".into(),
+            }
+            .into());
         }
         #[cfg(feature = "tls")]
         if self.tls {
-            crate::tls::server_name(name).map_err(Error::Config)?;
+            crate::tls::server_name(name).map_err(|problem| ConfigError::Name {
+                setting: "add_peer",
+                name: name.to_owned(),
+                problem,
+            })?;
         }
         if self.shut.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
+        let unresolved = |problem: String| ConfigError::Address {
+            setting: "add_peer",
+            peer: Some(name.to_owned()),
+            problem,
+        };
         let addr = addr
             .to_socket_addrs()
-            .map_err(|e| Error::Config(format!("address of peer '{name}': {e}")))?
+            .map_err(|e| unresolved(e.to_string()))?
             .next()
-            .ok_or_else(|| {
-                Error::Config(format!("address of peer '{name}' resolved to nothing"))
-            })?;
+            .ok_or_else(|| unresolved("the address resolved to nothing".into()))?;
         let shared = {
             let mut map = self.peers.write();
             if map.contains_key(name) {
@@ -462,7 +465,7 @@ impl Node {
     }
 
     /// See [`Sender::send`].
-    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.sender.send(to, payload)
     }
 
@@ -477,12 +480,12 @@ impl Node {
         to: &str,
         payload: impl Into<Bytes>,
         timeout: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<(), SendError<Bytes>> {
         self.sender.send_timeout(to, payload, timeout)
     }
 
     /// See [`Sender::send_oob`].
-    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.sender.send_oob(to, payload)
     }
 
@@ -492,7 +495,7 @@ impl Node {
         to: &str,
         payload: impl Into<Bytes>,
         opts: SendOptions,
-    ) -> Result<(), Error> {
+    ) -> Result<(), SendError<Bytes>> {
         self.sender.send_with(to, payload, opts)
     }
 
@@ -507,13 +510,20 @@ impl Node {
     }
 
     /// See [`Sender::send_request`].
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
         self.sender.send_request(to, payload)
     }
 
     /// See [`Sender::broadcast`].
+    #[must_use = "each peer's result says whether it was queued"]
     pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
         self.sender.broadcast(payload)
+    }
+
+    /// See [`Sender::to`].
+    pub fn to(&self, peer: &str) -> Result<PeerSender, Error> {
+        self.sender.to(peer)
     }
 
     /// A snapshot of every counter.
@@ -547,9 +557,10 @@ impl Node {
     /// [`Stats::journal_failures`](crate::Stats::journal_failures)).
     pub fn sync_journal(&self, timeout: Duration) -> Result<(), Error> {
         if !self.journalled {
-            return Err(Error::Config(
-                "sync_journal needs a journal: configure Builder::journal(dir)".into(),
-            ));
+            return Err(ConfigError::NoJournal {
+                setting: "sync_journal",
+            }
+            .into());
         }
         if self.shut.load(Ordering::Acquire) || self.io_done.wait_until(Instant::now()) {
             return Err(Error::Closed);
@@ -636,6 +647,26 @@ impl Node {
             elapsed: started.elapsed(),
         })
     }
+}
+
+/// The listening socket on `addr`, and the address it is bound to.
+fn bind(addr: SocketAddr) -> std::io::Result<(mio::net::TcpListener, SocketAddr)> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    // The accept queue absorbs connection bursts while the IO thread is busy or
+    // descheduled: a connection arriving to a full queue is dropped by the kernel, and its
+    // dialler (a member, perhaps) retries only after a second. The kernel caps this at its
+    // own limit (`net.core.somaxconn`, 4096 by default on Linux).
+    socket.listen(LISTEN_BACKLOG)?;
+    socket.set_nonblocking(true)?;
+    let listener = mio::net::TcpListener::from_std(socket.into());
+    let local_addr = listener.local_addr()?;
+    Ok((listener, local_addr))
 }
 
 /// Waits (at most 10 s) until the IO thread has handled every command sent before.

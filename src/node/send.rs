@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::{Error, TrySendError};
+use super::{Error, SendError, TrySendError};
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
 use crate::peer::{Failure, Owed, Slot};
@@ -24,6 +24,7 @@ use crate::wire;
 /// # let _ = opts;
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use = "SendOptions do nothing until passed to `send_with`"]
 pub struct SendOptions {
     oob: bool,
     unreliable: bool,
@@ -153,7 +154,12 @@ impl Sender {
 
     /// Sends a regular message: delivered to `to`'s handler in this sender's order, exactly
     /// once while both processes live. Blocks (parks) while `to`'s send window is full.
-    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+    ///
+    /// Fails, handing the payload back in the [`SendError`], when `to` is not a peer
+    /// ([`Error::UnknownPeer`]), the payload is larger than the node accepts
+    /// ([`Error::TooLarge`]), or the node is shut down or `to` removed, also while the send
+    /// waits ([`Error::Closed`]).
+    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.route(to).send(payload.into())
     }
 
@@ -164,35 +170,39 @@ impl Sender {
     }
 
     /// Like [`send`](Sender::send) but waits at most `timeout` for room in the window, then
-    /// fails with [`Error::TimedOut`].
+    /// fails with [`Error::TimedOut`], handing the payload back
+    /// ([`SendError::into_inner`]) to retry later or send elsewhere.
     pub fn send_timeout(
         &self,
         to: &str,
         payload: impl Into<Bytes>,
         timeout: Duration,
-    ) -> Result<(), Error> {
+    ) -> Result<(), SendError<Bytes>> {
         self.route(to).send_timeout(payload.into(), timeout)
     }
 
     /// Sends out of band: handed straight to a pool thread at the receiver, not ordered
-    /// with the sender's other messages (still exactly once, still flow-controlled).
-    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), Error> {
+    /// with the sender's other messages (still exactly once, still flow-controlled). Fails
+    /// like [`send`](Sender::send).
+    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.route(to).send_oob(payload.into())
     }
 
-    /// Sends with [`SendOptions`] (out of band, expiry); blocks like [`send`](Sender::send).
+    /// Sends with [`SendOptions`] (out of band, expiry); blocks and fails like
+    /// [`send`](Sender::send).
     pub fn send_with(
         &self,
         to: &str,
         payload: impl Into<Bytes>,
         opts: SendOptions,
-    ) -> Result<(), Error> {
+    ) -> Result<(), SendError<Bytes>> {
         self.route(to).send_with(payload.into(), opts)
     }
 
     /// Sends `payload` to every peer without blocking: one result per peer. A peer whose
     /// window is full gets [`Error::Full`] and stalls only itself; the others receive the
     /// message.
+    #[must_use = "each peer's result says whether it was queued"]
     pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
         let payload = payload.into();
         let peers: Vec<Arc<PeerShared>> = self.core.peers.read().values().cloned().collect();
@@ -273,6 +283,7 @@ impl Sender {
     /// }
     /// # Ok(()) }
     /// ```
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
         self.route(to).send_request(payload.into())
     }
@@ -303,8 +314,8 @@ impl Sender {
         Ok(())
     }
 
-    /// This node's member name.
-    pub fn node_name(&self) -> &str {
+    /// This node's member name (as [`Node::name`](crate::Node::name)).
+    pub fn name(&self) -> &str {
         &self.core.name
     }
 
@@ -383,7 +394,7 @@ impl PeerSender {
     }
 
     /// See [`Sender::send`].
-    pub fn send(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
+    pub fn send(&self, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.route().send(payload.into())
     }
 
@@ -393,17 +404,25 @@ impl PeerSender {
     }
 
     /// See [`Sender::send_timeout`].
-    pub fn send_timeout(&self, payload: impl Into<Bytes>, timeout: Duration) -> Result<(), Error> {
+    pub fn send_timeout(
+        &self,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<(), SendError<Bytes>> {
         self.route().send_timeout(payload.into(), timeout)
     }
 
     /// See [`Sender::send_oob`].
-    pub fn send_oob(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
+    pub fn send_oob(&self, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.route().send_oob(payload.into())
     }
 
     /// See [`Sender::send_with`].
-    pub fn send_with(&self, payload: impl Into<Bytes>, opts: SendOptions) -> Result<(), Error> {
+    pub fn send_with(
+        &self,
+        payload: impl Into<Bytes>,
+        opts: SendOptions,
+    ) -> Result<(), SendError<Bytes>> {
         self.route().send_with(payload.into(), opts)
     }
 
@@ -413,6 +432,7 @@ impl PeerSender {
     }
 
     /// See [`Sender::send_request`].
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
         self.route().send_request(payload.into())
     }
@@ -435,7 +455,7 @@ struct Route<'a> {
 }
 
 impl Route<'_> {
-    fn send(self, payload: Bytes) -> Result<(), Error> {
+    fn send(self, payload: Bytes) -> Result<(), SendError<Bytes>> {
         self.send_with(payload, SendOptions::new())
     }
 
@@ -444,20 +464,20 @@ impl Route<'_> {
             .enqueue(self.to, payload, SendOptions::new(), Wait::No)
     }
 
-    fn send_timeout(self, payload: Bytes, timeout: Duration) -> Result<(), Error> {
+    fn send_timeout(self, payload: Bytes, timeout: Duration) -> Result<(), SendError<Bytes>> {
         self.core
             .enqueue(self.to, payload, SendOptions::new(), Wait::For(timeout))
-            .map_err(Error::from)
+            .map_err(SendError::from_try)
     }
 
-    fn send_oob(self, payload: Bytes) -> Result<(), Error> {
+    fn send_oob(self, payload: Bytes) -> Result<(), SendError<Bytes>> {
         self.send_with(payload, SendOptions::new().oob())
     }
 
-    fn send_with(self, payload: Bytes, opts: SendOptions) -> Result<(), Error> {
+    fn send_with(self, payload: Bytes, opts: SendOptions) -> Result<(), SendError<Bytes>> {
         self.core
             .enqueue(self.to, payload, opts, Wait::Forever)
-            .map_err(Error::from)
+            .map_err(SendError::from_try)
     }
 
     fn request(self, payload: Bytes, timeout: Duration) -> Result<Bytes, Error> {

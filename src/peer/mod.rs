@@ -32,6 +32,7 @@ use crate::sync::{Arc, SharedStr};
 /// Where a peer is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
 #[repr(u8)]
 pub enum PeerState {
     /// A TCP connect is in progress.

@@ -260,6 +260,7 @@ pub enum Frame<'a> {
 
 /// A frame that cannot be decoded; the connection that sent it is closed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WireError {
     /// The length prefix exceeds the configured maximum (checked before any allocation).
     TooLarge {

@@ -147,7 +147,7 @@ pub(crate) fn peer_stats(node: &Node, peer: &str) -> PeerStats {
 /// rather than hanging it.
 pub(crate) fn send_patiently(sender: &Sender, to: &str, payload: Vec<u8>) {
     if let Err(e) = sender.send_timeout(to, payload, PATIENCE) {
-        panic!("{} -> {to}: send failed: {e}", sender.node_name());
+        panic!("{} -> {to}: send failed: {e}", sender.name());
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::thread::JoinHandle;
 
-use cohort::{Error, Node, Sender};
+use cohort::{Bytes, Node, SendError, Sender};
 
 use super::messages::payload;
 use super::nodes::all_stats;
@@ -103,7 +103,7 @@ pub(crate) fn blocked_sender(
     sender: Sender,
     to: &'static str,
     size: usize,
-) -> JoinHandle<Result<(), Error>> {
+) -> JoinHandle<Result<(), SendError<Bytes>>> {
     let t = Watched::spawn("blocked-sender", move || {
         sender.send(to, payload(u64::MAX / 2, size))
     });
