@@ -153,3 +153,8 @@ pub mod internals {
         pub use crate::wire::*;
     }
 }
+
+/// The README's code, compiled by `cargo test` so that what a user copies from it builds.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
