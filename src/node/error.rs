@@ -3,6 +3,23 @@
 use std::time::Duration;
 
 /// Everything that can go wrong in the public API of a [`Node`](crate::Node).
+///
+/// A failed send wraps it in a [`SendError`] that hands the payload back:
+///
+/// ```
+/// use cohort::{Error, Node};
+/// # fn main() -> Result<(), Error> {
+/// let node = Node::builder("alpha").cluster("docs").start()?;
+/// match node.send("nobody", &b"hello"[..]) {
+///     Err(e) if matches!(e.error(), Error::UnknownPeer(_)) => {
+///         let payload = e.into_inner(); // nothing lost: route it elsewhere
+///         assert_eq!(&payload[..], b"hello");
+///     }
+///     other => panic!("expected UnknownPeer, got {other:?}"),
+/// }
+/// # node.shutdown(std::time::Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
