@@ -131,17 +131,18 @@ pub struct SendWindow {
     /// Acquirers parked (or about to park) on `cond`.
     waiters: AtomicUsize,
     closed: AtomicBool,
-    /// Nanoseconds senders spent parked on this window, summed.
-    blocked_nanos: AtomicU64,
     lock: Mutex<Blocked>,
     cond: Condvar,
 }
 
-/// The current blocked episode: from the first sender parking to the last one leaving.
+/// The current blocked episode (from the first sender parking to the last one leaving) and
+/// the time the episodes that ended lasted, in one place so that a reader sees both at
+/// once: their sum only grows.
 #[derive(Debug, Default)]
 struct Blocked {
     since: Option<Instant>,
     episode: u64,
+    ended: Duration,
 }
 
 impl SendWindow {
@@ -152,7 +153,6 @@ impl SendWindow {
             available: CachePadded::new(AtomicU64::new(capacity)),
             waiters: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
-            blocked_nanos: AtomicU64::new(0),
             lock: Mutex::new(Blocked::default()),
             cond: Condvar::new(),
         }
@@ -178,14 +178,15 @@ impl SendWindow {
         self.closed.load(Ordering::Acquire)
     }
 
-    /// Total time senders spent parked on this window, including a stall still going on
-    /// (counted once however many senders share it), so a monitor sees a permanent stall
-    /// grow rather than a frozen figure.
+    /// Total time at least one sender was parked on this window, including a stall still
+    /// going on (counted once however many senders share it), so a monitor sees a permanent
+    /// stall grow rather than a frozen figure. It never decreases (it is published as a
+    /// counter).
     pub fn blocked_time(&self) -> Duration {
-        let done = Duration::from_nanos(self.blocked_nanos.load(Ordering::Relaxed));
-        match self.blocked_since() {
-            Some((since, _)) => done + since.elapsed(),
-            None => done,
+        let b = self.lock.lock();
+        match b.since {
+            Some(since) => b.ended + since.elapsed(),
+            None => b.ended,
         }
     }
 
@@ -268,11 +269,12 @@ impl SendWindow {
             }
         };
         if self.waiters.fetch_sub(1, Ordering::SeqCst) == 1 {
-            guard.since = None;
+            // The last one out ends the episode; counted under the lock, as it started.
+            if let Some(since) = guard.since.take() {
+                guard.ended += since.elapsed();
+            }
         }
         drop(guard);
-        let waited = started.elapsed().as_nanos().min(u64::MAX as u128) as u64;
-        self.blocked_nanos.fetch_add(waited, Ordering::Relaxed);
         result
     }
 
@@ -647,6 +649,55 @@ mod tests {
         w.release(held);
         let taken = t.join().unwrap();
         assert_eq!(taken, Ok(7));
+        assert_eq!(w.available(), 10);
+    }
+
+    /// Two senders parked with overlapping waits: the blocked time counts the episode once
+    /// (no more than the wall time since the first parked) and never decreases, read
+    /// between the first leaving and the second, and after (it is published as a counter).
+    #[test]
+    fn blocked_time_counts_an_episode_once_and_never_decreases() {
+        let w = Arc::new(SendWindow::new(10));
+        let held = w.try_acquire(10).unwrap();
+        let first_parked = Instant::now();
+        let (through, taken) = std::sync::mpsc::channel();
+        let park = || {
+            let (w, through) = (w.clone(), through.clone());
+            std::thread::spawn(move || through.send(w.acquire(10)).unwrap())
+        };
+        let wait = |what: &str, cond: &dyn Fn() -> bool| {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !cond() {
+                assert!(Instant::now() < deadline, "{what}");
+                std::thread::yield_now();
+            }
+        };
+        let a = park();
+        wait("a parked for a while", &|| {
+            w.waiters() == 1 && w.blocked_time() >= Duration::from_millis(20)
+        });
+        let b = park();
+        wait("b parked", &|| w.waiters() == 2);
+        // One goes through with the bytes; the other stays parked until they come back.
+        w.release(held);
+        let first = taken.recv().unwrap().unwrap();
+        assert_eq!(w.waiters(), 1);
+        let while_one_waits = w.blocked_time();
+        w.release(first);
+        let second = taken.recv().unwrap().unwrap();
+        let after = w.blocked_time();
+        assert!(
+            after >= while_one_waits,
+            "blocked time went back from {while_one_waits:?} to {after:?}"
+        );
+        assert!(
+            after <= first_parked.elapsed(),
+            "{after:?} counts an overlap twice"
+        );
+        assert_eq!(w.blocked_time(), after, "no episode open");
+        w.release(second);
+        a.join().unwrap();
+        b.join().unwrap();
         assert_eq!(w.available(), 10);
     }
 

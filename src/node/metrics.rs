@@ -53,7 +53,7 @@ pub(super) const PEER_COUNTERS: &[PeerCounter] = &[
     ("cohort_connects_total", Unit::Count, "Handshakes completed with the peer.", |p| p.connects),
     ("cohort_disconnects_total", Unit::Count, "Established connections to the peer lost.", |p| p.disconnects),
     ("cohort_credit_probes_total", Unit::Count, "Credit probes sent to the peer (a sender parked for a probe interval).", |p| p.probes),
-    ("cohort_send_blocked_microseconds_total", Unit::Microseconds, "Time senders spent parked on the peer's send window.", |p| u64::try_from(p.blocked.as_micros()).unwrap_or(u64::MAX)),
+    ("cohort_send_blocked_microseconds_total", Unit::Microseconds, "Time at least one sender was parked on the peer's send window (counted once however many were).", |p| u64::try_from(p.blocked.as_micros()).unwrap_or(u64::MAX)),
     ("cohort_unreliable_lost_bytes_total", Unit::Bytes, "Window bytes of unreliable messages to the peer lost with broken connections.", |p| p.unreliable_lost_bytes),
     ("cohort_replies_total", Unit::Count, "Replies from the peer that reached their request.", |p| p.replies),
     ("cohort_late_replies_total", Unit::Count, "Replies from the peer that came after their request was given up, dropped.", |p| p.late_replies),

@@ -79,7 +79,8 @@ pub struct PeerStats {
     pub available: u64,
     /// Window bytes taken: `window - available`.
     pub in_flight: u64,
-    /// Total time senders spent parked on this peer's window.
+    /// Total time at least one sender was parked on this peer's window (counted once
+    /// however many were), a stall in progress included; it never decreases.
     pub blocked: Duration,
     /// Window bytes of unreliable messages to this peer that broken connections swallowed
     /// (permits given back at the next handshake).
