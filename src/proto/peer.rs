@@ -684,7 +684,10 @@ impl Peer {
     /// and owes no other, so the next ack on this link is the answer, whatever the wire's
     /// frames carry: the time between them is one round trip (the two IO threads' turns
     /// included). No sample is taken while the peer owes acks or credit (a busy stream in
-    /// this direction); a probe without an answer is dropped after the idle timeout.
+    /// this direction), nor within a heartbeat of the handshake or of a credit probe (acks
+    /// of theirs may still be on the way); a probe without an answer is dropped after the
+    /// idle timeout. The sample is exact only if the ack's one-way trip is shorter than a
+    /// heartbeat.
     fn rtt_probe(&mut self, cfg: &Config, link: &mut Link, now: Instant) -> bool {
         if let Some((lid, at)) = self.rtt_probe {
             if lid == link.id && now.saturating_duration_since(at) < cfg.idle_timeout {
@@ -1060,6 +1063,10 @@ impl Peer {
         }
         Counters::add(&self.shared.counters.resent, resent);
         Counters::add(&self.shared.counters.connects, 1);
+        // The handshake's own acks (the dialler acks on Ready) may still be on their way:
+        // the first round-trip probe waits a heartbeat, so none is taken for its answer.
+        self.rtt_probe = None;
+        self.rtt_probed = Some(now);
         // The backoff restarts only once the peer shows it took the connection (its first
         // ack or message), so a peer that refuses right after the handshake is not redialled
         // at the minimum backoff forever.
@@ -1248,6 +1255,9 @@ impl Peer {
                 .is_none_or(|t| now.saturating_duration_since(t) >= cfg.probe_interval);
             if established && blocked >= cfg.probe_interval && probe_due {
                 self.last_probe = Some(now);
+                // Its answer may come after the credit it asks for: no round-trip probe
+                // for a heartbeat, so that answer is never taken for one.
+                self.rtt_probed = Some(now);
                 Counters::add(&self.shared.counters.probes, 1);
                 if let Some(l) = link.as_deref_mut() {
                     wire::encode_probe(&mut l.wbuf);
