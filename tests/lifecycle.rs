@@ -236,17 +236,26 @@ fn shutdown_fails_queued_messages_and_gives_back_every_permit() {
     assert_eq!(p.in_flight, 0, "{p:?}");
 }
 
-/// A forwarder for one connection whose other direction (target to client) is held until
-/// [`release`](HeldReplies::release): the client's transport is open and its handshake under
-/// way, waiting for the target's first frame.
-struct HeldReplies {
+/// Which way a [`HeldForwarder`] holds bytes until its release.
+#[derive(Clone, Copy, PartialEq)]
+enum Hold {
+    /// Target to client: the client's handshake waits for the target's first frame.
+    Replies,
+    /// Client to target: the target's handshake waits for the client's answer.
+    Requests,
+}
+
+/// A forwarder for one connection, one direction of which is held until
+/// [`release`](HeldForwarder::release): both transports are open and the handshake is under
+/// way, stuck until then.
+struct HeldForwarder {
     addr: SocketAddr,
     accepted: Arc<AtomicBool>,
     release: mpsc::Sender<()>,
 }
 
-impl HeldReplies {
-    fn start(target: SocketAddr) -> HeldReplies {
+impl HeldForwarder {
+    fn start(target: SocketAddr, hold: Hold) -> HeldForwarder {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the forwarder");
         let addr = listener.local_addr().expect("forwarder address");
         let accepted = Arc::new(AtomicBool::new(false));
@@ -258,22 +267,23 @@ impl HeldReplies {
             };
             let server = TcpStream::connect(target).expect("connect to the target");
             seen.store(true, Ordering::SeqCst);
-            let (mut c_in, mut s_out) = (
-                client.try_clone().expect("clone"),
-                server.try_clone().expect("clone"),
-            );
+            let (free, held) = match hold {
+                Hold::Replies => ((client.try_clone(), server.try_clone()), (server, client)),
+                Hold::Requests => ((server.try_clone(), client.try_clone()), (client, server)),
+            };
+            let (mut from, mut to) = (free.0.expect("clone"), free.1.expect("clone"));
             std::thread::spawn(move || {
-                let _ = std::io::copy(&mut c_in, &mut s_out);
-                let _ = s_out.shutdown(Shutdown::Write);
+                let _ = std::io::copy(&mut from, &mut to);
+                let _ = to.shutdown(Shutdown::Write);
             });
-            // Held: nothing from the target reaches the client before the release (or
-            // before the test drops the forwarder's handle).
+            // Held: nothing goes this way before the release (or before the test drops
+            // the forwarder's handle).
             let _ = released.recv();
-            let (mut s_in, mut c_out) = (server, client);
-            let _ = std::io::copy(&mut s_in, &mut c_out);
-            let _ = c_out.shutdown(Shutdown::Write);
+            let (mut from, mut to) = held;
+            let _ = std::io::copy(&mut from, &mut to);
+            let _ = to.shutdown(Shutdown::Write);
         });
-        HeldReplies {
+        HeldForwarder {
             addr,
             accepted,
             release,
@@ -313,7 +323,7 @@ fn shutdown_during_a_handshake_finishes_it_and_delivers_what_was_queued() {
         .on_message(check.handler())
         .start()
         .expect("start b");
-    let held = HeldReplies::start(b.local_addr());
+    let held = HeldForwarder::start(b.local_addr(), Hold::Replies);
     let a = Arc::new(
         Node::builder("ha")
             .cluster("t-hs-stop")
@@ -348,6 +358,59 @@ fn shutdown_during_a_handshake_finishes_it_and_delivers_what_was_queued() {
         check.total() >= COUNT
     });
     check.assert_got_exactly("hb", &["ha"], COUNT);
+    shutdown_all(&[b]);
+}
+
+/// The same on the accepting side: a node owes messages to a member it cannot dial (its
+/// address is down) and that dials it; told to shut down while that member's handshake is
+/// under way on a link it accepted (not identified yet: the member's answer is held), it
+/// waits for the member to say who it is, then hands the messages over.
+#[test]
+fn shutdown_during_an_accepted_handshake_delivers_what_was_queued() {
+    const COUNT: u64 = 200;
+    let down = HeldAddr::new();
+    let a = Arc::new(
+        Node::builder("ka")
+            .cluster("t-hs-stop-accepted")
+            .peer("kb", down.addr()) // a cannot dial b: b dials a
+            .start()
+            .expect("start a"),
+    );
+    let tx = a.sender();
+    for i in 0..COUNT {
+        tx.send("kb", payload(i, 700)).expect("queued for b");
+    }
+    let held = HeldForwarder::start(a.local_addr(), Hold::Requests);
+    let check = OrderCheck::new();
+    let b = Node::builder("kb")
+        .cluster("t-hs-stop-accepted")
+        .peer("ka", held.addr)
+        .on_message(check.handler())
+        .start()
+        .expect("start b");
+    wait_until("b's handshake with a under way", PATIENCE, || {
+        held.accepted.load(Ordering::SeqCst)
+            && peer_stats(&b, "ka").state == PeerState::Handshaking
+            && a.stats().connections.pending > 0
+    });
+    let a_addr = a.local_addr();
+    let stopping = {
+        let a = a.clone();
+        std::thread::spawn(move || a.shutdown(SHUTDOWN))
+    };
+    wait_until("a to begin its shutdown", PATIENCE, || {
+        refuses_connections(a_addr)
+    });
+    held.release();
+    let report = stopping
+        .join()
+        .expect("the shutdown thread")
+        .expect("a clean shutdown");
+    assert_eq!((report.undelivered, report.failed), (0, 0), "{report:?}");
+    wait_until("b to deliver everything", PATIENCE, || {
+        check.total() >= COUNT
+    });
+    check.assert_got_exactly("kb", &["ka"], COUNT);
     shutdown_all(&[b]);
 }
 

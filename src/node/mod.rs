@@ -583,10 +583,10 @@ impl Node {
 
     /// Stops the node within `timeout`: refuses new sends, flushes what is queued to
     /// connected peers and waits for their acks (a peer whose handshake is under way and
-    /// that is owed messages counts as connected: the handshake completes, or fails at its
+    /// that is owed messages counts as connected, on a link this node dialled or one it
+    /// accepted: the handshake completes, or fails at its
     /// [`handshake_timeout`](Builder::handshake_timeout), within the same deadline), closes
-    /// every connection, lets the pool
-    /// deliver what was received, and joins every thread. Returns what could not be
+    /// every connection, lets the pool deliver what was received, and joins every thread. Returns what could not be
     /// delivered; fails with [`Error::ShutdownTimedOut`] if a thread (typically a handler
     /// that does not return) is still running at the deadline. Calling it again returns at
     /// once. Do not call it from inside a message handler: the pool would wait for itself.

@@ -443,19 +443,38 @@ impl Endpoint {
     /// peers written and acknowledged, or the deadline passed. A peer whose handshake is
     /// under way over an open transport counts as connected when it is owed something: the
     /// handshake ends soon (established, refused, or at its timeout), and a node stopping
-    /// just as it reconnects still hands over what it holds.
+    /// just as it reconnects still hands over what it holds. That includes a link it
+    /// accepted and that has not said who it is yet, while a member owed messages has no
+    /// link (it may be the one dialling).
     pub(crate) fn shutdown_done(&self, now: Instant) -> bool {
         let Some(deadline) = self.shutdown else {
             return false;
         };
-        now >= deadline
-            || self.peers.values().all(|p| {
-                match p.link.and_then(|l| self.links.get(&l)) {
-                    Some(l) if l.established => p.flushed(l),
-                    Some(l) if !l.connecting => !p.owes_anything(),
-                    _ => true, // not connected: nothing more can be flushed
+        if now >= deadline {
+            return true;
+        }
+        let mut owed_unlinked = false;
+        let peers_done = self.peers.values().all(|p| {
+            match p.link.and_then(|l| self.links.get(&l)) {
+                Some(l) if l.established => p.flushed(l),
+                Some(l) if !l.connecting => !p.owes_anything(),
+                _ => {
+                    // Not connected: nothing more can be flushed, unless it is the one
+                    // dialling us on a link accepted and not identified yet.
+                    owed_unlinked |= p.owes_anything();
+                    true
                 }
-            })
+            }
+        });
+        // A member owed messages may be behind a handshake we accepted: it identifies
+        // itself soon (or is refused, or times out). Without such a member, strangers'
+        // handshakes hold nothing up.
+        peers_done
+            && !(owed_unlinked
+                && self
+                    .links
+                    .values()
+                    .any(|l| l.dialled.is_none() && l.peer.is_none() && !l.established))
     }
 
     /// Whether no journal write or sync has failed (always true without a journal): after
