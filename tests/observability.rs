@@ -5,7 +5,11 @@
 
 mod support;
 
-use std::time::Duration;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use cohort::{Node, PeerStats, Stats};
 use support::*;
@@ -151,6 +155,167 @@ fn round_trip_is_sampled_on_a_quiet_connection() {
         assert!(table.contains("handler panics"), "{table}");
     }
     shutdown_all(&nodes);
+}
+
+/// A forwarder that delays every byte by `one_way` in each direction (a link with that
+/// propagation delay), for every connection it accepts; `cut_all` breaks those open.
+struct DelayLink {
+    addr: std::net::SocketAddr,
+    sockets: Arc<Mutex<Vec<TcpStream>>>,
+    /// While set, connections are closed as soon as accepted.
+    refusing: Arc<AtomicBool>,
+}
+
+impl DelayLink {
+    fn start(target: std::net::SocketAddr, one_way: Duration) -> DelayLink {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the delay link");
+        let addr = listener.local_addr().expect("its address");
+        let sockets: Arc<Mutex<Vec<TcpStream>>> = Arc::default();
+        let refusing = Arc::new(AtomicBool::new(false));
+        let (kept, refuse) = (sockets.clone(), refusing.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                if refuse.load(Ordering::SeqCst) {
+                    continue; // dropped: closed at once
+                }
+                let Ok(server) = TcpStream::connect(target) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                let mut open = kept.lock().unwrap();
+                for s in [&client, &server] {
+                    open.push(s.try_clone().expect("clone"));
+                }
+                drop(open);
+                for (from, to) in [
+                    (
+                        client.try_clone().expect("clone"),
+                        server.try_clone().expect("clone"),
+                    ),
+                    (server, client),
+                ] {
+                    delay_one_way(from, to, one_way);
+                }
+            }
+        });
+        DelayLink {
+            addr,
+            sockets,
+            refusing,
+        }
+    }
+
+    fn refuse(&self, on: bool) {
+        self.refusing.store(on, Ordering::SeqCst);
+    }
+
+    fn cut_all(&self) {
+        for s in self.sockets.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// Copies `from` to `to`, each chunk leaving `delay` after it arrived (the sleep paces the
+/// simulated link; nothing waits on it for an event).
+fn delay_one_way(mut from: TcpStream, mut to: TcpStream, delay: Duration) {
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n) = from.read(&mut buf) {
+            if n == 0
+                || tx
+                    .send((Instant::now() + delay, buf[..n].to_vec()))
+                    .is_err()
+            {
+                break;
+            }
+        }
+    });
+    std::thread::spawn(move || {
+        for (due, bytes) in rx {
+            std::thread::sleep(due.saturating_duration_since(Instant::now()));
+            if to.write_all(&bytes).is_err() {
+                break;
+            }
+        }
+        let _ = to.shutdown(Shutdown::Write);
+    });
+}
+
+/// Over a link with 30 ms each way, no round-trip sample is shorter than 60 ms — before and
+/// after a reconnect, where the dialler's ack on the handshake's last frame (it acks
+/// whenever it has ever returned credit) is on its way when the acceptor may probe, and
+/// must not be taken for the probe's answer.
+#[test]
+fn round_trip_samples_are_never_shorter_than_the_link() {
+    const ONE_WAY: Duration = Duration::from_millis(30);
+    let a_got = Counter::new();
+    let b = Node::builder("b")
+        .cluster("t-obs-delay")
+        .allow_unknown_members(true)
+        .heartbeat(Duration::from_millis(200), Duration::from_secs(10))
+        .start()
+        .expect("start b");
+    let link = DelayLink::start(b.local_addr(), ONE_WAY);
+    let a = Node::builder("a")
+        .cluster("t-obs-delay")
+        .peer("b", link.addr)
+        .heartbeat(Duration::from_millis(200), Duration::from_secs(10))
+        .on_message(a_got.handler())
+        .start()
+        .expect("start a");
+    wait_until("a connected to b", PATIENCE, || is_connected(&a, "b"));
+    wait_until("b to know a", PATIENCE, || is_connected(&b, "a"));
+    // b sends to a, and a returns the credit: the dialler will ack on the next handshake.
+    for i in 0..5 {
+        send_patiently(&b.sender(), "a", payload(i, 64));
+    }
+    wait_until("a to take b's messages", PATIENCE, || a_got.get() == 5);
+    wait_window_whole(&b, "a");
+
+    let mut samples: Vec<Duration> = Vec::new();
+    let mut watch = |until: &dyn Fn(&[Duration]) -> bool, what: &str| {
+        let reached = poll_until(PATIENCE, || {
+            let last = peer_stats(&b, "a").rtt_last;
+            if let Some(d) = last.filter(|d| samples.last() != Some(d)) {
+                samples.push(d);
+            }
+            until(&samples)
+        });
+        assert!(
+            reached,
+            "timed out waiting for {what}; samples so far {samples:?}"
+        );
+        samples.clone()
+    };
+    let before = watch(&|s| !s.is_empty(), "a first sample at b").len();
+    // Cut, and keep a away for two heartbeats, so that b may probe as soon as the new
+    // connection is established.
+    let connects = peer_stats(&a, "b").connects;
+    link.refuse(true);
+    link.cut_all();
+    wait_until("b not to hear from a for two heartbeats", PATIENCE, || {
+        peer_stats(&b, "a")
+            .last_heard
+            .is_some_and(|d| d >= Duration::from_millis(400))
+    });
+    link.refuse(false);
+    wait_until("a to reconnect to b", PATIENCE, || {
+        peer_stats(&a, "b").connects > connects && is_connected(&a, "b")
+    });
+    let samples = watch(
+        &|s| s.len() >= before + 3,
+        "three samples at b after the reconnect",
+    );
+    assert!(
+        samples.iter().all(|d| *d >= 2 * ONE_WAY),
+        "a sample shorter than the link's round trip ({:?}): {samples:?}",
+        2 * ONE_WAY
+    );
+    shutdown_all(&[a, b]);
 }
 
 /// Before any connection, nothing is measured: the figures are `None` and the table shows
