@@ -309,6 +309,25 @@ fn refuses_connections(addr: SocketAddr) -> bool {
     !matches!(probe.read(&mut first), Ok(1))
 }
 
+/// Shuts `node` down on another thread, waits until it has begun (it drops new
+/// connections), then releases `held`: the handshake held there completes during the
+/// shutdown. Returns the shutdown's report.
+fn shutdown_then_release(node: &Arc<Node>, held: &HeldForwarder) -> ShutdownReport {
+    let addr = node.local_addr();
+    let stopping = {
+        let node = node.clone();
+        std::thread::spawn(move || node.shutdown(SHUTDOWN))
+    };
+    wait_until("the shutdown to begin", PATIENCE, || {
+        refuses_connections(addr)
+    });
+    held.release();
+    stopping
+        .join()
+        .expect("the shutdown thread")
+        .expect("a clean shutdown")
+}
+
 /// A node told to shut down while its handshake with a peer is under way (the transport
 /// open, the peer's first frame not read yet) finishes the handshake and hands over what it
 /// queued for that peer before it stops, rather than failing it: nothing is undelivered,
@@ -338,19 +357,7 @@ fn shutdown_during_a_handshake_finishes_it_and_delivers_what_was_queued() {
     wait_until("a's handshake with b under way", PATIENCE, || {
         held.accepted.load(Ordering::SeqCst) && peer_stats(&a, "hb").state == PeerState::Handshaking
     });
-    let a_addr = a.local_addr();
-    let stopping = {
-        let a = a.clone();
-        std::thread::spawn(move || a.shutdown(SHUTDOWN))
-    };
-    wait_until("a to begin its shutdown", PATIENCE, || {
-        refuses_connections(a_addr)
-    });
-    held.release();
-    let report = stopping
-        .join()
-        .expect("the shutdown thread")
-        .expect("a clean shutdown");
+    let report = shutdown_then_release(&a, &held);
     assert_eq!((report.undelivered, report.failed), (0, 0), "{report:?}");
     let p = peer_stats(&a, "hb");
     assert_eq!((p.sent, p.failed, p.queued), (COUNT, 0, 0), "{p:?}");
@@ -393,19 +400,7 @@ fn shutdown_during_an_accepted_handshake_delivers_what_was_queued() {
             && peer_stats(&b, "ka").state == PeerState::Handshaking
             && a.stats().connections.pending > 0
     });
-    let a_addr = a.local_addr();
-    let stopping = {
-        let a = a.clone();
-        std::thread::spawn(move || a.shutdown(SHUTDOWN))
-    };
-    wait_until("a to begin its shutdown", PATIENCE, || {
-        refuses_connections(a_addr)
-    });
-    held.release();
-    let report = stopping
-        .join()
-        .expect("the shutdown thread")
-        .expect("a clean shutdown");
+    let report = shutdown_then_release(&a, &held);
     assert_eq!((report.undelivered, report.failed), (0, 0), "{report:?}");
     wait_until("b to deliver everything", PATIENCE, || {
         check.total() >= COUNT
