@@ -1396,13 +1396,24 @@ impl Endpoint {
                         // replaced us: this one retries with backoff, and gets in once the
                         // other is gone.
                         let addr = link.remote;
-                        log::error!(
-                            "{}: {} refuses us: another process with our member name is connected there, or replaced us (launch id here {:016x}); check that only one process runs as '{}'. Retrying with backoff",
+                        let ours = self.cfg.launch_id;
+                        // Once per episode at `error` (until the peer takes a connection).
+                        let first = link
+                            .dialled
+                            .or(link.peer)
+                            .and_then(|p| self.peers.get_mut(&p))
+                            .is_none_or(|p| p.last_conflict.replace(ours) != Some(ours));
+                        let line = format!(
+                            "{}: {} refuses us: another process with our member name is connected there, or replaced us (launch id here {ours:016x}); check that only one process runs as '{}'. Retrying with backoff",
                             self.cfg.name,
                             addr.map_or_else(|| "the peer".to_string(), |a| a.to_string()),
-                            self.cfg.launch_id,
                             self.cfg.name
                         );
+                        if first {
+                            log::error!("{line}");
+                        } else {
+                            log::debug!("{line}");
+                        }
                         self.count_refusal(e.code);
                         self.refused(id, e.code, true);
                         self.close_link(now, id, None, Why::PeerClosed);

@@ -139,8 +139,9 @@ pub(crate) struct Peer {
     /// is a second process claiming the name, or an old one still running), so the name
     /// cannot flip between two live processes. Kept in memory only.
     replaced: VecDeque<u64>,
-    /// The last incarnation refused because another process holds the name: its repeated
-    /// attempts are logged quietly.
+    /// The incarnation last found in a name conflict with this peer (a claimant of its
+    /// name we refused, or ours when the peer refused us for our name): repeats are logged
+    /// quietly until a handshake completes.
     pub(crate) last_conflict: Option<u64>,
 }
 
@@ -981,6 +982,7 @@ impl Peer {
             return Err(Unestablished::Superseded);
         }
         link.hs = None;
+        self.last_conflict = None;
         link.established = true;
         let mut resent = 0u64;
         let acked = self.desc.acked();
