@@ -616,7 +616,7 @@ impl IoThread {
                     if self.endpoint.refuses_all() {
                         continue; // dropped: we are closing
                     }
-                    let verdict = self.endpoint.judge(from);
+                    let verdict = self.endpoint.judge(now, from);
                     if matches!(verdict, Verdict::SourceFull | Verdict::Full) {
                         continue; // dropped at once: the stream closes here
                     }

@@ -731,6 +731,7 @@ impl StatsSources {
                 refused_limit: g(&c.refused_limit),
                 refused_per_source: g(&c.refused_per_source),
                 displaced: g(&c.displaced),
+                displaced_per_source: g(&c.displaced_per_source),
                 pressure_timeouts: g(&c.pressure_timeouts),
                 tls_failures: g(&c.tls_failures),
                 timers: g(&c.timers),

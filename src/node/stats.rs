@@ -173,12 +173,20 @@ pub struct ConnStats {
     /// at its limit of open connections with no pending connection to displace, or ...
     pub refused_limit: u64,
     /// ... of which because their source address already held its share of pending
-    /// connections ([`Builder::pending_per_source`](crate::Builder::pending_per_source)).
+    /// connections ([`Builder::pending_per_source`](crate::Builder::pending_per_source)),
+    /// every one of them accepted in the same burst as the refused one (taken in at the
+    /// same instant): none had had its chance to answer, so none was displaced for it.
     pub refused_per_source: u64,
     /// Accepted connections still in their handshake (unauthenticated, with a secret) that
-    /// were closed to make room for a newer connection, the pending table or the node
-    /// being full: the oldest of the source address holding the most pending connections.
+    /// were closed to make room for a newer connection: the oldest of the source address
+    /// holding the most pending connections when the pending table or the node was full,
+    /// or ...
     pub displaced: u64,
+    /// ... of which the oldest of the newer connection's own source address, which held
+    /// its share of pending connections
+    /// ([`Builder::pending_per_source`](crate::Builder::pending_per_source)): strangers
+    /// sharing a member's address make room for the member instead of keeping it out.
+    pub displaced_per_source: u64,
     /// Connections closed for a TLS failure: a failed TLS handshake (unknown CA, bad or
     /// expired certificate, a peer that does not speak TLS), or a certificate not valid for
     /// the member name claimed. Always 0 without the `tls` feature.
@@ -313,7 +321,7 @@ impl fmt::Display for Stats {
         let c = &self.connections;
         write!(
             f,
-            "connections: {} open, {} established, {} pending, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} name in use, {} auth), {} shed by limits ({} per source, {} displaced), {} handshake timeouts ({} under pressure), {} idle timeouts, {} tie-breaks, {} protocol errors ({} past the window), {} read pauses, {} TLS failures",
+            "connections: {} open, {} established, {} pending, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} name in use, {} auth), {} shed by limits ({} refused per source, {} displaced, {} of them by their own address), {} handshake timeouts ({} under pressure), {} idle timeouts, {} tie-breaks, {} protocol errors ({} past the window), {} read pauses, {} TLS failures",
             c.open,
             c.established,
             c.pending,
@@ -330,6 +338,7 @@ impl fmt::Display for Stats {
             c.refused_limit + c.displaced,
             c.refused_per_source,
             c.displaced,
+            c.displaced_per_source,
             c.handshake_timeouts,
             c.pressure_timeouts,
             c.idle_timeouts,

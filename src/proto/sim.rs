@@ -544,7 +544,7 @@ impl Sim {
         let peer = self.m[side].peer.id;
         self.m[side].ep.dialled(now, peer, d, nd);
         let acceptor = &mut self.m[other(side)].ep;
-        let verdict = acceptor.judge(addr(side));
+        let verdict = acceptor.judge(now, addr(side));
         if matches!(verdict, super::Verdict::SourceFull | super::Verdict::Full) {
             self.m[side]
                 .ep
