@@ -1,14 +1,17 @@
 //! Strangers cannot keep members out (invariant 8): unauthenticated connections — idle ones
 //! held open from one address, a connect/close storm from another, idle ones spread over
-//! many addresses — never stop a genuine member's dial from completing its handshake, never
-//! disturb a member already connected or a dial of our own.
+//! many addresses, idle ones or a storm from the members' own address — never stop a genuine
+//! member's dial from completing its handshake, never disturb a member already connected or
+//! a dial of our own.
 //!
 //! Every 127.x.y.z address is loopback on Linux: the strangers' sockets are bound to
 //! 127.0.0.2 and up before they connect, so their source addresses differ from the genuine
-//! members' (127.0.0.1).
+//! members' (127.0.0.1) — except in the tests of strangers sharing the members' address
+//! (NAT, a proxy, one host running both), bound to 127.0.0.1.
 //!
 //! The tests print the genuine dials' success rate and time to establish (run with
-//! `--nocapture`); they assert on success and on counters, never on timings.
+//! `--nocapture`); they assert on success and on counters, and on timings only with a
+//! generous bound (a second) where a member must not wait for strangers to time out.
 
 mod support;
 
@@ -491,8 +494,10 @@ fn idle_strangers_from_the_members_own_address_never_keep_it_out() {
 /// and the address's share of the pending slots (32) is always full of strangers, along
 /// with connections closed at once, as fast as a thread can. 12 genuine members dial
 /// from that address meanwhile (three at a time, a new one every 250 ms per thread): each is
-/// established within a second, on its first dial; a member connected before is never
-/// disturbed and the node's own dial completes.
+/// established on its first dial, the address's newer connections displacing its older
+/// ones; a member connected before is never disturbed and the node's own dial completes.
+/// Times to establish are printed, not asserted: a SYN the kernel drops when the storm
+/// overflows the accept queue costs a second, whatever the admission rules decide.
 #[test]
 fn a_connect_storm_from_the_members_own_address_never_keeps_it_out() {
     let (srv, got) = server("own-storm", Duration::from_secs(5));
@@ -519,7 +524,6 @@ fn a_connect_storm_from_the_members_own_address_never_keeps_it_out() {
         &srv.stats().connections,
     );
     assert_all_ok(&dials, &summary);
-    assert_prompt(&dials, &summary);
     bystanders.check(&srv, &got);
     let s = srv.stats();
     let c = s.connections;
