@@ -286,7 +286,7 @@ impl Peer {
             if self.pending.is_empty() {
                 break;
             }
-            while let Some(m) = self.pending.pop_front() {
+            while let Some(mut m) = self.pending.pop_front() {
                 let stop = match link.as_deref() {
                     Some(l) => l.unwritten() >= high,
                     // A message with a ttl waits for a connection (or its expiry, by the
@@ -301,6 +301,19 @@ impl Peer {
                     // nothing on every message meanwhile.
                     shared.scheduled.hold();
                     break 'outer;
+                }
+                if m.is_reply() && !m.is_status() && m.payload.len() > self.peer_max_message {
+                    // Within its room but more than the requester takes in one frame (a
+                    // room its builder would not give): it learns why at once instead.
+                    let len = m.payload().len() as u64;
+                    let room = self.peer_max_message.saturating_sub(wire::REQUEST_ID_BYTES);
+                    log::warn!(
+                        "a reply of {len} bytes to '{}' is more than it accepts ({room} \
+                         bytes); it is told the reply was too large",
+                        shared.name
+                    );
+                    let room = u32::try_from(room).unwrap_or(u32::MAX);
+                    m = m.into_status(wire::ReplyStatus::TooLarge { len, room });
                 }
                 let len = m.payload.len();
                 if link.is_none() && !m.is_reliable() {
@@ -517,7 +530,16 @@ impl Peer {
             if let (Some(p), Some(seq)) = (&self.shared.progress, seq) {
                 p.complete(self.epoch, std::iter::once(seq));
             }
-            if !self.shared.requests.answer(id, payload) {
+            // A status reply carries why the replier cannot answer instead of a payload
+            // (the wire checked it).
+            let reply = if flags & wire::FLAG_STATUS != 0 {
+                let status = wire::decode_reply_status(&payload)
+                    .unwrap_or(wire::ReplyStatus::Other(0));
+                Err(Failure::Refused(status))
+            } else {
+                Ok(payload)
+            };
+            if !self.shared.requests.answer(id, reply) {
                 log::debug!(
                     "reply from '{}' to request {id} came after the request was given up",
                     self.shared.name
