@@ -296,8 +296,9 @@ impl Sender {
     /// reserved and takes in, whatever this node's limits for its own messages.
     pub(crate) fn reply(&self, to: &str, id: u64, payload: Bytes) -> Result<(), Error> {
         let peer = self.core.peer_named(to)?;
-        self.core
-            .queue_reply(&peer, payload.len(), |owed| Outgoing::reply(id, &payload, owed))
+        self.core.queue_reply(&peer, payload.len(), |owed| {
+            Outgoing::reply(id, &payload, owed)
+        })
     }
 
     /// Queues the word to request `id` from `to` that it cannot be answered, and why: a
@@ -310,9 +311,8 @@ impl Sender {
     ) -> Result<(), Error> {
         let peer = self.core.peer_named(to)?;
         let len = wire::encode_reply_status(status).len();
-        self.core.queue_reply(&peer, len, |owed| {
-            Outgoing::reply_status(id, status, owed)
-        })
+        self.core
+            .queue_reply(&peer, len, |owed| Outgoing::reply_status(id, status, owed))
     }
 
     /// A reply of `len` bytes was refused as larger than its request's `room`: warned once

@@ -262,7 +262,10 @@ mod tests {
         assert!(slot.try_take().is_none());
         assert!(r.answer(id, Ok(Bytes::from_static(b"yes"))));
         assert_eq!(slot.take_until(None), Some(Ok(Bytes::from_static(b"yes"))));
-        assert!(!r.answer(id, Ok(Bytes::from_static(b"again"))), "answered once");
+        assert!(
+            !r.answer(id, Ok(Bytes::from_static(b"again"))),
+            "answered once"
+        );
         assert_eq!((r.answered(), r.late(), r.in_flight()), (1, 1, 0));
     }
 

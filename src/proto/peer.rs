@@ -533,8 +533,8 @@ impl Peer {
             // A status reply carries why the replier cannot answer instead of a payload
             // (the wire checked it).
             let reply = if flags & wire::FLAG_STATUS != 0 {
-                let status = wire::decode_reply_status(&payload)
-                    .unwrap_or(wire::ReplyStatus::Other(0));
+                let status =
+                    wire::decode_reply_status(&payload).unwrap_or(wire::ReplyStatus::Other(0));
                 Err(Failure::Refused(status))
             } else {
                 Ok(payload)

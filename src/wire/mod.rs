@@ -1092,13 +1092,21 @@ mod tests {
         let id = 7u64.to_le_bytes();
         let with = |tail: &[u8]| [&id[..], tail].concat();
         let bad: [(u8, Vec<u8>, &str); 6] = [
-            (FLAG_RELIABLE | FLAG_STATUS, with(&[2]), "status without reply"),
+            (
+                FLAG_RELIABLE | FLAG_STATUS,
+                with(&[2]),
+                "status without reply",
+            ),
             (
                 FLAG_RELIABLE | FLAG_REQUEST | FLAG_STATUS,
                 [&with(&[0; 4])[..], &[2]].concat(),
                 "status without reply",
             ),
-            (FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS, with(&[]), "reply status"),
+            (
+                FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS,
+                with(&[]),
+                "reply status",
+            ),
             (
                 FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS,
                 with(&[1, 0, 0, 0, 0, 0, 0, 0, 0]),
@@ -1109,7 +1117,11 @@ mod tests {
                 with(&[2, 0]),
                 "trailing bytes in reply status",
             ),
-            (FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS, id[..5].to_vec(), "request id"),
+            (
+                FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS,
+                id[..5].to_vec(),
+                "request id",
+            ),
         ];
         for (flags, body, why) in bad {
             let mut b = Vec::new();
