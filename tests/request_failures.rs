@@ -77,7 +77,8 @@ fn report(what: &str, mut times: Vec<Duration>) {
 #[test]
 fn a_reply_that_fills_the_room_goes_whatever_the_repliers_limits() {
     const ROOM: usize = 16 * 1024;
-    let replier_limits: [(&str, fn(Builder) -> Builder); 2] = [
+    type Limits = fn(Builder) -> Builder;
+    let replier_limits: [(&str, Limits); 2] = [
         ("a 32 KiB window", |b| b.window_bytes(32 * 1024)),
         ("max_message 1000", |b| b.max_message(1000)),
     ];
@@ -97,6 +98,10 @@ fn a_reply_that_fills_the_room_goes_whatever_the_repliers_limits() {
             },
         );
         let r = client.request("server", &b"fill it"[..], PATIENCE);
+        // The handler records after its reply left: the reply may come first.
+        wait_until("the handler recorded its reply", PATIENCE, || {
+            !seen.lock().expect("seen").is_empty()
+        });
         let seen = seen.lock().expect("seen").clone();
         assert_eq!(
             seen,
@@ -186,6 +191,10 @@ fn a_request_its_handler_drops_unanswered_fails_at_once() {
     wait_until("the handler kept the request", PATIENCE, || {
         kept.lock().expect("kept").len() == 1
     });
+    // A request after it, dropped: its status follows whatever the kept one's handler
+    // sent, in order.
+    let r = client.request("server", &b"drop me"[..], TIMEOUT);
+    assert!(matches!(&r, Err(e) if unanswered(e)), "{r:?}");
     assert!(
         !pending.is_ready(),
         "a kept request is not failed when the handler's own clone goes"

@@ -117,11 +117,11 @@ impl Delivery {
         }
         self
     }
-    /// Refuses the request this message is, if it is one, for `why` (when the delivery
-    /// goes, unless a reply came meanwhile).
-    pub(crate) fn refuse(&self, why: crate::wire::ReplyStatus) {
+    /// Refuses the request this message is, if it is one: this node has no handler (the
+    /// requester is told when the delivery goes, unless a reply came meanwhile).
+    pub(crate) fn refuse_no_handler(&self) {
         if let Some(room) = &self.request {
-            room.refuse(why);
+            room.refuse_no_handler();
         }
     }
     pub(crate) fn name_as(&mut self, from: &SharedStr) {
@@ -188,10 +188,7 @@ impl Delivery {
         let payload = payload.into();
         if payload.len() as u64 > room.bytes() {
             node.warn_reply_refused(self.from(), payload.len(), room.bytes());
-            room.refuse(crate::wire::ReplyStatus::TooLarge {
-                len: payload.len() as u64,
-                room: u32::try_from(room.bytes()).unwrap_or(u32::MAX),
-            });
+            room.refuse_too_large(payload.len() as u64);
             return Err(Error::TooLarge {
                 len: payload.len(),
                 max: room.bytes() as usize,

@@ -11,9 +11,12 @@
 //! (`wire::ReplyStatus`), so the requester fails at once instead of at its timeout.
 
 use crate::node::Sender;
-use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::sync::{Mutex, SharedStr};
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use crate::sync::SharedStr;
 use crate::wire::ReplyStatus;
+
+/// [`ReplyRoom::refused`] for a node with no handler.
+const NO_HANDLER: u64 = u64::MAX;
 
 /// A request's reply room and whether it was answered, shared by the clones of its
 /// [`Delivery`](super::Delivery): one reply takes it.
@@ -23,9 +26,10 @@ pub(crate) struct ReplyRoom {
     id: u64,
     bytes: u64,
     answered: AtomicBool,
-    /// Why the request was not answered, if the application tried (a reply larger than the
-    /// room): said to the requester when the request goes unanswered.
-    refused: Mutex<Option<ReplyStatus>>,
+    /// Why the request was not answered, if it was refused: said to the requester when
+    /// the request goes unanswered. 0: not refused; [`NO_HANDLER`]: no handler; else the
+    /// length of a reply refused as larger than the room.
+    refused: AtomicU64,
     /// Where the word that it was not answered goes: the receiving node's send handle and
     /// the requester, set when the request is handed to the application. A request
     /// dropped before that (its sender's queue discarded, the node shut down) says nothing.
@@ -39,7 +43,7 @@ impl ReplyRoom {
             id,
             bytes,
             answered: AtomicBool::new(false),
-            refused: Mutex::new(None),
+            refused: AtomicU64::new(0),
             answer_to: None,
         }
     }
@@ -72,10 +76,33 @@ impl ReplyRoom {
         self.answered.store(false, Ordering::Release);
     }
 
-    /// The application's reply was refused for `why`: what the requester is told if no
-    /// reply follows.
-    pub(crate) fn refuse(&self, why: ReplyStatus) {
-        *self.refused.lock() = Some(why);
+    /// The application's reply of `len` bytes was refused as larger than the room: what
+    /// the requester is told if no reply follows.
+    pub(crate) fn refuse_too_large(&self, len: u64) {
+        // Relaxed: read only by the last clone's drop, which the `Arc`'s release/acquire on
+        // its count orders after every clone's use.
+        self.refused
+            .store(len.min(NO_HANDLER - 1), Ordering::Relaxed);
+    }
+
+    /// This node has no handler for the request: what the requester is told.
+    pub(crate) fn refuse_no_handler(&self) {
+        // Relaxed: as above.
+        self.refused.store(NO_HANDLER, Ordering::Relaxed);
+    }
+
+    /// Why the request goes unanswered, when its last clone goes.
+    fn why_unanswered(&self) -> ReplyStatus {
+        match self.refused.load(Ordering::Relaxed) {
+            // The last clone dropped while unwinding: the handler panicked holding it.
+            0 if std::thread::panicking() => ReplyStatus::Panicked,
+            0 => ReplyStatus::Unanswered,
+            NO_HANDLER => ReplyStatus::NoHandler,
+            len => ReplyStatus::TooLarge {
+                len,
+                room: u32::try_from(self.bytes).unwrap_or(u32::MAX),
+            },
+        }
     }
 }
 
@@ -88,14 +115,7 @@ impl Drop for ReplyRoom {
         if self.answered.load(Ordering::Acquire) {
             return;
         }
-        let status = self.refused.lock().take().unwrap_or_else(|| {
-            // The last clone dropped while unwinding: the handler panicked holding it.
-            if std::thread::panicking() {
-                ReplyStatus::Panicked
-            } else {
-                ReplyStatus::Unanswered
-            }
-        });
+        let status = self.why_unanswered();
         if let Err(e) = node.reply_status(&from, self.id, status) {
             log::debug!(
                 "{}: cannot tell '{from}' that request {} goes unanswered: {e}",

@@ -198,7 +198,7 @@ impl Node {
             let node = name.clone();
             Arc::new(move |d: crate::Delivery| {
                 // A requester learns at once that nobody here answers.
-                d.refuse(wire::ReplyStatus::NoHandler);
+                d.refuse_no_handler();
                 if !warned.swap(true, Ordering::Relaxed) {
                     log::warn!(
                         "{node}: message from '{}' dropped: no on_message handler was set",

@@ -233,8 +233,11 @@ impl Sender {
     /// dropped and counted in [`PeerStats::late_replies`](crate::PeerStats::late_replies)),
     /// and fails fast, not at the timeout, when the peer can no longer answer:
     /// [`Error::Closed`] once it is removed or this node shuts down,
-    /// [`Error::PeerRestarted`] when it comes back as a new incarnation. A request is
-    /// delivered exactly once like any regular message, in order with the sender's others.
+    /// [`Error::PeerRestarted`] when it comes back as a new incarnation, and
+    /// [`Error::ReplyFailed`] as soon as the peer says it cannot answer (its reply was
+    /// larger than the room this request reserved, its application dropped the request
+    /// unanswered, its handler panicked, or it has none). A request is delivered exactly
+    /// once like any regular message, in order with the sender's others.
     ///
     /// Do not wait for a reply inside a message handler: it holds the pool thread that
     /// delivers that sender's messages. Use [`send_request`](Sender::send_request) there,
@@ -596,8 +599,9 @@ impl PendingReply {
 
     /// Waits at most `timeout` for the reply. Fails with [`Error::NoReply`] if none came
     /// (the request is then given up), [`Error::PeerRestarted`] as soon as the peer comes
-    /// back as a new incarnation, and [`Error::Closed`] as soon as it is removed or the
-    /// node shuts down.
+    /// back as a new incarnation, [`Error::ReplyFailed`] as soon as the peer says it cannot
+    /// answer (see [`ReplyFailure`]), and [`Error::Closed`] as soon as it is removed or
+    /// the node shuts down.
     pub fn wait(self, timeout: Duration) -> Result<Bytes, Error> {
         self.wait_until(Some(Instant::now() + timeout), timeout)
     }

@@ -1087,6 +1087,20 @@ mod tests {
             [1, 0x20, 0x4e, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0]
         );
         assert_eq!(encode_reply_status(ReplyStatus::Unanswered), [2]);
+        let mut body = 7u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&encode_reply_status(ReplyStatus::TooLarge {
+            len: 20_000,
+            room: 16_384,
+        }));
+        let mut frame = Vec::new();
+        encode_data(&mut frame, flags, Some(9), &body);
+        assert_eq!(
+            frame,
+            [
+                0x1f, 0, 0, 0, 0x10, 0x1a, 9, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 1, 0x20,
+                0x4e, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0
+            ]
+        );
         // An unknown code's further bytes are not read.
         assert_eq!(decode_reply_status(&[9, 1, 2]), Ok(ReplyStatus::Other(9)));
         let id = 7u64.to_le_bytes();
