@@ -364,3 +364,73 @@ fn failed_requests_give_their_rooms_back() {
     client.shutdown(SHUTDOWN).expect("shutdown client");
     server.shutdown(SHUTDOWN).expect("shutdown server");
 }
+
+/// Two members of different windows (64 KiB and 32 KiB) request each other from several
+/// threads at once, every fifth reply filling its room exactly (16 KiB for the larger
+/// member's requests, 8 KiB for the smaller's): every request is answered, none waits for
+/// its timeout.
+#[test]
+fn members_of_different_windows_answer_every_request_under_load() {
+    const THREADS: u32 = 3;
+    const EACH: u32 = 400;
+    const IN_FLIGHT: usize = 8;
+    let serve = |name: &str, window: u64| {
+        Node::builder(name)
+            .cluster("t-mixed")
+            .window_bytes(window)
+            .on_message(|d| {
+                let room = d.reply_room().expect("only requests are sent");
+                let i = u32::from_le_bytes(d.payload()[..4].try_into().expect("a counter"));
+                let len = if i % 5 == 0 {
+                    room
+                } else {
+                    (i as usize * 37) % 200
+                };
+                d.reply(vec![(i % 251) as u8; len])
+                    .expect("a reply within the room");
+            })
+            .start()
+            .expect("start a member")
+    };
+    let nodes = [serve("big", 64 * 1024), serve("small", 32 * 1024)];
+    introduce_at_once(&nodes);
+    let mut threads = Vec::new();
+    for (node, peer, room) in [
+        (&nodes[0], "small", 16 * 1024),
+        (&nodes[1], "big", 8 * 1024),
+    ] {
+        for t in 0..THREADS {
+            let to = node.sender().to(peer).expect("peer");
+            threads.push(std::thread::spawn(move || {
+                let mut pending = std::collections::VecDeque::new();
+                let settle = |(i, p): (u32, cohort::PendingReply)| {
+                    let r = p
+                        .wait(PATIENCE)
+                        .unwrap_or_else(|e| panic!("request {i}: {e}"));
+                    let len = if i % 5 == 0 {
+                        room
+                    } else {
+                        (i as usize * 37) % 200
+                    };
+                    assert_eq!(r.len(), len, "request {i}");
+                    assert!(r.iter().all(|b| *b == (i % 251) as u8));
+                };
+                for n in 0..EACH {
+                    let i = t * EACH + n;
+                    let p = to
+                        .send_request(i.to_le_bytes().to_vec())
+                        .expect("send_request");
+                    pending.push_back((i, p));
+                    if pending.len() >= IN_FLIGHT {
+                        settle(pending.pop_front().expect("pending"));
+                    }
+                }
+                pending.into_iter().for_each(settle);
+            }));
+        }
+    }
+    for t in threads {
+        t.join().expect("a requesting thread");
+    }
+    shutdown_all(&nodes);
+}
