@@ -434,3 +434,61 @@ fn members_of_different_windows_answer_every_request_under_load() {
     }
     shutdown_all(&nodes);
 }
+
+/// A requester (driven by hand) that reserves more room than it accepts in one message: a
+/// reply within the room but beyond what it accepts is not sent, nor silently dropped; it
+/// becomes a "too large" status naming what the requester accepts.
+#[test]
+fn a_reply_beyond_what_the_requester_accepts_becomes_a_status() {
+    use cohort::internals::wire::{self, Frame, ReplyStatus};
+    use std::io::Write;
+    let server = Node::builder("server")
+        .cluster("t-raw")
+        .allow_unknown_members(true)
+        .on_message(|d| {
+            d.reply(vec![1u8; 5000])
+                .expect("within the room it reserved");
+        })
+        .start()
+        .expect("start the replier");
+    let mut me = raw::identity("t-raw", "requester", 1 << 20, None);
+    me.max_message = 1000;
+    let mut s = raw::dial(server.local_addr(), me, server.name(), PATIENCE);
+    let mut body = 42u64.to_le_bytes().to_vec(); // the request id
+    body.extend_from_slice(&(64u32 * 1024).to_le_bytes()); // the room it reserves
+    body.extend_from_slice(b"question");
+    let mut frame = Vec::new();
+    wire::encode_data(
+        &mut frame,
+        wire::FLAG_RELIABLE | wire::FLAG_REQUEST,
+        Some(1),
+        &body,
+    );
+    s.write_all(&frame).expect("write the request");
+    s.set_read_timeout(Some(PATIENCE)).expect("read timeout");
+    let status = loop {
+        let f = raw::read_frame(&mut s, 1 << 20).expect("the answer before the connection ends");
+        let (f, _) = wire::decode(&f, 1 << 20)
+            .expect("a well-formed frame")
+            .expect("whole");
+        if let Frame::Data { flags, payload, .. } = f {
+            assert_eq!(
+                flags,
+                wire::FLAG_RELIABLE | wire::FLAG_REPLY | wire::FLAG_STATUS,
+                "a status, not the reply"
+            );
+            assert_eq!(wire::request_id(payload), Some(42));
+            break wire::decode_reply_status(&payload[wire::REQUEST_ID_BYTES..]).expect("a status");
+        }
+    };
+    assert_eq!(
+        status,
+        ReplyStatus::TooLarge {
+            len: 5000,
+            room: 992
+        }
+    );
+    server
+        .shutdown(Duration::from_secs(1))
+        .expect("shutdown server");
+}

@@ -102,6 +102,8 @@ pub(crate) struct Peer {
     ack_forced: bool,
     /// Largest payload the peer accepts (from its handshake).
     peer_max_message: usize,
+    /// A reply larger than the peer accepts was turned into a status (warned once).
+    warned_reply_too_large: bool,
     /// The peer's send window (from its handshake): what it may have received here and not
     /// yet credited back, enforced.
     peer_window: u64,
@@ -155,6 +157,7 @@ impl Peer {
             ack_unwritten: None,
             ack_forced: false,
             peer_max_message: usize::MAX,
+            warned_reply_too_large: false,
             peer_window: 0,
             acked_at: None,
             last_probe: None,
@@ -307,11 +310,14 @@ impl Peer {
                     // room its builder would not give): it learns why at once instead.
                     let len = m.payload().len() as u64;
                     let room = self.peer_max_message.saturating_sub(wire::REQUEST_ID_BYTES);
-                    log::warn!(
-                        "a reply of {len} bytes to '{}' is more than it accepts ({room} \
-                         bytes); it is told the reply was too large",
-                        shared.name
-                    );
+                    if !std::mem::replace(&mut self.warned_reply_too_large, true) {
+                        log::warn!(
+                            "a reply of {len} bytes to '{}' is more than it accepts ({room} \
+                             bytes, though its request reserved more); it is told the reply \
+                             was too large (warned once for this peer)",
+                            shared.name
+                        );
+                    }
                     let room = u32::try_from(room).unwrap_or(u32::MAX);
                     m = m.into_status(wire::ReplyStatus::TooLarge { len, room });
                 }
