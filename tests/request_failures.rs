@@ -488,7 +488,6 @@ fn a_reply_beyond_what_the_requester_accepts_becomes_a_status() {
             room: 992
         }
     );
-    server
-        .shutdown(Duration::from_secs(1))
-        .expect("shutdown server");
+    drop(s);
+    server.shutdown(SHUTDOWN).expect("shutdown server");
 }
