@@ -110,6 +110,111 @@ pub enum Error {
     /// still running (typically a message handler that does not return).
     #[error("shutdown deadline passed with threads still running: {0}")]
     ShutdownTimedOut(String),
+    /// The peer took the request in but says it cannot answer it, and why (the
+    /// [`ReplyFailure`]): its reply was larger than the room this request reserved, its
+    /// application dropped the request without replying, its handler panicked on it, or it
+    /// has no handler. The request fails as soon as the peer's word arrives, not at its
+    /// timeout. The request was handled (or refused) once; whether to send it again is the
+    /// application's call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cohort::{Error, ReplyFailure};
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let server = cohort::Node::builder("server")
+    ///     .on_message(|d| {
+    ///         // Handled, but not answered: the requester is told at once.
+    ///         let _ = d.payload();
+    ///     })
+    ///     .start()?;
+    /// let client = cohort::Node::builder("client").peer("server", server.local_addr()).start()?;
+    /// server.add_peer("client", client.local_addr())?;
+    /// match client.request("server", &b"anyone?"[..], Duration::from_secs(60)) {
+    ///     Err(Error::ReplyFailed { peer, reason: ReplyFailure::Unanswered }) => assert_eq!(peer, "server"),
+    ///     other => panic!("expected an unanswered request, got {other:?}"),
+    /// }
+    /// # client.shutdown(Duration::from_secs(5))?;
+    /// # server.shutdown(Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    #[error("'{peer}' cannot answer the request: {reason}")]
+    ReplyFailed {
+        /// The member the request went to.
+        peer: String,
+        /// Why it cannot answer.
+        reason: ReplyFailure,
+    },
+}
+
+/// Why a peer cannot answer a request, in [`Error::ReplyFailed`]: what the replier sent
+/// back instead of a reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReplyFailure {
+    /// The handler's reply of `len` bytes was larger than the `room` the request reserved
+    /// for it ([`Builder::max_reply`](crate::Builder::max_reply) on the requesting node;
+    /// a handler sees it as [`Delivery::reply_room`](crate::Delivery::reply_room)).
+    TooLarge {
+        /// The refused reply's length.
+        len: u64,
+        /// The room the request reserved.
+        room: u64,
+    },
+    /// The request reached the peer's application, which dropped it (its handler
+    /// returned, or it let the [`Delivery`](crate::Delivery) go) without replying.
+    Unanswered,
+    /// The peer's message handler panicked on the request.
+    HandlerPanicked,
+    /// The peer has no message handler ([`Builder::on_message`](crate::Builder::on_message))
+    /// to answer requests.
+    NoHandler,
+    /// A reason this version does not know (a code from a newer peer).
+    Other(u8),
+}
+
+impl ReplyFailure {
+    /// The failure a status reply carries.
+    pub(crate) fn from_status(s: crate::wire::ReplyStatus) -> ReplyFailure {
+        use crate::wire::ReplyStatus;
+        match s {
+            ReplyStatus::TooLarge { len, room } => ReplyFailure::TooLarge {
+                len,
+                room: u64::from(room),
+            },
+            ReplyStatus::Unanswered => ReplyFailure::Unanswered,
+            ReplyStatus::Panicked => ReplyFailure::HandlerPanicked,
+            ReplyStatus::NoHandler => ReplyFailure::NoHandler,
+            ReplyStatus::Other(c) => ReplyFailure::Other(c),
+        }
+    }
+}
+
+impl std::fmt::Display for ReplyFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplyFailure::TooLarge { len, room } => write!(
+                f,
+                "its reply of {len} bytes is larger than the {room} bytes this request \
+                 reserved for it (raise Builder::max_reply on this node, or have the \
+                 handler keep within Delivery::reply_room)"
+            ),
+            ReplyFailure::Unanswered => f.write_str(
+                "its application dropped the request without replying (a handler must call \
+                 Delivery::reply, or keep the Delivery to reply later)",
+            ),
+            ReplyFailure::HandlerPanicked => {
+                f.write_str("its message handler panicked on the request (see its log)")
+            }
+            ReplyFailure::NoHandler => f.write_str(
+                "it has no message handler to answer requests (set Builder::on_message, or \
+                 take requests from its Inbox)",
+            ),
+            ReplyFailure::Other(code) => write!(
+                f,
+                "it refused the request for a reason this version does not know (code {code})"
+            ),
+        }
+    }
 }
 
 /// A setting that cannot work, in [`Error::Config`]: one variant per kind of problem, each

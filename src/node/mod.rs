@@ -9,7 +9,7 @@ mod send;
 mod stats;
 
 pub use builder::{Builder, IdleStrategy, UndeliveredFn};
-pub use error::{ConfigError, Error, SendError, TrySendError};
+pub use error::{ConfigError, Error, ReplyFailure, SendError, TrySendError};
 pub use send::{PeerSender, PendingReply, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
 
@@ -197,6 +197,8 @@ impl Node {
             let warned = Arc::new(AtomicBool::new(false));
             let node = name.clone();
             Arc::new(move |d: crate::Delivery| {
+                // A requester learns at once that nobody here answers.
+                d.refuse_no_handler();
                 if !warned.swap(true, Ordering::Relaxed) {
                     log::warn!(
                         "{node}: message from '{}' dropped: no on_message handler was set",

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::{Error, SendError, TrySendError};
+use super::{Error, ReplyFailure, SendError, TrySendError};
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
 use crate::peer::{Failure, Owed, Slot};
@@ -124,6 +124,7 @@ impl Sender {
                 max_reply,
                 stopped,
                 warned_blocking: Arc::new(AtomicBool::new(false)),
+                warned_reply: Arc::new(AtomicBool::new(false)),
             }),
         }
     }
@@ -141,6 +142,7 @@ impl Sender {
                 max_reply: c.max_reply,
                 stopped: c.stopped.clone(),
                 warned_blocking: c.warned_blocking.clone(),
+                warned_reply: c.warned_reply.clone(),
             }),
         }
     }
@@ -231,8 +233,11 @@ impl Sender {
     /// dropped and counted in [`PeerStats::late_replies`](crate::PeerStats::late_replies)),
     /// and fails fast, not at the timeout, when the peer can no longer answer:
     /// [`Error::Closed`] once it is removed or this node shuts down,
-    /// [`Error::PeerRestarted`] when it comes back as a new incarnation. A request is
-    /// delivered exactly once like any regular message, in order with the sender's others.
+    /// [`Error::PeerRestarted`] when it comes back as a new incarnation, and
+    /// [`Error::ReplyFailed`] as soon as the peer says it cannot answer (its reply was
+    /// larger than the room this request reserved, its application dropped the request
+    /// unanswered, its handler panicked, or it has none). A request is delivered exactly
+    /// once like any regular message, in order with the sender's others.
     ///
     /// Do not wait for a reply inside a message handler: it holds the pool thread that
     /// delivers that sender's messages. Use [`send_request`](Sender::send_request) there,
@@ -288,30 +293,50 @@ impl Sender {
         self.route(to).send_request(payload.into())
     }
 
-    /// Queues the reply to request `id` from `to` (see `Delivery::reply`): no window to
-    /// wait for, its request's room paid for it.
+    /// Queues the reply to request `id` from `to` (see `Delivery::reply`, which checked it
+    /// against the request's room): no window to wait for, its request's room paid for it.
+    /// Not bounded by this node's own `max_message`: the room is what the requester
+    /// reserved and takes in, whatever this node's limits for its own messages.
     pub(crate) fn reply(&self, to: &str, id: u64, payload: Bytes) -> Result<(), Error> {
         let peer = self.core.peer_named(to)?;
-        let on_wire = payload.len() + wire::REQUEST_ID_BYTES;
-        if on_wire > self.core.max_message {
-            return Err(Error::TooLarge {
-                len: payload.len(),
-                max: self.core.max_message - wire::REQUEST_ID_BYTES,
-            });
+        self.core.queue_reply(&peer, payload.len(), |owed| {
+            Outgoing::reply(id, &payload, owed)
+        })
+    }
+
+    /// Queues the word to request `id` from `to` that it cannot be answered, and why: a
+    /// reply carrying `status` instead of a payload, which fails the request at once.
+    pub(crate) fn reply_status(
+        &self,
+        to: &str,
+        id: u64,
+        status: wire::ReplyStatus,
+    ) -> Result<(), Error> {
+        let peer = self.core.peer_named(to)?;
+        let len = wire::encode_reply_status(status).len();
+        self.core
+            .queue_reply(&peer, len, |owed| Outgoing::reply_status(id, status, owed))
+    }
+
+    /// A reply of `len` bytes was refused as larger than its request's `room`: warned once
+    /// per node (the requester is told with the request's failure).
+    pub(crate) fn warn_reply_refused(&self, to: &str, len: usize, room: u64) {
+        // Relaxed: a once-only flag for a log line.
+        if !self.core.warned_reply.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "{}: a reply of {len} bytes to '{to}' was refused: its request reserved {room} \
+                 bytes for it (the requester's Builder::max_reply; Delivery::reply_room tells \
+                 a handler). Unless a smaller reply follows, the requester fails with the \
+                 reason; further refusals are logged at debug level",
+                self.core.name
+            );
+        } else {
+            log::debug!(
+                "{}: a reply of {len} bytes to '{to}' was refused: its request reserved {room} \
+                 bytes for it",
+                self.core.name
+            );
         }
-        // Until it is written it counts as held for the requester, whose connection is
-        // not read while that exceeds its receive window.
-        let owed = Owed::new(
-            peer.credit.clone(),
-            self.core.io.handoff.clone(),
-            peer.id,
-            cost(on_wire),
-        );
-        peer.outbox
-            .admit(Outgoing::reply(id, &payload, owed))
-            .map_err(|_| Error::Closed)?;
-        self.core.io.schedule(&peer);
-        Ok(())
     }
 
     /// This node's member name (as [`Node::name`](crate::Node::name)).
@@ -539,6 +564,10 @@ fn failure(f: Failure, peer: &str, timeout: Duration) -> Error {
         Failure::Closed => Error::Closed,
         Failure::Restarted => Error::PeerRestarted(peer.to_owned()),
         Failure::TimedOut => Error::NoReply(timeout),
+        Failure::Refused(status) => Error::ReplyFailed {
+            peer: peer.to_owned(),
+            reason: ReplyFailure::from_status(status),
+        },
     }
 }
 
@@ -570,8 +599,9 @@ impl PendingReply {
 
     /// Waits at most `timeout` for the reply. Fails with [`Error::NoReply`] if none came
     /// (the request is then given up), [`Error::PeerRestarted`] as soon as the peer comes
-    /// back as a new incarnation, and [`Error::Closed`] as soon as it is removed or the
-    /// node shuts down.
+    /// back as a new incarnation, [`Error::ReplyFailed`] as soon as the peer says it cannot
+    /// answer (see [`ReplyFailure`]), and [`Error::Closed`] as soon as it is removed or
+    /// the node shuts down.
     pub fn wait(self, timeout: Duration) -> Result<Bytes, Error> {
         self.wait_until(Some(Instant::now() + timeout), timeout)
     }
@@ -614,6 +644,8 @@ struct SendCore {
     stopped: Arc<AtomicBool>,
     /// A handler has blocked on a full window (warned once per node).
     warned_blocking: Arc<AtomicBool>,
+    /// A reply was refused as larger than its room (warned once per node).
+    warned_reply: Arc<AtomicBool>,
 }
 
 /// What a send queues: a message, or a request with its id and the room it reserves for
@@ -632,6 +664,26 @@ enum Wait {
 }
 
 impl SendCore {
+    /// Queues a reply (or a reply status) of `len` bytes after its id, built by `make`
+    /// with what it owes the requester: until it is written it counts as held for the
+    /// requester, whose connection is not read while that exceeds its receive window.
+    fn queue_reply(
+        &self,
+        peer: &PeerShared,
+        len: usize,
+        make: impl FnOnce(Owed) -> Outgoing,
+    ) -> Result<(), Error> {
+        let owed = Owed::new(
+            peer.credit.clone(),
+            self.io.handoff.clone(),
+            peer.id,
+            cost(len + wire::REQUEST_ID_BYTES),
+        );
+        peer.outbox.admit(make(owed)).map_err(|_| Error::Closed)?;
+        self.io.schedule(peer);
+        Ok(())
+    }
+
     fn peer_named(&self, name: &str) -> Result<Arc<PeerShared>, Error> {
         if self.stopped.load(Ordering::Acquire) {
             return Err(Error::Closed);

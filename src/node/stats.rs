@@ -112,7 +112,8 @@ pub struct PeerStats {
     pub last_heard: Option<std::time::Duration>,
     /// This node's requests to the peer waiting for their reply now.
     pub requests_in_flight: usize,
-    /// Replies from the peer that reached their request.
+    /// Replies from the peer that reached their request, counting the peer's word that it
+    /// cannot answer one (a reply status: [`Error::ReplyFailed`](crate::Error::ReplyFailed)).
     pub replies: u64,
     /// Replies from the peer that came after their request was given up (timed out,
     /// dropped, failed), or answered a request twice: dropped.

@@ -156,6 +156,27 @@ impl Outgoing {
         }
     }
 
+    /// The word to request `id` that it cannot be answered, and why: a reply carrying
+    /// `status` instead of a payload ([`wire::FLAG_STATUS`]), queued, sent and counted
+    /// exactly like a reply.
+    pub(crate) fn reply_status(id: u64, status: wire::ReplyStatus, owed: Owed) -> Outgoing {
+        let mut m = Outgoing::reply(id, &wire::encode_reply_status(status), owed);
+        m.flags |= wire::FLAG_STATUS;
+        m
+    }
+
+    /// This reply turned into the word that it could not be sent, and why (`status`): same
+    /// request id, same place in the queue, the same bytes held for the requester.
+    pub(crate) fn into_status(self, status: wire::ReplyStatus) -> Outgoing {
+        debug_assert!(self.is_reply(), "only a reply becomes a status");
+        let id = wire::request_id(&self.payload).unwrap_or_default();
+        Outgoing {
+            payload: tagged(&id.to_le_bytes(), &wire::encode_reply_status(status)),
+            flags: self.flags | wire::FLAG_STATUS,
+            ..self
+        }
+    }
+
     /// Window bytes a request of `payload_len` bytes reserving `room` for its reply takes.
     pub(crate) fn request_cost(payload_len: usize, room: u32) -> u64 {
         cost(payload_len + wire::REQUEST_HEADER_BYTES) + u64::from(room)
@@ -185,6 +206,11 @@ impl Outgoing {
     /// Whether it is the reply to a request (`Delivery::reply`).
     pub fn is_reply(&self) -> bool {
         self.flags & wire::FLAG_REPLY != 0
+    }
+    /// Whether it is a reply that says why its request cannot be answered instead of
+    /// carrying a payload (its [`payload`](Outgoing::payload) is the encoded status).
+    pub fn is_status(&self) -> bool {
+        self.flags & wire::FLAG_STATUS != 0
     }
     /// Whether it was sent out of band.
     pub fn is_oob(&self) -> bool {

@@ -102,6 +102,8 @@ pub(crate) struct Peer {
     ack_forced: bool,
     /// Largest payload the peer accepts (from its handshake).
     peer_max_message: usize,
+    /// A reply larger than the peer accepts was turned into a status (warned once).
+    warned_reply_too_large: bool,
     /// The peer's send window (from its handshake): what it may have received here and not
     /// yet credited back, enforced.
     peer_window: u64,
@@ -167,6 +169,7 @@ impl Peer {
             ack_unwritten: None,
             ack_forced: false,
             peer_max_message: usize::MAX,
+            warned_reply_too_large: false,
             peer_window: 0,
             acked_at: None,
             last_probe: None,
@@ -300,7 +303,7 @@ impl Peer {
             if self.pending.is_empty() {
                 break;
             }
-            while let Some(m) = self.pending.pop_front() {
+            while let Some(mut m) = self.pending.pop_front() {
                 let stop = match link.as_deref() {
                     Some(l) => l.unwritten() >= high,
                     // A message with a ttl waits for a connection (or its expiry, by the
@@ -315,6 +318,22 @@ impl Peer {
                     // nothing on every message meanwhile.
                     shared.scheduled.hold();
                     break 'outer;
+                }
+                if m.is_reply() && !m.is_status() && m.payload.len() > self.peer_max_message {
+                    // Within its room but more than the requester takes in one frame (a
+                    // room its builder would not give): it learns why at once instead.
+                    let len = m.payload().len() as u64;
+                    let room = self.peer_max_message.saturating_sub(wire::REQUEST_ID_BYTES);
+                    if !std::mem::replace(&mut self.warned_reply_too_large, true) {
+                        log::warn!(
+                            "a reply of {len} bytes to '{}' is more than it accepts ({room} \
+                             bytes, though its request reserved more); it is told the reply \
+                             was too large (warned once for this peer)",
+                            shared.name
+                        );
+                    }
+                    let room = u32::try_from(room).unwrap_or(u32::MAX);
+                    m = m.into_status(wire::ReplyStatus::TooLarge { len, room });
                 }
                 let len = m.payload.len();
                 if link.is_none() && !m.is_reliable() {
@@ -531,7 +550,16 @@ impl Peer {
             if let (Some(p), Some(seq)) = (&self.shared.progress, seq) {
                 p.complete(self.epoch, std::iter::once(seq));
             }
-            if !self.shared.requests.answer(id, payload) {
+            // A status reply carries why the replier cannot answer instead of a payload
+            // (the wire checked it).
+            let reply = if flags & wire::FLAG_STATUS != 0 {
+                let status =
+                    wire::decode_reply_status(&payload).unwrap_or(wire::ReplyStatus::Other(0));
+                Err(Failure::Refused(status))
+            } else {
+                Ok(payload)
+            };
+            if !self.shared.requests.answer(id, reply) {
                 log::debug!(
                     "reply from '{}' to request {id} came after the request was given up",
                     self.shared.name
