@@ -10,7 +10,7 @@ mod stats;
 
 pub use builder::{Builder, IdleStrategy, UndeliveredFn};
 pub use error::{ConfigError, Error, SendError, TrySendError};
-pub use send::{PeerSender, PendingReply, SendOptions, Sender};
+pub use send::{PeerSender, PendingReply, RequestOptions, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
 
 use std::collections::HashMap;
@@ -515,6 +515,28 @@ impl Node {
         self.sender.send_request(to, payload)
     }
 
+    /// See [`Sender::request_with`].
+    pub fn request_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+        opts: RequestOptions,
+    ) -> Result<Bytes, Error> {
+        self.sender.request_with(to, payload, timeout, opts)
+    }
+
+    /// See [`Sender::send_request_with`].
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
+    pub fn send_request_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        opts: RequestOptions,
+    ) -> Result<PendingReply, Error> {
+        self.sender.send_request_with(to, payload, opts)
+    }
+
     /// See [`Sender::broadcast`].
     #[must_use = "each peer's result says whether it was queued"]
     pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
@@ -763,6 +785,7 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         sent_bytes,
         filtered,
         filtered_bytes,
+        withdrawn: Counters::get(&c.withdrawn),
         failed,
         failed_bytes,
         expired: Counters::get(&c.expired),
