@@ -171,6 +171,48 @@ fn a_message_queued_before_the_handshake_and_larger_than_the_peer_accepts_is_rep
     );
 }
 
+/// A request queued before the receiver's limit was known, and larger than it, fails its
+/// `PendingReply` with `TooLarge` as soon as it is found at publish — not at its timeout —
+/// and the receiver's handler never sees it; a request that fits is answered.
+#[test]
+fn a_request_larger_than_the_peer_accepts_fails_its_reply_at_once() {
+    let held = HeldAddr::new();
+    let a = Node::builder("a")
+        .cluster("t-losses-large-request")
+        .peer("b", held.addr())
+        .redial_quickly()
+        .start()
+        .expect("a starts");
+    let big = a
+        .send_request("b", payload(0, LARGE))
+        .expect("queued: the limit is not known yet");
+    let small = a.send_request("b", payload(1, SMALL)).expect("queued");
+    let ran = Arc::new(AtomicU64::new(0));
+    let r = ran.clone();
+    let b = receiver_b("t-losses-large-request", held.addr())
+        .max_message(LIMIT)
+        .on_message(move |m| {
+            r.fetch_add(1, Ordering::SeqCst);
+            let _ = m.reply(&b"ok"[..]);
+        })
+        .start()
+        .expect("b starts");
+    let t = Instant::now();
+    let e = big.wait(PATIENCE).expect_err("too large for b");
+    println!("the oversized request failed {:?} after b started", t.elapsed());
+    assert!(
+        matches!(e, Error::TooLarge { len, max } if len == LARGE && max < LIMIT),
+        "{e}"
+    );
+    assert!(t.elapsed() < PATIENCE / 2, "failed at once, not at a timeout");
+    assert_eq!(&small.wait(PATIENCE).expect("answered")[..], b"ok");
+    assert_eq!(ran.load(Ordering::SeqCst), 1, "only the request that fits ran");
+    // Known now: the next one fails its send at once.
+    let e = a.send_request("b", payload(2, LARGE)).expect_err("too large");
+    assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    shutdown_all(&[a, b]);
+}
+
 /// A message whose ttl passes while its peer is not connected fails (counted `expired` and
 /// `failed`, permits back) and is reported to `on_undelivered`.
 #[test]
