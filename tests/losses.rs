@@ -67,7 +67,11 @@ fn a_message_larger_than_the_peer_accepts_fails_its_send_once_the_limit_is_known
     for i in 0..200u64 {
         let p = interleaved(i);
         match a.send("b", p.clone()) {
-            Ok(()) => assert!(p.len() <= LIMIT, "message {i} of {} bytes accepted", p.len()),
+            Ok(()) => assert!(
+                p.len() <= LIMIT,
+                "message {i} of {} bytes accepted",
+                p.len()
+            ),
             Err(e) => {
                 assert!(
                     matches!(e.error(), Error::TooLarge { len, max } if *len == LARGE && *max == LIMIT),
@@ -155,10 +159,15 @@ fn a_message_queued_before_the_handshake_and_larger_than_the_peer_accepts_is_rep
     assert_eq!(delivered.get() + lost.len() as u64, N);
     // The limit is known now, and kept while b is away.
     let e = a.send("b", payload(N, LARGE)).expect_err("too large for b");
-    assert!(matches!(e.error(), Error::TooLarge { max, .. } if *max == LIMIT), "{e}");
+    assert!(
+        matches!(e.error(), Error::TooLarge { max, .. } if *max == LIMIT),
+        "{e}"
+    );
     b.shutdown(SHUTDOWN).expect("b shuts down");
     wait_until("a sees b gone", PATIENCE, || !is_connected(&a, "b"));
-    let e = a.send("b", payload(N + 1, LARGE)).expect_err("still too large");
+    let e = a
+        .send("b", payload(N + 1, LARGE))
+        .expect_err("still too large");
     assert!(matches!(e.error(), Error::TooLarge { .. }), "{e}");
     assert_eq!(&e.into_inner()[..], &payload(N + 1, LARGE)[..]);
     a.send("b", payload(N + 2, SMALL))
@@ -199,16 +208,28 @@ fn a_request_larger_than_the_peer_accepts_fails_its_reply_at_once() {
         .expect("b starts");
     let t = Instant::now();
     let e = big.wait(PATIENCE).expect_err("too large for b");
-    println!("the oversized request failed {:?} after b started", t.elapsed());
+    println!(
+        "the oversized request failed {:?} after b started",
+        t.elapsed()
+    );
     assert!(
         matches!(e, Error::TooLarge { len, max } if len == LARGE && max < LIMIT),
         "{e}"
     );
-    assert!(t.elapsed() < PATIENCE / 2, "failed at once, not at a timeout");
+    assert!(
+        t.elapsed() < PATIENCE / 2,
+        "failed at once, not at a timeout"
+    );
     assert_eq!(&small.wait(PATIENCE).expect("answered")[..], b"ok");
-    assert_eq!(ran.load(Ordering::SeqCst), 1, "only the request that fits ran");
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        1,
+        "only the request that fits ran"
+    );
     // Known now: the next one fails its send at once.
-    let e = a.send_request("b", payload(2, LARGE)).expect_err("too large");
+    let e = a
+        .send_request("b", payload(2, LARGE))
+        .expect_err("too large");
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
     shutdown_all(&[a, b]);
 }
@@ -229,7 +250,8 @@ fn an_expired_message_is_reported_to_on_undelivered() {
     let ttl = SendOptions::new().ttl(Duration::from_millis(20));
     let sent_at = Instant::now();
     a.send_with("b", payload(7, 100), ttl).expect("queued");
-    a.send_with("b", payload(8, 100), ttl.oob()).expect("queued");
+    a.send_with("b", payload(8, 100), ttl.oob())
+        .expect("queued");
     wait_until_or(
         PATIENCE,
         || reported(&reports).len() == 2,
@@ -262,8 +284,15 @@ fn connected_only_fails_fast_while_the_peer_is_not_connected() {
         .send_with("b", payload(0, 64), now_only)
         .expect_err("b is down");
     let send_took = t.elapsed();
-    assert!(matches!(e.error(), Error::NotConnected(p) if p == "b"), "{e}");
-    assert_eq!(&e.into_inner()[..], &payload(0, 64)[..], "the payload comes back");
+    assert!(
+        matches!(e.error(), Error::NotConnected(p) if p == "b"),
+        "{e}"
+    );
+    assert_eq!(
+        &e.into_inner()[..],
+        &payload(0, 64)[..],
+        "the payload comes back"
+    );
     let to_b = a.sender().to("b").expect("a peer");
     let e = to_b
         .send_with(payload(1, 64), now_only.oob())
@@ -282,7 +311,10 @@ fn connected_only_fails_fast_while_the_peer_is_not_connected() {
     assert!(matches!(r, Err(Error::NotConnected(_))), "{r:?}");
     println!("send_with(connected_only) failed in {send_took:?}, request_with(connected_only, 2 s) in {request_took:?}");
     assert!(send_took < Duration::from_millis(100), "{send_took:?}");
-    assert!(request_took < Duration::from_millis(100), "{request_took:?}");
+    assert!(
+        request_took < Duration::from_millis(100),
+        "{request_took:?}"
+    );
     let s = peer_stats(&a, "b");
     assert_eq!((s.accepted, s.requests_in_flight), (0, 0), "nothing queued");
     assert_eq!(s.available, s.window);

@@ -287,11 +287,13 @@ impl From<ConfigError> for Error {
 /// not take the message: the [`Error`], and the payload handed back
 /// ([`into_inner`](SendError::into_inner)) to retry, send elsewhere or log.
 ///
-/// A send fails only before its message is queued (unknown peer, too large, node closed or
-/// peer removed, timed out waiting for the window), so the payload always comes back. What
-/// becomes of a message once queued is not the send's result: see
-/// [`Builder::on_undelivered`](crate::Builder::on_undelivered) and the counters of
-/// [`PeerStats`](crate::PeerStats).
+/// A send fails only before its message is queued (unknown peer, too large for this node
+/// or for the peer's announced limit, node closed or peer removed, timed out waiting for
+/// the window, not connected with `connected_only`), so the payload always comes back.
+/// What becomes of a message once queued is not the send's result: if it is never
+/// delivered it is reported to
+/// [`Builder::on_undelivered`](crate::Builder::on_undelivered) (see the counters of
+/// [`PeerStats`](crate::PeerStats)).
 ///
 /// Its `Display` and `source` are the error's, and it converts into [`Error`], so `?`
 /// works in a function returning `Result<_, cohort::Error>`.

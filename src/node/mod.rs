@@ -57,7 +57,7 @@ pub struct ShutdownReport {
     pub undelivered: u64,
     /// Messages accepted but never published: expired, too large for the peer, unreliable
     /// ones for a disconnected peer, or still queued when the peer was removed or the node
-    /// closed.
+    /// closed. Each was reported to the undelivered callback.
     pub failed: u64,
     /// How long the shutdown took.
     pub elapsed: Duration,
@@ -429,7 +429,8 @@ impl Node {
     }
 
     /// Removes a member for good: its connection is closed, messages still queued for it
-    /// fail (their permits are given back), senders blocked on it wake with
+    /// fail (their permits are given back) and, like those it had not acknowledged, are
+    /// reported to [`Builder::on_undelivered`], senders blocked on it wake with
     /// [`Error::Closed`], and no reconnect scheduled earlier can bring it back. It can be
     /// added again later as a new peer.
     pub fn remove_peer(&self, name: &str) -> Result<(), Error> {

@@ -230,9 +230,13 @@ impl Sender {
     /// once while both processes live. Blocks (parks) while `to`'s send window is full.
     ///
     /// Fails, handing the payload back in the [`SendError`], when `to` is not a peer
-    /// ([`Error::UnknownPeer`]), the payload is larger than the node accepts
-    /// ([`Error::TooLarge`]), or the node is shut down or `to` removed, also while the send
-    /// waits ([`Error::Closed`]).
+    /// ([`Error::UnknownPeer`]), the payload is larger than this node sends or than `to`
+    /// accepts, once its handshake said so ([`Error::TooLarge`]), or the node is shut down
+    /// or `to` removed, also while the send waits ([`Error::Closed`]).
+    ///
+    /// Once accepted, a message that can never be delivered is reported to
+    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered): for instance one queued
+    /// before `to`'s limit was known and larger than it.
     pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.route(to).send(payload.into())
     }
@@ -368,7 +372,8 @@ impl Sender {
     /// ```
     #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
-        self.route(to).send_request(payload.into(), RequestOptions::new())
+        self.route(to)
+            .send_request(payload.into(), RequestOptions::new())
     }
 
     /// [`request`](Sender::request) with [`RequestOptions`]: with

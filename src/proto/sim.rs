@@ -1185,7 +1185,10 @@ fn a_request_given_up_before_it_left_is_withdrawn_at_publish() {
     assert_eq!(sim.m[B].delivered.lock().expect("log").len(), 2);
     let c = &peer.counters;
     let get = crate::peer::Counters::get;
-    assert_eq!((get(&c.withdrawn), get(&c.filtered), get(&c.sent)), (1, 1, 2));
+    assert_eq!(
+        (get(&c.withdrawn), get(&c.filtered), get(&c.sent)),
+        (1, 1, 2)
+    );
     assert!(slot.try_take().is_none(), "nobody waits for it");
     sim.settle();
     sim.check_complete();
