@@ -311,7 +311,7 @@ impl Peer {
                 if request.is_some_and(|id| !shared.requests.is_waiting(id)) {
                     // Its requester gave it up (timed out, or dropped its handle) before it
                     // left: withdrawn, never sent, so the peer never runs it.
-                    let _ = unsent(shared, Return::Withdrawn, m);
+                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
                     tally.withdrawn += 1;
                     tally.filtered += 1;
                     tally.filtered_bytes += len as u64;
@@ -494,7 +494,7 @@ impl Peer {
                 if withdrawn(&m) {
                     w += 1;
                     w_bytes += m.payload.len() as u64;
-                    let _ = unsent(shared, Return::Withdrawn, m);
+                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
                 } else if expired(&m) {
                     n += 1;
                     bytes += m.payload.len() as u64;
