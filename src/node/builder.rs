@@ -18,7 +18,20 @@ use crate::sync::Arc;
 
 /// A callback told about messages that will never be delivered: the peer was removed or
 /// the node shut down with them unacknowledged, or the peer restarted before acknowledging
-/// them. Arguments: the peer's name and the payloads, in send order.
+/// them; or they were accepted and failed before they were ever sent — their ttl passed
+/// ([`SendOptions::ttl`](crate::SendOptions::ttl)), they are larger than the peer's
+/// handshake says it accepts (queued before that was known: once it is, such a send
+/// fails at once), they are unreliable and the peer was not connected (journalling nodes),
+/// or they were still queued when the peer was removed or the node shut down. Arguments:
+/// the peer's name and the payloads, in send order.
+///
+/// With it, every message a send accepted is accounted for: delivered, or reported here
+/// (per peer, what it is given adds up to [`PeerStats`](crate::PeerStats) `failed +
+/// undelivered`). Not reported: replies (`Delivery::reply`), messages the
+/// [`outbound_filter`](Builder::outbound_filter) dropped, requests withdrawn because their
+/// requester gave them up (both counted `filtered`), and unreliable messages lost with a
+/// connection. A request reported here also fails its
+/// [`PendingReply`](crate::PendingReply).
 pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
 
 /// Requests in flight to one peer, by default (`Builder::max_requests`).

@@ -33,12 +33,14 @@ pub enum Error {
     /// The node was shut down, or the peer was removed, while the message waited.
     #[error("closed: the node is shut down or the peer was removed")]
     Closed,
-    /// The message is larger than the node accepts.
-    #[error("message of {len} bytes exceeds the maximum of {max} bytes (raise Builder::max_message and window_bytes)")]
+    /// The message is larger than this node sends or than its peer accepts (the peer's
+    /// limit is learnt from its handshake and kept while it is disconnected).
+    #[error("message of {len} bytes exceeds the maximum of {max} bytes (Builder::max_message of this node or of the peer: raise it on both, with window_bytes)")]
     TooLarge {
         /// The message's length.
         len: usize,
-        /// The configured maximum.
+        /// The largest payload accepted: this node's `max_message`, or the peer's if
+        /// smaller (less a request's header, for a request).
         max: usize,
     },
     /// The peer's send window has no room now (a `try_send` turned into an `Error`).
@@ -144,6 +146,15 @@ pub enum Error {
         /// Why it cannot answer.
         reason: ReplyFailure,
     },
+    /// A send or request made with `connected_only`
+    /// ([`SendOptions::connected_only`](crate::SendOptions::connected_only),
+    /// [`RequestOptions::connected_only`](crate::RequestOptions::connected_only)) found no
+    /// established connection to the peer: the message was not queued (the payload comes
+    /// back in the [`SendError`]). Retry once it is connected
+    /// ([`Event::Connected`](crate::Event::Connected), [`PeerStats::state`](crate::PeerStats::state)),
+    /// send it elsewhere, or send without `connected_only` to queue it until the peer is back.
+    #[error("peer '{0}' is not connected: the message was not queued (sent with connected_only); retry once it connects, or send without connected_only to queue it")]
+    NotConnected(String),
 }
 
 /// Why a peer cannot answer a request, in [`Error::ReplyFailed`]: what the replier sent
@@ -381,11 +392,13 @@ impl From<ConfigError> for Error {
 /// not take the message: the [`Error`], and the payload handed back
 /// ([`into_inner`](SendError::into_inner)) to retry, send elsewhere or log.
 ///
-/// A send fails only before its message is queued (unknown peer, too large, node closed or
-/// peer removed, timed out waiting for the window), so the payload always comes back. What
-/// becomes of a message once queued is not the send's result: see
-/// [`Builder::on_undelivered`](crate::Builder::on_undelivered) and the counters of
-/// [`PeerStats`](crate::PeerStats).
+/// A send fails only before its message is queued (unknown peer, too large for this node
+/// or for the peer's announced limit, node closed or peer removed, timed out waiting for
+/// the window, not connected with `connected_only`), so the payload always comes back.
+/// What becomes of a message once queued is not the send's result: if it is never
+/// delivered it is reported to
+/// [`Builder::on_undelivered`](crate::Builder::on_undelivered) (see the counters of
+/// [`PeerStats`](crate::PeerStats)).
 ///
 /// Its `Display` and `source` are the error's, and it converts into [`Error`], so `?`
 /// works in a function returning `Result<_, cohort::Error>`.

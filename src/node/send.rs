@@ -11,7 +11,7 @@ use super::{Error, ReplyFailure, SendError, TrySendError};
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
 use crate::peer::{Failure, Owed, Slot};
-use crate::peer::{Outgoing, PeerShared};
+use crate::peer::{Outgoing, PeerShared, PeerState, Return};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
@@ -29,6 +29,7 @@ pub struct SendOptions {
     oob: bool,
     unreliable: bool,
     ttl: Option<Duration>,
+    connected_only: bool,
 }
 
 impl SendOptions {
@@ -52,11 +53,84 @@ impl SendOptions {
         self
     }
 
-    /// Fail the message (counted `failed`, permits returned) if it has not been published
-    /// within `ttl` — for instance because the peer is disconnected.
+    /// Fail the message if it has not been published within `ttl` — for instance because
+    /// the peer is disconnected: it is counted `failed` (and `expired`), its permits come
+    /// back, and it is reported to
+    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered).
     pub fn ttl(mut self, ttl: Duration) -> SendOptions {
         self.ttl = Some(ttl);
         self
+    }
+
+    /// Fail fast instead of queueing when the peer has no established connection: the
+    /// send returns [`Error::NotConnected`] at once, with the payload, and nothing is
+    /// queued (ZeroMQ's `ZMQ_IMMEDIATE`, Aeron's `NOT_CONNECTED`). Without it a message to
+    /// a disconnected peer waits in its queue (within the window) until the peer is back.
+    ///
+    /// The check is made when the send starts, and again once it has its window if it had
+    /// to wait for it. It is a snapshot of what the IO thread knows: a connection can drop
+    /// right after it (or be dead without the IO thread knowing yet, until the idle
+    /// timeout). Such a message is queued as usual and follows the normal rules: resent
+    /// after the reconnect, or reported to
+    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered) if it can never be
+    /// delivered.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cohort::{Error, SendOptions};
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:9").start()?;
+    /// let opts = SendOptions::new().connected_only();
+    /// match node.send_with("beta", &b"now or never"[..], opts) {
+    ///     Err(e) if matches!(e.error(), Error::NotConnected(_)) => {
+    ///         let payload = e.into_inner(); // not queued: route it elsewhere
+    ///         assert_eq!(&payload[..], b"now or never");
+    ///     }
+    ///     other => panic!("beta is not up: {other:?}"),
+    /// }
+    /// # node.shutdown(Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connected_only(mut self) -> SendOptions {
+        self.connected_only = true;
+        self
+    }
+}
+
+/// Options of [`Sender::request_with`] and [`Sender::send_request_with`].
+///
+/// ```
+/// let opts = cohort::RequestOptions::new().connected_only();
+/// # let _ = opts;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use = "RequestOptions do nothing until passed to `request_with` or `send_request_with`"]
+pub struct RequestOptions {
+    connected_only: bool,
+}
+
+impl RequestOptions {
+    /// A request as [`Sender::request`] sends it.
+    pub fn new() -> RequestOptions {
+        RequestOptions::default()
+    }
+
+    /// Fail at once with [`Error::NotConnected`] instead of queueing the request when the
+    /// peer has no established connection (rather than wait for it until the timeout). The
+    /// same check, and the same race, as [`SendOptions::connected_only`]: a request queued
+    /// because the connection dropped right after the check waits for the peer like any
+    /// other (and is withdrawn, never sent, if its requester gives it up first).
+    pub fn connected_only(mut self) -> RequestOptions {
+        self.connected_only = true;
+        self
+    }
+
+    /// The send options a request travels with.
+    fn send_options(self) -> SendOptions {
+        SendOptions {
+            connected_only: self.connected_only,
+            ..SendOptions::new()
+        }
     }
 }
 
@@ -158,9 +232,13 @@ impl Sender {
     /// once while both processes live. Blocks (parks) while `to`'s send window is full.
     ///
     /// Fails, handing the payload back in the [`SendError`], when `to` is not a peer
-    /// ([`Error::UnknownPeer`]), the payload is larger than the node accepts
-    /// ([`Error::TooLarge`]), or the node is shut down or `to` removed, also while the send
-    /// waits ([`Error::Closed`]).
+    /// ([`Error::UnknownPeer`]), the payload is larger than this node sends or than `to`
+    /// accepts, once its handshake said so ([`Error::TooLarge`]), or the node is shut down
+    /// or `to` removed, also while the send waits ([`Error::Closed`]).
+    ///
+    /// Once accepted, a message that can never be delivered is reported to
+    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered): for instance one queued
+    /// before `to`'s limit was known and larger than it.
     pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.route(to).send(payload.into())
     }
@@ -190,8 +268,10 @@ impl Sender {
         self.route(to).send_oob(payload.into())
     }
 
-    /// Sends with [`SendOptions`] (out of band, expiry); blocks and fails like
-    /// [`send`](Sender::send).
+    /// Sends with [`SendOptions`] (out of band, expiry, unreliable, connected only);
+    /// blocks and fails like [`send`](Sender::send), and with [`Error::NotConnected`] for
+    /// [`connected_only`](SendOptions::connected_only) when `to` has no established
+    /// connection.
     pub fn send_with(
         &self,
         to: &str,
@@ -233,11 +313,17 @@ impl Sender {
     /// dropped and counted in [`PeerStats::late_replies`](crate::PeerStats::late_replies)),
     /// and fails fast, not at the timeout, when the peer can no longer answer:
     /// [`Error::Closed`] once it is removed or this node shuts down,
-    /// [`Error::PeerRestarted`] when it comes back as a new incarnation, and
+    /// [`Error::PeerRestarted`] when it comes back as a new incarnation,
+    /// [`Error::TooLarge`] when the peer's handshake says it accepts less, and
     /// [`Error::ReplyFailed`] as soon as the peer says it cannot answer (its reply was
     /// larger than the room this request reserved, its application dropped the request
     /// unanswered, its handler panicked, or it has none). A request is delivered exactly
     /// once like any regular message, in order with the sender's others.
+    ///
+    /// A request given up before it left (its time ran out while it waited in the queue,
+    /// say for a peer that is down) is withdrawn: never sent, so never run by the peer
+    /// (counted in [`PeerStats::withdrawn`](crate::PeerStats::withdrawn)). One that had
+    /// left may still be run there; its reply is then dropped as late.
     ///
     /// Do not wait for a reply inside a message handler: it holds the pool thread that
     /// delivers that sender's messages. Use [`send_request`](Sender::send_request) there,
@@ -266,7 +352,8 @@ impl Sender {
         payload: impl Into<Bytes>,
         timeout: Duration,
     ) -> Result<Bytes, Error> {
-        self.route(to).request(payload.into(), timeout)
+        self.route(to)
+            .request(payload.into(), timeout, RequestOptions::new())
     }
 
     /// Sends `payload` to `to` as a request and returns at once with a handle to wait on,
@@ -290,7 +377,45 @@ impl Sender {
     /// ```
     #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
-        self.route(to).send_request(payload.into())
+        self.route(to)
+            .send_request(payload.into(), RequestOptions::new())
+    }
+
+    /// [`request`](Sender::request) with [`RequestOptions`]: with
+    /// [`connected_only`](RequestOptions::connected_only), fails at once with
+    /// [`Error::NotConnected`] when `to` has no established connection.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cohort::{Error, RequestOptions};
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:9").start()?;
+    /// let opts = RequestOptions::new().connected_only();
+    /// let r = node.sender().request_with("beta", &b"ping"[..], Duration::from_secs(2), opts);
+    /// assert!(matches!(r, Err(Error::NotConnected(_)))); // at once, not after 2 s
+    /// # node.shutdown(Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn request_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+        opts: RequestOptions,
+    ) -> Result<Bytes, Error> {
+        self.route(to).request(payload.into(), timeout, opts)
+    }
+
+    /// [`send_request`](Sender::send_request) with [`RequestOptions`] (see
+    /// [`request_with`](Sender::request_with)).
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
+    pub fn send_request_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        opts: RequestOptions,
+    ) -> Result<PendingReply, Error> {
+        self.route(to).send_request(payload.into(), opts)
     }
 
     /// Queues the reply to request `id` from `to` (see `Delivery::reply`, which checked it
@@ -453,13 +578,35 @@ impl PeerSender {
 
     /// See [`Sender::request`].
     pub fn request(&self, payload: impl Into<Bytes>, timeout: Duration) -> Result<Bytes, Error> {
-        self.route().request(payload.into(), timeout)
+        self.route()
+            .request(payload.into(), timeout, RequestOptions::new())
     }
 
     /// See [`Sender::send_request`].
     #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
-        self.route().send_request(payload.into())
+        self.route()
+            .send_request(payload.into(), RequestOptions::new())
+    }
+
+    /// See [`Sender::request_with`].
+    pub fn request_with(
+        &self,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+        opts: RequestOptions,
+    ) -> Result<Bytes, Error> {
+        self.route().request(payload.into(), timeout, opts)
+    }
+
+    /// See [`Sender::send_request_with`].
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
+    pub fn send_request_with(
+        &self,
+        payload: impl Into<Bytes>,
+        opts: RequestOptions,
+    ) -> Result<PendingReply, Error> {
+        self.route().send_request(payload.into(), opts)
     }
 }
 
@@ -505,9 +652,14 @@ impl Route<'_> {
             .map_err(SendError::from_try)
     }
 
-    fn request(self, payload: Bytes, timeout: Duration) -> Result<Bytes, Error> {
+    fn request(
+        self,
+        payload: Bytes,
+        timeout: Duration,
+        opts: RequestOptions,
+    ) -> Result<Bytes, Error> {
         let deadline = Instant::now() + timeout;
-        self.send_request_until(payload, Some(deadline), timeout)
+        self.send_request_until(payload, Some(deadline), timeout, opts)
             .map_err(|e| match e {
                 // Its time ran out waiting for the window: no reply within it either.
                 Error::TimedOut(_) => Error::NoReply(timeout),
@@ -516,8 +668,8 @@ impl Route<'_> {
             .wait_until(Some(deadline), timeout)
     }
 
-    fn send_request(self, payload: Bytes) -> Result<PendingReply, Error> {
-        self.send_request_until(payload, None, Duration::ZERO)
+    fn send_request(self, payload: Bytes, opts: RequestOptions) -> Result<PendingReply, Error> {
+        self.send_request_until(payload, None, Duration::ZERO, opts)
     }
 
     /// Registers a request with the peer (within its cap) and queues it; `timeout` is what
@@ -527,11 +679,16 @@ impl Route<'_> {
         payload: Bytes,
         deadline: Option<Instant>,
         timeout: Duration,
+        opts: RequestOptions,
     ) -> Result<PendingReply, Error> {
         let peer = match self.to {
             To::Peer(p) => p.clone(),
             To::Name(name) => self.core.peer_named(name)?,
         };
+        if opts.connected_only {
+            // Before taking a slot: nothing to give up.
+            not_connected(&peer)?;
+        }
         let (id, slot) = peer
             .requests
             .register(deadline)
@@ -549,7 +706,7 @@ impl Route<'_> {
             .enqueue_to(
                 &peer,
                 payload,
-                SendOptions::new(),
+                opts.send_options(),
                 wait,
                 Kind::Request(id, self.core.max_reply),
             )
@@ -568,6 +725,17 @@ fn failure(f: Failure, peer: &str, timeout: Duration) -> Error {
             peer: peer.to_owned(),
             reason: ReplyFailure::from_status(status),
         },
+        Failure::TooLarge { len, max } => Error::TooLarge { len, max },
+    }
+}
+
+/// `Err(NotConnected)` unless `peer` has an established connection now, as the IO thread
+/// last said (a snapshot: see [`SendOptions::connected_only`]).
+fn not_connected(peer: &PeerShared) -> Result<(), Error> {
+    if peer.state() == PeerState::Connected {
+        Ok(())
+    } else {
+        Err(Error::NotConnected(peer.name.to_string()))
     }
 }
 
@@ -617,7 +785,11 @@ impl PendingReply {
             Some(r) => Some(r),
             // Give the request up; a reply that landed in between is still ours.
             None if !self.peer.requests.forget(self.id) => self.slot.try_take(),
-            None => None,
+            None => {
+                // Given up: withdrawn if it has not left yet.
+                self.peer.note_withdrawal();
+                None
+            }
         };
         match outcome {
             Some(r) => r.map_err(|f| failure(f, &self.peer.name, timeout)),
@@ -628,8 +800,11 @@ impl PendingReply {
 
 impl Drop for PendingReply {
     fn drop(&mut self) {
-        // Answered or failed requests are already out of the table (a no-op then).
-        let _ = self.peer.requests.forget(self.id);
+        // Answered, failed or timed-out requests are already out of the table (a no-op
+        // then); one given up here is withdrawn if it has not left yet.
+        if self.peer.requests.forget(self.id) {
+            self.peer.note_withdrawal();
+        }
     }
 }
 
@@ -777,26 +952,35 @@ impl SendCore {
             Kind::Request(..) => wire::REQUEST_HEADER_BYTES,
         };
         let on_wire = len + id_bytes;
-        if on_wire > self.max_message {
+        // Ours, or the peer's once its handshake told it (kept while it is disconnected).
+        let max_message = self.max_message.min(peer.peer_max_message());
+        if on_wire > max_message {
             let e = Error::TooLarge {
                 len,
-                max: self.max_message - id_bytes.min(self.max_message),
+                max: max_message - id_bytes.min(max_message),
             };
             return Err(TrySendError::Failed(payload, e));
         }
         if self.stopped.load(Ordering::Acquire) {
             return Err(TrySendError::Failed(payload, Error::Closed));
         }
+        if opts.connected_only {
+            if let Err(e) = not_connected(peer) {
+                return Err(TrySendError::Failed(payload, e));
+            }
+        }
         let c = match kind {
             Kind::Request(_, room) => Outgoing::request_cost(len, room),
             Kind::Message => cost(len),
         };
         let window = peer.outbox.window();
+        let mut waited = false;
         let acquired = match wait {
             Wait::No => window.try_acquire(c),
             Wait::Forever | Wait::For(_) => match window.try_acquire(c) {
                 Err(AcquireError::Full) => {
                     self.warn_if_handler(peer);
+                    waited = true;
                     match wait {
                         Wait::For(d) => window.acquire_timeout(c, d),
                         _ => window.acquire(c),
@@ -824,6 +1008,13 @@ impl SendCore {
                 return Err(TrySendError::Failed(payload, e));
             }
         };
+        if waited && opts.connected_only {
+            // The connection may have dropped while the send waited for the window.
+            if let Err(e) = not_connected(peer) {
+                peer.outbox.give_back(Return::Refused, permit);
+                return Err(TrySendError::Failed(payload, e));
+            }
+        }
         let deadline = opts.ttl.map(|t| {
             peer.note_ttl();
             Instant::now() + t

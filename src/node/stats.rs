@@ -1,5 +1,5 @@
 //! Counters a user can read and check: per peer they add up
-//! (`accepted == sent + failed + queued`), and at quiescence `available == window`.
+//! (`accepted == sent + filtered + failed + queued`), and at quiescence `available == window`.
 
 use std::fmt;
 use std::time::Duration;
@@ -24,13 +24,18 @@ pub struct PeerStats {
     pub sent: u64,
     /// Their payload bytes.
     pub sent_bytes: u64,
-    /// Messages dropped by the outbound filter at publish time (permits returned, never
-    /// sent).
+    /// Messages dropped at publish time on the application's word (permits returned, never
+    /// sent, not reported to `on_undelivered`): refused by the outbound filter, or
+    /// [`withdrawn`](PeerStats::withdrawn).
     pub filtered: u64,
     /// Their payload bytes.
     pub filtered_bytes: u64,
+    /// ... of which requests withdrawn: given up by their requester (timed out, or the
+    /// `PendingReply` dropped) before they left, so never sent and never run by the peer.
+    pub withdrawn: u64,
     /// Messages that failed before publication (peer removed, node shut down, expired, too
-    /// large for the peer).
+    /// large for the peer, unreliable without a connection): each reported to
+    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered) (but replies).
     pub failed: u64,
     /// Their payload bytes.
     pub failed_bytes: u64,
@@ -406,6 +411,7 @@ mod tests {
             sent_bytes: 30,
             filtered: 0,
             filtered_bytes: 0,
+            withdrawn: 0,
             failed: 0,
             failed_bytes: 0,
             expired: 0,

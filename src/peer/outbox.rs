@@ -11,8 +11,10 @@
 //! |---|---|---|
 //! | outbox closed when the message arrived | `admit` | `Refused` |
 //! | the outbound filter dropped it at publish time | IO thread, `proto::Peer::publish` | `Filtered` |
-//! | its deadline passed while it was queued | IO thread, `Peer::publish` / `Peer::expire_queued` (tick) | `Expired` |
+//! | its deadline passed while it was queued | IO thread, `Peer::publish` / `Peer::sweep_queued` (tick) | `Expired` |
 //! | the peer cannot take a message that large | IO thread, `Peer::publish` | `Failed` |
+//! | a request its requester gave up (timed out, handle dropped) before it left | IO thread, `Peer::publish` / `Peer::sweep_queued` (tick) | `Withdrawn` |
+//! | a `connected_only` send whose peer disconnected while it waited for the window | `SendCore::enqueue_to` | `Refused` |
 //! | unreliable, for a disconnected peer of a journalling node | IO thread, `Peer::publish` | `Failed` |
 //! | the peer was removed / the node shut down with it queued | IO thread, `Peer::retire` | `Failed` |
 //! | published, then credited back by the receiver | IO thread, `Peer::on_ack` via [`Ledger::credit`] | `Credited` |
@@ -252,15 +254,19 @@ pub enum Return {
     /// The message failed before publication (peer removed, node shut down, too large for
     /// the peer).
     Failed = 3,
-    /// The outbox was already closed when the message arrived.
+    /// The outbox was already closed when the message arrived (or a `connected_only` send
+    /// found its peer disconnected once it had its permits).
     Refused = 4,
     /// Published, but its credit can never come back (the peer restarted or was removed).
     Retired = 5,
     /// An unreliable message a broken connection swallowed (found at the next handshake).
     Lost = 6,
+    /// A request its requester gave up (timed out, or its handle dropped) before it left
+    /// the queue: withdrawn, never sent.
+    Withdrawn = 7,
 }
 
-const RETURNS: usize = 7;
+const RETURNS: usize = 8;
 
 #[derive(Debug, Default)]
 struct Queue {

@@ -30,6 +30,14 @@ pub enum Failure {
     TimedOut,
     /// The peer answered that it cannot reply, and why.
     Refused(ReplyStatus),
+    /// The request (`len` bytes of payload) is larger than the peer accepts (`max` bytes
+    /// of payload), as learnt from its handshake after the request was queued: never sent.
+    TooLarge {
+        /// The request's payload length.
+        len: usize,
+        /// The largest request payload the peer accepts.
+        max: usize,
+    },
 }
 
 /// Where one request's reply lands.
@@ -162,6 +170,27 @@ impl Requests {
             self.room.notify_one();
         }
         waiting
+    }
+
+    /// Whether request `id` still waits for its reply: `false` once it was answered, failed
+    /// or given up (timed out, its handle dropped). The IO thread withdraws a queued
+    /// request that no longer waits instead of sending it.
+    pub fn is_waiting(&self, id: u64) -> bool {
+        self.table.lock().slots.contains_key(&id)
+    }
+
+    /// Fails request `id` with `why` now (the IO thread found it cannot be sent). `false`
+    /// if it no longer waited.
+    pub fn fail(&self, id: u64, why: Failure) -> bool {
+        let slot = self.table.lock().slots.remove(&id);
+        match slot {
+            Some(w) => {
+                self.room.notify_one();
+                w.slot.fill(Err(why));
+                true
+            }
+            None => false,
+        }
     }
 
     /// The IO thread published request `id`: from now on only the incarnation it went to
@@ -310,5 +339,19 @@ mod tests {
         assert_eq!(sb.try_take(), Some(Err(Failure::Closed)));
         assert_eq!(sc.try_take(), Some(Err(Failure::Closed)));
         assert_eq!(r.register(None).map(|_| ()), Err(Failure::Closed));
+    }
+
+    #[test]
+    fn a_request_failed_by_the_io_thread_no_longer_waits() {
+        let r = Requests::new(4);
+        let (a, sa) = r.register(None).expect("room");
+        let (b, _sb) = r.register(None).expect("room");
+        assert!(r.is_waiting(a) && r.is_waiting(b));
+        let why = Failure::TooLarge { len: 10, max: 5 };
+        assert!(r.fail(a, why));
+        assert_eq!(sa.try_take(), Some(Err(why)));
+        assert!(!r.is_waiting(a) && !r.fail(a, why), "failed once");
+        assert!(r.forget(b));
+        assert!(!r.is_waiting(b), "given up: withdrawn if still queued");
     }
 }
