@@ -517,7 +517,7 @@ impl IoThread {
     }
 
     fn handle_requests(&mut self, now: Instant) {
-        let commands = std::mem::take(&mut *self.shared.commands.lock());
+        let commands = self.shared.commands.take();
         for c in commands {
             self.command(now, c);
         }
@@ -588,6 +588,15 @@ impl IoThread {
         // The writer appends and syncs what it was handed, then gives the journal back: the
         // node records the pool's last progress in it once the pool has drained.
         let journal = self.writer.take().and_then(JournalWriter::stop);
+        // Stopping syncs everything handed over, unless the journal failed: the syncs
+        // still waiting are done, or will never be.
+        for (_, done) in self.syncs.drain(..) {
+            if journal.is_some() {
+                done.complete();
+            } else {
+                done.abandon();
+            }
+        }
         if let (Some(journal), Some(peers)) = (journal, peers) {
             *self.shared.journal_left.lock() = Some(JournalLeft::new(journal, peers));
         }
