@@ -57,6 +57,7 @@ impl Slot {
     }
 
     /// The outcome if there is one now, taken.
+    #[cfg(any(test, feature = "unstable-internals"))]
     pub fn try_take(&self) -> Option<Result<Bytes, Failure>> {
         self.state.lock().take()
     }
