@@ -218,6 +218,47 @@ impl Handoff {
     }
 }
 
+/// The IO thread's side of its spin ([`Handoff::spin_begin`] to [`Handoff::spin_end`]):
+/// before each poll it says whether it means to spin, and learns whether that poll must not
+/// block. Used by the IO thread's idle strategy (`Spin` in `net/io.rs`) and by the loom
+/// models' IO thread, so both run this code.
+#[derive(Debug, Default)]
+pub struct SpinGate {
+    /// The doorbell knows we spin.
+    spinning: bool,
+}
+
+impl SpinGate {
+    /// Not spinning.
+    pub fn new() -> SpinGate {
+        SpinGate::default()
+    }
+
+    /// Before a poll: `spin` says whether the IO thread spins now (polls without blocking).
+    /// Returns whether the poll must not block: it spins, or it has just stopped and a
+    /// request came in meanwhile without a wake-up call (its next
+    /// [`take_wake`](Handoff::take_wake) finds it pending).
+    pub fn before_poll(&mut self, handoff: &Handoff, spin: bool) -> bool {
+        if spin {
+            if !self.spinning {
+                handoff.spin_begin();
+                self.spinning = true;
+            }
+            true
+        } else if self.spinning {
+            self.spinning = false;
+            handoff.spin_end()
+        } else {
+            false
+        }
+    }
+
+    /// Whether the doorbell was told the IO thread spins.
+    pub fn is_spinning(&self) -> bool {
+        self.spinning
+    }
+}
+
 /// The commands other threads hand the IO thread (`net::Command`: add or remove a peer, a
 /// barrier, a journal sync, shutdown), in order. The IO thread takes them after a wake-up
 /// ([`take`](Commands::take)) and, as it stops, closes the queue ([`close`](Commands::close)):

@@ -24,6 +24,7 @@ use super::{
 };
 use crate::deliver::{Pool, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
+use crate::handoff::SpinGate;
 use crate::journal::{JournalWriter, WriterMarks};
 use crate::node::IdleStrategy;
 use crate::proto::{Endpoint, Event, Fact, JournalLeft, LinkId, NodeCounters, Verdict};
@@ -87,8 +88,8 @@ struct Spin {
     adaptive: bool,
     /// Spin until then (the last active turn plus `spin`).
     until: Option<Instant>,
-    /// The doorbell knows we spin.
-    spinning: bool,
+    /// Tells the doorbell when we spin.
+    gate: SpinGate,
     /// Adaptive: the current measurement window's start, and the time the thread spent
     /// waiting in it (in `poll`, or yielding).
     window: Instant,
@@ -114,7 +115,7 @@ impl Spin {
             spin,
             adaptive,
             until: None,
-            spinning: false,
+            gate: SpinGate::new(),
             window: now,
             waited: Duration::ZERO,
             allowed: true,
@@ -173,29 +174,17 @@ impl Spin {
     }
 
     fn is_spinning(&self) -> bool {
-        self.spinning
+        self.gate.is_spinning()
     }
 
     /// Whether the next poll should not block: within the spin, or a request came in as
     /// the spin ended (the doorbell did not ring for it).
     fn keep(&mut self, now: Instant, handoff: &crate::handoff::Handoff) -> bool {
-        match self.until {
-            Some(until) if now < until => {
-                if !self.spinning {
-                    handoff.spin_begin();
-                    self.spinning = true;
-                }
-                true
-            }
-            _ => {
-                self.until = None;
-                if self.spinning {
-                    self.spinning = false;
-                    return handoff.spin_end();
-                }
-                false
-            }
+        let spin = self.until.is_some_and(|until| now < until);
+        if !spin {
+            self.until = None;
         }
+        self.gate.before_poll(handoff, spin)
     }
 }
 
