@@ -105,6 +105,14 @@ pub mod internals {
     /// The delivery side: sender queues, OOB queues, the pool, progress.
     pub mod deliver {
         pub use crate::deliver::*;
+
+        /// A pool without workers and the [`Inbox`] that runs its tasks, as
+        /// `Builder::start_with_inbox` makes them (without a node: the deliveries carry no
+        /// send handle); `budget` is the delivery batch.
+        pub fn inbox(budget: usize) -> std::io::Result<(crate::sync::Arc<Pool>, Inbox)> {
+            let pool = crate::sync::Arc::new(Pool::without_workers(budget, None)?);
+            Ok((pool.clone(), Inbox::new(pool)))
+        }
     }
     /// Membership events and their queue.
     pub mod events {
