@@ -72,10 +72,17 @@ fn model(count: u8, budget: usize, stop_early: bool) {
         stopper.join().unwrap();
     }
     let expected: Vec<u8> = (0..count).collect();
-    assert_eq!(got[..], expected[..got.len()], "in order, each once: {got:?}");
+    assert_eq!(
+        got[..],
+        expected[..got.len()],
+        "in order, each once: {got:?}"
+    );
     let left = usize::from(count) - got.len();
     if refused == 0 {
-        assert_eq!(left, 0, "messages stranded though every task was taken: {got:?}");
+        assert_eq!(
+            left, 0,
+            "messages stranded though every task was taken: {got:?}"
+        );
     } else {
         assert_eq!(
             queue.queued(),

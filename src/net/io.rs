@@ -434,21 +434,11 @@ impl IoThread {
                         }
                     }
                 }
-                Event::Admitted(shared) => {
-                    self.peers_map.write().insert(shared.name.clone(), shared);
-                }
+                Event::Admitted(shared) => crate::peer::admit(&self.peers_map, shared),
                 Event::JournalFailed => {}
                 Event::Fact(fact) => self.tell(fact),
                 Event::Forget(shared) => {
-                    let mut map = self.peers_map.write();
-                    // Only the state the endpoint retired: a member added again under the
-                    // name since is another.
-                    if map
-                        .get(&shared.name)
-                        .is_some_and(|p| Arc::ptr_eq(p, &shared))
-                    {
-                        map.remove(&shared.name);
-                    }
+                    crate::peer::forget(&self.peers_map, &shared);
                 }
             }
             self.submit_tasks();

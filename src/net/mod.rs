@@ -6,7 +6,6 @@
 mod conn;
 mod io;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -21,8 +20,7 @@ use crate::journal::{Journal, Recovered};
 use crate::peer::PeerShared;
 use crate::proto::{JournalLeft, NodeCounters, Unacked};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use crate::sync::{Arc, Mutex, RwLock, SharedStr};
-use crate::util::NameHash;
+use crate::sync::{Arc, Mutex, SharedStr};
 
 /// Token of the listener.
 pub(crate) const LISTENER: mio::Token = mio::Token(0);
@@ -78,7 +76,7 @@ impl Abandon for Command {
 
 /// The peers a node knows, by name; shared by the node handle (send path) and the IO thread
 /// (which adds members that dial in when unknown members are allowed).
-pub(crate) type PeerMap = Arc<RwLock<HashMap<SharedStr, Arc<PeerShared>, NameHash>>>;
+pub(crate) type PeerMap = Arc<crate::peer::Peers>;
 
 /// What the application receives about messages that will never be delivered.
 pub(crate) type UndeliveredHook = Arc<dyn Fn(&str, Vec<Unacked>) + Send + Sync>;
