@@ -16,11 +16,16 @@
 //! | `sender_queue.rs` | `deliver::SenderQueue`, with a plain and a journalling sink |
 //! | `oob_queue.rs` | `deliver::OobQueue` |
 //! | `pool.rs` | `deliver::TaskQueue`, `deliver::Pool` |
-//! | `handoff.rs` | `handoff::{Handoff, Scheduled}`, `peer::Outbox` |
+//! | `handoff.rs` | `handoff::{Handoff, Scheduled, SpinGate}`, `peer::Outbox` |
 //! | `recv_credit.rs` | `flow::RecvCredit`, `deliver::PeerCreditSink`, `handoff::Handoff` |
 //! | `progress.rs` | `deliver::Progress` |
 //! | `window.rs` | `flow::SendWindow` |
 //! | `writer.rs` | `peer::{Outbox, Ledger}`, `flow::SendWindow` |
+//! | `commands.rs` | `handoff::{Commands, Completion}` |
+//! | `requests.rs` | `peer::Requests` |
+//! | `journal_writer.rs` | `journal::JournalWriter` (on a model `Store`) |
+//! | `inbox.rs` | `deliver::{Inbox, Pool, SenderQueue}` |
+//! | `peer_map.rs` | `peer::{admit, forget}` (through `internals::peer::Map`), `peer::Outbox` |
 //!
 //! Shared here: `model` (runs a model and prints its iteration count), and the IO thread
 //! as the hand-off models see it — `ModelWaker` (its waker and poll), `io_loop` and
