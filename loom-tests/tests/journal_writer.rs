@@ -15,7 +15,9 @@
 //! - the IO thread is woken after every step that moves a mark: it waits for the marks it
 //!   needs only through the wake-up (a mark moved without one leaves it waiting for ever,
 //!   which loom reports as a deadlock), and a sync asked for is done;
-//! - the stop hands the store back with everything appended and synced.
+//! - the stop hands the store back with everything appended and synced;
+//! - a failed append sets `failed` (the batch never marked) and wakes the IO thread; the
+//!   stop then hands nothing back.
 #![cfg(loom)]
 
 use std::time::{Duration, Instant};
@@ -34,10 +36,12 @@ struct Written {
     synced: u64,
 }
 
-/// The journal's stand-in: batch `n` is one record with sequence number `n`.
+/// The journal's stand-in: batch `n` is one record with sequence number `n`. With
+/// `fail_at`, appending that batch fails (a full disk).
 struct ModelStore {
     policy: FsyncPolicy,
     written: Arc<Mutex<Written>>,
+    fail_at: Option<u64>,
 }
 
 impl Store for ModelStore {
@@ -51,6 +55,12 @@ impl Store for ModelStore {
                 panic!("the model hands over messages only");
             };
             assert_eq!(*seq, w.appended + 1, "batches appended in order, once");
+            if self.fail_at == Some(*seq) {
+                return Err(JournalError::Io {
+                    path: "model".into(),
+                    source: std::io::Error::other("disk full"),
+                });
+            }
             w.appended = *seq;
         }
         if self.policy == FsyncPolicy::EveryBatch {
@@ -105,7 +115,6 @@ fn batch(n: u64) -> Vec<Record> {
 fn checked(writer: &JournalWriter<ModelStore>, written: &Mutex<Written>) -> WriterMarks {
     let m = writer.marks();
     let w = written.lock().unwrap();
-    assert!(!m.failed);
     assert!(
         m.appended <= w.appended,
         "mark {m:?} published before its batch was written ({:?})",
@@ -129,6 +138,7 @@ fn model(policy: FsyncPolicy, batches: u64, sync: bool) {
     let store = ModelStore {
         policy,
         written: written.clone(),
+        fail_at: None,
     };
     let w = wake.clone();
     let writer = JournalWriter::start(
@@ -150,6 +160,7 @@ fn model(policy: FsyncPolicy, batches: u64, sync: bool) {
     let synced_wanted = sync || policy == FsyncPolicy::EveryBatch;
     loop {
         let m = checked(&writer, &written);
+        assert!(!m.failed);
         if m.appended == batches && (!synced_wanted || m.synced == batches) {
             break;
         }
@@ -187,4 +198,47 @@ fn never_one_batch_synced_by_the_stop() {
     loom_tests::model("journal_writer/never_one_batch_synced_by_the_stop", || {
         model(FsyncPolicy::Never, 1, false);
     });
+}
+
+/// The second of two batches fails to append: the writer sets `failed` and wakes the IO
+/// thread, which sees it through the wake-up alone; the first batch's mark is never taken
+/// for the second's, and the stop hands nothing back.
+#[test]
+fn a_failed_append_is_reported_by_a_wake_up() {
+    loom_tests::model(
+        "journal_writer/a_failed_append_is_reported_by_a_wake_up",
+        || {
+            let written = Arc::new(Mutex::new(Written::default()));
+            let wake = Arc::new(Wake::default());
+            let store = ModelStore {
+                policy: FsyncPolicy::Never,
+                written: written.clone(),
+                fail_at: Some(2),
+            };
+            let w = wake.clone();
+            let writer = JournalWriter::start(
+                "model",
+                store,
+                Box::new(move || {
+                    *w.woken.lock().unwrap() = true;
+                    w.cv.notify_one();
+                }),
+            )
+            .expect("start");
+            writer.submit(1, batch(1));
+            writer.submit(2, batch(2));
+            loop {
+                let m = checked(&writer, &written);
+                assert!(m.appended < 2, "the failed batch marked appended: {m:?}");
+                if m.failed {
+                    break;
+                }
+                wake.wait();
+            }
+            assert!(
+                writer.stop().is_none(),
+                "a failed writer hands nothing back"
+            );
+        },
+    );
 }
