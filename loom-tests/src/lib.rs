@@ -173,24 +173,31 @@ pub fn io_loop(
 
 /// The IO thread's loop with its spin, reduced to its requests: before each poll the
 /// shipping [`SpinGate::before_poll`](cohort::internals::handoff::SpinGate::before_poll)
-/// (as `Spin::keep` calls it) is told whether the thread spins — for the first `spins`
-/// polls, then no more — and says whether the poll must not block; then the poll (the
-/// model's: [`ModelWaker::poll_now`] or [`ModelWaker::poll`]); then a turn if
+/// (as `Spin::keep` calls it) is told whether the thread spins and says whether the poll
+/// must not block; then the poll (the model's: [`ModelWaker::poll_now`] or
+/// [`ModelWaker::poll`]); then a turn if
 /// [`take_wake`](cohort::internals::handoff::Handoff::take_wake) finds a wake-up pending.
+/// The thread spins for `episodes` episodes of one poll each, as the IO thread does: the
+/// first before its first poll, each later one after a turn that found work (`Spin::active`).
 /// Ends when a blocking poll finds the waker stopped. Returns how many turns ran.
 #[cfg(loom)]
 pub fn io_loop_spinning(
     handoff: &cohort::internals::handoff::Handoff,
     waker: &ModelWaker,
-    mut spins: usize,
+    mut episodes: usize,
     mut turn: impl FnMut(),
 ) -> usize {
     let mut gate = cohort::internals::handoff::SpinGate::new();
     let mut turns = 0;
+    // Whether the IO thread would spin now: at the start, and after a turn with work.
+    let mut active = true;
     loop {
-        let spin = spins > 0;
-        spins = spins.saturating_sub(1);
         let was_spinning = gate.is_spinning();
+        // One poll per episode: an episode in progress ends at the next poll.
+        let spin = !was_spinning && active && episodes > 0;
+        if spin {
+            episodes -= 1;
+        }
         let nonblocking = gate.before_poll(handoff, spin);
         if nonblocking {
             waker.poll_now();
@@ -202,6 +209,7 @@ pub fn io_loop_spinning(
             // `spin_end` reported a request, and only this thread clears the pending bit.
             assert!(woken, "spin_end saw a request take_wake missed");
         }
+        active = woken;
         if woken {
             turns += 1;
             turn();

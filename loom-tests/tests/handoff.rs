@@ -195,7 +195,8 @@ fn two_peers_share_the_wake_up() {
     });
 }
 
-/// Two senders to one peer while the IO thread spins for two polls before it blocks: a send whose
+/// Two senders to one peer while the IO thread spins twice (at the start, and after a turn
+/// with work): a send whose
 /// doorbell finds it spinning makes no wake-up call and is taken by a spin round, or by the
 /// turn `spin_end` asks for; one that comes after the spin wakes it.
 #[test]
@@ -205,7 +206,7 @@ fn spinning_two_senders_one_peer() {
     });
 }
 
-/// Two senders to their own peers while the IO thread spins for one poll.
+/// Two senders to their own peers while the IO thread spins once.
 #[test]
 fn spinning_two_peers() {
     loom_tests::model("handoff/spinning_two_peers", || {
