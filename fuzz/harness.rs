@@ -6,7 +6,7 @@
 //!   does (`wire::split_frame` against the handshake or the data bound, one frame at a
 //!   time), each checked against `decode`.
 //! - [`handshake`]: arbitrary frames fed to an acceptor or a dialler, `accept` / `refuse`
-//!   with arbitrary counts after `Identified`, `keep_new` on an arbitrary tie-break; or a
+//!   with arbitrary counts after `Identified`, `resolve` on an arbitrary tie-break; or a
 //!   complete acceptor ↔ dialler exchange between two arbitrary identities, checked against
 //!   a model of the identity checks.
 //!
@@ -19,7 +19,7 @@ use std::cell::Cell;
 
 use bytes::BytesMut;
 use cohort::internals::proto::{
-    keep_new, Handshake, HsEvent, LocalIdentity, Role, Secret, TieBreak,
+    resolve, Handshake, HsEvent, LocalIdentity, Resolution, Role, Secret, TieBreak,
 };
 use cohort::internals::wire::{self, CloseCode, Frame, WireError};
 
@@ -345,10 +345,16 @@ fn tie_break(b: &mut Bytes<'_>) -> TieBreak {
     }
 }
 
-/// `keep_new` never panics, and for two dials in flight at once (neither side has an
-/// established `old`) both members reach the same answer.
-fn check_keep_new(t: TieBreak) {
-    let here = keep_new(t);
+/// `resolve` never panics; for two dials in flight at once (neither side has an established
+/// `old`) both members reach the same answer; only an established `old` of another
+/// incarnation refuses the new one for its name.
+fn check_resolve(t: TieBreak) {
+    let here = resolve(t);
+    assert_eq!(
+        here == Resolution::NameInUse,
+        t.stale && t.old_established,
+        "{t:?}"
+    );
     if !t.old_established {
         let there = TieBreak {
             new_by_us: !t.new_by_us,
@@ -356,7 +362,7 @@ fn check_keep_new(t: TieBreak) {
             we_are_smaller: !t.we_are_smaller,
             ..t
         };
-        assert_eq!(here, keep_new(there), "members disagree on {t:?}");
+        assert_eq!(here, resolve(there), "members disagree on {t:?}");
     }
 }
 
@@ -386,7 +392,7 @@ fn feed(hs: &mut Handshake, f: &Frame<'_>) -> Result<HsEvent, cohort::internals:
 pub(crate) fn handshake(data: &[u8]) {
     let mut b = Bytes(data);
     let mode = b.u8();
-    check_keep_new(tie_break(&mut b));
+    check_resolve(tie_break(&mut b));
     if mode & 2 == 0 {
         feed_frames(mode & 1 == 0, &mut b);
     } else {

@@ -215,6 +215,12 @@ pub enum RefuseReason {
     /// The handshake named another member than the one dialled, or (TLS) the certificate
     /// is not valid for the member name claimed.
     NameMismatch,
+    /// Another live process holds the member name: the refusing side has an established
+    /// connection with another incarnation (launch id) of that name, or the refused
+    /// incarnation was already replaced there by a newer one. Two processes were started
+    /// with one name (or an old one is still running); the refused one retries, and gets in
+    /// once the other is gone.
+    NameInUse,
 }
 
 impl fmt::Display for RefuseReason {
@@ -225,6 +231,7 @@ impl fmt::Display for RefuseReason {
             RefuseReason::Version => "protocol version mismatch",
             RefuseReason::Auth => "authentication failed",
             RefuseReason::NameMismatch => "member name mismatch",
+            RefuseReason::NameInUse => "member name in use by another live process",
         })
     }
 }

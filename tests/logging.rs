@@ -133,3 +133,48 @@ fn listen_address_given_does_not_warn() {
     );
     node.shutdown(SHUTDOWN).expect("shutdown");
 }
+
+/// A second process claiming a live member's name is refused at every attempt, but the
+/// error naming both processes is logged once on each side (its repeats go to `debug`).
+#[test]
+fn a_name_conflict_is_logged_once_per_claimant_on_each_side() {
+    capture_logs();
+    let hub = Node::builder("log-hub")
+        .cluster("t-logging-twins")
+        .listen("127.0.0.1:0")
+        .allow_unknown_members(true)
+        .start()
+        .expect("hub starts");
+    let twin = |_| {
+        Node::builder("log-twin")
+            .cluster("t-logging-twins")
+            .peer("log-hub", hub.local_addr())
+            .reconnect_backoff(
+                std::time::Duration::from_millis(5),
+                std::time::Duration::from_millis(50),
+            )
+            .start()
+            .expect("twin starts")
+    };
+    let first = twin(0);
+    wait_until("the first twin connected", PATIENCE, || {
+        is_connected(&first, "log-hub")
+    });
+    let second = twin(1);
+    wait_until("three refusals of the second twin", PATIENCE, || {
+        hub.stats().connections.name_conflicts >= 3
+    });
+    let hub_errors = logged(log::Level::Error, "log-hub");
+    assert_eq!(hub_errors.len(), 1, "{hub_errors:?}");
+    assert!(
+        hub_errors[0].contains("refusing 'log-twin' from 127.0.0.1:")
+            && hub_errors[0].contains("another process holds the name at 127.0.0.1:"),
+        "{hub_errors:?}"
+    );
+    let twin_errors = logged(log::Level::Error, "log-twin");
+    assert_eq!(twin_errors.len(), 1, "{twin_errors:?}");
+    assert!(twin_errors[0].contains("refuses us"), "{twin_errors:?}");
+    assert!(second.stats().connections.name_conflicts >= 1);
+    assert!(is_connected(&first, "log-hub"));
+    shutdown_all(&[second, first, hub]);
+}

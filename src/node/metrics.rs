@@ -87,6 +87,7 @@ pub(super) const NODE_COUNTERS: &[NodeCounter] = &[
     ("cohort_dial_failures_total", Unit::Count, "Dials that failed to connect.", |s| Some(s.connections.dial_failures)),
     ("cohort_handshakes_total", Unit::Count, "Handshakes completed.", |s| Some(s.connections.handshakes)),
     ("cohort_handshakes_refused_total", Unit::Count, "Handshakes refused, all reasons, by either side.", |s| Some(s.connections.refused)),
+    ("cohort_name_conflicts_total", Unit::Count, "Handshakes refused because another live process claims the same member name.", |s| Some(s.connections.name_conflicts)),
     ("cohort_auth_failures_total", Unit::Count, "Handshakes refused for failed authentication.", |s| Some(s.connections.auth_failures)),
     ("cohort_handshake_timeouts_total", Unit::Count, "Handshakes that did not complete in time.", |s| Some(s.connections.handshake_timeouts)),
     ("cohort_connections_shed_total", Unit::Count, "Accepted connections dropped by the connection limits (refused or displaced).", |s| Some(s.connections.refused_limit + s.connections.displaced)),

@@ -720,6 +720,7 @@ impl StatsSources {
                 refused_cluster: g(&c.refused_cluster),
                 refused_unknown: g(&c.refused_unknown),
                 refused_version: g(&c.refused_version),
+                name_conflicts: g(&c.name_conflicts),
                 auth_failures: g(&c.auth_failures),
                 handshake_timeouts: g(&c.handshake_timeouts),
                 tie_breaks: g(&c.tie_breaks),

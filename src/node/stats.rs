@@ -140,6 +140,10 @@ pub struct ConnStats {
     pub refused_unknown: u64,
     /// ... of which for a protocol version mismatch.
     pub refused_version: u64,
+    /// ... of which because another live process claims the same member name (see
+    /// [`RefuseReason::NameInUse`](crate::RefuseReason::NameInUse)): on the side holding
+    /// the name, each second process refused; on that process, each refusal it received.
+    pub name_conflicts: u64,
     /// ... of which for failed authentication (`Builder::secret`): no secret, another
     /// secret, a replayed or altered handshake, or a secret the peer has and we lack.
     pub auth_failures: u64,
@@ -309,7 +313,7 @@ impl fmt::Display for Stats {
         let c = &self.connections;
         write!(
             f,
-            "connections: {} open, {} established, {} pending, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} auth), {} shed by limits ({} per source, {} displaced), {} handshake timeouts ({} under pressure), {} idle timeouts, {} tie-breaks, {} protocol errors ({} past the window), {} read pauses, {} TLS failures",
+            "connections: {} open, {} established, {} pending, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} name in use, {} auth), {} shed by limits ({} per source, {} displaced), {} handshake timeouts ({} under pressure), {} idle timeouts, {} tie-breaks, {} protocol errors ({} past the window), {} read pauses, {} TLS failures",
             c.open,
             c.established,
             c.pending,
@@ -321,6 +325,7 @@ impl fmt::Display for Stats {
             c.refused_cluster,
             c.refused_unknown,
             c.refused_version,
+            c.name_conflicts,
             c.auth_failures,
             c.refused_limit + c.displaced,
             c.refused_per_source,

@@ -17,7 +17,9 @@ use super::admission::{self, Admission, Shedding, Verdict};
 use super::link::{Link, LinkId};
 use super::peer::{Inflow, Peer, Unestablished};
 use super::timer::{Backoff, TimerKind, Timers};
-use super::{keep_new, Handshake, HsEvent, LocalIdentity, PeerIdentity, RecoveryError, TieBreak};
+use super::{
+    resolve, Handshake, HsEvent, LocalIdentity, PeerIdentity, RecoveryError, Resolution, TieBreak,
+};
 use crate::deliver::Task;
 use crate::events::{DisconnectReason as Why, RefuseReason};
 use crate::journal::{FsyncPolicy, Journal, JournalError, Record, RecoveredPeer, WriterMarks};
@@ -87,6 +89,7 @@ pub(crate) struct NodeCounters {
     pub(crate) refused_cluster: AtomicU64,
     pub(crate) refused_unknown: AtomicU64,
     pub(crate) refused_version: AtomicU64,
+    pub(crate) name_conflicts: AtomicU64,
     pub(crate) auth_failures: AtomicU64,
     pub(crate) handshake_timeouts: AtomicU64,
     pub(crate) tie_breaks: AtomicU64,
@@ -194,8 +197,19 @@ fn refusal(code: CloseCode) -> Option<RefuseReason> {
         CloseCode::Version => Some(RefuseReason::Version),
         CloseCode::Auth => Some(RefuseReason::Auth),
         CloseCode::NameMismatch => Some(RefuseReason::NameMismatch),
+        CloseCode::NameInUse => Some(RefuseReason::NameInUse),
         _ => None,
     }
+}
+
+/// The process that holds a member's name against a newcomer claiming it.
+struct NameHolder {
+    /// Its incarnation.
+    launch: u64,
+    /// Where it is connected from (or was, for one that replaced the newcomer).
+    addr: Option<SocketAddr>,
+    /// Its established link, if the name is held by a live connection.
+    link: Option<LinkId>,
 }
 
 /// A numbered batch of journal records, for the journal's writer.
@@ -1305,6 +1319,7 @@ impl Endpoint {
             CloseCode::Cluster => Counters::add(&self.counters.refused_cluster, 1),
             CloseCode::UnknownMember => Counters::add(&self.counters.refused_unknown, 1),
             CloseCode::Version => Counters::add(&self.counters.refused_version, 1),
+            CloseCode::NameInUse => Counters::add(&self.counters.name_conflicts, 1),
             CloseCode::Auth => Counters::add(&self.counters.auth_failures, 1),
             _ => {}
         }
@@ -1376,6 +1391,32 @@ impl Endpoint {
                         // The peer kept the other of two simultaneous connections.
                         log::debug!("{}: {e}", self.cfg.name);
                         self.close_link(now, id, None, Why::Replaced);
+                    } else if e.by_peer && e.code == CloseCode::NameInUse {
+                        // A process of our name (another launch) is connected there, or
+                        // replaced us: this one retries with backoff, and gets in once the
+                        // other is gone.
+                        let addr = link.remote;
+                        let ours = self.cfg.launch_id;
+                        // Once per episode at `error` (until the peer takes a connection).
+                        let first = link
+                            .dialled
+                            .or(link.peer)
+                            .and_then(|p| self.peers.get_mut(&p))
+                            .is_none_or(|p| p.last_conflict.replace(ours) != Some(ours));
+                        let line = format!(
+                            "{}: {} refuses us: another process with our member name is connected there, or replaced us (launch id here {ours:016x}); check that only one process runs as '{}'. Retrying with backoff",
+                            self.cfg.name,
+                            addr.map_or_else(|| "the peer".to_string(), |a| a.to_string()),
+                            self.cfg.name
+                        );
+                        if first {
+                            log::error!("{line}");
+                        } else {
+                            log::debug!("{line}");
+                        }
+                        self.count_refusal(e.code);
+                        self.refused(id, e.code, true);
+                        self.close_link(now, id, None, Why::PeerClosed);
                     } else if e.by_peer {
                         log::warn!("{}: {e}", self.cfg.name);
                         self.count_refusal(e.code);
@@ -1510,6 +1551,14 @@ impl Endpoint {
         if self.closed_to(p) {
             return self.refuse(now, id, CloseCode::Shutdown, "member closed");
         }
+        // Another process holds the name: no counts for this one (zeros would tell it that
+        // we lost our state for it).
+        if let Some(holder) = self.name_holder(pid, id, peer.launch_id) {
+            return self.refuse_name_in_use(now, id, pid, peer, holder);
+        }
+        let Some(p) = self.peers.get(&pid) else {
+            return;
+        };
         let (received, connections, unreliable) = p.counts_for(peer.launch_id);
         let Some(link) = self.links.get_mut(&id) else {
             return;
@@ -1543,6 +1592,91 @@ impl Endpoint {
         }
     }
 
+    /// Whether another process holds peer `pid`'s name against link `id`, whose handshake
+    /// claims incarnation `launch`: an established link of another incarnation speaks for
+    /// the peer (that process is alive as far as we can tell), or `launch` was replaced here
+    /// by a newer incarnation (whatever process has it is not the one the name belongs to).
+    fn name_holder(&self, pid: usize, id: LinkId, launch: u64) -> Option<NameHolder> {
+        let p = self.peers.get(&pid)?;
+        let live = p
+            .link
+            .filter(|&o| o != id)
+            .and_then(|o| self.links.get(&o))
+            .filter(|l| l.established && l.launch.is_some_and(|l| l != launch));
+        if let Some(l) = live {
+            return Some(NameHolder {
+                launch: l.launch.unwrap_or_default(),
+                addr: l.remote,
+                link: Some(l.id),
+            });
+        }
+        if p.was_replaced(launch) {
+            let current = p.link.and_then(|o| self.links.get(&o));
+            return Some(NameHolder {
+                launch: p.desc.remote_launch().unwrap_or_default(),
+                addr: current.and_then(|l| l.remote),
+                link: None,
+            });
+        }
+        None
+    }
+
+    /// Refuses link `id`, whose handshake claims peer `pid`'s name as incarnation `peer`,
+    /// because `holder` has the name: `Close{NameInUse}`, a `Refused` fact, the counter,
+    /// and an error naming both processes (once per claimant; repeats at `debug`). The
+    /// holder's link is sent a heartbeat at once: if its process is in fact gone (a
+    /// half-open connection), the write brings the reset that closes it, and the
+    /// claimant's next attempt gets in.
+    fn refuse_name_in_use(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        pid: usize,
+        peer: &PeerIdentity,
+        holder: NameHolder,
+    ) {
+        let addr = self.links.get(&id).and_then(|l| l.remote);
+        let show = |a: Option<SocketAddr>| a.map_or_else(|| "?".to_string(), |a| a.to_string());
+        let first = match self.peers.get_mut(&pid) {
+            Some(p) => p.last_conflict.replace(peer.launch_id) != Some(peer.launch_id),
+            None => true,
+        };
+        let why = if holder.link.is_some() {
+            "it is connected from there"
+        } else {
+            "it replaced that process here"
+        };
+        let line = format!(
+            "{}: refusing '{}' from {} (launch id {:016x}): another process holds the name at {} (launch id {:016x}; {why}). Two processes run with one member name, or an old one is still running; the refused one retries, and gets in once the other is gone",
+            self.cfg.name,
+            peer.name,
+            show(addr),
+            peer.launch_id,
+            show(holder.addr),
+            holder.launch,
+        );
+        if first {
+            log::error!("{line}");
+        } else {
+            log::debug!("{line}");
+        }
+        if let Some(link) = holder.link.and_then(|o| self.links.get_mut(&o)) {
+            wire::encode_heartbeat(&mut link.wbuf);
+            self.dirty.push(link.id);
+        }
+        self.count_refusal(CloseCode::NameInUse);
+        self.refused(id, CloseCode::NameInUse, false);
+        self.close_link(
+            now,
+            id,
+            Some((
+                CloseCode::NameInUse,
+                "another process holds this member name",
+            )),
+            Why::ProtocolError,
+        );
+    }
+
     /// Makes link `id` the one that speaks for peer `pid`, identified (and, with a secret,
     /// authenticated) as `peer`: refuses it if the peer is gone or closing, applies the
     /// tie-break against another link for the peer, binds the incarnation. Returns our
@@ -1565,11 +1699,16 @@ impl Endpoint {
             self.refuse(now, id, CloseCode::Shutdown, "member closed");
             return None;
         }
+        if let Some(holder) = self.name_holder(pid, id, peer.launch_id) {
+            self.refuse_name_in_use(now, id, pid, peer, holder);
+            return None;
+        }
+        let p = self.peers.get(&pid)?;
         // Tie-break against the link that speaks for this peer now, if another.
         if let Some(other) = p.link.filter(|&o| o != id) {
             if let Some(ol) = self.links.get(&other) {
                 let stale = matches!(ol.launch, Some(l) if l != peer.launch_id);
-                let keep_new = keep_new(TieBreak {
+                let resolution = resolve(TieBreak {
                     stale,
                     new_by_us: !accepting,
                     old_by_us: ol.dialled.is_some(),
@@ -1579,7 +1718,17 @@ impl Endpoint {
                     peer_connections,
                 });
                 Counters::add(&self.counters.tie_breaks, 1);
-                if keep_new {
+                if resolution == Resolution::NameInUse {
+                    // (`name_holder` finds such a link first.)
+                    let holder = NameHolder {
+                        launch: ol.launch.unwrap_or_default(),
+                        addr: ol.remote,
+                        link: Some(other),
+                    };
+                    self.refuse_name_in_use(now, id, pid, peer, holder);
+                    return None;
+                }
+                if resolution == Resolution::ReplaceOld {
                     log::debug!(
                         "{}: '{}' connected again; replacing the older connection",
                         self.cfg.name,

@@ -201,7 +201,7 @@ pub enum HsEvent {
         /// Acceptor only: the dialler's received count.
         peer_received: Option<u64>,
         /// Acceptor only: how many connections the dialler has established with our
-        /// incarnation (for [`keep_new`]).
+        /// incarnation (for [`resolve`]).
         peer_connections: Option<u64>,
         /// Acceptor only: window bytes of our unreliable messages the dialler has received.
         peer_unreliable: Option<u64>,
@@ -581,10 +581,26 @@ pub struct TieBreak {
     pub peer_connections: Option<u64>,
 }
 
-/// Whether `new` replaces `old` (else `new` is refused). Both members reach the same answer
-/// for the same pair of connections:
+/// What becomes of two connections that speak for one peer (see [`resolve`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resolution {
+    /// `new` replaces `old`, which is closed as superseded.
+    ReplaceOld,
+    /// `old` stays; `new` is closed as superseded.
+    KeepOld,
+    /// `old` is an established connection of another live process claiming the same
+    /// member name: `new` is refused (`NameInUse`) and `old` stays.
+    NameInUse,
+}
+
+/// Which of `old` and `new` is kept. Both members reach the same answer for the same pair
+/// of connections:
 ///
-/// - a new incarnation always replaces the old one's connection;
+/// - a new incarnation (another launch id) replaces the old one's connection while that is
+///   still in its handshake; while it is established, the name belongs to the process at
+///   its other end, which is alive as far as we can tell: the newcomer is a second process
+///   claiming the name and is refused (a genuine restart finds the old connection closed,
+///   on an EOF at once or after the idle timeout);
 /// - a second dial from the same side replaces the first (its dialler dropped it);
 /// - the peer dials while we hold an established connection that we dialled: if the peer
 ///   has established at least as many connections with us as we have with it, it has seen
@@ -592,14 +608,28 @@ pub struct TieBreak {
 ///   established fewer, its dial predates `old`, which it adopted meanwhile (dropping `new`):
 ///   keep `old`;
 /// - otherwise (two dials in flight at once) keep the one dialled by the smaller name.
-pub fn keep_new(t: TieBreak) -> bool {
-    if t.stale || t.new_by_us == t.old_by_us {
-        return true;
+pub fn resolve(t: TieBreak) -> Resolution {
+    let replace = |yes: bool| {
+        if yes {
+            Resolution::ReplaceOld
+        } else {
+            Resolution::KeepOld
+        }
+    };
+    if t.stale {
+        return if t.old_established {
+            Resolution::NameInUse
+        } else {
+            Resolution::ReplaceOld
+        };
+    }
+    if t.new_by_us == t.old_by_us {
+        return Resolution::ReplaceOld;
     }
     if !t.new_by_us && t.old_established {
-        return matches!(t.peer_connections, Some(theirs) if theirs >= t.our_connections);
+        return replace(matches!(t.peer_connections, Some(theirs) if theirs >= t.our_connections));
     }
-    t.new_by_us == t.we_are_smaller
+    replace(t.new_by_us == t.we_are_smaller)
 }
 
 fn frame_name(f: &Frame<'_>) -> &'static str {
@@ -631,28 +661,47 @@ mod tests {
         }
     }
 
+    /// The tie-break keeps the new connection.
+    fn replaces(t: TieBreak) -> bool {
+        resolve(t) == Resolution::ReplaceOld
+    }
+
     #[test]
     fn tie_break_cases() {
-        assert!(
-            keep_new(TieBreak {
+        assert_eq!(
+            resolve(TieBreak {
                 stale: true,
+                old_established: false,
                 ..tb()
             }),
-            "new incarnation wins"
+            Resolution::ReplaceOld,
+            "a new incarnation replaces a connection still in its handshake"
         );
+        for (new_by_us, old_by_us) in [(false, true), (true, false), (false, false), (true, true)] {
+            assert_eq!(
+                resolve(TieBreak {
+                    stale: true,
+                    new_by_us,
+                    old_by_us,
+                    ..tb()
+                }),
+                Resolution::NameInUse,
+                "another process while the name's connection is established"
+            );
+        }
         assert!(
-            keep_new(TieBreak {
+            replaces(TieBreak {
                 old_by_us: false,
                 ..tb()
             }),
             "same dialler: newer wins"
         );
         assert!(
-            keep_new(tb()),
+            replaces(tb()),
             "half-open: the peer saw old and dials again"
         );
         assert!(
-            !keep_new(TieBreak {
+            !replaces(TieBreak {
                 peer_connections: Some(2),
                 ..tb()
             }),
@@ -663,8 +712,8 @@ mod tests {
             old_established: false,
             ..tb()
         };
-        assert!(!keep_new(inflight), "we are smaller and old is ours");
-        assert!(keep_new(TieBreak {
+        assert!(!replaces(inflight), "we are smaller and old is ours");
+        assert!(replaces(TieBreak {
             we_are_smaller: false,
             ..inflight
         }));
@@ -675,7 +724,7 @@ mod tests {
             peer_connections: None,
             ..tb()
         };
-        assert!(keep_new(mirror), "the smaller's own dial wins on its side");
+        assert!(replaces(mirror), "the smaller's own dial wins on its side");
     }
 
     fn local(name: &str, cluster: &str) -> LocalIdentity {

@@ -18,7 +18,8 @@ pub(crate) mod timer;
 pub(crate) use admission::Verdict;
 pub(crate) use endpoint::{Config, Endpoint, Event, Fact, JournalLeft, NewPeer, NodeCounters};
 pub use handshake::{
-    keep_new, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Role, Secret, TieBreak,
+    resolve, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Resolution, Role, Secret,
+    TieBreak,
 };
 pub(crate) use link::LinkId;
 pub use recovery::{Descriptor, Receive, RecoveryError, Retired, Unacked};

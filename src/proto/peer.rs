@@ -134,7 +134,19 @@ pub(crate) struct Peer {
     /// Journal: the last sequence number restored from the journal at start (`None`: not
     /// restored). Only a restored stream may find its peer ahead of it.
     restored_upto: Option<u64>,
+    /// Incarnations (launch ids) of the peer that a newer one replaced, newest last, at most
+    /// [`REPLACED_KEPT`]: a process of the name that was replaced is never taken back (it
+    /// is a second process claiming the name, or an old one still running), so the name
+    /// cannot flip between two live processes. Kept in memory only.
+    replaced: VecDeque<u64>,
+    /// The incarnation last found in a name conflict with this peer (a claimant of its
+    /// name we refused, or ours when the peer refused us for our name): repeats are logged
+    /// quietly until a handshake completes.
+    pub(crate) last_conflict: Option<u64>,
 }
+
+/// How many replaced incarnations a peer remembers.
+const REPLACED_KEPT: usize = 8;
 
 impl Peer {
     /// A peer not yet met, not connected (`Backoff`), dialled at `addr` if it has one.
@@ -167,6 +179,8 @@ impl Peer {
             epoch: 0,
             restored: false,
             restored_upto: None,
+            replaced: VecDeque::new(),
+            last_conflict: None,
         }
     }
 
@@ -784,6 +798,12 @@ impl Peer {
         )
     }
 
+    /// The incarnation `launch` of this peer was replaced here by a newer one: whichever
+    /// process has it now is not the one the name belongs to.
+    pub(crate) fn was_replaced(&self, launch: u64) -> bool {
+        self.replaced.contains(&launch)
+    }
+
     /// Our counts for incarnation `launch`, computed without binding it (a dialler answering
     /// a Hello that proves nothing yet): ours if it is the incarnation we know, zeros
     /// otherwise.
@@ -812,7 +832,8 @@ impl Peer {
             .credit
             .set_window(peer.window.min(cfg.recv_window));
         self.peer_max_message = peer.max_message as usize;
-        let restarted = matches!(self.desc.remote_launch(), Some(l) if l != peer.launch_id);
+        let replaced = self.desc.remote_launch().filter(|&l| l != peer.launch_id);
+        let restarted = replaced.is_some();
         let first = self.desc.remote_launch().is_none();
         let written = self.desc.written();
         let mut old = self.desc.bind(peer.launch_id);
@@ -824,9 +845,13 @@ impl Peer {
                 launch: peer.launch_id,
             });
         }
-        if !restarted {
+        let Some(replaced) = replaced else {
             return;
+        };
+        if self.replaced.len() == REPLACED_KEPT {
+            self.replaced.pop_front();
         }
+        self.replaced.push_back(replaced);
         self.restart_stream();
         // Messages that never left (published while disconnected, with a journal) were
         // never the old incarnation's: they go to the new one, numbered afresh.
@@ -957,6 +982,7 @@ impl Peer {
             return Err(Unestablished::Superseded);
         }
         link.hs = None;
+        self.last_conflict = None;
         link.established = true;
         let mut resent = 0u64;
         let acked = self.desc.acked();

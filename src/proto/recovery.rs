@@ -403,7 +403,7 @@ impl Descriptor {
 
     /// Connections established with this incarnation so far. Exchanged in the handshake, it
     /// tells a redial after a half-open connection from a simultaneous dial (see
-    /// [`crate::proto::handshake::keep_new`]).
+    /// [`crate::proto::handshake::resolve`]).
     pub fn connections(&self) -> u64 {
         self.connections
     }

@@ -166,6 +166,10 @@ pub enum CloseCode {
     /// Authentication failed: the peer has no secret, another secret, or none is configured
     /// here while the peer requires one.
     Auth = 9,
+    /// Another live process holds the member name the handshake claims: a connection of
+    /// another incarnation (launch id) is established for it, or the claimed incarnation was
+    /// already replaced by a newer one.
+    NameInUse = 10,
     /// Any other reason.
     Other = 255,
 }
@@ -183,6 +187,7 @@ impl CloseCode {
             7 => CloseCode::Removed,
             8 => CloseCode::NameMismatch,
             9 => CloseCode::Auth,
+            10 => CloseCode::NameInUse,
             _ => CloseCode::Other,
         }
     }
