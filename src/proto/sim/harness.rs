@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::oracle::Oracle;
 use crate::deliver::{Delivery, OobQueue, PeerCreditSink, RunOutcome, SenderQueue, Task};
-use crate::events::DisconnectReason as Why;
+use crate::events::{DisconnectReason as Why, RefuseReason};
 use crate::flow::RecvCredit;
 use crate::handoff::{Handoff, Wake};
 use crate::peer::{Outgoing, PeerShared};
@@ -112,8 +112,10 @@ pub(super) struct Member {
     pub(super) delivered: DeliveryLog,
     /// The process ended: it does nothing more.
     pub(super) dead: bool,
-    /// `Refused` facts it was told.
-    pub(super) refusals: u64,
+    /// `Refused` facts it was told: the reason, and whether the other side refused.
+    pub(super) refusals: Vec<(RefuseReason, bool)>,
+    /// Who it is.
+    spec: Spec,
     /// A `Refused` fact whose link's close has not come yet.
     refusal_open: bool,
     /// Journal batches handed over and not yet "appended" (the writer lags until
@@ -205,6 +207,14 @@ pub(super) struct Stats {
     pub(super) new_incarnations: u64,
     /// Processes ended.
     pub(super) deaths: u64,
+    /// Times a member's peer went over from one incarnation's established link to
+    /// another's (a takeover of the name, or a restart).
+    pub(super) takeovers: u64,
+    /// Processes started again at an old one's address.
+    pub(super) restarts: u64,
+    /// Messages delivered by one incarnation and reported undelivered when their sender
+    /// went over to another.
+    pub(super) delivered_then_dropped: u64,
 }
 
 impl Stats {
@@ -223,6 +233,9 @@ impl Stats {
         self.refusals += o.refusals;
         self.new_incarnations += o.new_incarnations;
         self.deaths += o.deaths;
+        self.restarts += o.restarts;
+        self.takeovers += o.takeovers;
+        self.delivered_then_dropped += o.delivered_then_dropped;
     }
 }
 
@@ -248,6 +261,11 @@ pub(super) enum Step {
     Replay { side: Side, back: u64, count: u64 },
     /// The process `side` ends.
     Kill { side: Side },
+    /// A process that ended starts again at its address, under a new launch id (once).
+    Restart { side: Side },
+    /// Every byte that can move moves, and the connections asked for are made, with no
+    /// time passing ([`Sim::pump`]).
+    Pump,
 }
 
 /// The simulation: members, the links between them, the simulated clock, the oracle.
@@ -406,8 +424,9 @@ impl Member {
             dials: VecDeque::new(),
             delivered: Arc::new(StdMutex::new(Vec::new())),
             dead: false,
-            refusals: 0,
+            refusals: Vec::new(),
             refusal_open: false,
+            spec: spec.clone(),
             batches: Vec::new(),
             journalled: HashMap::new(),
         }
@@ -479,6 +498,7 @@ impl Sim {
     pub(super) fn restart(&mut self, old: Side, spec: &Spec) -> Side {
         let side = self.m.len();
         let now = self.now();
+        self.stats.restarts += 1;
         let mut m = Member::new(side, spec, self.settings, now);
         m.addr = self.m[old].addr;
         self.m.push(m);
@@ -588,14 +608,16 @@ impl Sim {
                         assert!(!m.peers[k].up, "{who}: {peer} removed while told connected");
                     }
                     Event::Fact(Fact::NewIncarnation { .. }) => self.stats.new_incarnations += 1,
-                    Event::Fact(Fact::Refused { .. }) => {
+                    Event::Fact(Fact::Refused {
+                        reason, by_peer, ..
+                    }) => {
                         let m = &mut self.m[side];
                         assert!(
                             !m.refusal_open,
                             "{who}: two Refused facts for one handshake"
                         );
                         m.refusal_open = true;
-                        m.refusals += 1;
+                        m.refusals.push((reason, by_peer));
                         self.stats.refusals += 1;
                     }
                     Event::Fact(f) => panic!("{who}: unexpected fact {f:?}"),
@@ -663,6 +685,18 @@ impl Sim {
             }
             Step::Replay { side, back, count } => self.replay(side, back, count),
             Step::Kill { side } => self.kill(side),
+            Step::Pump => self.pump(),
+            Step::Restart { side } => {
+                let restarted =
+                    (side + 1..self.m.len()).any(|s| self.m[s].addr == self.m[side].addr);
+                if self.m[side].dead && !restarted {
+                    let spec = Spec {
+                        launch: 0x1000 + self.m.len() as u64,
+                        ..self.m[side].spec.clone()
+                    };
+                    self.restart(side, &spec);
+                }
+            }
         }
     }
 
@@ -1030,6 +1064,8 @@ impl Sim {
         };
         self.stats.resent = peers(|c| &c.resent);
         self.stats.duplicates = peers(|c| &c.duplicates);
+        self.stats.delivered_then_dropped = self.oracle.delivered_then_dropped;
+        self.stats.takeovers = self.oracle.takeovers;
     }
 
     /// Runs a schedule to completion, checking everything; returns what the faults did.
@@ -1039,8 +1075,21 @@ impl Sim {
 
     /// Runs a schedule on `sim` to completion, checking everything; returns what the faults
     /// did.
-    pub(super) fn run_with(mut sim: Sim, steps: &[Step]) -> Stats {
+    pub(super) fn run_with(sim: Sim, steps: &[Step]) -> Stats {
+        Sim::run_filtered(sim, steps, |_, _| true)
+    }
+
+    /// [`run_with`](Sim::run_with), skipping the steps `applies` says do not apply (to a
+    /// member that does not exist yet).
+    pub(super) fn run_filtered(
+        mut sim: Sim,
+        steps: &[Step],
+        applies: impl Fn(&Sim, &Step) -> bool,
+    ) -> Stats {
         for step in steps {
+            if !applies(&sim, step) {
+                continue;
+            }
             sim.apply(step);
             sim.check();
         }

@@ -54,3 +54,4 @@ mod harness;
 mod oracle;
 mod pair;
 mod three;
+mod twins;

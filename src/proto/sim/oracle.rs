@@ -26,6 +26,12 @@ pub(super) struct Oracle {
     /// `[sent, acked, received, acks_sent]` per (member, peer, incarnation of the peer) at
     /// the last check.
     seen: HashMap<(Side, usize, Option<u64>), [u64; 4]>,
+    /// Per (member, peer): the simulated link of the last established link seen speaking
+    /// for the peer, and the peer's incarnation on it.
+    held: HashMap<(Side, usize), (usize, u64)>,
+    /// Times a member's peer went over from one incarnation's established link to
+    /// another's.
+    pub(super) takeovers: u64,
     /// Messages delivered by one incarnation and reported undelivered when its sender went
     /// over to another (the old one never acknowledged them).
     pub(super) delivered_then_dropped: u64,
@@ -34,8 +40,9 @@ pub(super) struct Oracle {
 /// Where a (member, peer) pair stands at the end.
 #[derive(Debug, PartialEq, Eq)]
 enum Pair {
-    /// Nothing is owed: no live process has that name, or the peer is bound to a live
-    /// process that is bound to another process with the member's name.
+    /// Nothing is owed: no live process has that name, or each is bound to another live
+    /// process with the member's name, or one of the two replaced the other (which it
+    /// refuses for good).
     Exempt,
     /// Not bound to a live process bound back to it yet.
     Waiting,
@@ -79,22 +86,42 @@ impl Sim {
     }
 
     fn pair(&self, x: Side, k: usize) -> Pair {
-        let name = &self.m[x].peers[k].name;
-        if self.m[x].dead || !self.live().iter().any(|&s| *self.m[s].name == **name) {
+        let (me, name) = (self.m[x].name, &self.m[x].peers[k].name);
+        let live: Vec<Side> = self
+            .live()
+            .into_iter()
+            .filter(|&s| *self.m[s].name == **name)
+            .collect();
+        if self.m[x].dead || live.is_empty() {
             return Pair::Exempt;
         }
-        let Some(y) = self
+        // Which process of our name each of them is bound to, if it is alive.
+        let holds = |y: Side| {
+            let back = self.m[y].known(me)?;
+            self.process(me, self.m[y].desc_of(back).remote_launch())
+                .filter(|&b| !self.m[b].dead)
+        };
+        // Whether the endpoint of `a` refuses process `b` (its peer `ka`) for good: an
+        // incarnation it replaced.
+        let replaced = |a: Side, ka: usize, b: Side| {
+            self.m[a]
+                .ep
+                .peer(ka)
+                .is_some_and(|p| p.was_replaced(self.m[b].launch))
+        };
+        let shut_out = |y: Side| {
+            replaced(x, k, y)
+                || holds(y).is_some_and(|b| b != x)
+                || self.m[y].known(me).is_some_and(|back| replaced(y, back, x))
+        };
+        if live.iter().all(|&y| shut_out(y)) {
+            return Pair::Exempt; // another process of our name has it, or had it
+        }
+        match self
             .process(name, self.m[x].desc_of(k).remote_launch())
-            .filter(|&y| !self.m[y].dead)
-        else {
-            return Pair::Waiting;
-        };
-        let Some(back) = self.m[y].known(self.m[x].name) else {
-            return Pair::Exempt;
-        };
-        match self.process(self.m[x].name, self.m[y].desc_of(back).remote_launch()) {
-            Some(b) if b == x => Pair::Bound(y),
-            Some(b) if !self.m[b].dead => Pair::Exempt,
+            .filter(|y| live.contains(y))
+        {
+            Some(y) if holds(y) == Some(x) => Pair::Bound(y),
             _ => Pair::Waiting,
         }
     }
@@ -160,8 +187,10 @@ impl Sim {
         }
     }
 
-    /// Established links: at most one per peer, the one that speaks for it.
-    fn check_links(&self, x: Side) {
+    /// Established links: at most one per peer, the one that speaks for it; and the name
+    /// goes over to another incarnation only once the link of the one that held it was cut,
+    /// closed by that process, or the process ended.
+    fn check_links(&mut self, x: Side) {
         let m = &self.m[x];
         if m.dead {
             return;
@@ -188,6 +217,25 @@ impl Sim {
                 "{}: an established link speaks for nobody",
                 m.name
             );
+            let Some(launch) = m.ep.links().find(|l| l.id == est[0]).and_then(|l| l.launch) else {
+                continue;
+            };
+            let l = self.owner[&(x, est[0])];
+            if let Some((l0, was)) = self.oracle.held.insert((x, pid), (l, launch)) {
+                if was == launch {
+                    continue;
+                }
+                self.oracle.takeovers += 1;
+                let old = self
+                    .process(name, Some(was))
+                    .expect("a process held the name");
+                let link = &self.links[l0];
+                assert!(
+                    self.m[old].dead || link.cut || link.end(old).is_none(),
+                    "{}: '{name}' went over from incarnation {was:#x} to {launch:#x} while the link to {was:#x} was whole",
+                    m.name
+                );
+            }
         }
     }
 
