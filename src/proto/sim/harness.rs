@@ -263,6 +263,9 @@ pub(super) enum Step {
     Kill { side: Side },
     /// A process that ended starts again at its address, under a new launch id (once).
     Restart { side: Side },
+    /// `side`'s journal writer appends everything handed to it
+    /// ([`Sim::journal_catch_up`]).
+    Journal { side: Side },
     /// Every byte that can move moves, and the connections asked for are made, with no
     /// time passing ([`Sim::pump`]).
     Pump,
@@ -686,6 +689,11 @@ impl Sim {
             Step::Replay { side, back, count } => self.replay(side, back, count),
             Step::Kill { side } => self.kill(side),
             Step::Pump => self.pump(),
+            Step::Journal { side } => {
+                if !self.m[side].dead {
+                    self.journal_catch_up(side);
+                }
+            }
             Step::Restart { side } => {
                 let restarted =
                     (side + 1..self.m.len()).any(|s| self.m[s].addr == self.m[side].addr);

@@ -389,6 +389,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => twin().prop_map(|side| Step::Kill { side }),
         2 => prop_oneof![Just(T1), Just(T2)].prop_map(|side| Step::Restart { side }),
         3 => Just(Step::Pump),
+        6 => Just(Step::Journal { side: HUB }),
     ]
 }
 
@@ -401,23 +402,27 @@ fn dialling() -> impl Strategy<Value = (bool, [bool; 2])> {
     ]
 }
 
-fn schedule() -> impl Strategy<Value = (u64, (bool, [bool; 2]), bool, Vec<Step>)> {
+/// Settings: the ack threshold, who dials, a shared secret, the hub journalling; and the
+/// steps.
+type Schedule = ((u64, (bool, [bool; 2]), bool, bool), Vec<Step>);
+
+fn schedule() -> impl Strategy<Value = Schedule> {
     (
-        1u64..=4,
-        dialling(),
-        any::<bool>(),
+        (1u64..=4, dialling(), any::<bool>(), any::<bool>()),
         proptest::collection::vec(step(), 1..300),
     )
 }
 
 /// Runs a schedule over the hub and two twins, steps for sides that do not exist (yet)
 /// doing nothing.
-fn run(ack_threshold: u64, dials: (bool, [bool; 2]), secret: bool, steps: &[Step]) -> Stats {
+fn run(((ack_threshold, dials, secret, journal), steps): &Schedule) -> Stats {
     let s = Settings {
-        secret,
-        ..settings(ack_threshold)
+        secret: *secret,
+        ..settings(*ack_threshold)
     };
-    let sim = Sim::with(s, &trio(dials.0, dials.1));
+    let mut specs = trio(dials.0, dials.1);
+    specs[HUB].journal = *journal;
+    let sim = Sim::with(s, &specs);
     let exists = |sim: &Sim, step: &Step| match *step {
         Step::Send { side, .. }
         | Step::Write { side, .. }
@@ -425,7 +430,8 @@ fn run(ack_threshold: u64, dials: (bool, [bool; 2]), secret: bool, steps: &[Step
         | Step::Dial { side }
         | Step::Replay { side, .. }
         | Step::Kill { side }
-        | Step::Restart { side } => side < sim.m.len(),
+        | Step::Restart { side }
+        | Step::Journal { side } => side < sim.m.len(),
         Step::Advance { .. } | Step::Cut { .. } | Step::Pump => true,
     };
     Sim::run_filtered(sim, steps, exists)
@@ -435,15 +441,15 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     /// Random schedules of sends, partial writes and reads, cuts at any byte, dials by
-    /// either twin and the hub, replays, twins dying (mid-handshake included) and
+    /// either twin and the hub (journalling or not), replays, twins dying (mid-handshake included) and
     /// restarting under a new launch id: nothing is delivered twice or out of order per
     /// process, nothing the hub delivered is reported undelivered by the twin that sent
     /// it, refusals are one per handshake, the name never flips back nor over a whole link,
     /// the hub holds at most one established link for "twin", and the hub and the twin it
     /// ends with stream everything both ways.
     #[test]
-    fn twins_never_share_the_name((t, dials, secret, steps) in schedule()) {
-        run(t, dials, secret, &steps);
+    fn twins_never_share_the_name(schedule in schedule()) {
+        run(&schedule);
     }
 }
 
@@ -455,11 +461,11 @@ fn twin_schedules_reach_every_knob() {
     let mut runner = TestRunner::deterministic();
     let mut total = Stats::default();
     for _ in 0..200 {
-        let (t, dials, secret, steps) = schedule()
+        let schedule = schedule()
             .new_tree(&mut runner)
             .expect("a schedule")
             .current();
-        total.add(&run(t, dials, secret, &steps));
+        total.add(&run(&schedule));
     }
     println!("200 twin schedules: {total:#?}");
     let s = total;
