@@ -316,6 +316,43 @@ fn a_twin_dying_mid_handshake_lets_the_other_in() {
     }
 }
 
+/// The name never goes back: twin 1 holds it, its link is cut, twin 2 takes it over; then
+/// twin 2's process ends. Twin 1, still running, is an incarnation the hub replaced: it is
+/// refused at every retry (simulated minutes of them) and the hub stays without a twin,
+/// rather than take it back and answer it with counts for twin 2's stream (twin 1 would
+/// then find the hub holding none of the three messages it acknowledged).
+#[test]
+fn a_replaced_twin_stays_refused_after_its_successor_dies() {
+    let mut sim = Sim::with(settings(1), &trio(false, [true, true]));
+    assert!(sim.dial(T1));
+    shake(&mut sim, 0);
+    send_n(&mut sim, T1, 3);
+    shake(&mut sim, 0);
+    assert_eq!(delivered_from(&sim, HUB, T1), 3);
+    assert_eq!(sim.m[T1].desc().acked(), 3);
+    sim.cut(0, [0, 0]);
+    sim.read(HUB, 0, usize::MAX);
+    assert!(sim.dial(T2));
+    shake(&mut sim, 1);
+    assert_eq!(holder(&sim), Some(T2));
+    sim.kill(T2);
+    sim.pump();
+    let before = name_in_use(&sim, HUB).0;
+    for _ in 0..600 {
+        sim.advance(100);
+        sim.pump();
+        sim.check();
+        assert_eq!(holder(&sim), None, "the name went back to twin 1");
+    }
+    let refused = name_in_use(&sim, HUB).0 - before;
+    assert!(refused > 100, "refused {refused} times in a minute");
+    assert_eq!(name_in_use(&sim, T1).1, name_in_use(&sim, HUB).0);
+    assert!(sim.m[T1].peers[0].undelivered.is_empty());
+    assert_eq!(delivered_from(&sim, HUB, T1), 3);
+    sim.settle();
+    sim.check_complete();
+}
+
 /// A genuine restart: twin 1 holds the name and streams; its process ends with messages in
 /// flight both ways, and a new process starts at its address under a new launch id. Once
 /// the hub has seen the old link end, the new process is admitted at once (no refusal) as
