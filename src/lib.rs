@@ -91,8 +91,8 @@ pub use journal::{
 };
 pub use node::{
     Builder, ConfigError, ConnStats, Error, IdleStrategy, Node, PeerSender, PeerStats,
-    PendingReply, SendError, SendOptions, Sender, ShutdownReport, Stats, TrySendError,
-    UndeliveredFn,
+    PendingReply, ReplyFailure, RequestOptions, SendError, SendOptions, Sender, ShutdownReport,
+    Stats, TrySendError, UndeliveredFn,
 };
 pub use peer::{Outgoing, PeerInfo, PeerState};
 

@@ -178,3 +178,43 @@ fn a_name_conflict_is_logged_once_per_claimant_on_each_side() {
     assert!(is_connected(&first, "log-hub"));
     shutdown_all(&[second, first, hub]);
 }
+
+/// A reply refused as larger than its request's room is logged at the replier: one warning
+/// per node, naming the sizes and `Builder::max_reply`, however many are refused.
+#[test]
+fn a_refused_reply_warns_once() {
+    capture_logs();
+    let server = Node::builder("log-replier")
+        .cluster("t-logging")
+        .on_message(|d| {
+            let too_large = d.reply_room().map_or(1, |room| room + 1);
+            let _ = d.reply(vec![0u8; too_large]);
+        })
+        .start()
+        .expect("server starts");
+    let client = Node::builder("log-requester")
+        .cluster("t-logging")
+        .max_reply(1000)
+        .peer("log-replier", server.local_addr())
+        .start()
+        .expect("client starts");
+    server
+        .add_peer("log-requester", client.local_addr())
+        .expect("add the requester");
+    for _ in 0..3 {
+        let r = client.request("log-replier", &b"?"[..], PATIENCE);
+        assert!(matches!(r, Err(cohort::Error::ReplyFailed { .. })), "{r:?}");
+    }
+    let warnings: Vec<String> = logged(log::Level::Warn, "log-replier")
+        .into_iter()
+        .filter(|m| m.contains("reply"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("1001 bytes to 'log-requester' was refused")
+            && warnings[0].contains("reserved 1000 bytes")
+            && warnings[0].contains("Builder::max_reply"),
+        "{warnings:?}"
+    );
+    shutdown_all(&[client, server]);
+}

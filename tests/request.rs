@@ -267,11 +267,14 @@ fn a_request_fails_fast_when_its_peer_is_removed_and_late_replies_are_counted() 
 #[test]
 fn a_request_fails_fast_when_its_peer_restarts() {
     let addr = HeldAddr::new();
-    let silent = || {
+    // Keeps every request unanswered (a request dropped unanswered would fail at once).
+    let kept: Arc<std::sync::Mutex<Vec<cohort::Delivery>>> = Arc::default();
+    let (k, at) = (kept.clone(), addr.addr());
+    let silent = move || {
         Node::builder("rs-server")
             .cluster("t-rs")
-            .listen(addr.addr())
-            .on_message(|_| {})
+            .listen(at)
+            .on_message(move |d| k.lock().expect("kept").push(d))
     };
     let client = Node::builder("rs-client")
         .cluster("t-rs")
@@ -295,6 +298,8 @@ fn a_request_fails_fast_when_its_peer_restarts() {
     });
     first.shutdown(SHUTDOWN).expect("shutdown the first server");
     drop(first);
+    // Gone with their process: a node that is shut down tells nobody.
+    kept.lock().expect("kept").clear();
     // A request made while the server is away is not published: the new incarnation gets
     // it, and answers it.
     wait_until("the client saw the server go", PATIENCE, || {

@@ -66,6 +66,32 @@ fn frames() -> Vec<(&'static str, Vec<u8>)> {
     f("data_reliable_oob_empty", &|o| {
         wire::encode_data(o, wire::FLAG_RELIABLE | wire::FLAG_OOB, Some(u64::MAX), b"")
     });
+    f("data_request", &|o| {
+        let mut body = 0x0102_0304_0506_0708u64.to_le_bytes().to_vec(); // the request id
+        body.extend_from_slice(&1024u32.to_le_bytes()); // room for the reply
+        body.extend_from_slice(b"question");
+        wire::encode_data(o, wire::FLAG_RELIABLE | wire::FLAG_REQUEST, Some(2), &body)
+    });
+    f("data_reply", &|o| {
+        let mut body = 0x0102_0304_0506_0708u64.to_le_bytes().to_vec();
+        body.extend_from_slice(b"answer");
+        wire::encode_data(o, wire::FLAG_RELIABLE | wire::FLAG_REPLY, Some(3), &body)
+    });
+    f("data_reply_status_too_large", &|o| {
+        let mut body = 0x0102_0304_0506_0708u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&wire::encode_reply_status(wire::ReplyStatus::TooLarge {
+            len: 20_000,
+            room: 16_384,
+        }));
+        let flags = wire::FLAG_RELIABLE | wire::FLAG_REPLY | wire::FLAG_STATUS;
+        wire::encode_data(o, flags, Some(4), &body)
+    });
+    f("data_reply_status_unanswered", &|o| {
+        let mut body = 0x0102_0304_0506_0708u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&wire::encode_reply_status(wire::ReplyStatus::Unanswered));
+        let flags = wire::FLAG_RELIABLE | wire::FLAG_REPLY | wire::FLAG_STATUS;
+        wire::encode_data(o, flags, Some(5), &body)
+    });
     f("ack", &|o| wire::encode_ack(o, 7, 4096));
     f("probe", &|o| wire::encode_probe(o));
     f("heartbeat", &|o| wire::encode_heartbeat(o));
@@ -112,6 +138,9 @@ fn main() {
         &get("hello_reply"),
         &get("data_reliable"),
         &get("data_oob"),
+        &get("data_request"),
+        &get("data_reply"),
+        &get("data_reply_status_too_large"),
         &get("ack"),
         &get("probe"),
         &get("heartbeat"),

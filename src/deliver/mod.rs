@@ -103,10 +103,26 @@ impl Delivery {
             }
         }
     }
-    /// Gives the delivery the receiving node's send handle.
+    /// Gives the delivery the receiving node's send handle, as it is handed to the
+    /// application: from now on a request dropped without a reply tells its requester.
     pub(crate) fn with_node(mut self, node: Option<&Sender>) -> Delivery {
         self.node = node.cloned();
+        if let (Some(node), Some(from), Some(room)) =
+            (node, self.from.as_ref(), self.request.as_mut())
+        {
+            // Not cloned yet (it is being handed over): the room is this delivery's alone.
+            if let Some(room) = Arc::get_mut(room) {
+                room.arm(node.clone(), from.clone());
+            }
+        }
         self
+    }
+    /// Refuses the request this message is, if it is one: this node has no handler (the
+    /// requester is told when the delivery goes, unless a reply came meanwhile).
+    pub(crate) fn refuse_no_handler(&self) {
+        if let Some(room) = &self.request {
+            room.refuse_no_handler();
+        }
     }
     pub(crate) fn name_as(&mut self, from: &SharedStr) {
         self.from = Some(from.clone());
@@ -136,13 +152,22 @@ impl Delivery {
     /// Answers the request this message is, with `payload`. Never blocks and never waits
     /// for the window: the requester reserved room for the reply in its request's window
     /// bytes ([`Builder::max_reply`](crate::Builder::max_reply)), so a handler can always
-    /// answer (now, or later from a kept `Delivery`), and two members requesting each other
-    /// cannot deadlock. Reliable like any message: it survives reconnects.
+    /// answer within that room ([`reply_room`](Delivery::reply_room)), whatever the two
+    /// members' windows and `max_message` (now, or later from a kept `Delivery`), and two
+    /// members requesting each other cannot deadlock. Reliable like any message: it
+    /// survives reconnects.
     ///
     /// Fails with [`Error::NotARequest`] for a message that is not a request,
-    /// [`Error::TooLarge`] for a reply larger than the room its requester reserved,
+    /// [`Error::TooLarge`] for a reply larger than the room its requester reserved (a
+    /// smaller reply may follow; if none does, the requester fails with
+    /// [`ReplyFailure::TooLarge`](crate::ReplyFailure::TooLarge)),
     /// [`Error::AlreadyReplied`] for a second reply, [`Error::UnknownPeer`] if the
     /// requester was removed meanwhile, and [`Error::Closed`] once the node is shut down.
+    ///
+    /// A request that is never answered is not left waiting: when the last clone of its
+    /// `Delivery` goes without a reply (the handler returned or panicked, or the
+    /// application dropped it), the requester fails at once with
+    /// [`Error::ReplyFailed`] saying why. Keep the `Delivery` to answer later.
     ///
     /// ```
     /// let server = cohort::Node::builder("server").on_message(|d| {
@@ -162,6 +187,8 @@ impl Delivery {
         };
         let payload = payload.into();
         if payload.len() as u64 > room.bytes() {
+            node.warn_reply_refused(self.from(), payload.len(), room.bytes());
+            room.refuse_too_large(payload.len() as u64);
             return Err(Error::TooLarge {
                 len: payload.len(),
                 max: room.bytes() as usize,
@@ -175,6 +202,26 @@ impl Delivery {
             room.release();
         }
         queued
+    }
+    /// The most bytes a [`reply`](Delivery::reply) to this request may carry: the room its
+    /// requester reserved for the reply ([`Builder::max_reply`](crate::Builder::max_reply)
+    /// on the requesting node). `None` for a message that is not a request.
+    ///
+    /// ```
+    /// let server = cohort::Node::builder("server").on_message(|d| {
+    ///     if let Some(room) = d.reply_room() {
+    ///         let mut answer = vec![0u8; 100_000];
+    ///         // Send what fits, rather than have the reply refused.
+    ///         answer.truncate(room);
+    ///         let _ = d.reply(answer);
+    ///     }
+    /// });
+    /// # let _ = server;
+    /// ```
+    pub fn reply_room(&self) -> Option<usize> {
+        self.request
+            .as_ref()
+            .map(|room| usize::try_from(room.bytes()).unwrap_or(usize::MAX))
     }
     /// The receiving node's send handle, to answer the sender or send anywhere from inside
     /// a handler (no need to smuggle the node's [`Sender`] in after `start`). `Some` for

@@ -616,7 +616,10 @@ impl IoThread {
                     if self.endpoint.refuses_all() {
                         continue; // dropped: we are closing
                     }
-                    let verdict = self.endpoint.judge(from);
+                    if closed_by_dialler(&stream) {
+                        continue; // dropped before it is judged: it takes no slot
+                    }
+                    let verdict = self.endpoint.judge(now, from);
                     if matches!(verdict, Verdict::SourceFull | Verdict::Full) {
                         continue; // dropped at once: the stream closes here
                     }
@@ -913,6 +916,24 @@ impl IoThread {
 }
 
 use crate::peer::Counters;
+
+/// Whether an accepted connection was already closed or reset by its dialler (a peek sees
+/// the end of the stream or an error): a connect/close storm's connections are mostly so
+/// by the time they are accepted, and are dropped before the admission rules judge them,
+/// so they neither take a pending slot nor displace one. A member's dialler sends nothing
+/// before our Hello (with TLS, its ClientHello: bytes, not an end), so it is never taken
+/// for one.
+fn closed_by_dialler(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    match stream.peek(&mut byte) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => !matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+        ),
+    }
+}
 
 /// Socket options for every connection, through socket2.
 fn configure(cfg: &IoConfig, stream: &TcpStream) {

@@ -18,7 +18,20 @@ use crate::sync::Arc;
 
 /// A callback told about messages that will never be delivered: the peer was removed or
 /// the node shut down with them unacknowledged, or the peer restarted before acknowledging
-/// them. Arguments: the peer's name and the payloads, in send order.
+/// them; or they were accepted and failed before they were ever sent — their ttl passed
+/// ([`SendOptions::ttl`](crate::SendOptions::ttl)), they are larger than the peer's
+/// handshake says it accepts (queued before that was known: once it is, such a send
+/// fails at once), they are unreliable and the peer was not connected (journalling nodes),
+/// or they were still queued when the peer was removed or the node shut down. Arguments:
+/// the peer's name and the payloads, in send order.
+///
+/// With it, every message a send accepted is accounted for: delivered, or reported here
+/// (per peer, what it is given adds up to [`PeerStats`](crate::PeerStats) `failed +
+/// undelivered`). Not reported: replies (`Delivery::reply`), messages the
+/// [`outbound_filter`](Builder::outbound_filter) dropped, requests withdrawn because their
+/// requester gave them up (both counted `filtered`), and unreliable messages lost with a
+/// connection. A request reported here also fails its
+/// [`PendingReply`](crate::PendingReply).
 pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
 
 /// Requests in flight to one peer, by default (`Builder::max_requests`).
@@ -670,8 +683,13 @@ impl Builder {
     ///
     /// - **per source**: one source address may hold at most a share of the pending
     ///   connections (default `pending / 4`, at least 1; see
-    ///   [`pending_per_source`](Builder::pending_per_source)); a connection beyond it is
-    ///   closed at once and counted (`ConnStats::refused_per_source`, and `refused_limit`);
+    ///   [`pending_per_source`](Builder::pending_per_source)); a new connection from an
+    ///   address holding its share displaces that address's oldest pending connection
+    ///   (`ConnStats::displaced_per_source`, and `displaced`), so strangers sharing a
+    ///   member's address cannot keep it out: the member's handshake, which takes a round
+    ///   trip, is the youngest. Beyond the share, connections accepted in one burst with
+    ///   all those the address holds are closed at once (`ConnStats::refused_per_source`,
+    ///   and `refused_limit`);
     /// - **displacement**: when `pending` connections are pending (or `total` are open), a
     ///   new connection is not refused: it displaces the oldest pending connection of the
     ///   source address holding the most (among addresses holding as many, the one whose
@@ -694,7 +712,10 @@ impl Builder {
     /// not by `max_message`.
     ///
     /// A flood from many addresses at once (more than `pending` of them within a
-    /// handshake's round trip) can still displace a member's handshake; the member redials.
+    /// handshake's round trip), or from the member's own address (more than its share
+    /// within that round trip), can still displace a member's handshake; the member
+    /// redials. A connection its dialler closed before it was accepted is dropped unjudged:
+    /// a connect/close storm takes no slot.
     pub fn connection_limits(mut self, total: usize, pending: usize) -> Self {
         self.io.proto.max_connections = total.max(1);
         self.io.proto.max_pending = pending.max(1);
@@ -704,13 +725,17 @@ impl Builder {
     /// How many pending (not yet established) accepted connections one source address may
     /// hold (default: a quarter of the `pending` limit of
     /// [`connection_limits`](Builder::connection_limits), at least 1; clamped to 1 ..=
-    /// `pending`). A connection beyond it is closed at once and counted in
-    /// `ConnStats::refused_per_source`, so one host cannot take every pending slot. IPv4
-    /// addresses and IPv6 addresses count one by one (an IPv4-mapped IPv6 address as its
-    /// IPv4 address).
+    /// `pending`), so one host cannot take every pending slot. A new connection from an
+    /// address holding its share displaces that address's oldest pending connection
+    /// (counted in `ConnStats::displaced_per_source`): strangers behind a member's address
+    /// make room for the member rather than keep it out. A burst from one address beyond
+    /// its share, taken in at one instant, is closed at once instead
+    /// (`ConnStats::refused_per_source`). IPv4 addresses and IPv6 addresses count one by
+    /// one (an IPv4-mapped IPv6 address as its IPv4 address).
     ///
     /// Raise it when many members share one address (behind NAT, or many members on one
-    /// host) and may dial this one all at once: the members over it redial with backoff.
+    /// host) and may dial this one all at once, within a handshake's round trip: the
+    /// members over it displace each other and redial with backoff.
     pub fn pending_per_source(mut self, n: usize) -> Self {
         self.pending_per_source = Some(n);
         self

@@ -33,12 +33,14 @@ pub enum Error {
     /// The node was shut down, or the peer was removed, while the message waited.
     #[error("closed: the node is shut down or the peer was removed")]
     Closed,
-    /// The message is larger than the node accepts.
-    #[error("message of {len} bytes exceeds the maximum of {max} bytes (raise Builder::max_message and window_bytes)")]
+    /// The message is larger than this node sends or than its peer accepts (the peer's
+    /// limit is learnt from its handshake and kept while it is disconnected).
+    #[error("message of {len} bytes exceeds the maximum of {max} bytes (Builder::max_message of this node or of the peer: raise it on both, with window_bytes)")]
     TooLarge {
         /// The message's length.
         len: usize,
-        /// The configured maximum.
+        /// The largest payload accepted: this node's `max_message`, or the peer's if
+        /// smaller (less a request's header, for a request).
         max: usize,
     },
     /// The peer's send window has no room now (a `try_send` turned into an `Error`).
@@ -110,6 +112,120 @@ pub enum Error {
     /// still running (typically a message handler that does not return).
     #[error("shutdown deadline passed with threads still running: {0}")]
     ShutdownTimedOut(String),
+    /// The peer took the request in but says it cannot answer it, and why (the
+    /// [`ReplyFailure`]): its reply was larger than the room this request reserved, its
+    /// application dropped the request without replying, its handler panicked on it, or it
+    /// has no handler. The request fails as soon as the peer's word arrives, not at its
+    /// timeout. The request was handled (or refused) once; whether to send it again is the
+    /// application's call.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cohort::{Error, ReplyFailure};
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let server = cohort::Node::builder("server")
+    ///     .on_message(|d| {
+    ///         // Handled, but not answered: the requester is told at once.
+    ///         let _ = d.payload();
+    ///     })
+    ///     .start()?;
+    /// let client = cohort::Node::builder("client").peer("server", server.local_addr()).start()?;
+    /// server.add_peer("client", client.local_addr())?;
+    /// match client.request("server", &b"anyone?"[..], Duration::from_secs(60)) {
+    ///     Err(Error::ReplyFailed { peer, reason: ReplyFailure::Unanswered }) => assert_eq!(peer, "server"),
+    ///     other => panic!("expected an unanswered request, got {other:?}"),
+    /// }
+    /// # client.shutdown(Duration::from_secs(5))?;
+    /// # server.shutdown(Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    #[error("'{peer}' cannot answer the request: {reason}")]
+    ReplyFailed {
+        /// The member the request went to.
+        peer: String,
+        /// Why it cannot answer.
+        reason: ReplyFailure,
+    },
+    /// A send or request made with `connected_only`
+    /// ([`SendOptions::connected_only`](crate::SendOptions::connected_only),
+    /// [`RequestOptions::connected_only`](crate::RequestOptions::connected_only)) found no
+    /// established connection to the peer: the message was not queued (the payload comes
+    /// back in the [`SendError`]). Retry once it is connected
+    /// ([`Event::Connected`](crate::Event::Connected), [`PeerStats::state`](crate::PeerStats::state)),
+    /// send it elsewhere, or send without `connected_only` to queue it until the peer is back.
+    #[error("peer '{0}' is not connected: the message was not queued (sent with connected_only); retry once it connects, or send without connected_only to queue it")]
+    NotConnected(String),
+}
+
+/// Why a peer cannot answer a request, in [`Error::ReplyFailed`]: what the replier sent
+/// back instead of a reply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ReplyFailure {
+    /// The handler's reply of `len` bytes was larger than the `room` the request reserved
+    /// for it ([`Builder::max_reply`](crate::Builder::max_reply) on the requesting node;
+    /// a handler sees it as [`Delivery::reply_room`](crate::Delivery::reply_room)).
+    TooLarge {
+        /// The refused reply's length.
+        len: u64,
+        /// The room the request reserved.
+        room: u64,
+    },
+    /// The request reached the peer's application, which dropped it (its handler
+    /// returned, or it let the [`Delivery`](crate::Delivery) go) without replying.
+    Unanswered,
+    /// The peer's message handler panicked on the request.
+    HandlerPanicked,
+    /// The peer has no message handler ([`Builder::on_message`](crate::Builder::on_message))
+    /// to answer requests.
+    NoHandler,
+    /// A reason this version does not know (a code from a newer peer).
+    Other(u8),
+}
+
+impl ReplyFailure {
+    /// The failure a status reply carries.
+    pub(crate) fn from_status(s: crate::wire::ReplyStatus) -> ReplyFailure {
+        use crate::wire::ReplyStatus;
+        match s {
+            ReplyStatus::TooLarge { len, room } => ReplyFailure::TooLarge {
+                len,
+                room: u64::from(room),
+            },
+            ReplyStatus::Unanswered => ReplyFailure::Unanswered,
+            ReplyStatus::Panicked => ReplyFailure::HandlerPanicked,
+            ReplyStatus::NoHandler => ReplyFailure::NoHandler,
+            ReplyStatus::Other(c) => ReplyFailure::Other(c),
+        }
+    }
+}
+
+impl std::fmt::Display for ReplyFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReplyFailure::TooLarge { len, room } => write!(
+                f,
+                "its reply of {len} bytes is larger than the {room} bytes this request \
+                 reserved for it (raise Builder::max_reply on this node, or have the \
+                 handler keep within Delivery::reply_room)"
+            ),
+            ReplyFailure::Unanswered => f.write_str(
+                "its application dropped the request without replying (a handler must call \
+                 Delivery::reply, or keep the Delivery to reply later)",
+            ),
+            ReplyFailure::HandlerPanicked => {
+                f.write_str("its message handler panicked on the request (see its log)")
+            }
+            ReplyFailure::NoHandler => f.write_str(
+                "it has no message handler to answer requests (set Builder::on_message, or \
+                 take requests from its Inbox)",
+            ),
+            ReplyFailure::Other(code) => write!(
+                f,
+                "it refused the request for a reason this version does not know (code {code})"
+            ),
+        }
+    }
 }
 
 /// A setting that cannot work, in [`Error::Config`]: one variant per kind of problem, each
@@ -276,11 +392,13 @@ impl From<ConfigError> for Error {
 /// not take the message: the [`Error`], and the payload handed back
 /// ([`into_inner`](SendError::into_inner)) to retry, send elsewhere or log.
 ///
-/// A send fails only before its message is queued (unknown peer, too large, node closed or
-/// peer removed, timed out waiting for the window), so the payload always comes back. What
-/// becomes of a message once queued is not the send's result: see
-/// [`Builder::on_undelivered`](crate::Builder::on_undelivered) and the counters of
-/// [`PeerStats`](crate::PeerStats).
+/// A send fails only before its message is queued (unknown peer, too large for this node
+/// or for the peer's announced limit, node closed or peer removed, timed out waiting for
+/// the window, not connected with `connected_only`), so the payload always comes back.
+/// What becomes of a message once queued is not the send's result: if it is never
+/// delivered it is reported to
+/// [`Builder::on_undelivered`](crate::Builder::on_undelivered) (see the counters of
+/// [`PeerStats`](crate::PeerStats)).
 ///
 /// Its `Display` and `source` are the error's, and it converts into [`Error`], so `?`
 /// works in a function returning `Result<_, cohort::Error>`.

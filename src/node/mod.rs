@@ -9,8 +9,8 @@ mod send;
 mod stats;
 
 pub use builder::{Builder, IdleStrategy, UndeliveredFn};
-pub use error::{ConfigError, Error, SendError, TrySendError};
-pub use send::{PeerSender, PendingReply, SendOptions, Sender};
+pub use error::{ConfigError, Error, ReplyFailure, SendError, TrySendError};
+pub use send::{PeerSender, PendingReply, RequestOptions, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
 
 use std::collections::HashMap;
@@ -57,7 +57,7 @@ pub struct ShutdownReport {
     pub undelivered: u64,
     /// Messages accepted but never published: expired, too large for the peer, unreliable
     /// ones for a disconnected peer, or still queued when the peer was removed or the node
-    /// closed.
+    /// closed. Each was reported to the undelivered callback.
     pub failed: u64,
     /// How long the shutdown took.
     pub elapsed: Duration,
@@ -197,6 +197,8 @@ impl Node {
             let warned = Arc::new(AtomicBool::new(false));
             let node = name.clone();
             Arc::new(move |d: crate::Delivery| {
+                // A requester learns at once that nobody here answers.
+                d.refuse_no_handler();
                 if !warned.swap(true, Ordering::Relaxed) {
                     log::warn!(
                         "{node}: message from '{}' dropped: no on_message handler was set",
@@ -429,7 +431,8 @@ impl Node {
     }
 
     /// Removes a member for good: its connection is closed, messages still queued for it
-    /// fail (their permits are given back), senders blocked on it wake with
+    /// fail (their permits are given back) and, like those it had not acknowledged, are
+    /// reported to [`Builder::on_undelivered`], senders blocked on it wake with
     /// [`Error::Closed`], and no reconnect scheduled earlier can bring it back. It can be
     /// added again later as a new peer.
     pub fn remove_peer(&self, name: &str) -> Result<(), Error> {
@@ -513,6 +516,28 @@ impl Node {
     #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
         self.sender.send_request(to, payload)
+    }
+
+    /// See [`Sender::request_with`].
+    pub fn request_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+        opts: RequestOptions,
+    ) -> Result<Bytes, Error> {
+        self.sender.request_with(to, payload, timeout, opts)
+    }
+
+    /// See [`Sender::send_request_with`].
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
+    pub fn send_request_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        opts: RequestOptions,
+    ) -> Result<PendingReply, Error> {
+        self.sender.send_request_with(to, payload, opts)
     }
 
     /// See [`Sender::broadcast`].
@@ -731,6 +756,7 @@ impl StatsSources {
                 refused_limit: g(&c.refused_limit),
                 refused_per_source: g(&c.refused_per_source),
                 displaced: g(&c.displaced),
+                displaced_per_source: g(&c.displaced_per_source),
                 pressure_timeouts: g(&c.pressure_timeouts),
                 tls_failures: g(&c.tls_failures),
                 timers: g(&c.timers),
@@ -764,6 +790,7 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         sent_bytes,
         filtered,
         filtered_bytes,
+        withdrawn: Counters::get(&c.withdrawn),
         failed,
         failed_bytes,
         expired: Counters::get(&c.expired),

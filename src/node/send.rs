@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::{Error, SendError, TrySendError};
+use super::{Error, ReplyFailure, SendError, TrySendError};
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
 use crate::peer::{Failure, Owed, Slot};
-use crate::peer::{Outgoing, PeerShared};
+use crate::peer::{Outgoing, PeerShared, PeerState, Return};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
@@ -29,6 +29,7 @@ pub struct SendOptions {
     oob: bool,
     unreliable: bool,
     ttl: Option<Duration>,
+    connected_only: bool,
 }
 
 impl SendOptions {
@@ -52,11 +53,84 @@ impl SendOptions {
         self
     }
 
-    /// Fail the message (counted `failed`, permits returned) if it has not been published
-    /// within `ttl` — for instance because the peer is disconnected.
+    /// Fail the message if it has not been published within `ttl` — for instance because
+    /// the peer is disconnected: it is counted `failed` (and `expired`), its permits come
+    /// back, and it is reported to
+    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered).
     pub fn ttl(mut self, ttl: Duration) -> SendOptions {
         self.ttl = Some(ttl);
         self
+    }
+
+    /// Fail fast instead of queueing when the peer has no established connection: the
+    /// send returns [`Error::NotConnected`] at once, with the payload, and nothing is
+    /// queued (ZeroMQ's `ZMQ_IMMEDIATE`, Aeron's `NOT_CONNECTED`). Without it a message to
+    /// a disconnected peer waits in its queue (within the window) until the peer is back.
+    ///
+    /// The check is made when the send starts, and again once it has its window if it had
+    /// to wait for it. It is a snapshot of what the IO thread knows: a connection can drop
+    /// right after it (or be dead without the IO thread knowing yet, until the idle
+    /// timeout). Such a message is queued as usual and follows the normal rules: resent
+    /// after the reconnect, or reported to
+    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered) if it can never be
+    /// delivered.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cohort::{Error, SendOptions};
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:9").start()?;
+    /// let opts = SendOptions::new().connected_only();
+    /// match node.send_with("beta", &b"now or never"[..], opts) {
+    ///     Err(e) if matches!(e.error(), Error::NotConnected(_)) => {
+    ///         let payload = e.into_inner(); // not queued: route it elsewhere
+    ///         assert_eq!(&payload[..], b"now or never");
+    ///     }
+    ///     other => panic!("beta is not up: {other:?}"),
+    /// }
+    /// # node.shutdown(Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn connected_only(mut self) -> SendOptions {
+        self.connected_only = true;
+        self
+    }
+}
+
+/// Options of [`Sender::request_with`] and [`Sender::send_request_with`].
+///
+/// ```
+/// let opts = cohort::RequestOptions::new().connected_only();
+/// # let _ = opts;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[must_use = "RequestOptions do nothing until passed to `request_with` or `send_request_with`"]
+pub struct RequestOptions {
+    connected_only: bool,
+}
+
+impl RequestOptions {
+    /// A request as [`Sender::request`] sends it.
+    pub fn new() -> RequestOptions {
+        RequestOptions::default()
+    }
+
+    /// Fail at once with [`Error::NotConnected`] instead of queueing the request when the
+    /// peer has no established connection (rather than wait for it until the timeout). The
+    /// same check, and the same race, as [`SendOptions::connected_only`]: a request queued
+    /// because the connection dropped right after the check waits for the peer like any
+    /// other (and is withdrawn, never sent, if its requester gives it up first).
+    pub fn connected_only(mut self) -> RequestOptions {
+        self.connected_only = true;
+        self
+    }
+
+    /// The send options a request travels with.
+    fn send_options(self) -> SendOptions {
+        SendOptions {
+            connected_only: self.connected_only,
+            ..SendOptions::new()
+        }
     }
 }
 
@@ -124,6 +198,7 @@ impl Sender {
                 max_reply,
                 stopped,
                 warned_blocking: Arc::new(AtomicBool::new(false)),
+                warned_reply: Arc::new(AtomicBool::new(false)),
             }),
         }
     }
@@ -141,6 +216,7 @@ impl Sender {
                 max_reply: c.max_reply,
                 stopped: c.stopped.clone(),
                 warned_blocking: c.warned_blocking.clone(),
+                warned_reply: c.warned_reply.clone(),
             }),
         }
     }
@@ -156,9 +232,13 @@ impl Sender {
     /// once while both processes live. Blocks (parks) while `to`'s send window is full.
     ///
     /// Fails, handing the payload back in the [`SendError`], when `to` is not a peer
-    /// ([`Error::UnknownPeer`]), the payload is larger than the node accepts
-    /// ([`Error::TooLarge`]), or the node is shut down or `to` removed, also while the send
-    /// waits ([`Error::Closed`]).
+    /// ([`Error::UnknownPeer`]), the payload is larger than this node sends or than `to`
+    /// accepts, once its handshake said so ([`Error::TooLarge`]), or the node is shut down
+    /// or `to` removed, also while the send waits ([`Error::Closed`]).
+    ///
+    /// Once accepted, a message that can never be delivered is reported to
+    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered): for instance one queued
+    /// before `to`'s limit was known and larger than it.
     pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         self.route(to).send(payload.into())
     }
@@ -188,8 +268,10 @@ impl Sender {
         self.route(to).send_oob(payload.into())
     }
 
-    /// Sends with [`SendOptions`] (out of band, expiry); blocks and fails like
-    /// [`send`](Sender::send).
+    /// Sends with [`SendOptions`] (out of band, expiry, unreliable, connected only);
+    /// blocks and fails like [`send`](Sender::send), and with [`Error::NotConnected`] for
+    /// [`connected_only`](SendOptions::connected_only) when `to` has no established
+    /// connection.
     pub fn send_with(
         &self,
         to: &str,
@@ -231,8 +313,17 @@ impl Sender {
     /// dropped and counted in [`PeerStats::late_replies`](crate::PeerStats::late_replies)),
     /// and fails fast, not at the timeout, when the peer can no longer answer:
     /// [`Error::Closed`] once it is removed or this node shuts down,
-    /// [`Error::PeerRestarted`] when it comes back as a new incarnation. A request is
-    /// delivered exactly once like any regular message, in order with the sender's others.
+    /// [`Error::PeerRestarted`] when it comes back as a new incarnation,
+    /// [`Error::TooLarge`] when the peer's handshake says it accepts less, and
+    /// [`Error::ReplyFailed`] as soon as the peer says it cannot answer (its reply was
+    /// larger than the room this request reserved, its application dropped the request
+    /// unanswered, its handler panicked, or it has none). A request is delivered exactly
+    /// once like any regular message, in order with the sender's others.
+    ///
+    /// A request given up before it left (its time ran out while it waited in the queue,
+    /// say for a peer that is down) is withdrawn: never sent, so never run by the peer
+    /// (counted in [`PeerStats::withdrawn`](crate::PeerStats::withdrawn)). One that had
+    /// left may still be run there; its reply is then dropped as late.
     ///
     /// Do not wait for a reply inside a message handler: it holds the pool thread that
     /// delivers that sender's messages. Use [`send_request`](Sender::send_request) there,
@@ -261,7 +352,8 @@ impl Sender {
         payload: impl Into<Bytes>,
         timeout: Duration,
     ) -> Result<Bytes, Error> {
-        self.route(to).request(payload.into(), timeout)
+        self.route(to)
+            .request(payload.into(), timeout, RequestOptions::new())
     }
 
     /// Sends `payload` to `to` as a request and returns at once with a handle to wait on,
@@ -285,33 +377,91 @@ impl Sender {
     /// ```
     #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
-        self.route(to).send_request(payload.into())
+        self.route(to)
+            .send_request(payload.into(), RequestOptions::new())
     }
 
-    /// Queues the reply to request `id` from `to` (see `Delivery::reply`): no window to
-    /// wait for, its request's room paid for it.
+    /// [`request`](Sender::request) with [`RequestOptions`]: with
+    /// [`connected_only`](RequestOptions::connected_only), fails at once with
+    /// [`Error::NotConnected`] when `to` has no established connection.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cohort::{Error, RequestOptions};
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:9").start()?;
+    /// let opts = RequestOptions::new().connected_only();
+    /// let r = node.sender().request_with("beta", &b"ping"[..], Duration::from_secs(2), opts);
+    /// assert!(matches!(r, Err(Error::NotConnected(_)))); // at once, not after 2 s
+    /// # node.shutdown(Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn request_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+        opts: RequestOptions,
+    ) -> Result<Bytes, Error> {
+        self.route(to).request(payload.into(), timeout, opts)
+    }
+
+    /// [`send_request`](Sender::send_request) with [`RequestOptions`] (see
+    /// [`request_with`](Sender::request_with)).
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
+    pub fn send_request_with(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+        opts: RequestOptions,
+    ) -> Result<PendingReply, Error> {
+        self.route(to).send_request(payload.into(), opts)
+    }
+
+    /// Queues the reply to request `id` from `to` (see `Delivery::reply`, which checked it
+    /// against the request's room): no window to wait for, its request's room paid for it.
+    /// Not bounded by this node's own `max_message`: the room is what the requester
+    /// reserved and takes in, whatever this node's limits for its own messages.
     pub(crate) fn reply(&self, to: &str, id: u64, payload: Bytes) -> Result<(), Error> {
         let peer = self.core.peer_named(to)?;
-        let on_wire = payload.len() + wire::REQUEST_ID_BYTES;
-        if on_wire > self.core.max_message {
-            return Err(Error::TooLarge {
-                len: payload.len(),
-                max: self.core.max_message - wire::REQUEST_ID_BYTES,
-            });
+        self.core.queue_reply(&peer, payload.len(), |owed| {
+            Outgoing::reply(id, &payload, owed)
+        })
+    }
+
+    /// Queues the word to request `id` from `to` that it cannot be answered, and why: a
+    /// reply carrying `status` instead of a payload, which fails the request at once.
+    pub(crate) fn reply_status(
+        &self,
+        to: &str,
+        id: u64,
+        status: wire::ReplyStatus,
+    ) -> Result<(), Error> {
+        let peer = self.core.peer_named(to)?;
+        let len = wire::encode_reply_status(status).len();
+        self.core
+            .queue_reply(&peer, len, |owed| Outgoing::reply_status(id, status, owed))
+    }
+
+    /// A reply of `len` bytes was refused as larger than its request's `room`: warned once
+    /// per node (the requester is told with the request's failure).
+    pub(crate) fn warn_reply_refused(&self, to: &str, len: usize, room: u64) {
+        // Relaxed: a once-only flag for a log line.
+        if !self.core.warned_reply.swap(true, Ordering::Relaxed) {
+            log::warn!(
+                "{}: a reply of {len} bytes to '{to}' was refused: its request reserved {room} \
+                 bytes for it (the requester's Builder::max_reply; Delivery::reply_room tells \
+                 a handler). Unless a smaller reply follows, the requester fails with the \
+                 reason; further refusals are logged at debug level",
+                self.core.name
+            );
+        } else {
+            log::debug!(
+                "{}: a reply of {len} bytes to '{to}' was refused: its request reserved {room} \
+                 bytes for it",
+                self.core.name
+            );
         }
-        // Until it is written it counts as held for the requester, whose connection is
-        // not read while that exceeds its receive window.
-        let owed = Owed::new(
-            peer.credit.clone(),
-            self.core.io.handoff.clone(),
-            peer.id,
-            cost(on_wire),
-        );
-        peer.outbox
-            .admit(Outgoing::reply(id, &payload, owed))
-            .map_err(|_| Error::Closed)?;
-        self.core.io.schedule(&peer);
-        Ok(())
     }
 
     /// This node's member name (as [`Node::name`](crate::Node::name)).
@@ -428,13 +578,35 @@ impl PeerSender {
 
     /// See [`Sender::request`].
     pub fn request(&self, payload: impl Into<Bytes>, timeout: Duration) -> Result<Bytes, Error> {
-        self.route().request(payload.into(), timeout)
+        self.route()
+            .request(payload.into(), timeout, RequestOptions::new())
     }
 
     /// See [`Sender::send_request`].
     #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
     pub fn send_request(&self, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
-        self.route().send_request(payload.into())
+        self.route()
+            .send_request(payload.into(), RequestOptions::new())
+    }
+
+    /// See [`Sender::request_with`].
+    pub fn request_with(
+        &self,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+        opts: RequestOptions,
+    ) -> Result<Bytes, Error> {
+        self.route().request(payload.into(), timeout, opts)
+    }
+
+    /// See [`Sender::send_request_with`].
+    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
+    pub fn send_request_with(
+        &self,
+        payload: impl Into<Bytes>,
+        opts: RequestOptions,
+    ) -> Result<PendingReply, Error> {
+        self.route().send_request(payload.into(), opts)
     }
 }
 
@@ -480,9 +652,14 @@ impl Route<'_> {
             .map_err(SendError::from_try)
     }
 
-    fn request(self, payload: Bytes, timeout: Duration) -> Result<Bytes, Error> {
+    fn request(
+        self,
+        payload: Bytes,
+        timeout: Duration,
+        opts: RequestOptions,
+    ) -> Result<Bytes, Error> {
         let deadline = Instant::now() + timeout;
-        self.send_request_until(payload, Some(deadline), timeout)
+        self.send_request_until(payload, Some(deadline), timeout, opts)
             .map_err(|e| match e {
                 // Its time ran out waiting for the window: no reply within it either.
                 Error::TimedOut(_) => Error::NoReply(timeout),
@@ -491,8 +668,8 @@ impl Route<'_> {
             .wait_until(Some(deadline), timeout)
     }
 
-    fn send_request(self, payload: Bytes) -> Result<PendingReply, Error> {
-        self.send_request_until(payload, None, Duration::ZERO)
+    fn send_request(self, payload: Bytes, opts: RequestOptions) -> Result<PendingReply, Error> {
+        self.send_request_until(payload, None, Duration::ZERO, opts)
     }
 
     /// Registers a request with the peer (within its cap) and queues it; `timeout` is what
@@ -502,11 +679,16 @@ impl Route<'_> {
         payload: Bytes,
         deadline: Option<Instant>,
         timeout: Duration,
+        opts: RequestOptions,
     ) -> Result<PendingReply, Error> {
         let peer = match self.to {
             To::Peer(p) => p.clone(),
             To::Name(name) => self.core.peer_named(name)?,
         };
+        if opts.connected_only {
+            // Before taking a slot: nothing to give up.
+            not_connected(&peer)?;
+        }
         let (id, slot) = peer
             .requests
             .register(deadline)
@@ -524,7 +706,7 @@ impl Route<'_> {
             .enqueue_to(
                 &peer,
                 payload,
-                SendOptions::new(),
+                opts.send_options(),
                 wait,
                 Kind::Request(id, self.core.max_reply),
             )
@@ -539,6 +721,21 @@ fn failure(f: Failure, peer: &str, timeout: Duration) -> Error {
         Failure::Closed => Error::Closed,
         Failure::Restarted => Error::PeerRestarted(peer.to_owned()),
         Failure::TimedOut => Error::NoReply(timeout),
+        Failure::Refused(status) => Error::ReplyFailed {
+            peer: peer.to_owned(),
+            reason: ReplyFailure::from_status(status),
+        },
+        Failure::TooLarge { len, max } => Error::TooLarge { len, max },
+    }
+}
+
+/// `Err(NotConnected)` unless `peer` has an established connection now, as the IO thread
+/// last said (a snapshot: see [`SendOptions::connected_only`]).
+fn not_connected(peer: &PeerShared) -> Result<(), Error> {
+    if peer.state() == PeerState::Connected {
+        Ok(())
+    } else {
+        Err(Error::NotConnected(peer.name.to_string()))
     }
 }
 
@@ -570,8 +767,9 @@ impl PendingReply {
 
     /// Waits at most `timeout` for the reply. Fails with [`Error::NoReply`] if none came
     /// (the request is then given up), [`Error::PeerRestarted`] as soon as the peer comes
-    /// back as a new incarnation, and [`Error::Closed`] as soon as it is removed or the
-    /// node shuts down.
+    /// back as a new incarnation, [`Error::ReplyFailed`] as soon as the peer says it cannot
+    /// answer (see [`ReplyFailure`]), and [`Error::Closed`] as soon as it is removed or
+    /// the node shuts down.
     pub fn wait(self, timeout: Duration) -> Result<Bytes, Error> {
         self.wait_until(Some(Instant::now() + timeout), timeout)
     }
@@ -587,7 +785,11 @@ impl PendingReply {
             Some(r) => Some(r),
             // Give the request up; a reply that landed in between is still ours.
             None if !self.peer.requests.forget(self.id) => self.slot.try_take(),
-            None => None,
+            None => {
+                // Given up: withdrawn if it has not left yet.
+                self.peer.note_withdrawal();
+                None
+            }
         };
         match outcome {
             Some(r) => r.map_err(|f| failure(f, &self.peer.name, timeout)),
@@ -598,8 +800,11 @@ impl PendingReply {
 
 impl Drop for PendingReply {
     fn drop(&mut self) {
-        // Answered or failed requests are already out of the table (a no-op then).
-        let _ = self.peer.requests.forget(self.id);
+        // Answered, failed or timed-out requests are already out of the table (a no-op
+        // then); one given up here is withdrawn if it has not left yet.
+        if self.peer.requests.forget(self.id) {
+            self.peer.note_withdrawal();
+        }
     }
 }
 
@@ -614,6 +819,8 @@ struct SendCore {
     stopped: Arc<AtomicBool>,
     /// A handler has blocked on a full window (warned once per node).
     warned_blocking: Arc<AtomicBool>,
+    /// A reply was refused as larger than its room (warned once per node).
+    warned_reply: Arc<AtomicBool>,
 }
 
 /// What a send queues: a message, or a request with its id and the room it reserves for
@@ -632,6 +839,26 @@ enum Wait {
 }
 
 impl SendCore {
+    /// Queues a reply (or a reply status) of `len` bytes after its id, built by `make`
+    /// with what it owes the requester: until it is written it counts as held for the
+    /// requester, whose connection is not read while that exceeds its receive window.
+    fn queue_reply(
+        &self,
+        peer: &PeerShared,
+        len: usize,
+        make: impl FnOnce(Owed) -> Outgoing,
+    ) -> Result<(), Error> {
+        let owed = Owed::new(
+            peer.credit.clone(),
+            self.io.handoff.clone(),
+            peer.id,
+            cost(len + wire::REQUEST_ID_BYTES),
+        );
+        peer.outbox.admit(make(owed)).map_err(|_| Error::Closed)?;
+        self.io.schedule(peer);
+        Ok(())
+    }
+
     fn peer_named(&self, name: &str) -> Result<Arc<PeerShared>, Error> {
         if self.stopped.load(Ordering::Acquire) {
             return Err(Error::Closed);
@@ -725,26 +952,35 @@ impl SendCore {
             Kind::Request(..) => wire::REQUEST_HEADER_BYTES,
         };
         let on_wire = len + id_bytes;
-        if on_wire > self.max_message {
+        // Ours, or the peer's once its handshake told it (kept while it is disconnected).
+        let max_message = self.max_message.min(peer.peer_max_message());
+        if on_wire > max_message {
             let e = Error::TooLarge {
                 len,
-                max: self.max_message - id_bytes.min(self.max_message),
+                max: max_message - id_bytes.min(max_message),
             };
             return Err(TrySendError::Failed(payload, e));
         }
         if self.stopped.load(Ordering::Acquire) {
             return Err(TrySendError::Failed(payload, Error::Closed));
         }
+        if opts.connected_only {
+            if let Err(e) = not_connected(peer) {
+                return Err(TrySendError::Failed(payload, e));
+            }
+        }
         let c = match kind {
             Kind::Request(_, room) => Outgoing::request_cost(len, room),
             Kind::Message => cost(len),
         };
         let window = peer.outbox.window();
+        let mut waited = false;
         let acquired = match wait {
             Wait::No => window.try_acquire(c),
             Wait::Forever | Wait::For(_) => match window.try_acquire(c) {
                 Err(AcquireError::Full) => {
                     self.warn_if_handler(peer);
+                    waited = true;
                     match wait {
                         Wait::For(d) => window.acquire_timeout(c, d),
                         _ => window.acquire(c),
@@ -772,6 +1008,13 @@ impl SendCore {
                 return Err(TrySendError::Failed(payload, e));
             }
         };
+        if waited && opts.connected_only {
+            // The connection may have dropped while the send waited for the window.
+            if let Err(e) = not_connected(peer) {
+                peer.outbox.give_back(Return::Refused, permit);
+                return Err(TrySendError::Failed(payload, e));
+            }
+        }
         let deadline = opts.ttl.map(|t| {
             peer.note_ttl();
             Instant::now() + t

@@ -1,5 +1,5 @@
 //! Counters a user can read and check: per peer they add up
-//! (`accepted == sent + failed + queued`), and at quiescence `available == window`.
+//! (`accepted == sent + filtered + failed + queued`), and at quiescence `available == window`.
 
 use std::fmt;
 use std::time::Duration;
@@ -24,13 +24,18 @@ pub struct PeerStats {
     pub sent: u64,
     /// Their payload bytes.
     pub sent_bytes: u64,
-    /// Messages dropped by the outbound filter at publish time (permits returned, never
-    /// sent).
+    /// Messages dropped at publish time on the application's word (permits returned, never
+    /// sent, not reported to `on_undelivered`): refused by the outbound filter, or
+    /// [`withdrawn`](PeerStats::withdrawn).
     pub filtered: u64,
     /// Their payload bytes.
     pub filtered_bytes: u64,
+    /// ... of which requests withdrawn: given up by their requester (timed out, or the
+    /// `PendingReply` dropped) before they left, so never sent and never run by the peer.
+    pub withdrawn: u64,
     /// Messages that failed before publication (peer removed, node shut down, expired, too
-    /// large for the peer).
+    /// large for the peer, unreliable without a connection): each reported to
+    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered) (but replies).
     pub failed: u64,
     /// Their payload bytes.
     pub failed_bytes: u64,
@@ -112,7 +117,8 @@ pub struct PeerStats {
     pub last_heard: Option<std::time::Duration>,
     /// This node's requests to the peer waiting for their reply now.
     pub requests_in_flight: usize,
-    /// Replies from the peer that reached their request.
+    /// Replies from the peer that reached their request, counting the peer's word that it
+    /// cannot answer one (a reply status: [`Error::ReplyFailed`](crate::Error::ReplyFailed)).
     pub replies: u64,
     /// Replies from the peer that came after their request was given up (timed out,
     /// dropped, failed), or answered a request twice: dropped.
@@ -173,12 +179,20 @@ pub struct ConnStats {
     /// at its limit of open connections with no pending connection to displace, or ...
     pub refused_limit: u64,
     /// ... of which because their source address already held its share of pending
-    /// connections ([`Builder::pending_per_source`](crate::Builder::pending_per_source)).
+    /// connections ([`Builder::pending_per_source`](crate::Builder::pending_per_source)),
+    /// every one of them accepted in the same burst as the refused one (taken in at the
+    /// same instant): none had had its chance to answer, so none was displaced for it.
     pub refused_per_source: u64,
     /// Accepted connections still in their handshake (unauthenticated, with a secret) that
-    /// were closed to make room for a newer connection, the pending table or the node
-    /// being full: the oldest of the source address holding the most pending connections.
+    /// were closed to make room for a newer connection: the oldest of the source address
+    /// holding the most pending connections when the pending table or the node was full,
+    /// or ...
     pub displaced: u64,
+    /// ... of which the oldest of the newer connection's own source address, which held
+    /// its share of pending connections
+    /// ([`Builder::pending_per_source`](crate::Builder::pending_per_source)): strangers
+    /// sharing a member's address make room for the member instead of keeping it out.
+    pub displaced_per_source: u64,
     /// Connections closed for a TLS failure: a failed TLS handshake (unknown CA, bad or
     /// expired certificate, a peer that does not speak TLS), or a certificate not valid for
     /// the member name claimed. Always 0 without the `tls` feature.
@@ -313,7 +327,7 @@ impl fmt::Display for Stats {
         let c = &self.connections;
         write!(
             f,
-            "connections: {} open, {} established, {} pending, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} name in use, {} auth), {} shed by limits ({} per source, {} displaced), {} handshake timeouts ({} under pressure), {} idle timeouts, {} tie-breaks, {} protocol errors ({} past the window), {} read pauses, {} TLS failures",
+            "connections: {} open, {} established, {} pending, {} accepted, {} dialled ({} failed), {} handshakes, {} refused ({} cluster, {} unknown, {} version, {} name in use, {} auth), {} shed by limits ({} refused per source, {} displaced, {} of them by their own address), {} handshake timeouts ({} under pressure), {} idle timeouts, {} tie-breaks, {} protocol errors ({} past the window), {} read pauses, {} TLS failures",
             c.open,
             c.established,
             c.pending,
@@ -330,6 +344,7 @@ impl fmt::Display for Stats {
             c.refused_limit + c.displaced,
             c.refused_per_source,
             c.displaced,
+            c.displaced_per_source,
             c.handshake_timeouts,
             c.pressure_timeouts,
             c.idle_timeouts,
@@ -396,6 +411,7 @@ mod tests {
             sent_bytes: 30,
             filtered: 0,
             filtered_bytes: 0,
+            withdrawn: 0,
             failed: 0,
             failed_bytes: 0,
             expired: 0,

@@ -26,7 +26,7 @@ pub use requests::{Failure, Requests, Slot};
 use crate::deliver::{OobQueue, Progress, SenderQueue};
 use crate::flow::RecvCredit;
 use crate::handoff::Scheduled;
-use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use crate::sync::{Arc, SharedStr};
 
 /// Where a peer is in its lifecycle.
@@ -118,7 +118,8 @@ impl<'a> PeerInfo<'a> {
 pub type OutboundFilter = dyn Fn(&PeerInfo<'_>, &Outgoing) -> bool + Send + Sync;
 
 /// Per-peer counters. They add up: `accepted == sent + filtered + failed + queued` at every
-/// instant the stats are read (queued is derived).
+/// instant the stats are read (queued is derived). `expired` is part of `failed`,
+/// `withdrawn` part of `filtered`.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) sent: AtomicU64,
@@ -128,6 +129,8 @@ pub(crate) struct Counters {
     pub(crate) filtered: AtomicU64,
     pub(crate) filtered_bytes: AtomicU64,
     pub(crate) expired: AtomicU64,
+    /// Requests given up by their requester before they left (counted in `filtered`).
+    pub(crate) withdrawn: AtomicU64,
     pub(crate) probes: AtomicU64,
     pub(crate) received: AtomicU64,
     pub(crate) received_bytes: AtomicU64,
@@ -247,6 +250,14 @@ pub(crate) struct PeerShared {
     /// Set once a message with a time-to-live was queued: the IO thread then sweeps this
     /// peer's queue for expired messages while it is disconnected.
     uses_ttl: AtomicBool,
+    /// Set when a requester gave up a request (timed out, or its `PendingReply` dropped):
+    /// the IO thread then sweeps this peer's queue for withdrawn requests while it is
+    /// disconnected, so their permits come back before the peer does.
+    withdrawals: AtomicBool,
+    /// The largest message the peer accepts, from its last handshake (`usize::MAX` until
+    /// one completed); kept while it is disconnected. Written by the IO thread, read by
+    /// senders, which refuse a larger message at once.
+    peer_max_message: AtomicUsize,
     /// Lifecycle state mirrored for stats (the IO thread owns the real one).
     state: AtomicU8,
     pub(crate) credit: Arc<RecvCredit>,
@@ -290,6 +301,8 @@ impl PeerShared {
             outbox: Outbox::new(window),
             scheduled: Scheduled::new(),
             uses_ttl: AtomicBool::new(false),
+            withdrawals: AtomicBool::new(false),
+            peer_max_message: AtomicUsize::new(usize::MAX),
             state: AtomicU8::new(PeerState::Backoff as u8),
             credit,
             member,
@@ -309,6 +322,34 @@ impl PeerShared {
 
     pub(crate) fn ttl_queued(&self) -> bool {
         self.uses_ttl.load(Ordering::Relaxed)
+    }
+
+    /// A requester gave up a request: the IO thread may withdraw it from the queue.
+    pub(crate) fn note_withdrawal(&self) {
+        // Relaxed: a hint for the IO thread's sweep; publishing checks every request anyway.
+        if !self.withdrawals.load(Ordering::Relaxed) {
+            self.withdrawals.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a request was given up since the last call (the IO thread's sweep).
+    pub(crate) fn take_withdrawals(&self) -> bool {
+        // Relaxed: a hint (see `note_withdrawal`).
+        self.withdrawals.load(Ordering::Relaxed) && self.withdrawals.swap(false, Ordering::Relaxed)
+    }
+
+    /// The largest message the peer accepts, as its last handshake said (`usize::MAX`
+    /// while none has completed).
+    pub(crate) fn peer_max_message(&self) -> usize {
+        // Relaxed: one value on its own; a sender that reads an older one is caught when
+        // its message is published.
+        self.peer_max_message.load(Ordering::Relaxed)
+    }
+
+    /// The peer's handshake said it accepts messages of at most `max` bytes.
+    pub(crate) fn learn_max_message(&self, max: usize) {
+        // Relaxed: see `peer_max_message`.
+        self.peer_max_message.store(max, Ordering::Relaxed);
     }
 
     pub(crate) fn state(&self) -> PeerState {

@@ -11,8 +11,10 @@
 //! |---|---|---|
 //! | outbox closed when the message arrived | `admit` | `Refused` |
 //! | the outbound filter dropped it at publish time | IO thread, `proto::Peer::publish` | `Filtered` |
-//! | its deadline passed while it was queued | IO thread, `Peer::publish` / `Peer::expire_queued` (tick) | `Expired` |
+//! | its deadline passed while it was queued | IO thread, `Peer::publish` / `Peer::sweep_queued` (tick) | `Expired` |
 //! | the peer cannot take a message that large | IO thread, `Peer::publish` | `Failed` |
+//! | a request its requester gave up (timed out, handle dropped) before it left | IO thread, `Peer::publish` / `Peer::sweep_queued` (tick) | `Withdrawn` |
+//! | a `connected_only` send whose peer disconnected while it waited for the window | `SendCore::enqueue_to` | `Refused` |
 //! | unreliable, for a disconnected peer of a journalling node | IO thread, `Peer::publish` | `Failed` |
 //! | the peer was removed / the node shut down with it queued | IO thread, `Peer::retire` | `Failed` |
 //! | published, then credited back by the receiver | IO thread, `Peer::on_ack` via [`Ledger::credit`] | `Credited` |
@@ -156,6 +158,27 @@ impl Outgoing {
         }
     }
 
+    /// The word to request `id` that it cannot be answered, and why: a reply carrying
+    /// `status` instead of a payload ([`wire::FLAG_STATUS`]), queued, sent and counted
+    /// exactly like a reply.
+    pub(crate) fn reply_status(id: u64, status: wire::ReplyStatus, owed: Owed) -> Outgoing {
+        let mut m = Outgoing::reply(id, &wire::encode_reply_status(status), owed);
+        m.flags |= wire::FLAG_STATUS;
+        m
+    }
+
+    /// This reply turned into the word that it could not be sent, and why (`status`): same
+    /// request id, same place in the queue, the same bytes held for the requester.
+    pub(crate) fn into_status(self, status: wire::ReplyStatus) -> Outgoing {
+        debug_assert!(self.is_reply(), "only a reply becomes a status");
+        let id = wire::request_id(&self.payload).unwrap_or_default();
+        Outgoing {
+            payload: tagged(&id.to_le_bytes(), &wire::encode_reply_status(status)),
+            flags: self.flags | wire::FLAG_STATUS,
+            ..self
+        }
+    }
+
     /// Window bytes a request of `payload_len` bytes reserving `room` for its reply takes.
     pub(crate) fn request_cost(payload_len: usize, room: u32) -> u64 {
         cost(payload_len + wire::REQUEST_HEADER_BYTES) + u64::from(room)
@@ -185,6 +208,11 @@ impl Outgoing {
     /// Whether it is the reply to a request (`Delivery::reply`).
     pub fn is_reply(&self) -> bool {
         self.flags & wire::FLAG_REPLY != 0
+    }
+    /// Whether it is a reply that says why its request cannot be answered instead of
+    /// carrying a payload (its [`payload`](Outgoing::payload) is the encoded status).
+    pub fn is_status(&self) -> bool {
+        self.flags & wire::FLAG_STATUS != 0
     }
     /// Whether it was sent out of band.
     pub fn is_oob(&self) -> bool {
@@ -226,15 +254,19 @@ pub enum Return {
     /// The message failed before publication (peer removed, node shut down, too large for
     /// the peer).
     Failed = 3,
-    /// The outbox was already closed when the message arrived.
+    /// The outbox was already closed when the message arrived (or a `connected_only` send
+    /// found its peer disconnected once it had its permits).
     Refused = 4,
     /// Published, but its credit can never come back (the peer restarted or was removed).
     Retired = 5,
     /// An unreliable message a broken connection swallowed (found at the next handshake).
     Lost = 6,
+    /// A request its requester gave up (timed out, or its handle dropped) before it left
+    /// the queue: withdrawn, never sent.
+    Withdrawn = 7,
 }
 
-const RETURNS: usize = 7;
+const RETURNS: usize = 8;
 
 #[derive(Debug, Default)]
 struct Queue {

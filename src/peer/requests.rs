@@ -3,8 +3,9 @@
 //! A requester registers a slot (waiting while the peer's cap of requests in flight is
 //! reached), sends the request with the slot's id, and waits on the slot. The IO thread
 //! fills it when the reply arrives, or fails it when the peer can no longer answer (removed,
-//! node shut down, restarted as a new incarnation). A reply whose slot is gone (timed out,
-//! dropped, already answered) is dropped and counted late.
+//! node shut down, restarted as a new incarnation), or when the peer says it cannot answer
+//! (a reply carrying a [`ReplyStatus`] instead of a payload). A reply whose slot is gone
+//! (timed out, dropped, already answered) is dropped and counted late.
 //!
 //! The cap bounds how many requests one requester keeps waiting; what bounds the replies
 //! themselves is the room each request reserves in the window (`deliver::ReplyRoom`).
@@ -16,6 +17,7 @@ use bytes::Bytes;
 
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{wait_until, Arc, Condvar, Mutex};
+use crate::wire::ReplyStatus;
 
 /// Why a request got no reply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +28,16 @@ pub enum Failure {
     Restarted,
     /// No reply (or no room to send the request) before the deadline.
     TimedOut,
+    /// The peer answered that it cannot reply, and why.
+    Refused(ReplyStatus),
+    /// The request (`len` bytes of payload) is larger than the peer accepts (`max` bytes
+    /// of payload), as learnt from its handshake after the request was queued: never sent.
+    TooLarge {
+        /// The request's payload length.
+        len: usize,
+        /// The largest request payload the peer accepts.
+        max: usize,
+    },
 }
 
 /// Where one request's reply lands.
@@ -160,6 +172,27 @@ impl Requests {
         waiting
     }
 
+    /// Whether request `id` still waits for its reply: `false` once it was answered, failed
+    /// or given up (timed out, its handle dropped). The IO thread withdraws a queued
+    /// request that no longer waits instead of sending it.
+    pub fn is_waiting(&self, id: u64) -> bool {
+        self.table.lock().slots.contains_key(&id)
+    }
+
+    /// Fails request `id` with `why` now (the IO thread found it cannot be sent). `false`
+    /// if it no longer waited.
+    pub fn fail(&self, id: u64, why: Failure) -> bool {
+        let slot = self.table.lock().slots.remove(&id);
+        match slot {
+            Some(w) => {
+                self.room.notify_one();
+                w.slot.fill(Err(why));
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The IO thread published request `id`: from now on only the incarnation it went to
     /// can answer it.
     pub fn mark_sent(&self, id: u64) {
@@ -168,9 +201,9 @@ impl Requests {
         }
     }
 
-    /// The IO thread: the reply to request `id` arrived. `false` if nobody waits for it
-    /// any more (counted late).
-    pub fn answer(&self, id: u64, reply: Bytes) -> bool {
+    /// The IO thread: the reply to request `id` arrived (a payload, or the peer's word
+    /// that it cannot answer). `false` if nobody waits for it any more (counted late).
+    pub fn answer(&self, id: u64, reply: Result<Bytes, Failure>) -> bool {
         let slot = self.table.lock().slots.remove(&id);
         match slot.map(|w| w.slot) {
             Some(slot) => {
@@ -179,7 +212,7 @@ impl Requests {
                 // the stats after its last reply sees every one counted. (Relaxed: the
                 // slot's lock orders it before the waiter's wake-up.)
                 self.answered.fetch_add(1, Ordering::Relaxed);
-                slot.fill(Ok(reply));
+                slot.fill(reply);
                 true
             }
             None => {
@@ -256,10 +289,23 @@ mod tests {
         let r = Requests::new(4);
         let (id, slot) = r.register(None).expect("room");
         assert!(slot.try_take().is_none());
-        assert!(r.answer(id, Bytes::from_static(b"yes")));
+        assert!(r.answer(id, Ok(Bytes::from_static(b"yes"))));
         assert_eq!(slot.take_until(None), Some(Ok(Bytes::from_static(b"yes"))));
-        assert!(!r.answer(id, Bytes::from_static(b"again")), "answered once");
+        assert!(
+            !r.answer(id, Ok(Bytes::from_static(b"again"))),
+            "answered once"
+        );
         assert_eq!((r.answered(), r.late(), r.in_flight()), (1, 1, 0));
+    }
+
+    #[test]
+    fn a_refusal_reaches_its_slot_as_a_failure() {
+        let r = Requests::new(4);
+        let (id, slot) = r.register(None).expect("room");
+        let why = Failure::Refused(ReplyStatus::Unanswered);
+        assert!(r.answer(id, Err(why)));
+        assert_eq!(slot.try_take(), Some(Err(why)));
+        assert_eq!((r.answered(), r.in_flight()), (1, 0));
     }
 
     #[test]
@@ -286,12 +332,26 @@ mod tests {
         assert!(sb.try_take().is_none(), "a kept request still waits");
         assert!(sc.try_take().is_none(), "an unsent request still waits");
         assert!(
-            !r.answer(a, Bytes::new()),
+            !r.answer(a, Ok(Bytes::new())),
             "a failed request's reply is late"
         );
         r.close();
         assert_eq!(sb.try_take(), Some(Err(Failure::Closed)));
         assert_eq!(sc.try_take(), Some(Err(Failure::Closed)));
         assert_eq!(r.register(None).map(|_| ()), Err(Failure::Closed));
+    }
+
+    #[test]
+    fn a_request_failed_by_the_io_thread_no_longer_waits() {
+        let r = Requests::new(4);
+        let (a, sa) = r.register(None).expect("room");
+        let (b, _sb) = r.register(None).expect("room");
+        assert!(r.is_waiting(a) && r.is_waiting(b));
+        let why = Failure::TooLarge { len: 10, max: 5 };
+        assert!(r.fail(a, why));
+        assert_eq!(sa.try_take(), Some(Err(why)));
+        assert!(!r.is_waiting(a) && !r.fail(a, why), "failed once");
+        assert!(r.forget(b));
+        assert!(!r.is_waiting(b), "given up: withdrawn if still queued");
     }
 }

@@ -4,8 +4,13 @@
 //! accepted connection and keeps the table up to date; the rules (OpenSSH's `MaxStartups`
 //! and `PerSourceMaxStartups` are the model) are:
 //!
-//! - **per source**: a source address holding `per_source` pending connections has the new
-//!   one refused at once, so one host cannot take every slot;
+//! - **per source**: a source address holds at most `per_source` pending connections, so
+//!   one host cannot take every slot. A new connection from an address holding its share is
+//!   not refused: it displaces that address's oldest pending connection, so strangers
+//!   sharing a member's address (NAT, a proxy, one host running both) cannot keep the
+//!   member out — its handshake lasts one round trip, so it is young. Only connections
+//!   accepted before the newcomer are displaced: among those accepted at one instant (one
+//!   burst the IO thread takes in at once), the ones beyond the share are refused;
 //! - **displacement**: when the table is full (or the node is at its connection limit), a
 //!   new connection is not refused: it displaces the oldest pending connection of the
 //!   source holding the most (among sources holding as many, the one whose oldest is
@@ -40,10 +45,14 @@ pub(crate) enum Verdict {
     Admit,
     /// The table (or the node) is full: admit it after closing this pending connection.
     Displace(LinkId),
+    /// Its source address holds its share of pending connections already: admit it after
+    /// closing this, the oldest of them.
+    DisplaceOwn(LinkId),
     /// Full, and nothing pending to displace (every connection is a member's or our own
     /// dial): refuse it.
     Full,
-    /// Its source address holds its share of pending connections already: refuse it.
+    /// Its source address holds its share of pending connections already, every one of
+    /// them accepted at the same instant as it (one burst): refuse it.
     SourceFull,
 }
 
@@ -119,12 +128,22 @@ impl Admission {
         self.entries.get(&token).map(|e| e.since)
     }
 
-    /// The verdict on a connection just accepted from `source`; `node_full` says the node
-    /// is at its limit of open connections. Changes nothing: the caller acts on it, then
-    /// [`insert`](Admission::insert)s an admitted connection.
-    pub(crate) fn judge(&self, source: IpAddr, node_full: bool) -> Verdict {
-        if self.held_by(source) >= self.per_source {
-            return Verdict::SourceFull;
+    /// The verdict on a connection just accepted from `source` at `now`; `node_full` says
+    /// the node is at its limit of open connections. Changes nothing: the caller acts on
+    /// it, then [`insert`](Admission::insert)s an admitted connection.
+    pub(crate) fn judge(&self, source: IpAddr, now: Instant, node_full: bool) -> Verdict {
+        if let Some(q) = self
+            .sources
+            .get(&source)
+            .filter(|q| q.len() >= self.per_source)
+        {
+            // Its address holds its share: the newcomer takes the place of the oldest, which
+            // had its chance to answer, unless that one came in at this same instant.
+            let oldest = q.front().map(|&(_, t)| t);
+            return match oldest.filter(|t| self.since(*t).is_some_and(|s| s < now)) {
+                Some(t) => Verdict::DisplaceOwn(t),
+                None => Verdict::SourceFull,
+            };
         }
         if !node_full && self.len() < self.max_pending {
             return Verdict::Admit;
@@ -218,11 +237,14 @@ impl Admission {
 /// `debug`, and in a `warn` summary at most every [`Shedding::EVERY`].
 #[derive(Debug, Default)]
 pub(crate) struct Shedding {
-    /// Refused over the per-source share.
+    /// Refused over the per-source share (a burst from one address beyond it).
     pub(crate) over_source: u64,
     /// Refused with the node full and nothing to displace.
     pub(crate) refused: u64,
+    /// Displaced by a newer connection, of which `displaced_own` by one from the same
+    /// address, which held its share.
     pub(crate) displaced: u64,
+    pub(crate) displaced_own: u64,
     /// Handshake deadlines passed, of which `early` before `handshake_timeout` (pressure).
     pub(crate) timed_out: u64,
     pub(crate) early: u64,
@@ -253,8 +275,8 @@ impl Shedding {
             None => "starting".to_owned(),
         };
         let line = format!(
-            "shedding unauthenticated connections ({since}): {} displaced, {} refused over the per-source limit, {} refused at the connection limit, {} handshakes timed out ({} early, under pressure)",
-            self.displaced, self.over_source, self.refused, self.timed_out, self.early
+            "shedding unauthenticated connections ({since}): {} displaced ({} by a newer one from the same address), {} refused over the per-source limit, {} refused at the connection limit, {} handshakes timed out ({} early, under pressure)",
+            self.displaced, self.displaced_own, self.over_source, self.refused, self.timed_out, self.early
         );
         *self = Shedding {
             last_warning: Some(now),
@@ -274,19 +296,97 @@ mod tests {
     }
 
     #[test]
-    fn the_per_source_share_is_refused_beyond() {
+    fn a_source_at_its_share_displaces_its_own_oldest() {
         let mut a = Admission::new(8, 2);
-        let now = Instant::now();
-        a.insert(LinkId(1), ip(1), now);
-        assert_eq!(a.judge(ip(1), false), Verdict::Admit);
-        a.insert(LinkId(2), ip(1), now);
-        assert_eq!(a.judge(ip(1), false), Verdict::SourceFull);
-        assert_eq!(a.judge(ip(2), false), Verdict::Admit);
+        let t0 = Instant::now();
+        let later = t0 + Duration::from_millis(1);
+        a.insert(LinkId(1), ip(1), t0);
+        assert_eq!(a.judge(ip(1), later, false), Verdict::Admit);
+        a.insert(LinkId(2), ip(1), later);
+        // .1 holds its share: a newcomer from it takes the place of its oldest, whichever
+        // address holds the most, with free slots in the table.
+        let t1 = later + Duration::from_millis(1);
+        assert_eq!(a.judge(ip(1), t1, false), Verdict::DisplaceOwn(LinkId(1)));
+        assert_eq!(a.judge(ip(1), t1, true), Verdict::DisplaceOwn(LinkId(1)));
+        assert_eq!(a.judge(ip(2), t1, false), Verdict::Admit);
         a.remove(LinkId(1));
-        assert_eq!(a.judge(ip(1), false), Verdict::Admit);
+        a.insert(LinkId(3), ip(1), t1);
+        assert_eq!(a.held_by(ip(1)), 2, "never more than its share");
+        assert_eq!(
+            a.judge(ip(1), t1 + Duration::from_millis(1), false),
+            Verdict::DisplaceOwn(LinkId(2)),
+            "oldest first"
+        );
+        a.remove(LinkId(2));
+        assert_eq!(a.judge(ip(1), t1, false), Verdict::Admit);
         assert_eq!(default_per_source(128), 32);
         assert_eq!(default_per_source(2), 1);
         assert_eq!(Admission::new(4, 100).per_source(), 4);
+    }
+
+    #[test]
+    fn a_burst_beyond_the_share_at_one_instant_is_refused() {
+        let mut a = Admission::new(8, 3);
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_millis(1);
+        a.insert(LinkId(1), ip(1), t0);
+        a.insert(LinkId(2), ip(1), t1);
+        a.insert(LinkId(3), ip(1), t1);
+        // At t1 only the one from t0 may go: it had its chance to answer.
+        assert_eq!(a.judge(ip(1), t1, false), Verdict::DisplaceOwn(LinkId(1)));
+        a.remove(LinkId(1));
+        a.insert(LinkId(4), ip(1), t1);
+        // The share is all from t1: more of that burst are refused, none displaced.
+        assert_eq!(a.judge(ip(1), t1, false), Verdict::SourceFull);
+        assert_eq!(a.judge(ip(1), t1, true), Verdict::SourceFull);
+        // Another address is not held back by it.
+        assert_eq!(a.judge(ip(2), t1, false), Verdict::Admit);
+        // A later instant displaces the burst's oldest.
+        let t2 = t1 + Duration::from_nanos(1);
+        assert_eq!(a.judge(ip(1), t2, false), Verdict::DisplaceOwn(LinkId(2)));
+        // A share of one.
+        let mut b = Admission::new(8, 1);
+        b.insert(LinkId(1), ip(1), t0);
+        assert_eq!(b.judge(ip(1), t0, false), Verdict::SourceFull);
+        assert_eq!(b.judge(ip(1), t1, false), Verdict::DisplaceOwn(LinkId(1)));
+    }
+
+    #[test]
+    fn a_flood_from_a_members_address_displaces_strangers_not_the_member() {
+        // A member's handshake from .1 amid strangers from .1 holding its share: every
+        // newcomer from .1 displaces the oldest, so the member's connection, accepted after
+        // them, goes only once `per_source` newer ones from .1 arrived during its handshake.
+        let per_source = 4;
+        let mut a = Admission::new(16, per_source);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        for t in 0..per_source {
+            a.insert(LinkId(t), ip(1), at(t as u64));
+        }
+        let member = LinkId(100);
+        match a.judge(ip(1), at(10), false) {
+            Verdict::DisplaceOwn(v) => {
+                assert_eq!(v, LinkId(0));
+                a.remove(v);
+            }
+            v => panic!("the member's connection is admitted, got {v:?}"),
+        }
+        a.insert(member, ip(1), at(10));
+        for t in 1..per_source {
+            let v = a.judge(ip(1), at(10 + t as u64), false);
+            assert_eq!(v, Verdict::DisplaceOwn(LinkId(t)), "strangers go first");
+            a.remove(LinkId(t));
+            a.insert(LinkId(200 + t), ip(1), at(10 + t as u64));
+        }
+        assert!(a.since(member).is_some(), "the member's handshake survives");
+        assert_eq!(
+            a.judge(ip(1), at(20), false),
+            Verdict::DisplaceOwn(member),
+            "... until `per_source` newer ones came from its address"
+        );
+        // Other addresses never lose a connection to .1's flood.
+        a.insert(LinkId(300), ip(2), at(0));
+        assert_eq!(a.judge(ip(1), at(21), true), Verdict::DisplaceOwn(member));
     }
 
     #[test]
@@ -300,24 +400,30 @@ mod tests {
         }
         a.insert(LinkId(6), ip(5), now);
         assert_eq!(a.biggest(), Some((ip(9), 4)));
-        // The flood's own oldest goes, whoever arrives.
-        assert_eq!(a.judge(ip(9), false), Verdict::SourceFull);
-        assert_eq!(a.judge(ip(7), false), Verdict::Displace(LinkId(2)));
+        // The flood's own oldest goes, whoever arrives (a newcomer from .9 at this same
+        // instant is refused; later, it displaces its own oldest).
+        assert_eq!(a.judge(ip(9), now, false), Verdict::SourceFull);
+        let later = now + Duration::from_millis(1);
+        assert_eq!(
+            a.judge(ip(9), later, false),
+            Verdict::DisplaceOwn(LinkId(2))
+        );
+        assert_eq!(a.judge(ip(7), now, false), Verdict::Displace(LinkId(2)));
         a.remove(LinkId(2));
         a.insert(LinkId(7), ip(7), now);
-        assert_eq!(a.judge(ip(1), false), Verdict::Displace(LinkId(3)));
+        assert_eq!(a.judge(ip(1), now, false), Verdict::Displace(LinkId(3)));
         a.remove(LinkId(3));
         a.insert(LinkId(8), ip(1), now);
         // .9 and .1 now hold two each: .1's oldest (token 1) is older than .9's (token 4).
-        assert_eq!(a.judge(ip(3), false), Verdict::Displace(LinkId(1)));
+        assert_eq!(a.judge(ip(3), now, false), Verdict::Displace(LinkId(1)));
         a.remove(LinkId(1));
         a.insert(LinkId(9), ip(3), now);
-        assert_eq!(a.judge(ip(3), false), Verdict::Displace(LinkId(4)));
+        assert_eq!(a.judge(ip(3), now, false), Verdict::Displace(LinkId(4)));
         // The node at its connection limit displaces as well, even with free slots.
         let mut b = Admission::new(6, 4);
-        assert_eq!(b.judge(ip(1), true), Verdict::Full);
+        assert_eq!(b.judge(ip(1), now, true), Verdict::Full);
         b.insert(LinkId(1), ip(1), now);
-        assert_eq!(b.judge(ip(2), true), Verdict::Displace(LinkId(1)));
+        assert_eq!(b.judge(ip(2), now, true), Verdict::Displace(LinkId(1)));
     }
 
     #[test]
@@ -401,6 +507,8 @@ mod tests {
         let first = s.warning(t0).expect("shedding starts: said at once");
         assert!(first.contains("3 displaced"), "{first}");
         s.over_source += 1;
+        s.displaced += 2;
+        s.displaced_own += 2;
         assert_eq!(s.warning(t0 + Duration::from_secs(1)), None);
         let next = s
             .warning(t0 + Shedding::EVERY)
@@ -409,6 +517,9 @@ mod tests {
             next.contains("1 refused over the per-source limit"),
             "{next}"
         );
-        assert!(next.contains("0 displaced"), "counts start again: {next}");
+        assert!(
+            next.contains("2 displaced (2 by a newer one from the same address)"),
+            "counts start again: {next}"
+        );
     }
 }

@@ -100,10 +100,13 @@ pub(crate) struct NodeCounters {
     pub(crate) read_pauses: AtomicU64,
     pub(crate) idle_timeouts: AtomicU64,
     pub(crate) refused_limit: AtomicU64,
-    /// Accepted links refused because their source held its share of pending ones.
+    /// Accepted links refused because their source held its share of pending ones, all
+    /// accepted at the same instant (one burst).
     pub(crate) refused_per_source: AtomicU64,
     /// Pending accepted links closed to make room for a newer one.
     pub(crate) displaced: AtomicU64,
+    /// ... of which for one from the same address, which held its share.
+    pub(crate) displaced_per_source: AtomicU64,
     /// Handshake timeouts that came early because the pending table was over half full.
     pub(crate) pressure_timeouts: AtomicU64,
     pub(crate) journal_failures: AtomicU64,
@@ -742,11 +745,12 @@ impl Endpoint {
 
     // ---- links: opening and closing --------------------------------------------------
 
-    /// Judges a connection just accepted from `source` (before anything is spent on it).
-    pub(crate) fn judge(&mut self, from: SocketAddr) -> Verdict {
+    /// Judges a connection just accepted from `from` at `now` (before anything is spent on
+    /// it).
+    pub(crate) fn judge(&mut self, now: Instant, from: SocketAddr) -> Verdict {
         let source = admission::source_of(from.ip());
         let node_full = self.links.len() >= self.cfg.max_connections;
-        let v = self.admission.judge(source, node_full);
+        let v = self.admission.judge(source, now, node_full);
         if matches!(v, Verdict::SourceFull | Verdict::Full) {
             self.refuse_stranger(from, v);
         }
@@ -765,8 +769,10 @@ impl Endpoint {
         verdict: Verdict,
         nonce: Nonce,
     ) {
-        if let Verdict::Displace(victim) = verdict {
-            self.displace(now, victim, from);
+        match verdict {
+            Verdict::Displace(victim) => self.displace(now, victim, from, false),
+            Verdict::DisplaceOwn(victim) => self.displace(now, victim, from, true),
+            Verdict::Admit | Verdict::Full | Verdict::SourceFull => {}
         }
         Counters::add(&self.counters.accepted, 1);
         log::debug!("{}: accepted connection from {from}", self.cfg.name);
@@ -822,7 +828,7 @@ impl Endpoint {
             Counters::add(&self.counters.refused_per_source, 1);
             self.shedding.over_source += 1;
             log::debug!(
-                "{}: refusing connection from {from}: its address holds {} handshaking connections already (limit {})",
+                "{}: refusing connection from {from}: its address holds its share of handshaking connections ({} of {} at most), all accepted in the same burst as it",
                 self.cfg.name,
                 self.admission.held_by(admission::source_of(from.ip())),
                 self.admission.per_source()
@@ -838,23 +844,36 @@ impl Endpoint {
         }
     }
 
-    /// Closes pending link `victim` to make room for one from `from`.
-    fn displace(&mut self, now: Instant, victim: LinkId, from: SocketAddr) {
+    /// Closes pending link `victim` to make room for one from `from`: the oldest of the
+    /// address holding the most, or (`own`) of `from`'s address, which holds its share.
+    fn displace(&mut self, now: Instant, victim: LinkId, from: SocketAddr, own: bool) {
         Counters::add(&self.counters.displaced, 1);
         self.shedding.displaced += 1;
+        if own {
+            Counters::add(&self.counters.displaced_per_source, 1);
+            self.shedding.displaced_own += 1;
+        }
         if log::log_enabled!(log::Level::Debug) {
             let age = self
                 .admission
                 .since(victim)
                 .map(|t| now.saturating_duration_since(t))
                 .unwrap_or_default();
-            let held = self.admission.biggest().map_or(0, |(_, n)| n);
-            log::debug!(
-                "{}: {} of {} handshaking slots taken; closing the oldest connection ({age:.1?} old) of the address holding the most ({held}) for one from {from}",
-                self.cfg.name,
-                self.admission.len(),
-                self.admission.max_pending()
-            );
+            if own {
+                log::debug!(
+                    "{}: the address of {from} holds its share of handshaking connections ({}); closing its oldest ({age:.1?} old) for the new one",
+                    self.cfg.name,
+                    self.admission.per_source()
+                );
+            } else {
+                let held = self.admission.biggest().map_or(0, |(_, n)| n);
+                log::debug!(
+                    "{}: {} of {} handshaking slots taken; closing the oldest connection ({age:.1?} old) of the address holding the most ({held}) for one from {from}",
+                    self.cfg.name,
+                    self.admission.len(),
+                    self.admission.max_pending()
+                );
+            }
         }
         self.close_link(now, victim, None, Why::Replaced);
     }

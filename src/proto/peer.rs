@@ -65,6 +65,8 @@ struct Tally {
     failed_bytes: u64,
     expired: u64,
     too_large: u64,
+    /// Requests given up by their requester before they left (part of `filtered`).
+    withdrawn: u64,
     /// Unreliable messages failed for want of a connection (journalling nodes).
     unconnected: u64,
 }
@@ -102,6 +104,8 @@ pub(crate) struct Peer {
     ack_forced: bool,
     /// Largest payload the peer accepts (from its handshake).
     peer_max_message: usize,
+    /// A reply larger than the peer accepts was turned into a status (warned once).
+    warned_reply_too_large: bool,
     /// The peer's send window (from its handshake): what it may have received here and not
     /// yet credited back, enforced.
     peer_window: u64,
@@ -167,6 +171,7 @@ impl Peer {
             ack_unwritten: None,
             ack_forced: false,
             peer_max_message: usize::MAX,
+            warned_reply_too_large: false,
             peer_window: 0,
             acked_at: None,
             last_probe: None,
@@ -290,6 +295,8 @@ impl Peer {
         let info = PeerInfo::new(&shared.name, self.desc.remote_launch(), self.state);
         let mut clock: Option<Instant> = None;
         let mut tally = Tally::default();
+        // Accepted messages that will never be sent, for `on_undelivered`.
+        let mut lost: Vec<Unacked> = Vec::new();
         'outer: loop {
             if self.pending.is_empty() {
                 // Clear before taking: a send that pushes after this reschedules the peer.
@@ -300,7 +307,7 @@ impl Peer {
             if self.pending.is_empty() {
                 break;
             }
-            while let Some(m) = self.pending.pop_front() {
+            while let Some(mut m) = self.pending.pop_front() {
                 let stop = match link.as_deref() {
                     Some(l) => l.unwritten() >= high,
                     // A message with a ttl waits for a connection (or its expiry, by the
@@ -316,9 +323,35 @@ impl Peer {
                     shared.scheduled.hold();
                     break 'outer;
                 }
+                if m.is_reply() && !m.is_status() && m.payload.len() > self.peer_max_message {
+                    // Within its room but more than the requester takes in one frame (a
+                    // room its builder would not give): it learns why at once instead.
+                    let len = m.payload().len() as u64;
+                    let room = self.peer_max_message.saturating_sub(wire::REQUEST_ID_BYTES);
+                    if !std::mem::replace(&mut self.warned_reply_too_large, true) {
+                        log::warn!(
+                            "a reply of {len} bytes to '{}' is more than it accepts ({room} \
+                             bytes, though its request reserved more); it is told the reply \
+                             was too large (warned once for this peer)",
+                            shared.name
+                        );
+                    }
+                    let room = u32::try_from(room).unwrap_or(u32::MAX);
+                    m = m.into_status(wire::ReplyStatus::TooLarge { len, room });
+                }
                 let len = m.payload.len();
+                let request = request_of(&m);
+                if request.is_some_and(|id| !shared.requests.is_waiting(id)) {
+                    // Its requester gave it up (timed out, or dropped its handle) before it
+                    // left: withdrawn, never sent, so the peer never runs it.
+                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+                    tally.withdrawn += 1;
+                    tally.filtered += 1;
+                    tally.filtered_bytes += len as u64;
+                    continue;
+                }
                 if link.is_none() && !m.is_reliable() {
-                    shared.outbox.give_back(Return::Failed, m.into_permit());
+                    lost.push(unsent(shared, Return::Failed, m));
                     tally.failed += 1;
                     tally.failed_bytes += len as u64;
                     tally.unconnected += 1;
@@ -326,7 +359,7 @@ impl Peer {
                 }
                 if let Some(deadline) = m.deadline {
                     if *clock.get_or_insert(now) >= deadline {
-                        shared.outbox.give_back(Return::Expired, m.into_permit());
+                        lost.push(unsent(shared, Return::Expired, m));
                         tally.expired += 1;
                         tally.failed += 1;
                         tally.failed_bytes += len as u64;
@@ -334,7 +367,16 @@ impl Peer {
                     }
                 }
                 if len > self.peer_max_message {
-                    shared.outbox.give_back(Return::Failed, m.into_permit());
+                    // Accepted before the peer's limit was known (the send checks it once
+                    // it is): its request, if it is one, fails now, not at its timeout.
+                    if let Some(id) = request {
+                        let max = self
+                            .peer_max_message
+                            .saturating_sub(wire::REQUEST_HEADER_BYTES);
+                        let len = m.payload().len();
+                        shared.requests.fail(id, Failure::TooLarge { len, max });
+                    }
+                    lost.push(unsent(shared, Return::Failed, m));
                     tally.failed += 1;
                     tally.failed_bytes += len as u64;
                     tally.too_large += 1;
@@ -416,6 +458,15 @@ impl Peer {
                 shared.name
             );
         }
+        if tally.withdrawn > 0 {
+            Counters::add(&c.withdrawn, tally.withdrawn);
+            log::debug!(
+                "{}: {} requests to '{}' withdrawn: given up before they left",
+                cfg.name,
+                tally.withdrawn,
+                shared.name
+            );
+        }
         if tally.too_large > 0 {
             log::warn!(
                 "{}: {} messages failed: larger than the {} bytes '{}' accepts",
@@ -425,8 +476,22 @@ impl Peer {
                 shared.name
             );
         }
+        self.report_unsent(out, lost);
         self.note_unacked();
         wrote
+    }
+
+    /// Reports accepted messages that will never be sent (failed before publication:
+    /// expired, too large for the peer, unreliable without a connection, or still queued
+    /// when the peer was retired) to the application's hook through `out`. They are counted
+    /// `failed` where they failed, not `undelivered` (never published).
+    fn report_unsent(&self, out: &mut Out, msgs: Vec<Unacked>) {
+        if !msgs.is_empty() {
+            out.events.push_back(Event::Undelivered {
+                peer: self.shared.name.clone(),
+                messages: msgs,
+            });
+        }
     }
 
     /// Updates the unacknowledged gauge the stats read.
@@ -438,28 +503,49 @@ impl Peer {
             .store(self.desc.unacked_len() as u64, Ordering::Relaxed);
     }
 
-    /// Fails the expired messages queued for a disconnected peer (for a connected one,
-    /// expiry is checked at publish time).
-    pub(crate) fn expire_queued(&mut self, cfg: &Config, now: Instant) {
+    /// Sweeps the queue of a disconnected peer (for a connected one, both are checked at
+    /// publish time): fails the messages whose ttl passed (reported to the application), and
+    /// withdraws the requests their requesters gave up, so their permits come back before
+    /// the peer does. Returns whether it looked (a message with a ttl was ever queued, or a
+    /// request was given up since the last sweep).
+    pub(crate) fn sweep_queued(&mut self, cfg: &Config, out: &mut Out, now: Instant) -> bool {
+        let withdrawals = self.shared.take_withdrawals();
+        if !withdrawals && !self.shared.ttl_queued() {
+            return false;
+        }
         self.shared.outbox.take_into(&mut self.pending);
         let shared = &self.shared;
-        let (mut n, mut bytes) = (0u64, 0u64);
-        if self
-            .pending
-            .iter()
-            .any(|m| m.deadline.is_some_and(|d| now >= d))
-        {
+        let expired = |m: &Outgoing| m.deadline.is_some_and(|d| now >= d);
+        let withdrawn = |m: &Outgoing| {
+            withdrawals && request_of(m).is_some_and(|id| !shared.requests.is_waiting(id))
+        };
+        let (mut n, mut bytes, mut w, mut w_bytes) = (0u64, 0u64, 0u64, 0u64);
+        let mut lost = Vec::new();
+        if self.pending.iter().any(|m| expired(m) || withdrawn(m)) {
             let queued = std::mem::take(&mut self.pending);
             for m in queued {
-                match m.deadline {
-                    Some(d) if now >= d => {
-                        n += 1;
-                        bytes += m.payload.len() as u64;
-                        shared.outbox.give_back(Return::Expired, m.into_permit());
-                    }
-                    _ => self.pending.push_back(m),
+                if withdrawn(&m) {
+                    w += 1;
+                    w_bytes += m.payload.len() as u64;
+                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+                } else if expired(&m) {
+                    n += 1;
+                    bytes += m.payload.len() as u64;
+                    lost.push(unsent(shared, Return::Expired, m));
+                } else {
+                    self.pending.push_back(m);
                 }
             }
+        }
+        if w > 0 {
+            Counters::add(&shared.counters.filtered, w);
+            Counters::add(&shared.counters.filtered_bytes, w_bytes);
+            Counters::add(&shared.counters.withdrawn, w);
+            log::debug!(
+                "{}: {w} requests to '{}' withdrawn while queued: given up",
+                cfg.name,
+                shared.name
+            );
         }
         if n > 0 {
             Counters::add(&shared.counters.expired, n);
@@ -471,21 +557,37 @@ impl Peer {
                 shared.name
             );
         }
+        self.report_unsent(out, lost);
+        true
     }
 
-    /// Fails every message not yet published, giving back its permits. Returns how many.
-    fn fail_queued(&mut self) -> u64 {
+    /// Fails every message not yet published, giving back its permits; they are reported
+    /// to the application's hook through `out`. Returns how many.
+    fn fail_queued(&mut self, out: &mut Out) -> u64 {
         let mut queued = std::mem::take(&mut self.pending);
         queued.extend(self.shared.outbox.close());
         let n = queued.len() as u64;
         let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
         let mut permits = Permit::none();
+        let mut lost = Vec::with_capacity(queued.len());
         for m in queued {
-            permits.absorb(m.into_permit());
+            let Outgoing {
+                payload,
+                flags,
+                permit,
+                ..
+            } = m;
+            permits.absorb(permit);
+            lost.push(Unacked {
+                seq: 0,
+                flags,
+                payload,
+            });
         }
         self.shared.outbox.give_back(Return::Failed, permits);
         Counters::add(&self.shared.counters.failed_bytes, bytes);
         Counters::add(&self.shared.counters.failed, n);
+        self.report_unsent(out, lost);
         n
     }
 
@@ -531,7 +633,16 @@ impl Peer {
             if let (Some(p), Some(seq)) = (&self.shared.progress, seq) {
                 p.complete(self.epoch, std::iter::once(seq));
             }
-            if !self.shared.requests.answer(id, payload) {
+            // A status reply carries why the replier cannot answer instead of a payload
+            // (the wire checked it).
+            let reply = if flags & wire::FLAG_STATUS != 0 {
+                let status =
+                    wire::decode_reply_status(&payload).unwrap_or(wire::ReplyStatus::Other(0));
+                Err(Failure::Refused(status))
+            } else {
+                Ok(payload)
+            };
+            if !self.shared.requests.answer(id, reply) {
                 log::debug!(
                     "reply from '{}' to request {id} came after the request was given up",
                     self.shared.name
@@ -832,6 +943,8 @@ impl Peer {
             .credit
             .set_window(peer.window.min(cfg.recv_window));
         self.peer_max_message = peer.max_message as usize;
+        // Senders refuse a larger message from now on (kept while disconnected).
+        self.shared.learn_max_message(self.peer_max_message);
         let replaced = self.desc.remote_launch().filter(|&l| l != peer.launch_id);
         let restarted = replaced.is_some();
         let first = self.desc.remote_launch().is_none();
@@ -1140,7 +1253,7 @@ impl Peer {
     pub(crate) fn retire(&mut self, cfg: &Config, out: &mut Out, removed: bool) {
         self.set_state(PeerState::Closed);
         self.gen += 1;
-        let failed = self.fail_queued();
+        let failed = self.fail_queued(out);
         let mut unacked = self.desc.drain_unacked();
         self.shared
             .outbox
@@ -1315,13 +1428,37 @@ impl Peer {
             && !self.shared.member.is_running();
         if residual {
             wrote |= self.ack(out, link, false);
-        } else if !established && self.shared.ttl_queued() {
-            self.expire_queued(cfg, now);
-            if cfg.journalled {
-                // What waited behind an expired message is journalled now.
-                self.publish(cfg, out, None, cfg.write_high_water, now);
-            }
+        } else if !established && self.sweep_queued(cfg, out, now) && cfg.journalled {
+            // What waited behind an expired message is journalled now.
+            self.publish(cfg, out, None, cfg.write_high_water, now);
         }
         wrote
+    }
+}
+
+/// The id of `m` if it is a request.
+fn request_of(m: &Outgoing) -> Option<u64> {
+    if m.is_request() {
+        wire::request_id(&m.payload)
+    } else {
+        None
+    }
+}
+
+/// Gives the permits of `m`, which will never be sent, back to `shared`'s window (`why`),
+/// and keeps what the application is told of it: an [`Unacked`] with no sequence number
+/// (0: never published).
+fn unsent(shared: &PeerShared, why: Return, m: Outgoing) -> Unacked {
+    let Outgoing {
+        payload,
+        flags,
+        permit,
+        ..
+    } = m;
+    shared.outbox.give_back(why, permit);
+    Unacked {
+        seq: 0,
+        flags,
+        payload,
     }
 }

@@ -16,7 +16,8 @@ use bytes::Bytes;
 /// A published reliable message kept until the peer acknowledges it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unacked {
-    /// Its sequence number.
+    /// Its sequence number (0 in a report of a message that failed before it was ever
+    /// published: see `Event::Undelivered`).
     pub seq: u64,
     /// Data flags it was sent with.
     pub flags: u8,

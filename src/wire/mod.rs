@@ -22,8 +22,8 @@ use bytes::{Buf, Bytes, BytesMut};
 pub const MAGIC: [u8; 4] = *b"CHRT";
 /// Protocol version carried in the handshake; peers with another version are refused.
 /// Version 2 added the authentication trailer to `Hello`, `HelloReply` and `Ready`; version 3
-/// the request and reply data flags.
-pub const VERSION: u16 = 3;
+/// the request and reply data flags; version 4 the status flag of a reply.
+pub const VERSION: u16 = 4;
 /// Bytes of the length prefix.
 pub const LEN_BYTES: usize = 4;
 /// Bytes of length prefix + kind + flags.
@@ -84,6 +84,11 @@ pub const FLAG_REQUEST: u8 = 0x04;
 /// reliable, and outside flow control: it costs no window of its own, its room was
 /// reserved in the request's.
 pub const FLAG_REPLY: u8 = 0x08;
+/// Data flag, only with [`FLAG_REPLY`]: the replier could not answer, and the reply
+/// carries a [`ReplyStatus`] instead of a payload (after the id: the status code, then the
+/// code's fields; [`encode_reply_status`]). Reliable and outside flow control like any
+/// reply.
+pub const FLAG_STATUS: u8 = 0x10;
 /// Bytes of the request id that starts the payload of a request or a reply.
 pub const REQUEST_ID_BYTES: usize = 8;
 /// Bytes before a request's payload: its id and the room reserved for its reply.
@@ -117,12 +122,81 @@ pub fn request_id(payload: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(id))
 }
 
-/// Checks a data frame's flags against what follows its sequence number (`rest` bytes).
-fn check_data_flags(flags: u8, rest: usize) -> Result<(), WireError> {
-    if flags & !(FLAG_OOB | FLAG_RELIABLE | FLAG_REQUEST | FLAG_REPLY) != 0 {
+/// Why a replier could not answer a request: what a reply with [`FLAG_STATUS`] carries
+/// instead of a payload. On the wire: a code byte, then the code's fields (little-endian).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplyStatus {
+    /// Code 1: the handler's reply of `len` bytes exceeded the `room` the request reserved
+    /// for it (fields: `len: u64`, `room: u32`).
+    TooLarge {
+        /// The refused reply's length.
+        len: u64,
+        /// The room the request reserved.
+        room: u32,
+    },
+    /// Code 2: the request was handed to the application, which dropped it without
+    /// replying.
+    Unanswered,
+    /// Code 3: the message handler panicked on the request.
+    Panicked,
+    /// Code 4: the replying node has no message handler to answer requests.
+    NoHandler,
+    /// Any other code (a later version's reason); the bytes after it are not read.
+    Other(u8),
+}
+
+impl ReplyStatus {
+    /// The code byte.
+    pub fn code(&self) -> u8 {
+        match self {
+            ReplyStatus::TooLarge { .. } => 1,
+            ReplyStatus::Unanswered => 2,
+            ReplyStatus::Panicked => 3,
+            ReplyStatus::NoHandler => 4,
+            ReplyStatus::Other(c) => *c,
+        }
+    }
+}
+
+/// The body of a status reply (what follows the request id): the code, then its fields.
+pub fn encode_reply_status(status: ReplyStatus) -> Vec<u8> {
+    let mut b = vec![status.code()];
+    if let ReplyStatus::TooLarge { len, room } = status {
+        b.extend_from_slice(&len.to_le_bytes());
+        b.extend_from_slice(&room.to_le_bytes());
+    }
+    b
+}
+
+/// Reads the body of a status reply (what follows the request id). A known code must have
+/// exactly its fields; an unknown one is [`ReplyStatus::Other`], whatever follows it.
+pub fn decode_reply_status(body: &[u8]) -> Result<ReplyStatus, WireError> {
+    let mut r = Reader { buf: body };
+    let status = match r.u8("reply status")? {
+        1 => ReplyStatus::TooLarge {
+            len: r.u64("reply status length")?,
+            room: r.u32("reply status room")?,
+        },
+        2 => ReplyStatus::Unanswered,
+        3 => ReplyStatus::Panicked,
+        4 => ReplyStatus::NoHandler,
+        other => return Ok(ReplyStatus::Other(other)),
+    };
+    if !r.buf.is_empty() {
+        return Err(WireError::Malformed("trailing bytes in reply status"));
+    }
+    Ok(status)
+}
+
+/// Checks a data frame's flags against what follows its sequence number (`rest`).
+fn check_data_flags(flags: u8, rest: &[u8]) -> Result<(), WireError> {
+    if flags & !(FLAG_OOB | FLAG_RELIABLE | FLAG_REQUEST | FLAG_REPLY | FLAG_STATUS) != 0 {
         return Err(WireError::Malformed("unknown data flags"));
     }
     let tagged = flags & (FLAG_REQUEST | FLAG_REPLY);
+    if flags & FLAG_STATUS != 0 && tagged != FLAG_REPLY {
+        return Err(WireError::Malformed("status without reply"));
+    }
     if tagged == 0 {
         return Ok(());
     }
@@ -135,8 +209,11 @@ fn check_data_flags(flags: u8, rest: usize) -> Result<(), WireError> {
     if tagged == FLAG_REPLY && flags & FLAG_OOB != 0 {
         return Err(WireError::Malformed("out-of-band reply"));
     }
-    if rest < tag_bytes(flags) {
+    if rest.len() < tag_bytes(flags) {
         return Err(WireError::Malformed("request id"));
+    }
+    if flags & FLAG_STATUS != 0 {
+        decode_reply_status(&rest[REQUEST_ID_BYTES..])?;
     }
     Ok(())
 }
@@ -636,7 +713,10 @@ pub fn split_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Split>, 
         return Ok(Some(Split::Control(buf.split_to(total).freeze())));
     }
     let seq_bytes = if flags & FLAG_RELIABLE != 0 { 8 } else { 0 };
-    check_data_flags(flags, (len - 2).saturating_sub(seq_bytes))?;
+    check_data_flags(
+        flags,
+        buf.get(HEADER_BYTES + seq_bytes..total).unwrap_or_default(),
+    )?;
     let seq = if flags & FLAG_RELIABLE != 0 {
         if len < 2 + 8 {
             return Err(WireError::Malformed("sequence number"));
@@ -666,7 +746,7 @@ pub fn decode_body(kind: u8, flags: u8, body: &[u8]) -> Result<Frame<'_>, WireEr
     let frame = match kind {
         kind::DATA => {
             let seq_bytes = if flags & FLAG_RELIABLE != 0 { 8 } else { 0 };
-            check_data_flags(flags, r.buf.len().saturating_sub(seq_bytes))?;
+            check_data_flags(flags, r.buf.get(seq_bytes..).unwrap_or_default())?;
             let seq = if flags & FLAG_RELIABLE != 0 {
                 let s = r.u64("sequence number")?;
                 if s == 0 {
@@ -955,6 +1035,129 @@ mod tests {
         }
     }
 
+    /// A reply may carry a status instead of a payload: every status goes through both
+    /// decoders and back; a status flag without the reply flag, a status too short for its
+    /// code's fields or longer than them is refused; an unknown code is `Other`.
+    #[test]
+    fn reply_statuses_roundtrip_and_are_checked() {
+        let statuses = [
+            ReplyStatus::TooLarge {
+                len: 20_000,
+                room: 16_384,
+            },
+            ReplyStatus::TooLarge {
+                len: u64::MAX,
+                room: u32::MAX,
+            },
+            ReplyStatus::Unanswered,
+            ReplyStatus::Panicked,
+            ReplyStatus::NoHandler,
+            ReplyStatus::Other(0),
+            ReplyStatus::Other(200),
+        ];
+        let flags = FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS;
+        for status in statuses {
+            let mut body = 7u64.to_le_bytes().to_vec();
+            body.extend_from_slice(&encode_reply_status(status));
+            let mut b = Vec::new();
+            encode_data(&mut b, flags, Some(9), &body);
+            let f = roundtrip(&b);
+            assert_eq!(
+                f,
+                Frame::Data {
+                    flags,
+                    seq: Some(9),
+                    payload: &body
+                }
+            );
+            assert_eq!(decode_reply_status(&body[8..]), Ok(status));
+            let mut again = Vec::new();
+            encode_frame(&mut again, &f);
+            assert_eq!(again, b);
+            let mut buf = BytesMut::from(&b[..]);
+            match split_frame(&mut buf, 1024) {
+                Ok(Some(Split::Data { payload, .. })) => {
+                    assert_eq!(request_id(&payload), Some(7));
+                    assert_eq!(decode_reply_status(&payload[8..]), Ok(status));
+                }
+                other => panic!("{status:?}: {other:?}"),
+            }
+        }
+        // The documented bytes of a "too large" status (docs/wire.md).
+        assert_eq!(
+            encode_reply_status(ReplyStatus::TooLarge {
+                len: 20_000,
+                room: 16_384
+            }),
+            [1, 0x20, 0x4e, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0]
+        );
+        assert_eq!(encode_reply_status(ReplyStatus::Unanswered), [2]);
+        let mut body = 7u64.to_le_bytes().to_vec();
+        body.extend_from_slice(&encode_reply_status(ReplyStatus::TooLarge {
+            len: 20_000,
+            room: 16_384,
+        }));
+        let mut frame = Vec::new();
+        encode_data(&mut frame, flags, Some(9), &body);
+        assert_eq!(
+            frame,
+            [
+                0x1f, 0, 0, 0, 0x10, 0x1a, 9, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 1, 0x20,
+                0x4e, 0, 0, 0, 0, 0, 0, 0, 0x40, 0, 0
+            ]
+        );
+        // An unknown code's further bytes are not read.
+        assert_eq!(decode_reply_status(&[9, 1, 2]), Ok(ReplyStatus::Other(9)));
+        let id = 7u64.to_le_bytes();
+        let with = |tail: &[u8]| [&id[..], tail].concat();
+        let bad: [(u8, Vec<u8>, &str); 6] = [
+            (
+                FLAG_RELIABLE | FLAG_STATUS,
+                with(&[2]),
+                "status without reply",
+            ),
+            (
+                FLAG_RELIABLE | FLAG_REQUEST | FLAG_STATUS,
+                [&with(&[0; 4])[..], &[2]].concat(),
+                "status without reply",
+            ),
+            (
+                FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS,
+                with(&[]),
+                "reply status",
+            ),
+            (
+                FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS,
+                with(&[1, 0, 0, 0, 0, 0, 0, 0, 0]),
+                "reply status room",
+            ),
+            (
+                FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS,
+                with(&[2, 0]),
+                "trailing bytes in reply status",
+            ),
+            (
+                FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS,
+                id[..5].to_vec(),
+                "request id",
+            ),
+        ];
+        for (flags, body, why) in bad {
+            let mut b = Vec::new();
+            b.extend_from_slice(&((2 + 8 + body.len()) as u32).to_le_bytes());
+            b.extend_from_slice(&[kind::DATA, flags]);
+            b.extend_from_slice(&1u64.to_le_bytes());
+            b.extend_from_slice(&body);
+            assert_eq!(decode(&b, 1024), Err(WireError::Malformed(why)), "{why}");
+            let mut buf = BytesMut::from(&b[..]);
+            assert_eq!(
+                split_frame(&mut buf, 1024).map(|_| ()),
+                Err(WireError::Malformed(why)),
+                "{why}"
+            );
+        }
+    }
+
     #[test]
     fn partial_frames_wait_for_more() {
         let mut b = Vec::new();
@@ -1071,6 +1274,28 @@ mod tests {
                     prop_assert_eq!(&again[..], &b[..n]);
                 }
             }
+        }
+
+        #[test]
+        fn reply_statuses_roundtrip(code in any::<u8>(), len in any::<u64>(), room in any::<u32>(),
+                                    id in any::<u64>(), seq in 1u64..) {
+            let status = match code % 5 {
+                0 => ReplyStatus::TooLarge { len, room },
+                1 => ReplyStatus::Unanswered,
+                2 => ReplyStatus::Panicked,
+                3 => ReplyStatus::NoHandler,
+                _ => ReplyStatus::Other(if (1..=4).contains(&code) { 0 } else { code }),
+            };
+            let mut body = id.to_le_bytes().to_vec();
+            body.extend_from_slice(&encode_reply_status(status));
+            let flags = FLAG_RELIABLE | FLAG_REPLY | FLAG_STATUS;
+            let mut b = Vec::new();
+            encode_data(&mut b, flags, Some(seq), &body);
+            let (f, used) = decode(&b, max_frame_len(64)).unwrap().unwrap();
+            prop_assert_eq!(used, b.len());
+            prop_assert_eq!(f, Frame::Data { flags, seq: Some(seq), payload: &body });
+            prop_assert_eq!(request_id(&body), Some(id));
+            prop_assert_eq!(decode_reply_status(&body[REQUEST_ID_BYTES..]), Ok(status));
         }
 
         #[test]

@@ -804,7 +804,7 @@ impl Sim {
         self.owner.insert((target, a), l);
         self.m[side].ep.dialled(now, peer, d, nd);
         let acceptor = &mut self.m[target].ep;
-        let verdict = acceptor.judge(addr(side));
+        let verdict = acceptor.judge(now, addr(side));
         if matches!(
             verdict,
             crate::proto::Verdict::SourceFull | crate::proto::Verdict::Full

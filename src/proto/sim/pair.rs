@@ -6,6 +6,7 @@ use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
 use super::harness::{Settings, Side, Sim, Stats, Step, A, B};
+use crate::peer::Outgoing;
 use crate::wire;
 
 // ----- schedules -------------------------------------------------------------------------
@@ -220,6 +221,50 @@ fn cut_mid_frame_resends_only_what_the_peer_lacks() {
     assert_eq!(sim.stats.resent, 2);
     assert_eq!(sim.m[B].delivered_len(), 3);
     assert_eq!(sim.stats.duplicates, 0);
+    sim.settle();
+    sim.check_complete();
+}
+
+/// A request queued while the link is down, and given up by its requester before the link
+/// is back, is withdrawn when the endpoint publishes again: never sent (beta delivers only
+/// the regular messages around it, in order), its permits back, counted `filtered` and
+/// `withdrawn`. (No sweep runs first: the requester here does not flag the withdrawal, so
+/// publishing is what finds it.)
+#[test]
+fn a_request_given_up_before_it_left_is_withdrawn_at_publish() {
+    let mut sim = Sim::new(settings_with(1));
+    sim.pump();
+    send_n(&mut sim, A, 1);
+    sim.pump();
+    let l = current(&mut sim, A);
+    sim.cut(l, [0, 0]);
+    sim.pump();
+    let peer = sim.m[A].peer().clone();
+    let (id, slot) = peer.requests.register(None).expect("room");
+    let permit = peer
+        .outbox
+        .window()
+        .try_acquire(Outgoing::request_cost(3, 64))
+        .expect("room in the window");
+    let request = Outgoing::request(id, 64, b"old", false, None, permit);
+    assert!(peer.outbox.admit(request).is_ok(), "open");
+    let now = sim.now();
+    sim.m[A].ep.publish(now, peer.id);
+    sim.drain(A);
+    assert!(peer.requests.forget(id), "it timed out, still queued");
+    send_n(&mut sim, A, 1);
+    sim.advance(50); // alpha's reconnect timer
+    sim.pump();
+    sim.advance(50);
+    sim.pump();
+    assert_eq!(sim.m[B].delivered_len(), 2);
+    let c = &peer.counters;
+    let get = crate::peer::Counters::get;
+    assert_eq!(
+        (get(&c.withdrawn), get(&c.filtered), get(&c.sent)),
+        (1, 1, 2)
+    );
+    assert!(slot.try_take().is_none(), "nobody waits for it");
     sim.settle();
     sim.check_complete();
 }
