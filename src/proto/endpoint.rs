@@ -1660,19 +1660,26 @@ impl Endpoint {
             Some(p) => p.last_conflict.replace(peer.launch_id) != Some(peer.launch_id),
             None => true,
         };
-        let why = if holder.link.is_some() {
-            "it is connected from there"
+        let (why, then) = if holder.link.is_some() {
+            (
+                "it is connected from there",
+                "and gets in once the other is gone",
+            )
         } else {
-            "it replaced that process here"
+            (
+                "it replaced that process here",
+                "and is refused for good: restart or stop it",
+            )
         };
         let line = format!(
-            "{}: refusing '{}' from {} (launch id {:016x}): another process holds the name at {} (launch id {:016x}; {why}). Two processes run with one member name, or an old one is still running; the refused one retries, and gets in once the other is gone",
+            "{}: refusing '{}' from {} (launch id {:016x}): another process holds the name at {} (launch id {:016x}; {why}). Two processes run with one member name, or an old one is still running; the refused one retries ({})",
             self.cfg.name,
             peer.name,
             show(addr),
             peer.launch_id,
             show(holder.addr),
             holder.launch,
+            then,
         );
         if first {
             log::error!("{line}");
