@@ -14,7 +14,10 @@ use crate::events::{DisconnectReason as Why, RefuseReason};
 use crate::flow::RecvCredit;
 use crate::handoff::{Handoff, Wake};
 use crate::peer::{Outgoing, PeerShared};
-use crate::proto::{Config, Descriptor, Endpoint, Event, Fact, LinkId, NodeCounters, Secret};
+use crate::proto::endpoint::Batch;
+use crate::proto::{
+    Config, Descriptor, Endpoint, Fact, Input, LinkId, NodeCounters, Output, Secret,
+};
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
 
@@ -513,7 +516,13 @@ impl Sim {
         let now = self.now();
         for (k, &(_, at)) in spec.knows.iter().enumerate() {
             let shared = self.m[side].peers[k].shared.clone();
-            self.m[side].ep.add_peer(now, shared, at.map(addr));
+            self.m[side].ep.handle(
+                now,
+                Input::AddPeer {
+                    peer: shared,
+                    addr: at.map(addr),
+                },
+            );
             self.drain(side);
         }
     }
@@ -535,24 +544,36 @@ impl Sim {
         n
     }
 
-    /// Does what `side`'s endpoint asked, as the IO thread would: remembers a dial, closes
-    /// ends, runs pool tasks inline, returns credit the pool asked for, publishes what
-    /// waited for the write pass; until it asks nothing more.
+    /// Does what `side`'s endpoint asks ([`Endpoint::poll`], in its order), as the IO
+    /// thread does: runs pool tasks inline, hands journal batches to the simulated writer,
+    /// remembers a dial, closes ends, records reports and facts (and checks them); leaves
+    /// the bytes of a transmit to the schedule's `Write` steps; then hands over the credit
+    /// the pool asked to return, until nothing more is asked.
     pub(super) fn drain(&mut self, side: Side) {
         let now = self.now();
         let who = self.m[side].name;
+        let log = self.m[side].delivered.clone();
+        let handler = move |d: Delivery| {
+            log.lock()
+                .expect("delivery log")
+                .push((d.seq(), d.payload().clone()));
+        };
         loop {
-            let mut did = false;
-            while let Some(ev) = self.m[side].ep.poll_event() {
-                did = true;
-                match ev {
-                    Event::Dial { peer, addr, .. } => {
+            while let Some(out) = self.m[side].ep.poll(now) {
+                match out {
+                    Output::Task(t) => run_task(t, &handler),
+                    // The IO thread hands the turn's journal records to the writer.
+                    Output::Journal(batch) => self.hand_to_journal(side, batch),
+                    Output::JournalSync(_) => {}
+                    // The schedule's `Write` steps move the bytes.
+                    Output::Transmit(_) => {}
+                    Output::Dial { peer, addr, .. } => {
                         let dials = &mut self.m[side].dials;
                         if !dials.iter().any(|&(p, _)| p == peer) {
                             dials.push_back((peer, addr));
                         }
                     }
-                    Event::Close { link, last } => {
+                    Output::Close { link, last } => {
                         self.m[side].refusal_open = false;
                         if let Some(l) = self.owner.remove(&(side, link)) {
                             let sl = &mut self.links[l];
@@ -566,8 +587,8 @@ impl Sim {
                             sl.ends[i] = None;
                         }
                     }
-                    Event::Resume(_) => {}
-                    Event::Undelivered { peer, messages } => {
+                    Output::Resume(_) => {}
+                    Output::Undelivered { peer, messages } => {
                         let m = &mut self.m[side];
                         let k = m.known(&peer).expect("a known peer");
                         let bound = m.desc_of(k).remote_launch();
@@ -575,7 +596,7 @@ impl Sim {
                             .undelivered
                             .extend(messages.into_iter().map(|u| (u.payload, bound)));
                     }
-                    Event::Fact(Fact::Connected { peer, launch }) => {
+                    Output::Fact(Fact::Connected { peer, launch }) => {
                         let m = &mut self.m[side];
                         let k = m.known(&peer).expect("a known peer");
                         let known = &mut m.peers[k];
@@ -595,7 +616,7 @@ impl Sim {
                         known.connects_told += 1;
                         known.launches_told.push(launch);
                     }
-                    Event::Fact(Fact::Disconnected { peer, why }) => {
+                    Output::Fact(Fact::Disconnected { peer, why }) => {
                         let m = &mut self.m[side];
                         let k = m.known(&peer).expect("a known peer");
                         assert!(
@@ -605,13 +626,13 @@ impl Sim {
                         m.peers[k].up = false;
                         m.peers[k].last_why = Some(why);
                     }
-                    Event::Fact(Fact::Removed { peer }) => {
+                    Output::Fact(Fact::Removed { peer }) => {
                         let m = &self.m[side];
                         let k = m.known(&peer).expect("a known peer");
                         assert!(!m.peers[k].up, "{who}: {peer} removed while told connected");
                     }
-                    Event::Fact(Fact::NewIncarnation { .. }) => self.stats.new_incarnations += 1,
-                    Event::Fact(Fact::Refused {
+                    Output::Fact(Fact::NewIncarnation { .. }) => self.stats.new_incarnations += 1,
+                    Output::Fact(Fact::Refused {
                         reason, by_peer, ..
                     }) => {
                         let m = &mut self.m[side];
@@ -623,40 +644,19 @@ impl Sim {
                         m.refusals.push((reason, by_peer));
                         self.stats.refusals += 1;
                     }
-                    Event::Fact(f) => panic!("{who}: unexpected fact {f:?}"),
-                    Event::Admitted(_) | Event::JournalFailed | Event::Forget(_) => {
+                    Output::Fact(f) => panic!("{who}: unexpected fact {f:?}"),
+                    Output::Admitted(_) | Output::JournalFailed | Output::Forget(_) => {
                         unreachable!("no unknown members, no journal failure")
                     }
                 }
             }
-            let tasks: Vec<Task> = self.m[side].ep.tasks().drain(..).collect();
-            if !tasks.is_empty() {
-                did = true;
-                let log = self.m[side].delivered.clone();
-                let handler = move |d: Delivery| {
-                    log.lock()
-                        .expect("delivery log")
-                        .push((d.seq(), d.payload().clone()));
-                };
-                for t in tasks {
-                    run_task(t, &handler);
-                }
-            }
-            for id in self.m[side].handoff.take_credit_flush() {
-                did = true;
-                self.m[side].ep.flush_credit(now, id);
-            }
-            // The IO thread hands the turn's journal records to the writer.
-            self.hand_to_journal(side);
-            if self.m[side].ep.has_dirty() {
-                let mut dirty = Vec::new();
-                self.m[side].ep.take_dirty(&mut dirty);
-                self.m[side].ep.run_deferred(now);
-                self.m[side].ep.take_dirty(&mut dirty);
-                did |= self.m[side].ep.has_dirty();
-            }
-            if !did {
+            // What the pool asked of the IO thread meanwhile is its next input.
+            let credit = self.m[side].handoff.take_credit_flush();
+            if credit.is_empty() {
                 return;
+            }
+            for id in credit {
+                self.m[side].ep.handle(now, Input::FlushCredit(id));
             }
         }
     }
@@ -754,7 +754,7 @@ impl Sim {
         known.sent.push(p);
         self.stats.messages += 1;
         let id = known.shared.id;
-        m.ep.publish(now, id);
+        m.ep.handle(now, Input::Publish(id));
         self.drain(side);
     }
 
@@ -796,23 +796,47 @@ impl Sim {
             let sl = &mut self.links[l];
             sl.ends[1] = None;
             sl.closed[1] = true;
-            self.m[side].ep.dialled(now, peer, d, nd);
-            self.m[side].ep.link_failed(now, d, Why::Io);
+            let dialled = Input::Dialled {
+                peer,
+                link: d,
+                nonce: nd,
+            };
+            self.m[side].ep.handle(now, dialled);
+            let failed = Input::Failed {
+                link: d,
+                why: Why::Io,
+            };
+            self.m[side].ep.handle(now, failed);
             self.drain(side);
             return true;
         }
         self.owner.insert((target, a), l);
-        self.m[side].ep.dialled(now, peer, d, nd);
+        let dialled = Input::Dialled {
+            peer,
+            link: d,
+            nonce: nd,
+        };
+        self.m[side].ep.handle(now, dialled);
         let acceptor = &mut self.m[target].ep;
         let verdict = acceptor.judge(now, addr(side));
         if matches!(
             verdict,
             crate::proto::Verdict::SourceFull | crate::proto::Verdict::Full
         ) {
-            self.m[side].ep.link_failed(now, d, Why::Io);
+            let failed = Input::Failed {
+                link: d,
+                why: Why::Io,
+            };
+            self.m[side].ep.handle(now, failed);
         } else {
-            acceptor.accepted(now, a, addr(side), verdict, na);
-            self.m[side].ep.connected(d);
+            let accepted = Input::Accepted {
+                link: a,
+                from: addr(side),
+                verdict,
+                nonce: na,
+            };
+            acceptor.handle(now, accepted);
+            self.m[side].ep.handle(now, Input::Connected(d));
         }
         self.drain(target);
         self.drain(side);
@@ -826,7 +850,7 @@ impl Sim {
             return;
         };
         let now = self.now();
-        self.hand_to_journal(side);
+        // (Every drain ends with the journal cut: what the buffer holds is gated already.)
         let Some(bytes) = self.m[side].ep.to_write(id) else {
             return;
         };
@@ -840,7 +864,7 @@ impl Sim {
             let bytes = bytes[..k].to_vec();
             self.links[l].from(side).extend(bytes);
         }
-        self.m[side].ep.wrote(now, id, k);
+        self.m[side].ep.handle(now, Input::Wrote { link: id, n: k });
         self.drain(side);
     }
 
@@ -862,26 +886,34 @@ impl Sim {
                 return; // paused
             }
             link.read_buffer().extend(input.drain(..k));
-            self.m[side].ep.handle_input(now, id, &|_| Ok(()));
+            let cert = |_: &str| Ok(());
+            self.m[side].ep.handle(
+                now,
+                Input::Read {
+                    link: id,
+                    cert: &cert,
+                },
+            );
         } else if self.links[l].cut || self.links[l].closed_by_peer(side) {
-            self.m[side].ep.link_failed(now, id, Why::PeerClosed);
+            let failed = Input::Failed {
+                link: id,
+                why: Why::PeerClosed,
+            };
+            self.m[side].ep.handle(now, failed);
         }
         self.drain(side);
     }
 
-    /// Cuts `side`'s journal records into a batch and hands it to its (simulated) writer.
-    fn hand_to_journal(&mut self, side: Side) {
-        self.m[side].ep.cut_journal();
-        for (n, records) in self.m[side].ep.take_batches() {
-            let tops = records
-                .iter()
-                .filter_map(|r| match r {
-                    crate::journal::Record::Message { peer, seq, .. } => Some((peer.clone(), *seq)),
-                    _ => None,
-                })
-                .collect();
-            self.m[side].batches.push((n, tops));
-        }
+    /// Hands a batch of `side`'s journal records to its (simulated) writer.
+    fn hand_to_journal(&mut self, side: Side, (n, records): Batch) {
+        let tops = records
+            .iter()
+            .filter_map(|r| match r {
+                crate::journal::Record::Message { peer, seq, .. } => Some((peer.clone(), *seq)),
+                _ => None,
+            })
+            .collect();
+        self.m[side].batches.push((n, tops));
     }
 
     /// `side`'s journal writer appends (and, the policy being `Never`, only appends)
@@ -903,7 +935,7 @@ impl Sim {
             synced: 0,
             failed: false,
         };
-        self.m[side].ep.journal_progress(now, marks);
+        self.m[side].ep.handle(now, Input::JournalMarks(marks));
         self.drain(side);
     }
 
@@ -913,7 +945,7 @@ impl Sim {
         self.ms += ms;
         let now = self.now();
         for side in self.live() {
-            self.m[side].ep.handle_timeout(now);
+            self.m[side].ep.handle(now, Input::Timeout);
             self.drain(side);
         }
     }

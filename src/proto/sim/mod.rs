@@ -1,10 +1,12 @@
 //! Members' real [`Endpoint`](super::Endpoint)s, driven over links in memory with simulated
 //! time: the code that ships, with no sockets, no threads and no sleeps (quinn-proto's
-//! `Pair::drive()` is the model). The simulation plays only what the IO thread does with
-//! sockets — it moves bytes between the links' buffers and byte pipes, opens the
-//! connections the endpoints ask for, runs the pool's tasks inline and hands the time to
-//! `Endpoint::handle_timeout` — and the faults: where a link breaks, which bytes survive,
-//! when each side reads, writes and dials, frames replayed from earlier, processes dying.
+//! `Pair::drive()` is the model). It drives each endpoint through the same boundary as the
+//! IO thread — inputs through `Endpoint::handle`, outputs drained from `Endpoint::poll` in
+//! the endpoint's order ([`harness::Sim::drain`]) — and plays only what the IO thread does
+//! with sockets: it moves bytes between the links' buffers and byte pipes, opens the
+//! connections the endpoints ask for, runs the pool's tasks inline and hands the time over
+//! (`Input::Timeout`); and the faults: where a link breaks, which bytes survive, when each
+//! side reads, writes and dials, frames replayed from earlier, processes dying.
 //!
 //! ## Members
 //!

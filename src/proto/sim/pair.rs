@@ -7,6 +7,7 @@ use proptest::test_runner::TestRunner;
 
 use super::harness::{Settings, Side, Sim, Stats, Step, A, B};
 use crate::peer::Outgoing;
+use crate::proto::Input;
 use crate::wire;
 
 // ----- schedules -------------------------------------------------------------------------
@@ -249,7 +250,7 @@ fn a_request_given_up_before_it_left_is_withdrawn_at_publish() {
     let request = Outgoing::request(id, 64, b"old", false, None, permit);
     assert!(peer.outbox.admit(request).is_ok(), "open");
     let now = sim.now();
-    sim.m[A].ep.publish(now, peer.id);
+    sim.m[A].ep.handle(now, Input::Publish(peer.id));
     sim.drain(A);
     assert!(peer.requests.forget(id), "it timed out, still queued");
     send_n(&mut sim, A, 1);
@@ -464,12 +465,12 @@ fn a_removed_peer_is_never_dialled_again() {
         "the reconnect is scheduled, not due"
     );
     let (now, id) = (sim.now(), sim.m[A].peer().id);
-    sim.m[A].ep.remove_peer(now, id);
+    sim.m[A].ep.handle(now, Input::RemovePeer(id));
     sim.drain(A);
     for _ in 0..600 {
         sim.ms += 1000;
         let now = sim.now();
-        sim.m[A].ep.handle_timeout(now);
+        sim.m[A].ep.handle(now, Input::Timeout);
         sim.drain(A);
         assert!(
             sim.m[A].dials.is_empty(),
