@@ -436,7 +436,7 @@ pub(crate) struct Endpoint {
     admission: Admission,
     shedding: Shedding,
     /// Links with bytes appended to their write buffer since the last write pass.
-    dirty: Vec<LinkId>,
+    dirty: VecDeque<LinkId>,
     /// Links whose reading is paused.
     paused: Vec<LinkId>,
     /// Peers whose queued messages are published once the frames written so far have left
@@ -489,7 +489,7 @@ impl Endpoint {
             peers: HashMap::default(),
             by_name: HashMap::default(),
             timers,
-            dirty: Vec::new(),
+            dirty: VecDeque::new(),
             paused: Vec::new(),
             deferred: Vec::new(),
             shutdown: None,
@@ -535,7 +535,7 @@ impl Endpoint {
                 nonce,
             } => self.accepted(now, link, from, verdict, nonce),
             Input::Read { link, cert } => self.handle_input(now, link, cert),
-            Input::Writable(link) => self.dirty.push(link),
+            Input::Writable(link) => self.dirty.push_back(link),
             Input::Wrote { link, n } => self.wrote(now, link, n),
             Input::Failed { link, why } => self.link_failed(now, link, why),
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
@@ -575,8 +575,7 @@ impl Endpoint {
             if let Some(n) = self.syncs.pop_front() {
                 return Some(Output::JournalSync(n));
             }
-            if !self.dirty.is_empty() {
-                let id = self.dirty.remove(0);
+            if let Some(id) = self.dirty.pop_front() {
                 if self.links.get(&id).is_none_or(|l| l.connecting) {
                     continue; // closed since, or not connected yet
                 }
@@ -761,7 +760,7 @@ impl Endpoint {
         let link_id = link.as_ref().map(|l| l.id);
         if p.publish(&self.cfg, &mut self.out, link, high, now) {
             if let Some(l) = link_id {
-                self.dirty.push(l);
+                self.dirty.push_back(l);
             }
         }
     }
@@ -782,7 +781,7 @@ impl Endpoint {
         let link_id = link.as_ref().map(|l| l.id);
         if p.ack(&mut self.out, link, false) {
             if let Some(l) = link_id {
-                self.dirty.push(l);
+                self.dirty.push_back(l);
             }
         }
     }
@@ -928,7 +927,7 @@ impl Endpoint {
         self.admission
             .insert(id, admission::source_of(from.ip()), now);
         self.update_gauges();
-        self.dirty.push(id);
+        self.dirty.push_back(id);
         let deadline = self.admission.deadline(self.cfg.handshake_timeout);
         self.timers
             .add(now + deadline, TimerKind::Handshake { link: id });
@@ -1122,7 +1121,7 @@ impl Endpoint {
         if let Some(p) = link.dialled.and_then(|p| self.peers.get_mut(&p)) {
             p.set_state(PeerState::Handshaking);
         }
-        self.dirty.push(id);
+        self.dirty.push_back(id);
     }
 
     /// The link's connection failed or the peer closed it (EOF), `why`: it is closed
@@ -1388,7 +1387,7 @@ impl Endpoint {
         let (link_id, before) = (link.id, link.unwritten());
         let arm = p.after_data(&self.cfg, &mut self.out, link);
         if link.unwritten() > before {
-            self.dirty.push(link_id);
+            self.dirty.push_back(link_id);
         }
         if arm {
             p.ack_timer = true;
@@ -1609,7 +1608,7 @@ impl Endpoint {
                     return;
                 };
                 if p.on_probe(&mut self.out, link) {
-                    self.dirty.push(id);
+                    self.dirty.push_back(id);
                 }
             }
             Frame::Heartbeat => {}
@@ -1690,7 +1689,7 @@ impl Endpoint {
         };
         let Some(hs) = link.hs.as_mut() else { return };
         hs.accept(received, connections, unreliable, &mut link.wbuf);
-        self.dirty.push(id);
+        self.dirty.push_back(id);
         self.establish(now, id, peer_received, peer_unreliable);
     }
 
@@ -1723,7 +1722,7 @@ impl Endpoint {
         let Some(hs) = link.hs.as_mut() else { return };
         hs.accept(received, connections, unreliable, &mut link.wbuf);
         link.asked_at = now;
-        self.dirty.push(id);
+        self.dirty.push_back(id);
     }
 
     /// Dialler: Ready arrived (and authenticated the acceptor, with a secret). Adopt the
@@ -1826,7 +1825,7 @@ impl Endpoint {
         }
         if let Some(link) = holder.link.and_then(|o| self.links.get_mut(&o)) {
             wire::encode_heartbeat(&mut link.wbuf);
-            self.dirty.push(link.id);
+            self.dirty.push_back(link.id);
         }
         self.count_refusal(CloseCode::NameInUse);
         self.refused(id, CloseCode::NameInUse, false);
@@ -1973,7 +1972,7 @@ impl Endpoint {
                 });
                 Counters::add(&self.counters.handshakes, 1);
                 self.update_gauges();
-                self.dirty.push(id);
+                self.dirty.push_back(id);
                 self.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
@@ -2132,7 +2131,7 @@ impl Endpoint {
             let link_id = link.as_ref().map(|l| l.id);
             if p.tick(&self.cfg, &mut self.out, link, now) {
                 if let Some(l) = link_id {
-                    self.dirty.push(l);
+                    self.dirty.push_back(l);
                 }
             }
         }
@@ -2165,7 +2164,7 @@ impl Endpoint {
                 silent.push(link.id);
             } else if now.saturating_duration_since(link.last_write) >= self.cfg.heartbeat {
                 wire::encode_heartbeat(&mut link.wbuf);
-                self.dirty.push(link.id);
+                self.dirty.push_back(link.id);
             }
         }
         for id in silent {
@@ -2246,13 +2245,13 @@ impl Endpoint {
             let link_id = link.as_ref().map(|l| l.id);
             if p.write_ack(link, false) {
                 if let Some(l) = link_id {
-                    self.dirty.push(l);
+                    self.dirty.push_back(l);
                 }
             }
         }
         if released {
             for link in self.links.values().filter(|l| l.wants_write()) {
-                self.dirty.push(link.id);
+                self.dirty.push_back(link.id);
             }
         }
     }
