@@ -4,13 +4,16 @@
 //! reached), sends the request with the slot's id, and waits on the slot. The IO thread
 //! fills it when the reply arrives, or fails it when the peer can no longer answer (removed,
 //! node shut down, restarted as a new incarnation), or when the peer says it cannot answer
-//! (a reply carrying a [`ReplyStatus`] instead of a payload). A reply whose slot is gone
+//! (a reply carrying a [`ReplyStatus`] instead of a payload); whichever thread fills the
+//! slot also wakes the task of a future polling it (`PendingReply` is a `Future`, with no
+//! runtime of ours behind it). A reply whose slot is gone
 //! (timed out, dropped, already answered) is dropped and counted late.
 //!
 //! The cap bounds how many requests one requester keeps waiting; what bounds the replies
 //! themselves is the room each request reserves in the window (`deliver::ReplyRoom`).
 
 use std::collections::HashMap;
+use std::task::Waker;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -40,37 +43,69 @@ pub enum Failure {
     },
 }
 
+/// What a slot holds: the outcome once there is one, and the waker of a future waiting
+/// for it.
+#[derive(Debug, Default)]
+struct SlotState {
+    outcome: Option<Result<Bytes, Failure>>,
+    /// Set by [`Slot::poll_peek`] while the outcome is not there; woken by the thread that
+    /// fills the slot.
+    waker: Option<Waker>,
+}
+
 /// Where one request's reply lands.
 #[derive(Debug, Default)]
 pub struct Slot {
-    state: Mutex<Option<Result<Bytes, Failure>>>,
+    state: Mutex<SlotState>,
     filled: Condvar,
 }
 
 impl Slot {
     fn fill(&self, r: Result<Bytes, Failure>) {
-        let mut s = self.state.lock();
-        if s.is_none() {
-            *s = Some(r);
+        let waker = {
+            let mut s = self.state.lock();
+            if s.outcome.is_some() {
+                return;
+            }
+            s.outcome = Some(r);
             self.filled.notify_all();
+            s.waker.take()
+        };
+        // Woken outside the lock: the task may run at once, on another thread, and poll.
+        if let Some(w) = waker {
+            w.wake();
         }
     }
 
     /// The outcome if there is one now, taken.
     pub fn try_take(&self) -> Option<Result<Bytes, Failure>> {
-        self.state.lock().take()
+        self.state.lock().outcome.take()
     }
 
     /// Whether the outcome is there (not taken).
     pub fn is_filled(&self) -> bool {
-        self.state.lock().is_some()
+        self.state.lock().outcome.is_some()
+    }
+
+    /// A future's look: the outcome if it is there (left in place: polling again returns
+    /// it again), else `waker` is kept to be woken when it comes.
+    pub fn poll_peek(&self, waker: &Waker) -> Option<Result<Bytes, Failure>> {
+        let mut s = self.state.lock();
+        if let Some(r) = &s.outcome {
+            return Some(r.clone());
+        }
+        match &mut s.waker {
+            Some(w) if w.will_wake(waker) => {}
+            w => *w = Some(waker.clone()),
+        }
+        None
     }
 
     /// Waits for the outcome until `deadline`; `None` if it did not come in time.
     pub fn take_until(&self, deadline: Option<Instant>) -> Option<Result<Bytes, Failure>> {
         let mut s = self.state.lock();
         loop {
-            if let Some(r) = s.take() {
+            if let Some(r) = s.outcome.take() {
                 return Some(r);
             }
             if !wait_until(&self.filled, &mut s, deadline) {
