@@ -581,6 +581,42 @@ mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize as StdAtomicUsize;
 
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(StdAtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_waiting_future_is_woken_by_the_next_submit_and_by_the_stop() {
+        let q = TaskQueue::new();
+        let count = std::sync::Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        let woken = || count.0.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(!q.ready_or_wake(&waker), "nothing queued: kept");
+        q.submit(1).expect("queued");
+        assert_eq!(woken(), 1);
+        assert!(q.ready_or_wake(&waker), "a task waits");
+        q.submit(2).expect("queued");
+        assert_eq!(woken(), 1, "woken once per registration");
+        assert!(matches!(
+            q.next_until(|| None::<fn() -> bool>, None),
+            Next::Task(1)
+        ));
+        assert!(matches!(
+            q.next_until(|| None::<fn() -> bool>, None),
+            Next::Task(2)
+        ));
+        assert!(!q.ready_or_wake(&waker));
+        q.stop();
+        assert_eq!(woken(), 2, "the stop wakes it");
+        assert!(q.ready_or_wake(&waker), "stopping: ready (to say closed)");
+    }
+
     /// Workers that spin (on the wall clock, as the pool's do) and workers that park at
     /// once take every task, whether a submit finds them spinning (and skips its wake-up)
     /// or parked.

@@ -333,6 +333,41 @@ mod tests {
         assert_eq!((r.answered(), r.late(), r.in_flight()), (1, 1, 0));
     }
 
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn the_thread_that_fills_a_slot_wakes_the_future_polling_it() {
+        let r = Requests::new(4);
+        let count = std::sync::Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        let woken = || count.0.load(std::sync::atomic::Ordering::SeqCst);
+        let (a, sa) = r.register(None).expect("room");
+        assert_eq!(sa.poll_peek(&waker), None);
+        assert_eq!(sa.poll_peek(&waker), None, "the same waker, kept once");
+        assert!(r.answer(a, Ok(Bytes::from_static(b"yes"))));
+        assert_eq!(woken(), 1);
+        let got = Some(Ok(Bytes::from_static(b"yes")));
+        assert_eq!(sa.poll_peek(&waker), got, "ready");
+        assert_eq!(sa.poll_peek(&waker), got, "and again: left in place");
+        let (b, sb) = r.register(None).expect("room");
+        assert_eq!(sb.poll_peek(&waker), None);
+        assert!(r.fail(b, Failure::TooLarge { len: 2, max: 1 }));
+        assert_eq!(woken(), 2, "a failure wakes too");
+        let (_c, sc) = r.register(None).expect("room");
+        assert_eq!(sc.poll_peek(&waker), None);
+        r.close();
+        assert_eq!(woken(), 3, "and a close");
+        assert_eq!(sc.poll_peek(&waker), Some(Err(Failure::Closed)));
+    }
+
     #[test]
     fn a_refusal_reaches_its_slot_as_a_failure() {
         let r = Requests::new(4);
