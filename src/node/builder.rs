@@ -177,8 +177,11 @@ impl std::fmt::Debug for Builder {
 #[derive(Clone)]
 pub(crate) enum EventCallback {
     Plain(crate::events::EventFn),
-    WithSender(Arc<dyn Fn(crate::Event, &Sender) + Send + Sync>),
+    WithSender(EventWithSenderFn),
 }
+
+/// [`Builder::on_event_with`]'s callback.
+pub(crate) type EventWithSenderFn = Arc<dyn Fn(crate::Event, &Sender) + Send + Sync>;
 
 impl EventCallback {
     /// The callback the events queue calls; `node` is the node's send handle.
