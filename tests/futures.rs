@@ -130,6 +130,10 @@ fn dropping_the_future_gives_the_request_up() {
         let mut cx = Context::from_waker(Waker::noop());
         assert!(pending.as_mut().poll(&mut cx).is_pending());
         assert_eq!(peer_stats(&client, "server").requests_in_flight, 1);
+        // It has left: the server holds it (its handler waits at the gate).
+        wait_until("the server receives the request", PATIENCE, || {
+            peer_stats(&server, "client").received == 1
+        });
     } // dropped, pending
     assert_eq!(
         peer_stats(&client, "server").requests_in_flight,
