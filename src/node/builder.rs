@@ -633,7 +633,6 @@ impl Builder {
     /// hands the payload back) rather than block the pool thread.
     ///
     /// ```
-    /// use std::sync::mpsc;
     /// use std::time::Duration;
     /// use cohort::Event;
     ///
