@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 use cohort::{Error, Event, Node};
 use support::*;
 
+/// What a waiter is given: far longer than the test waits for it to return (`PATIENCE`),
+/// so a waiter that is not woken (and returns at its timeout) fails the test.
+const LONG: Duration = Duration::from_secs(600);
+
 #[test]
 fn wait_connected_returns_once_a_peer_that_starts_later_connects() {
     let b_addr = HeldAddr::new();
@@ -25,13 +29,15 @@ fn wait_connected_returns_once_a_peer_that_starts_later_connects() {
     assert!(!a.to("b").expect("b").is_connected());
     let waiter = {
         let tx = a.sender();
-        std::thread::spawn(move || tx.wait_connected("b", PATIENCE))
+        Watched::spawn("wait-b", move || tx.wait_connected("b", LONG))
     };
-    // The waiter is parked: b is not up. Start it now.
+    waiter.wait_parked("the waiter parks: b is not up");
+    assert!(!waiter.is_finished());
+    // Start b now.
     let b = receiver_b("conn-later", b_addr.addr())
         .start()
         .expect("b starts");
-    let waited = join_within("the waiter returns", &[], waiter);
+    let waited = join_within("the waiter returns", &[], waiter.into_handle());
     waited.expect("b connected");
     assert!(a.is_connected("b") && a.sender().is_connected("b"));
     assert!(a.to("b").expect("b").is_connected());
@@ -107,9 +113,10 @@ fn a_waiter_wakes_with_closed_when_its_peer_is_removed() {
         .start()
         .expect("a starts");
     let to_b = a.to("b").expect("b");
-    let waiter = std::thread::spawn(move || to_b.wait_connected(PATIENCE));
+    let waiter = Watched::spawn("wait-b", move || to_b.wait_connected(LONG));
+    waiter.wait_parked("the waiter parks: b is down");
     a.remove_peer("b").expect("removed");
-    let waited = join_within("the waiter returns", &[], waiter);
+    let waited = join_within("the waiter returns", &[], waiter.into_handle());
     assert!(matches!(waited, Err(Error::Closed)), "{waited:?}");
     a.shutdown(SHUTDOWN).expect("shutdown");
 }
