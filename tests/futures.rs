@@ -90,15 +90,20 @@ fn a_reply_wakes_the_future_from_the_thread_that_receives_it() {
 
 #[test]
 fn a_failed_request_fails_its_future() {
+    let gate = Gate::new();
+    let held = gate.clone();
     let [client, server] = connected([
         Node::builder("client").cluster("futures-fail"),
         Node::builder("server")
             .cluster("futures-fail")
-            .on_message(|_| {}), // handled, never answered
+            .on_message(move |_| held.pass()), // handled, never answered
     ]);
     let pending = client.send_request("server", &b"?"[..]).expect("queued");
-    let outcome = std::thread::spawn(move || pollster::block_on(pending));
-    match join_within("the executor's thread returns", &[], outcome) {
+    let outcome = Watched::spawn("await-unanswered", move || pollster::block_on(pending));
+    // The executor parks on the pending future; the failure must wake it.
+    outcome.wait_parked("the executor parks");
+    gate.open();
+    match join_within("the executor's thread returns", &[], outcome.into_handle()) {
         Err(Error::ReplyFailed {
             peer,
             reason: ReplyFailure::Unanswered,
@@ -111,9 +116,10 @@ fn a_failed_request_fails_its_future() {
     let nobody = HeldAddr::new();
     client.add_peer("down", nobody.addr()).expect("added");
     let pending = client.send_request("down", &b"?"[..]).expect("queued");
-    let outcome = std::thread::spawn(move || pollster::block_on(pending));
+    let outcome = Watched::spawn("await-removed", move || pollster::block_on(pending));
+    outcome.wait_parked("the executor parks");
     client.remove_peer("down").expect("removed");
-    let outcome = join_within("the executor's thread returns", &[], outcome);
+    let outcome = join_within("the executor's thread returns", &[], outcome.into_handle());
     assert!(matches!(outcome, Err(Error::Closed)), "{outcome:?}");
     shutdown_all(&[client, server]);
 }
