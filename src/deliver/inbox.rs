@@ -163,6 +163,10 @@ impl Inbox {
     /// your executor's timer. Dropping it loses nothing: a message is only taken when it is
     /// returned.
     ///
+    /// The future borrows the inbox, which has one consumer (it is not `Sync`), so the
+    /// future is not `Send`: await it on a current-thread executor or in a task that
+    /// stays on its thread (`spawn_local`), not in one a work-stealing runtime may move.
+    ///
     /// ```
     /// use std::time::Duration;
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
