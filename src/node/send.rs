@@ -802,9 +802,10 @@ fn not_connected(peer: &PeerShared) -> Result<(), Error> {
 }
 
 /// A request on its way (see [`Sender::send_request`]): wait for its reply with
-/// [`wait`](PendingReply::wait), or look without waiting with
-/// [`is_ready`](PendingReply::is_ready). Dropping it gives the request up: a reply that
-/// comes later is counted late.
+/// [`wait`](PendingReply::wait), look without waiting with
+/// [`is_ready`](PendingReply::is_ready), or `.await` it (it is a [`Future`](#impl-Future-for-PendingReply),
+/// under any executor). Dropping it gives the request up: a reply that comes later is
+/// counted late.
 #[must_use = "a request's reply is only seen through its PendingReply"]
 pub struct PendingReply {
     peer: Arc<PeerShared>,
