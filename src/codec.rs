@@ -218,7 +218,7 @@ impl Sender {
         to: &str,
         request: &Q,
     ) -> Result<PendingReply, Error> {
-        self.send_request(to, encode(request)?)
+        Ok(self.send_request(to, encode(request)?)?)
     }
 }
 
@@ -244,7 +244,7 @@ impl PeerSender {
         &self,
         request: &Q,
     ) -> Result<PendingReply, Error> {
-        self.send_request(encode(request)?)
+        Ok(self.send_request(encode(request)?)?)
     }
 }
 
@@ -300,7 +300,7 @@ impl Delivery {
     /// if `value` cannot be encoded (nothing is sent, and the request may still be
     /// answered).
     pub fn reply_typed<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), Error> {
-        self.reply(encode(value)?)
+        Ok(self.reply(encode(value)?)?)
     }
 }
 

@@ -353,7 +353,7 @@ fn an_unknown_member_that_leaves_is_forgotten() {
         || format!("the member admitted; stats:\n{}", registry.stats()),
     );
     assert_eq!(registry.peers(), ["configured", "member"]);
-    let names = |r: Vec<(String, Result<(), cohort::Error>)>| -> Vec<String> {
+    let names = |r: Vec<(String, Result<(), cohort::SendError<cohort::Bytes>>)>| -> Vec<String> {
         r.into_iter().map(|(n, _)| n).collect()
     };
     assert_eq!(

@@ -585,8 +585,8 @@ fn unknown_peer_and_closed_node_errors() {
         Err(TrySendError::Failed(back, Error::Closed)) => assert_eq!(&back[..], b"y"),
         other => panic!("try_send after shutdown: expected Failed(_, Closed), got {other:?}"),
     }
-    for (peer, r) in node.broadcast(&b"z"[..]) {
-        closed(&format!("broadcast to {peer}"), r);
+    for (peer, r) in node.broadcast(&b"x"[..]) {
+        closed_send(&format!("broadcast to {peer}"), r);
     }
     let p = peer_stats(&node, "known");
     assert_eq!(p.accepted, 0, "nothing accepted after shutdown: {p:?}");

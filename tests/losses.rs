@@ -230,7 +230,8 @@ fn a_request_larger_than_the_peer_accepts_fails_its_reply_at_once() {
     let e = a
         .send_request("b", payload(2, LARGE))
         .expect_err("too large");
-    assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    assert!(matches!(e.error(), Error::TooLarge { .. }), "{e}");
+    assert_eq!(e.into_inner().len(), LARGE, "the payload is handed back");
     shutdown_all(&[a, b]);
 }
 
@@ -306,9 +307,17 @@ fn connected_only_fails_fast_while_the_peer_is_not_connected() {
         RequestOptions::new().connected_only(),
     );
     let request_took = t.elapsed();
-    assert!(matches!(r, Err(Error::NotConnected(_))), "{r:?}");
+    let (back, e) = r.expect_err("not connected").into_parts();
+    assert!(matches!(e, Error::NotConnected(_)), "{e}");
+    assert_eq!(
+        back.as_deref(),
+        Some(&payload(2, 64)[..]),
+        "never queued: handed back"
+    );
     let r = to_b.send_request_with(payload(3, 64), RequestOptions::new().connected_only());
-    assert!(matches!(r, Err(Error::NotConnected(_))), "{r:?}");
+    let (back, e) = r.expect_err("not connected").into_parts();
+    assert!(matches!(e, Error::NotConnected(_)), "{e}");
+    assert_eq!(&back[..], &payload(3, 64)[..], "the payload is handed back");
     println!("send_with(connected_only) failed in {send_took:?}, request_with(connected_only, 2 s) in {request_took:?}");
     assert!(send_took < Duration::from_millis(100), "{send_took:?}");
     assert!(
@@ -364,10 +373,16 @@ fn a_request_given_up_before_it_left_is_never_run() {
     let stale: Vec<Vec<u8>> = (0..3u64).map(|i| payload(i, 32)).collect();
     let t = Instant::now();
     let r = a.request("b", stale[0].clone(), Duration::from_millis(50));
-    assert!(matches!(r, Err(Error::NoReply(_))), "{r:?}");
+    assert!(
+        matches!(r.as_ref().map_err(|e| e.error()), Err(Error::NoReply(_))),
+        "{r:?}"
+    );
     assert!(t.elapsed() >= Duration::from_millis(50));
     let r = a.request("b", stale[1].clone(), Duration::ZERO);
-    assert!(matches!(r, Err(Error::NoReply(_))), "{r:?}");
+    assert!(
+        matches!(r.as_ref().map_err(|e| e.error()), Err(Error::NoReply(_))),
+        "{r:?}"
+    );
     drop(a.send_request("b", stale[2].clone()).expect("queued"));
     // Withdrawn while b is away: the window is whole again before b is up.
     wait_until_or(

@@ -321,11 +321,18 @@ fn too_large_takes_no_permit_and_too_large_for_the_peer_gives_it_back() {
     }
     let results = sender.broadcast(vec![1u8; 8001]);
     assert_eq!(results.len(), 1, "{results:?}");
-    match results.into_iter().next().map(|(_, r)| r) {
-        Some(Err(Error::TooLarge {
-            len: 8001,
-            max: 1000,
-        })) => {}
+    match results
+        .into_iter()
+        .next()
+        .map(|(_, r)| r.map_err(|e| e.into_parts()))
+    {
+        Some(Err((
+            back,
+            Error::TooLarge {
+                len: 8001,
+                max: 1000,
+            },
+        ))) => assert_eq!(&back[..], &[1u8; 8001][..], "the payload is handed back"),
         other => panic!("broadcast: expected TooLarge {{ 8001, 1000 }}, got {other:?}"),
     }
     let p = peer_stats(sender, "tl-rx");
@@ -796,13 +803,13 @@ fn broadcast_with_a_stalled_peer_refuses_only_that_peer() {
                     assert_eq!(since_full, 0, "the stalled peer took a message after Full");
                     c_accepted += 1;
                 }
-                ("iso-c", Err(Error::Full)) => {}
+                ("iso-c", Err(e)) if matches!(e.error(), Error::Full) => {}
                 (other, r) => {
                     assert!(r.is_ok(), "broadcast {i} refused {other}: {r:?}");
                 }
             }
         }
-        if matches!(results[2].1, Err(Error::Full)) {
+        if matches!(&results[2].1, Err(e) if matches!(e.error(), Error::Full)) {
             since_full += 1;
         }
         assert!(

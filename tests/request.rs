@@ -215,7 +215,15 @@ fn a_request_fails_fast_when_its_peer_is_removed_and_late_replies_are_counted() 
 
     // Late: the handler holds the request past its timeout, then answers.
     let r = client.request("rf-server", &b"late"[..], Duration::from_millis(100));
-    assert!(matches!(r, Err(Error::NoReply(_))), "{r:?}");
+    assert!(
+        matches!(r.as_ref().map_err(|e| e.error()), Err(Error::NoReply(_))),
+        "{r:?}"
+    );
+    assert_eq!(
+        r.unwrap_err().into_inner(),
+        None,
+        "it left: the payload is the peer's"
+    );
     gate.open();
     wait_until_or(
         PATIENCE,
@@ -252,7 +260,9 @@ fn a_request_fails_fast_when_its_peer_is_removed_and_late_replies_are_counted() 
     let r = waiter.join().expect("waiter");
     assert!(matches!(r, Err(Error::Closed)), "{r:?}");
     assert!(matches!(
-        client.request("rf-server2", &b"x"[..], PATIENCE),
+        client
+            .request("rf-server2", &b"x"[..], PATIENCE)
+            .map_err(Error::from),
         Err(Error::UnknownPeer(_))
     ));
     stuck.open();
@@ -353,13 +363,14 @@ fn reply_and_request_edges() {
         .on_message(move |d| {
             if d.is_request() {
                 // A reply one byte too long with its id fails; the right size goes.
-                assert!(matches!(
-                    d.reply(vec![0u8; 993]),
-                    Err(Error::TooLarge { .. })
-                ));
+                let (back, e) = d.reply(vec![0u8; 993]).expect_err("too large").into_parts();
+                assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+                assert_eq!(back.len(), 993, "the refused reply is handed back");
                 d.reply(Bytes::from(vec![7u8; 992])).expect("reply");
-                assert!(matches!(d.reply(&b"again"[..]), Err(Error::AlreadyReplied)));
-            } else if matches!(d.reply(&b"no"[..]), Err(Error::NotARequest)) {
+                let (back, e) = d.reply(&b"again"[..]).expect_err("replied").into_parts();
+                assert!(matches!(e, Error::AlreadyReplied), "{e}");
+                assert_eq!(&back[..], b"again", "the second reply is handed back");
+            } else if matches!(d.reply(&b"no"[..]).map_err(|e| e.into_parts()), Err((back, Error::NotARequest)) if &back[..] == b"no") {
                 n.fetch_add(1, Ordering::SeqCst);
             }
         })
@@ -381,17 +392,25 @@ fn reply_and_request_edges() {
     });
     // A request's header takes 12 bytes of max_message; the reply's room is what is left
     // for a reply (max_message less its 8-byte id).
-    assert!(matches!(
-        client.request("re-server", vec![0u8; 989], PATIENCE),
-        Err(Error::TooLarge { len: 989, max: 988 })
-    ));
+    let (back, e) = client
+        .request("re-server", vec![0u8; 989], PATIENCE)
+        .expect_err("too large")
+        .into_parts();
+    assert!(matches!(e, Error::TooLarge { len: 989, max: 988 }), "{e}");
+    assert_eq!(
+        back.map(|b| b.len()),
+        Some(989),
+        "never queued: handed back"
+    );
     let r = client
         .request("re-server", vec![1u8; 988], PATIENCE)
         .expect("a request of the largest size");
     assert_eq!(r.len(), 992, "a reply of the largest size");
     client.shutdown(SHUTDOWN).expect("shutdown client");
     assert!(matches!(
-        client.request("re-server", &b"after"[..], PATIENCE),
+        client
+            .request("re-server", &b"after"[..], PATIENCE)
+            .map_err(Error::from),
         Err(Error::Closed)
     ));
     server.shutdown(SHUTDOWN).expect("shutdown server");

@@ -44,13 +44,21 @@ fn pair(
 fn time_failures(client: &Node, n: usize, expect: impl Fn(&Error) -> bool) -> Vec<Duration> {
     // The first request also waits for the connection: not timed.
     let r = client.request("server", &b"warm up"[..], TIMEOUT);
-    assert!(matches!(&r, Err(e) if expect(e)), "{r:?}");
+    assert!(matches!(&r, Err(e) if expect(e.error())), "{r:?}");
+    assert_eq!(
+        r.unwrap_err().into_inner(),
+        None,
+        "it left: the payload is the peer's"
+    );
     (0..n)
         .map(|i| {
             let started = Instant::now();
             let r = client.request("server", vec![i as u8; 10], TIMEOUT);
             let took = started.elapsed();
-            assert!(matches!(&r, Err(e) if expect(e)), "request {i}: {r:?}");
+            assert!(
+                matches!(&r, Err(e) if expect(e.error())),
+                "request {i}: {r:?}"
+            );
             assert!(
                 took < AT_ONCE,
                 "request {i} failed after {took:?}, not at once: {r:?}"
@@ -127,7 +135,7 @@ fn a_reply_too_large_for_its_room_fails_the_request_at_once() {
         |b| b.max_reply(ROOM),
         |b| b,
         |d| {
-            let refused = d.reply(vec![0u8; ROOM + 1]);
+            let refused = d.reply(vec![0u8; ROOM + 1]).map_err(Error::from);
             assert!(
                 matches!(refused, Err(Error::TooLarge { len, max }) if len == ROOM + 1 && max == ROOM),
                 "{refused:?}"
@@ -194,7 +202,7 @@ fn a_request_its_handler_drops_unanswered_fails_at_once() {
     // A request after it, dropped: its status follows whatever the kept one's handler
     // sent, in order.
     let r = client.request("server", &b"drop me"[..], TIMEOUT);
-    assert!(matches!(&r, Err(e) if unanswered(e)), "{r:?}");
+    assert!(matches!(&r, Err(e) if unanswered(e.error())), "{r:?}");
     assert!(
         !pending.is_ready(),
         "a kept request is not failed when the handler's own clone goes"

@@ -145,7 +145,7 @@ fn pricing_server(d: Delivery) {
         }
     };
     let r = match o.id {
-        13 => d.reply(&b"\xff\xff\xff"[..]),
+        13 => d.reply(&b"\xff\xff\xff"[..]).map_err(cohort::Error::from),
         14 => Ok(()),
         _ if o.parts.is_empty() => d.reply_typed(&Quote::Refused("no parts".into())),
         _ => d.reply_typed(&Quote::Price {

@@ -22,7 +22,7 @@ pub use sender::{CreditSink, RunOutcome, SenderQueue};
 
 use bytes::Bytes;
 
-use crate::node::{Error, Sender};
+use crate::node::{Error, SendError, Sender};
 use crate::sync::{Arc, SharedStr};
 
 /// A message handed to the application's handler.
@@ -162,7 +162,9 @@ impl Delivery {
     /// smaller reply may follow; if none does, the requester fails with
     /// [`ReplyFailure::TooLarge`](crate::ReplyFailure::TooLarge)),
     /// [`Error::AlreadyReplied`] for a second reply, [`Error::UnknownPeer`] if the
-    /// requester was removed meanwhile, and [`Error::Closed`] once the node is shut down.
+    /// requester was removed meanwhile, and [`Error::Closed`] once the node is shut down;
+    /// the [`SendError`] hands the reply back ([`into_inner`](SendError::into_inner)), to
+    /// trim it to [`reply_room`](Delivery::reply_room) and answer again, say.
     ///
     /// A request that is never answered is not left waiting: when the last clone of its
     /// `Delivery` goes without a reply (the handler returned or panicked, or the
@@ -181,27 +183,30 @@ impl Delivery {
     /// });
     /// # let _ = server;
     /// ```
-    pub fn reply(&self, payload: impl Into<Bytes>) -> Result<(), Error> {
-        let (Some(room), Some(node)) = (&self.request, &self.node) else {
-            return Err(Error::NotARequest);
-        };
+    pub fn reply(&self, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
         let payload = payload.into();
+        let (Some(room), Some(node)) = (&self.request, &self.node) else {
+            return Err(SendError::new(Error::NotARequest, payload));
+        };
         if payload.len() as u64 > room.bytes() {
             node.warn_reply_refused(self.from(), payload.len(), room.bytes());
             room.refuse_too_large(payload.len() as u64);
-            return Err(Error::TooLarge {
+            let error = Error::TooLarge {
                 len: payload.len(),
                 max: room.bytes() as usize,
-            });
+            };
+            return Err(SendError::new(error, payload));
         }
         if !room.claim() {
-            return Err(Error::AlreadyReplied);
+            return Err(SendError::new(Error::AlreadyReplied, payload));
         }
-        let queued = node.reply(self.from(), room.id(), payload);
-        if queued.is_err() {
-            room.release();
+        match node.reply(self.from(), room.id(), payload.clone()) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                room.release();
+                Err(SendError::new(e, payload))
+            }
         }
-        queued
     }
     /// The most bytes a [`reply`](Delivery::reply) to this request may carry: the room its
     /// requester reserved for the reply ([`Builder::max_reply`](crate::Builder::max_reply)

@@ -131,7 +131,7 @@ pub enum Error {
     ///     .start()?;
     /// let client = cohort::Node::builder("client").peer("server", server.local_addr()).start()?;
     /// server.add_peer("client", client.local_addr())?;
-    /// match client.request("server", &b"anyone?"[..], Duration::from_secs(60)) {
+    /// match client.request("server", &b"anyone?"[..], Duration::from_secs(60)).map_err(Error::from) {
     ///     Err(Error::ReplyFailed { peer, reason: ReplyFailure::Unanswered }) => assert_eq!(peer, "server"),
     ///     other => panic!("expected an unanswered request, got {other:?}"),
     /// }
@@ -406,14 +406,21 @@ impl From<ConfigError> for Error {
 }
 
 /// Why [`send`](crate::Sender::send), [`send_timeout`](crate::Sender::send_timeout),
-/// [`send_oob`](crate::Sender::send_oob) or [`send_with`](crate::Sender::send_with) (of a
-/// [`Sender`](crate::Sender), [`PeerSender`](crate::PeerSender) or [`Node`](crate::Node)) did
-/// not take the message: the [`Error`], and the payload handed back
-/// ([`into_inner`](SendError::into_inner)) to retry, send elsewhere or log.
+/// [`send_oob`](crate::Sender::send_oob), [`send_with`](crate::Sender::send_with),
+/// [`send_request`](crate::Sender::send_request), [`request`](crate::Sender::request) (of a
+/// [`Sender`](crate::Sender), [`PeerSender`](crate::PeerSender) or [`Node`](crate::Node)),
+/// each peer's part of a [`broadcast`](crate::Sender::broadcast), or
+/// [`Delivery::reply`](crate::Delivery::reply) did not take the message: the [`Error`],
+/// and the payload handed back ([`into_inner`](SendError::into_inner)) to retry, send
+/// elsewhere or log.
 ///
 /// A send fails only before its message is queued (unknown peer, too large for this node
 /// or for the peer's announced limit, node closed or peer removed, timed out waiting for
-/// the window, not connected with `connected_only`), so the payload always comes back.
+/// the window, not connected with `connected_only`), so the payload always comes back; so
+/// do `send_request` and `Delivery::reply`. A blocking [`request`](crate::Sender::request)
+/// can also fail after its request left (no reply in time, the peer cannot answer): its
+/// payload is a `SendError<Option<Bytes>>`, `Some` when the request was never queued and
+/// `None` once it was (the request then belongs to the peer).
 /// What becomes of a message once queued is not the send's result: if it is never
 /// delivered it is reported to
 /// [`Builder::on_undelivered`](crate::Builder::on_undelivered) (see the counters of
@@ -460,6 +467,28 @@ impl<T> SendError<T> {
     /// The payload and the error.
     pub fn into_parts(self) -> (T, Error) {
         (self.payload, self.error)
+    }
+
+    /// A failure with the payload it hands back.
+    pub(crate) fn new(error: Error, payload: T) -> SendError<T> {
+        SendError { error, payload }
+    }
+
+    /// The same error with the payload mapped (a request's payload becomes `Some` while
+    /// the call still holds it).
+    pub(crate) fn map_payload<U>(self, f: impl FnOnce(T) -> U) -> SendError<U> {
+        SendError {
+            error: self.error,
+            payload: f(self.payload),
+        }
+    }
+
+    /// The same payload with the error mapped.
+    pub(crate) fn map_error(self, f: impl FnOnce(Error) -> Error) -> SendError<T> {
+        SendError {
+            error: f(self.error),
+            payload: self.payload,
+        }
     }
 
     /// A send's failure from its attempt (a full window is [`Error::Full`]).

@@ -512,13 +512,17 @@ impl Node {
         to: &str,
         payload: impl Into<Bytes>,
         timeout: Duration,
-    ) -> Result<Bytes, Error> {
+    ) -> Result<Bytes, SendError<Option<Bytes>>> {
         self.sender.request(to, payload, timeout)
     }
 
     /// See [`Sender::send_request`].
     #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
+    pub fn send_request(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+    ) -> Result<PendingReply, SendError<Bytes>> {
         self.sender.send_request(to, payload)
     }
 
@@ -529,7 +533,7 @@ impl Node {
         payload: impl Into<Bytes>,
         timeout: Duration,
         opts: RequestOptions,
-    ) -> Result<Bytes, Error> {
+    ) -> Result<Bytes, SendError<Option<Bytes>>> {
         self.sender.request_with(to, payload, timeout, opts)
     }
 
@@ -540,13 +544,16 @@ impl Node {
         to: &str,
         payload: impl Into<Bytes>,
         opts: RequestOptions,
-    ) -> Result<PendingReply, Error> {
+    ) -> Result<PendingReply, SendError<Bytes>> {
         self.sender.send_request_with(to, payload, opts)
     }
 
     /// See [`Sender::broadcast`].
     #[must_use = "each peer's result says whether it was queued"]
-    pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
+    pub fn broadcast(
+        &self,
+        payload: impl Into<Bytes>,
+    ) -> Vec<(String, Result<(), SendError<Bytes>>)> {
         self.sender.broadcast(payload)
     }
 

@@ -281,14 +281,34 @@ impl Sender {
         self.route(to).send_with(payload.into(), opts)
     }
 
-    /// Sends `payload` to every peer without blocking: one result per peer. A peer whose
-    /// window is full gets [`Error::Full`] and stalls only itself; the others receive the
-    /// message.
+    /// Sends `payload` to every peer without blocking: one result per peer, sorted by
+    /// peer name. A peer whose window is full gets [`Error::Full`] and stalls only itself;
+    /// the others receive the message.
+    ///
+    /// Each peer that did not take the message hands the payload back in its own
+    /// [`SendError`] (the same [`Bytes`], shared, not copied), so a caller can retry just
+    /// those peers with [`send`](Sender::send) or [`to`](Sender::to):
+    ///
+    /// ```
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:9").start()?;
+    /// for (peer, result) in node.broadcast(&b"hello"[..]) {
+    ///     if let Err(e) = result {
+    ///         let (payload, error) = e.into_parts();
+    ///         eprintln!("not queued for {peer}: {error}; {} bytes back", payload.len());
+    ///     }
+    /// }
+    /// # node.shutdown(std::time::Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
     #[must_use = "each peer's result says whether it was queued"]
-    pub fn broadcast(&self, payload: impl Into<Bytes>) -> Vec<(String, Result<(), Error>)> {
+    pub fn broadcast(
+        &self,
+        payload: impl Into<Bytes>,
+    ) -> Vec<(String, Result<(), SendError<Bytes>>)> {
         let payload = payload.into();
         let peers: Vec<Arc<PeerShared>> = self.core.peers.read().values().cloned().collect();
-        let mut out: Vec<(String, Result<(), Error>)> = peers
+        let mut out: Vec<(String, Result<(), SendError<Bytes>>)> = peers
             .iter()
             .map(|p| {
                 let route = Route {
@@ -297,7 +317,7 @@ impl Sender {
                 };
                 (
                     p.name.to_string(),
-                    route.try_send(payload.clone()).map_err(Error::from),
+                    route.try_send(payload.clone()).map_err(SendError::from_try),
                 )
             })
             .collect();
@@ -325,6 +345,12 @@ impl Sender {
     /// (counted in [`PeerStats::withdrawn`](crate::PeerStats::withdrawn)). One that had
     /// left may still be run there; its reply is then dropped as late.
     ///
+    /// The error is a [`SendError`] whose payload is `Some(payload)` when the request was
+    /// never queued (unknown peer, too large, not connected with `connected_only`, no room
+    /// in the window or under the cap within `timeout`, closed): nothing was sent, and it
+    /// can go elsewhere. It is `None` once the request was queued: the peer may have it.
+    /// `?` turns it into an [`Error`].
+    ///
     /// Do not wait for a reply inside a message handler: it holds the pool thread that
     /// delivers that sender's messages. Use [`send_request`](Sender::send_request) there,
     /// and take the reply elsewhere.
@@ -351,7 +377,7 @@ impl Sender {
         to: &str,
         payload: impl Into<Bytes>,
         timeout: Duration,
-    ) -> Result<Bytes, Error> {
+    ) -> Result<Bytes, SendError<Option<Bytes>>> {
         self.route(to)
             .request(payload.into(), timeout, RequestOptions::new())
     }
@@ -359,7 +385,8 @@ impl Sender {
     /// Sends `payload` to `to` as a request and returns at once with a handle to wait on,
     /// so that one thread can have many requests in flight. Waits, like
     /// [`send`](Sender::send), only for room in the window and under the cap of requests in
-    /// flight ([`Builder::max_requests`](crate::Builder::max_requests)).
+    /// flight ([`Builder::max_requests`](crate::Builder::max_requests)). It fails only
+    /// before the request is queued, so its [`SendError`] always hands the payload back.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -376,7 +403,11 @@ impl Sender {
     /// # Ok(()) }
     /// ```
     #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request(&self, to: &str, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
+    pub fn send_request(
+        &self,
+        to: &str,
+        payload: impl Into<Bytes>,
+    ) -> Result<PendingReply, SendError<Bytes>> {
         self.route(to)
             .send_request(payload.into(), RequestOptions::new())
     }
@@ -392,7 +423,9 @@ impl Sender {
     /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:9").start()?;
     /// let opts = RequestOptions::new().connected_only();
     /// let r = node.sender().request_with("beta", &b"ping"[..], Duration::from_secs(2), opts);
-    /// assert!(matches!(r, Err(Error::NotConnected(_)))); // at once, not after 2 s
+    /// let e = r.unwrap_err(); // at once, not after 2 s
+    /// assert!(matches!(e.error(), Error::NotConnected(_)));
+    /// assert_eq!(e.into_inner().as_deref(), Some(&b"ping"[..])); // never queued
     /// # node.shutdown(Duration::from_secs(1))?;
     /// # Ok(()) }
     /// ```
@@ -402,7 +435,7 @@ impl Sender {
         payload: impl Into<Bytes>,
         timeout: Duration,
         opts: RequestOptions,
-    ) -> Result<Bytes, Error> {
+    ) -> Result<Bytes, SendError<Option<Bytes>>> {
         self.route(to).request(payload.into(), timeout, opts)
     }
 
@@ -414,7 +447,7 @@ impl Sender {
         to: &str,
         payload: impl Into<Bytes>,
         opts: RequestOptions,
-    ) -> Result<PendingReply, Error> {
+    ) -> Result<PendingReply, SendError<Bytes>> {
         self.route(to).send_request(payload.into(), opts)
     }
 
@@ -639,14 +672,21 @@ impl PeerSender {
     }
 
     /// See [`Sender::request`].
-    pub fn request(&self, payload: impl Into<Bytes>, timeout: Duration) -> Result<Bytes, Error> {
+    pub fn request(
+        &self,
+        payload: impl Into<Bytes>,
+        timeout: Duration,
+    ) -> Result<Bytes, SendError<Option<Bytes>>> {
         self.route()
             .request(payload.into(), timeout, RequestOptions::new())
     }
 
     /// See [`Sender::send_request`].
     #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request(&self, payload: impl Into<Bytes>) -> Result<PendingReply, Error> {
+    pub fn send_request(
+        &self,
+        payload: impl Into<Bytes>,
+    ) -> Result<PendingReply, SendError<Bytes>> {
         self.route()
             .send_request(payload.into(), RequestOptions::new())
     }
@@ -657,7 +697,7 @@ impl PeerSender {
         payload: impl Into<Bytes>,
         timeout: Duration,
         opts: RequestOptions,
-    ) -> Result<Bytes, Error> {
+    ) -> Result<Bytes, SendError<Option<Bytes>>> {
         self.route().request(payload.into(), timeout, opts)
     }
 
@@ -667,7 +707,7 @@ impl PeerSender {
         &self,
         payload: impl Into<Bytes>,
         opts: RequestOptions,
-    ) -> Result<PendingReply, Error> {
+    ) -> Result<PendingReply, SendError<Bytes>> {
         self.route().send_request(payload.into(), opts)
     }
 }
@@ -719,42 +759,56 @@ impl Route<'_> {
         payload: Bytes,
         timeout: Duration,
         opts: RequestOptions,
-    ) -> Result<Bytes, Error> {
+    ) -> Result<Bytes, SendError<Option<Bytes>>> {
         let deadline = Instant::now() + timeout;
         self.send_request_until(payload, Some(deadline), timeout, opts)
-            .map_err(|e| match e {
-                // Its time ran out waiting for the window: no reply within it either.
-                Error::TimedOut(_) => Error::NoReply(timeout),
-                e => e,
+            .map_err(|e| {
+                e.map_payload(Some).map_error(|e| match e {
+                    // Its time ran out waiting for the window: no reply within it either.
+                    Error::TimedOut(_) => Error::NoReply(timeout),
+                    e => e,
+                })
             })?
             .wait_until(Some(deadline), timeout)
+            // Queued: the payload is the peer's now.
+            .map_err(|e| SendError::new(e, None))
     }
 
-    fn send_request(self, payload: Bytes, opts: RequestOptions) -> Result<PendingReply, Error> {
+    fn send_request(
+        self,
+        payload: Bytes,
+        opts: RequestOptions,
+    ) -> Result<PendingReply, SendError<Bytes>> {
         self.send_request_until(payload, None, Duration::ZERO, opts)
     }
 
     /// Registers a request with the peer (within its cap) and queues it; `timeout` is what
-    /// `deadline` was computed from, for the error.
+    /// `deadline` was computed from, for the error. Fails only before the request is
+    /// queued, handing the payload back.
     fn send_request_until(
         self,
         payload: Bytes,
         deadline: Option<Instant>,
         timeout: Duration,
         opts: RequestOptions,
-    ) -> Result<PendingReply, Error> {
+    ) -> Result<PendingReply, SendError<Bytes>> {
         let peer = match self.to {
             To::Peer(p) => p.clone(),
-            To::Name(name) => self.core.peer_named(name)?,
+            To::Name(name) => match self.core.peer_named(name) {
+                Ok(p) => p,
+                Err(e) => return Err(SendError::new(e, payload)),
+            },
         };
         if opts.connected_only {
             // Before taking a slot: nothing to give up.
-            not_connected(&peer)?;
+            if let Err(e) = not_connected(&peer) {
+                return Err(SendError::new(e, payload));
+            }
         }
-        let (id, slot) = peer
-            .requests
-            .register(deadline)
-            .map_err(|f| failure(f, &peer.name, timeout))?;
+        let (id, slot) = match peer.requests.register(deadline) {
+            Ok(registered) => registered,
+            Err(f) => return Err(SendError::new(failure(f, &peer.name, timeout), payload)),
+        };
         let pending = PendingReply {
             peer: peer.clone(),
             id,
@@ -772,7 +826,7 @@ impl Route<'_> {
                 wait,
                 Kind::Request(id, self.core.max_reply),
             )
-            .map_err(Error::from)?;
+            .map_err(SendError::from_try)?;
         Ok(pending)
     }
 }
