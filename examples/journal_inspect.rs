@@ -52,6 +52,12 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("journal_inspect: {e}");
+            // Each error says its own level; the causes follow.
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                eprintln!("  caused by: {c}");
+                cause = c.source();
+            }
             ExitCode::FAILURE
         }
     }

@@ -172,6 +172,12 @@ fn main() -> ExitCode {
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
             eprintln!("mesh: {e}");
+            // Each error says its own level; the causes follow.
+            let mut cause = std::error::Error::source(&*e);
+            while let Some(c) = cause {
+                eprintln!("  caused by: {c}");
+                cause = c.source();
+            }
             ExitCode::FAILURE
         }
     }

@@ -183,6 +183,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("typed: {e}");
+            // Each error says its own level; the causes follow.
+            let mut cause = std::error::Error::source(&*e);
+            while let Some(c) = cause {
+                eprintln!("  caused by: {c}");
+                cause = c.source();
+            }
             ExitCode::FAILURE
         }
     }

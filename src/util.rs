@@ -1,5 +1,21 @@
 //! Small helpers shared by several parts.
 
+/// An error and its chain of sources, `: `-separated, for a log line (each error's
+/// `Display` says only its own level).
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            write!(f, ": {c}")?;
+            cause = c.source();
+        }
+        Ok(())
+    }
+}
+
 /// A random, nonzero `u64` for launch ids: std's randomly keyed hasher over the time and the
 /// process id. Not for secrets.
 pub(crate) fn random_nonzero_u64() -> u64 {

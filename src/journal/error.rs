@@ -10,7 +10,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum JournalError {
     /// An I/O operation on a journal file or directory failed.
-    #[error("journal I/O error on {path}: {source} (check that the directory exists, is writable and the disk is not full)")]
+    #[error("journal I/O error on {path} (check that the directory exists, is writable and the disk is not full)")]
     Io {
         /// The file or directory involved.
         path: PathBuf,

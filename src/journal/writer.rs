@@ -246,7 +246,7 @@ fn run<S: Store>(s: &Shared, mut journal: S) -> Option<S> {
             (last, q.sync_upto, q.stop)
         };
         if let Err(e) = step(s, &mut journal, &mut records, last, sync_upto, stop) {
-            log::error!("journal write failed: {e}");
+            log::error!("journal write failed: {}", crate::util::Chain(&e));
             s.failed.store(true, Ordering::Release);
             (s.wake)();
             return None;

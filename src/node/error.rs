@@ -4,6 +4,27 @@ use std::time::Duration;
 
 /// Everything that can go wrong in the public API of a [`Node`](crate::Node).
 ///
+/// As the Rust API guidelines ask, each error's `Display` says what failed at its own level
+/// and nothing more; the cause (an OS error, a journal's or a TLS file's problem) is only its
+/// [`source`](std::error::Error::source). Print the whole chain to see everything, as an
+/// error reporter (`anyhow`, `eyre`) does:
+///
+/// ```
+/// fn report(e: &dyn std::error::Error) -> String {
+///     let mut text = e.to_string();
+///     let mut cause = e.source();
+///     while let Some(c) = cause {
+///         text += &format!(": {c}");
+///         cause = c.source();
+///     }
+///     text
+/// }
+/// let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+/// let e = cohort::Node::builder("alpha").listen(taken.local_addr()?).start().unwrap_err();
+/// eprintln!("{}", report(&e)); // cannot listen on 127.0.0.1:…: Address already in use …
+/// # Ok::<(), std::io::Error>(())
+/// ```
+///
 /// A failed send wraps it in a [`SendError`] that hands the payload back:
 ///
 /// ```
@@ -70,9 +91,11 @@ pub enum Error {
     /// [`ConfigError`].
     #[error("invalid configuration: {0}")]
     Config(ConfigError),
-    /// The TLS configuration could not be loaded (feature `tls`).
+    /// The TLS configuration could not be loaded (feature `tls`): the
+    /// [`TlsError`](crate::tls::TlsError), its [`source`](std::error::Error::source), says
+    /// which file and why.
     #[cfg(feature = "tls")]
-    #[error("TLS configuration: {0}")]
+    #[error("the TLS configuration could not be loaded")]
     Tls(#[from] crate::tls::TlsError),
     /// The listener could not be set up on the address of
     /// [`Builder::listen`](crate::Builder::listen): typically the address is in use
@@ -94,7 +117,7 @@ pub enum Error {
     /// }
     /// # Ok::<(), std::io::Error>(())
     /// ```
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         /// The address asked for.
         addr: std::net::SocketAddr,
@@ -102,11 +125,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
-    /// Another OS-level failure (setting up the poller, spawning a thread).
-    #[error("I/O error: {0}")]
+    /// Another OS-level failure (setting up the poller, spawning a thread); the OS error is
+    /// the [`source`](std::error::Error::source).
+    #[error("an OS-level operation failed (setting up the poller or spawning a thread)")]
     Io(#[from] std::io::Error),
-    /// The journal could not be opened, recovered or written (see the message).
-    #[error("{0}")]
+    /// The journal could not be opened, recovered or written: the
+    /// [`JournalError`](crate::journal::JournalError), its
+    /// [`source`](std::error::Error::source), names the file and what to do.
+    #[error("the journal could not be opened, recovered or written")]
     Journal(#[from] crate::journal::JournalError),
     /// `shutdown` could not join every thread within its deadline; the threads named are
     /// still running (typically a message handler that does not return).

@@ -677,8 +677,9 @@ impl Node {
             // it again.
             if let Err(e) = journal.close() {
                 log::error!(
-                    "{}: journal: cannot record the final progress: {e}",
-                    self.name
+                    "{}: journal: cannot record the final progress: {}",
+                    self.name,
+                    crate::util::Chain(&e)
                 );
             }
         }

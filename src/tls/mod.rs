@@ -65,7 +65,7 @@ pub(crate) use pump::{is_failure, TlsPump};
 #[non_exhaustive]
 pub enum TlsError {
     /// A file could not be read.
-    #[error("cannot read the {what} file {path}: {source}")]
+    #[error("cannot read the {what} file {path}")]
     File {
         /// Which input: "CA certificate", "certificate" or "private key".
         what: &'static str,
@@ -84,7 +84,7 @@ pub enum TlsError {
     },
     /// rustls refused the material (a key that does not match the certificate, an
     /// unsupported key type, a CA certificate that is not a valid trust anchor).
-    #[error("{context}: {source}")]
+    #[error("{context}")]
     Rustls {
         /// What was being done.
         context: String,
