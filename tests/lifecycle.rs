@@ -719,6 +719,24 @@ fn configuration_errors_name_the_setting() {
         "{c:?}"
     );
     assert_eq!(c.setting(), "max_reply");
+    // No delivery thread could deliver nothing: refused, not run with one.
+    let c = refused(Node::builder("cfg").pool_threads(0));
+    assert!(
+        matches!(
+            &c,
+            ConfigError::OutOfRange {
+                setting: "pool_threads",
+                value: 0,
+                min: 1,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    assert_eq!(
+        c.to_string(),
+        "pool_threads of 0 threads is out of range: it must be at least 1"
+    );
 
     let node = Node::builder("cfg").start().expect("start");
     match node.add_peer("cfg", "127.0.0.1:1") {

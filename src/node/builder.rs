@@ -340,6 +340,18 @@ impl Builder {
     /// regular messages, at most its share its out-of-band ones), so even handlers that
     /// block on one sender leave the others `threads - 1 - oob_concurrency` threads: at
     /// least one with the defaults. Idle threads park and cost nothing.
+    ///
+    /// At least one: `start` refuses 0 with [`ConfigError::OutOfRange`] (setting
+    /// `"pool_threads"`), since a node without a delivery thread could deliver nothing.
+    ///
+    /// ```
+    /// use cohort::{ConfigError, Error};
+    ///
+    /// match cohort::Node::builder("alpha").pool_threads(0).start() {
+    ///     Err(Error::Config(ConfigError::OutOfRange { setting: "pool_threads", min: 1, .. })) => {}
+    ///     other => panic!("expected pool_threads out of range, got {other:?}"),
+    /// }
+    /// ```
     pub fn pool_threads(mut self, n: usize) -> Self {
         self.pool_threads = n;
         self
@@ -981,6 +993,15 @@ impl Builder {
         }
         check_name("name", self.name())?;
         check_name("cluster", &self.io.proto.cluster)?;
+        if self.pool_threads == 0 {
+            return Err(ConfigError::OutOfRange {
+                setting: "pool_threads",
+                value: 0,
+                min: 1,
+                max: u64::MAX,
+            }
+            .into());
+        }
         if self.io.proto.secret.as_ref().is_some_and(|s| s.is_empty()) {
             return Err(ConfigError::EmptySecret.into());
         }

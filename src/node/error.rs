@@ -305,16 +305,17 @@ pub enum ConfigError {
         /// What is wrong with it.
         problem: String,
     },
-    /// A size out of the range that works (the range may follow from other settings: a
-    /// message must fit in half the window).
+    /// A size or count out of the range that works (the range may follow from other
+    /// settings: a message must fit in half the window).
     OutOfRange {
-        /// `"window_bytes"`, `"recv_window"`, `"max_message"` or `"max_reply"`.
+        /// `"window_bytes"`, `"recv_window"`, `"max_message"`, `"max_reply"` (in bytes) or
+        /// `"pool_threads"` (in threads).
         setting: &'static str,
-        /// The value in effect, in bytes.
+        /// The value in effect, in bytes (in threads for `"pool_threads"`).
         value: u64,
         /// The smallest that works.
         min: u64,
-        /// The largest that works with the other settings.
+        /// The largest that works with the other settings (`u64::MAX`: no upper bound).
         max: u64,
     },
     /// An address that does not resolve to a socket address.
@@ -377,10 +378,22 @@ impl std::fmt::Display for ConfigError {
                 min,
                 max,
             } => {
-                write!(
-                    f,
-                    "{setting} of {value} bytes is out of range: it must be from {min} to {max} bytes"
-                )?;
+                let unit = if *setting == "pool_threads" {
+                    "threads"
+                } else {
+                    "bytes"
+                };
+                if *max == u64::MAX {
+                    write!(
+                        f,
+                        "{setting} of {value} {unit} is out of range: it must be at least {min}"
+                    )?;
+                } else {
+                    write!(
+                        f,
+                        "{setting} of {value} {unit} is out of range: it must be from {min} to {max} {unit}"
+                    )?;
+                }
                 match *setting {
                     "max_message" => f.write_str(
                         " (a message and its 16 bytes of overhead must fit in half the window, \
