@@ -261,6 +261,7 @@ pub struct EventQueue {
     capacity: usize,
     dropped: AtomicU64,
     delivered: AtomicU64,
+    panics: AtomicU64,
 }
 
 impl fmt::Debug for EventQueue {
@@ -300,6 +301,7 @@ impl EventQueue {
             capacity: capacity.max(1),
             dropped: AtomicU64::new(0),
             delivered: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
         }
     }
 
@@ -346,12 +348,23 @@ impl EventQueue {
                 }
             };
             if catch_unwind(AssertUnwindSafe(|| (self.handler)(event))).is_err() {
-                log::error!("{}: the on_event callback panicked; continuing", self.node);
+                // Relaxed: a counter for stats.
+                self.panics.fetch_add(1, Ordering::Relaxed);
+                log::error!(
+                    "{}: the on_event callback panicked; continuing (counted in event_panics)",
+                    self.node
+                );
             }
             // Relaxed: a counter.
             self.delivered.fetch_add(1, Ordering::Relaxed);
         }
         true
+    }
+
+    /// Panics of the callback caught (each event counts as delivered).
+    pub fn panics(&self) -> u64 {
+        // Relaxed: a counter for stats.
+        self.panics.load(Ordering::Relaxed)
     }
 
     /// Events dropped because the queue was full.

@@ -478,3 +478,47 @@ fn a_slow_callback_keeps_the_queue_bounded_and_counts_drops() {
     b.shutdown(SHUTDOWN).expect("b shuts down");
     assert_eq!(a.stats().events_dropped, dropped);
 }
+
+/// A callback that panics is caught: each panic is counted in `Stats::event_panics` (and
+/// the table), and the events after it are still delivered.
+#[test]
+fn a_panicking_callback_is_counted_and_events_go_on() {
+    const CYCLES: u64 = 3;
+    let seen = Arc::new(AtomicU64::new(0));
+    let s = seen.clone();
+    let b = receiver_b("t-events-panic", "127.0.0.1:0")
+        .start()
+        .expect("b starts");
+    let a = sender_a("t-events-panic", b.local_addr(), None)
+        .redial_quickly()
+        .on_event(move |e| {
+            s.fetch_add(1, Ordering::SeqCst);
+            if matches!(e, Event::Disconnected { .. }) {
+                panic!("a callback that panics on every disconnection");
+            }
+        })
+        .start()
+        .expect("a starts");
+    wait_until("the first connection seen", PATIENCE, || {
+        seen.load(Ordering::SeqCst) == 1
+    });
+    for cycle in 1..=CYCLES {
+        a.disconnect("b").expect("disconnect");
+        wait_until_or(
+            PATIENCE,
+            || seen.load(Ordering::SeqCst) == 1 + 2 * cycle,
+            || format!("cycle {cycle}: events after a panic; stats:\n{}", a.stats()),
+        );
+    }
+    let stats = a.stats();
+    assert_eq!(stats.event_panics, CYCLES, "{stats}");
+    assert!(
+        stats
+            .to_string()
+            .contains(&format!("on_event panics: {CYCLES}")),
+        "{stats}"
+    );
+    assert_eq!(b.stats().event_panics, 0, "no callback, no panics");
+    a.shutdown(SHUTDOWN).expect("a shuts down");
+    b.shutdown(SHUTDOWN).expect("b shuts down");
+}

@@ -604,7 +604,9 @@ impl Builder {
     /// thread while it does. At most [`event_capacity`](Builder::event_capacity) events
     /// (default 4096) wait for it; beyond that, newer events are dropped, counted in
     /// [`Stats::events_dropped`](crate::Stats::events_dropped) and a warning is logged once
-    /// per overflow. A panic in it is caught and logged. Without it, no event is made.
+    /// per overflow. A panic in it is caught, logged and counted in
+    /// [`Stats::event_panics`](crate::Stats::event_panics) (metric
+    /// `cohort_event_panics_total`); the next event is delivered. Without it, no event is made.
     /// With [`start_with_inbox`](Builder::start_with_inbox) there is no pool: `f` runs on
     /// the thread that calls the inbox's `recv` methods, between two messages.
     ///

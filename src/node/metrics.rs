@@ -98,6 +98,7 @@ pub(super) const NODE_COUNTERS: &[NodeCounter] = &[
     ("cohort_read_pauses_total", Unit::Count, "Times reading a connection was paused for a peer over its window.", |s| Some(s.connections.read_pauses)),
     ("cohort_tls_failures_total", Unit::Count, "Connections closed for a TLS failure.", |s| Some(s.connections.tls_failures)),
     ("cohort_events_dropped_total", Unit::Count, "Membership events dropped because the event queue was full.", |s| Some(s.events_dropped)),
+    ("cohort_event_panics_total", Unit::Count, "Panics of the on_event callback, caught.", |s| Some(s.event_panics)),
     ("cohort_journal_failures_total", Unit::Count, "Journal writes or syncs that failed (each stops the node).", |s| Some(s.journal_failures)),
     ("cohort_journal_appends_total", Unit::Count, "Journal batches written.", |s| s.journal.map(|j| j.appends)),
     ("cohort_journal_records_total", Unit::Count, "Journal records appended.", |s| s.journal.map(|j| j.records)),

@@ -800,6 +800,7 @@ impl StatsSources {
             journal: *self.io.journal_stats.lock(),
             journal_failures: g(&c.journal_failures),
             events_dropped: self.events.as_ref().map_or(0, |q| q.dropped()),
+            event_panics: self.events.as_ref().map_or(0, |q| q.panics()),
         }
     }
 }

@@ -251,6 +251,10 @@ pub struct Stats {
     /// Membership events dropped because [`event_capacity`](crate::Builder::event_capacity)
     /// of them were already waiting for the [`on_event`](crate::Builder::on_event) callback.
     pub events_dropped: u64,
+    /// Panics of the [`on_event`](crate::Builder::on_event) callback, caught (each one
+    /// logged; the event counts as handled and the next one is delivered). Handler panics
+    /// are [`PoolStats::panics`](crate::PoolStats::panics).
+    pub event_panics: u64,
 }
 
 impl Stats {
@@ -373,6 +377,9 @@ impl fmt::Display for Stats {
         if self.events_dropped > 0 {
             write!(f, "\nevents dropped: {}", self.events_dropped)?;
         }
+        if self.event_panics > 0 {
+            write!(f, "\non_event panics: {}", self.event_panics)?;
+        }
         Ok(())
     }
 }
@@ -472,6 +479,7 @@ mod tests {
             journal: None,
             journal_failures: 0,
             events_dropped: 0,
+            event_panics: 0,
         }
     }
 
