@@ -85,6 +85,52 @@ fn default_listen_address_with_a_remote_peer_warns() {
     node.shutdown(SHUTDOWN).expect("shutdown");
 }
 
+/// A peer outside loopback added at run time (`add_peer`) warns as one configured at
+/// start, once: neither a second such peer nor one on a node that warned at start warns
+/// again.
+#[test]
+fn default_listen_address_with_a_remote_peer_added_later_warns_once() {
+    capture_logs();
+    let node = Node::builder("log-added")
+        .cluster("t-logging")
+        .start()
+        .expect("node starts");
+    node.add_peer("near", "127.0.0.1:9")
+        .expect("add a local peer");
+    let about_loopback = |name: &str| -> Vec<String> {
+        logged(log::Level::Warn, name)
+            .into_iter()
+            .filter(|m| m.contains("loopback"))
+            .collect()
+    };
+    assert!(about_loopback("log-added").is_empty());
+    node.add_peer("faraway", "10.255.255.1:7000")
+        .expect("add a remote peer");
+    node.add_peer("further", "10.255.255.2:7000")
+        .expect("add another remote peer");
+    let warnings = about_loopback("log-added");
+    assert_eq!(warnings.len(), 1, "one warning: {warnings:?}");
+    assert!(
+        warnings[0].contains("'faraway' at 10.255.255.1:7000")
+            && warnings[0].contains("remote peers cannot reach a node listening on loopback")
+            && warnings[0].contains("Builder::listen"),
+        "{warnings:?}"
+    );
+    node.shutdown(SHUTDOWN).expect("shutdown");
+
+    let warned = Node::builder("log-warned")
+        .cluster("t-logging")
+        .peer("faraway", "10.255.255.1:7000")
+        .start()
+        .expect("node starts");
+    warned
+        .add_peer("further", "10.255.255.2:7000")
+        .expect("add another remote peer");
+    let warnings = about_loopback("log-warned");
+    assert_eq!(warnings.len(), 1, "warned at start only: {warnings:?}");
+    warned.shutdown(SHUTDOWN).expect("shutdown");
+}
+
 /// Peers on loopback can reach a node on the default address: no warning, and they
 /// connect.
 #[test]

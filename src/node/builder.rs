@@ -320,7 +320,8 @@ impl Builder {
     /// its peers can reach and that they are configured with, e.g. `.listen("0.0.0.0:7000")`
     /// or its own interface's address. Every node logs the address it listens on at start
     /// (`info`, through the [`log`](https://docs.rs/log) crate), and a node on the default
-    /// address with a configured peer outside loopback logs a warning.
+    /// address with a peer outside loopback logs a warning, once: at start for the peers
+    /// configured, or when [`Node::add_peer`](crate::Node::add_peer) adds the first one.
     pub fn listen<A: ToSocketAddrs>(mut self, addr: A) -> Self {
         self.listen = resolve(addr);
         self.listen_given = true;
@@ -1106,13 +1107,14 @@ impl Builder {
             return None;
         }
         remote.sort();
-        Some(format!(
-            "{}: listening on {listen}, the default loopback address, with peers outside \
-             loopback ({}): remote peers cannot reach a node listening on loopback; call \
-             Builder::listen with an address they can reach",
-            self.name(),
-            remote.join(", ")
-        ))
+        Some(loopback_warning(self.name(), listen, &remote.join(", ")))
+    }
+
+    /// Whether this node listens on the default, loopback-only address (not given with
+    /// `listen`), so that peers outside loopback, configured now or added later, cannot
+    /// dial it.
+    pub(crate) fn default_loopback_listen(&self, listen: SocketAddr) -> bool {
+        !self.listen_given && listen.ip().is_loopback()
     }
 
     /// Binds the listener, starts the IO thread and the delivery pool, and dials the
@@ -1143,4 +1145,14 @@ impl Builder {
         let (node, pool) = Node::start(self, true)?;
         Ok((node, Inbox::new(pool)))
     }
+}
+
+/// The warning of node `name`, on the default loopback address `listen`, with the peers
+/// `remote` (`'name' at addr`, comma-separated) outside loopback.
+pub(crate) fn loopback_warning(name: &str, listen: SocketAddr, remote: &str) -> String {
+    format!(
+        "{name}: listening on {listen}, the default loopback address, with peers outside \
+         loopback ({remote}): remote peers cannot reach a node listening on loopback; call \
+         Builder::listen with an address they can reach"
+    )
 }

@@ -100,6 +100,11 @@ pub struct Node {
     io_thread: Mutex<Option<thread::JoinHandle<()>>>,
     io_done: Arc<Completion>,
     shut: AtomicBool,
+    /// Listening on the default loopback address (`Builder::listen` not called): a peer
+    /// added outside loopback is warned about.
+    loopback_default: bool,
+    /// The loopback warning was logged (at start or by `add_peer`): it is logged once.
+    warned_loopback: AtomicBool,
     /// The membership events queue (`Builder::on_event`).
     events: Option<Arc<crate::events::EventQueue>>,
     /// Connections run TLS: peer names added later must be DNS names.
@@ -333,7 +338,8 @@ impl Node {
             b.io.proto.cluster,
             peer_addrs.len()
         );
-        if let Some(warning) = b.loopback_listen_warning(local_addr, &peer_addrs) {
+        let warning = b.loopback_listen_warning(local_addr, &peer_addrs);
+        if let Some(warning) = &warning {
             log::warn!("{warning}");
         }
         let node = Node {
@@ -350,6 +356,8 @@ impl Node {
             io_thread: Mutex::new(Some(io_thread)),
             io_done,
             shut: AtomicBool::new(false),
+            loopback_default: b.default_loopback_listen(local_addr),
+            warned_loopback: AtomicBool::new(warning.is_some()),
             events,
             tls,
         };
@@ -424,6 +432,20 @@ impl Node {
             map.insert(shared.name.clone(), shared.clone());
             shared
         };
+        // Relaxed: a once-only flag for a log line.
+        if self.loopback_default
+            && !addr.ip().is_loopback()
+            && !self.warned_loopback.swap(true, Ordering::Relaxed)
+        {
+            log::warn!(
+                "{}",
+                builder::loopback_warning(
+                    &self.name,
+                    self.local_addr,
+                    &format!("'{name}' at {addr}")
+                )
+            );
+        }
         self.io.command(Command::AddPeer {
             peer: shared,
             addr: Some(addr),
