@@ -61,7 +61,10 @@
 //! # Ok(()) }
 //! ```
 //!
-//! The architecture is described in `docs/design.md`, the wire format in `docs/wire.md`.
+//! The architecture is described in [`docs/design.md`](https://docs.rs/crate/cohort-net/latest/source/docs/design.md), the wire
+//! format in [`docs/wire.md`](https://docs.rs/crate/cohort-net/latest/source/docs/wire.md), every metric in
+//! [`docs/metrics.md`](https://docs.rs/crate/cohort-net/latest/source/docs/metrics.md) (these files ship in the package; docs.rs
+//! shows them with the crate's sources).
 
 #![doc(test(attr(deny(warnings))))]
 // docs.rs builds with `--cfg docsrs` on nightly: each item says which feature it needs.

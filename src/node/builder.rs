@@ -56,7 +56,8 @@ const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(60);
 /// a system call, and tens of microseconds on a virtual machine whose core was idle. A
 /// spinning thread catches the hand-off at no such cost, but holds its core meanwhile:
 /// where a node's busy threads outnumber the cores, that core was wanted by another
-/// thread of the pipeline. `docs/benchmarks.md` has the figures behind the default.
+/// thread of the pipeline. [`docs/benchmarks.md`](https://docs.rs/crate/cohort-net/latest/source/docs/benchmarks.md) has the figures
+/// behind the default.
 ///
 /// ```
 /// use std::time::Duration;
@@ -683,7 +684,7 @@ impl Builder {
     /// this old, and once more the last ones as the node shuts down. Install the recorder
     /// (an exporter) before starting the node. Metrics are named `cohort_…`, labelled
     /// `node` (this member) and, per peer, `peer`; every one of them — name, kind, unit,
-    /// labels, meaning — is listed in `docs/metrics.md` in the crate's sources.
+    /// labels, meaning — is listed in [`docs/metrics.md`](https://docs.rs/crate/cohort-net/latest/source/docs/metrics.md).
     #[cfg(feature = "metrics")]
     pub fn metrics_interval(mut self, every: Duration) -> Self {
         self.metrics_interval = every;

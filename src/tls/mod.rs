@@ -20,7 +20,7 @@
 //!
 //! A member's certificate carries its member name as a DNS subject alternative name and
 //! should allow both `serverAuth` and `clientAuth` extended key usages (a member both
-//! accepts and dials). `docs/tls.md` shows how to make such certificates for a test
+//! accepts and dials). [`docs/tls.md`](https://docs.rs/crate/cohort-net/latest/source/docs/tls.md) shows how to make such certificates for a test
 //! cluster with openssl or rcgen.
 //!
 //! ```no_run
