@@ -95,7 +95,7 @@ pub(super) const NODE_COUNTERS: &[NodeCounter] = &[
     ("cohort_idle_timeouts_total", Unit::Count, "Connections closed because nothing arrived for the idle timeout.", |s| Some(s.connections.idle_timeouts)),
     ("cohort_protocol_errors_total", Unit::Count, "Connections closed for a protocol error.", |s| Some(s.connections.protocol_errors)),
     ("cohort_tie_breaks_total", Unit::Count, "Duplicate connections resolved.", |s| Some(s.connections.tie_breaks)),
-    ("cohort_read_pauses_total", Unit::Count, "Times reading a connection was paused for a peer over its window.", |s| Some(s.connections.read_pauses)),
+    ("cohort_read_pauses_total", Unit::Count, "Times reading a connection was paused for a peer over the receive window (its unhandled messages and the replies owed to it).", |s| Some(s.connections.read_pauses)),
     ("cohort_tls_failures_total", Unit::Count, "Connections closed for a TLS failure.", |s| Some(s.connections.tls_failures)),
     ("cohort_events_dropped_total", Unit::Count, "Membership events dropped because the event queue was full.", |s| Some(s.events_dropped)),
     ("cohort_event_panics_total", Unit::Count, "Panics of the on_event callback, caught.", |s| Some(s.event_panics)),

@@ -167,10 +167,22 @@ pub struct ConnStats {
     /// ... of which because the peer sent past its window (it ignores flow control): what
     /// a peer makes this node hold is bounded by its window, whatever it sends.
     pub window_violations: u64,
-    /// Times reading a connection was paused because its peer had more than its window
-    /// waiting for delivery: only after the peer's stream restarted (a new incarnation)
-    /// while its previous stream's messages were still being handled. Reading resumes once
-    /// they are; the idle timeout does not count the pause.
+    /// Times reading a connection was paused because what its peer makes this node hold
+    /// exceeded the receive window ([`Builder::recv_window`](crate::Builder::recv_window)):
+    /// its messages received and not yet handled, plus the replies this node owes it
+    /// (queued, not yet sent: each request's reply counts as held for the requester until
+    /// it leaves). Its bytes wait in the kernel (TCP pushes back on the peer) and reading
+    /// resumes as soon as the handler or the reply queue brings it back within; the idle
+    /// timeout does not count the pause. Pauses are flow control at work, not a fault,
+    /// and can be frequent and brief:
+    ///
+    /// - a peer whose send window ([`Builder::window_bytes`](crate::Builder::window_bytes))
+    ///   is larger than this node's receive window pauses each time it sends past it;
+    /// - under request traffic, a requester credited back for requests already handled
+    ///   sends new ones while their replies still wait in this node's queue (tens of
+    ///   thousands of pauses in a busy request/reply run are normal);
+    /// - a peer that restarted (a new incarnation) while its previous stream's messages
+    ///   were still being handled holds both streams' messages at once.
     pub read_pauses: u64,
     /// Connections closed because nothing arrived for the idle timeout.
     pub idle_timeouts: u64,
