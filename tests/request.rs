@@ -666,3 +666,54 @@ fn requests_kept_and_answered_later_never_stall_the_requester() {
     client.shutdown(SHUTDOWN).expect("shutdown client");
     server.shutdown(SHUTDOWN).expect("shutdown server");
 }
+
+/// The byte counters of a request and its reply: the transport's counters (`accepted`,
+/// `sent`, `received`) count the payload as it travels, a request's 12-byte header (its id
+/// and reply room) and a reply's 8-byte request id included; `delivered_bytes` counts what
+/// the handler sees, the request's own payload.
+#[test]
+fn request_byte_counters_count_the_headers_delivered_bytes_do_not() {
+    const N: u64 = 50;
+    const LEN: u64 = 10;
+    const REPLY: u64 = 4;
+    let server = Node::builder("rb-server")
+        .cluster("t-rb")
+        .on_message(|d| {
+            d.reply(vec![0u8; REPLY as usize]).expect("reply");
+        })
+        .start()
+        .expect("start server");
+    let client = Node::builder("rb-client")
+        .cluster("t-rb")
+        .peer("rb-server", server.local_addr())
+        .start()
+        .expect("start client");
+    server
+        .add_peer("rb-client", client.local_addr())
+        .expect("add_peer");
+    for _ in 0..N {
+        client
+            .request("rb-server", vec![1u8; LEN as usize], PATIENCE)
+            .expect("reply");
+    }
+    let request = N * (LEN + 12);
+    let reply = N * (REPLY + 8);
+    let c = peer_stats(&client, "rb-server");
+    assert_eq!(
+        (c.accepted_bytes, c.sent_bytes),
+        (request, request),
+        "{c:?}"
+    );
+    assert_eq!(c.received_bytes, reply, "replies received: {c:?}");
+    assert_eq!(c.delivered_bytes, 0, "replies are not deliveries: {c:?}");
+    wait_until_or(
+        PATIENCE,
+        || peer_stats(&server, "rb-client").sent_bytes == reply,
+        || format!("replies sent:\n{}", server.stats()),
+    );
+    let s = peer_stats(&server, "rb-client");
+    assert_eq!(s.received_bytes, request, "requests received: {s:?}");
+    assert_eq!(s.delivered_bytes, N * LEN, "the handler's payloads: {s:?}");
+    assert_eq!(s.accepted_bytes, reply, "replies accepted: {s:?}");
+    shutdown_all(&[client, server]);
+}

@@ -36,9 +36,9 @@ fn secs(d: Option<Duration>) -> Option<f64> {
 #[rustfmt::skip]
 pub(super) const PEER_COUNTERS: &[PeerCounter] = &[
     ("cohort_messages_accepted_total", Unit::Count, "Messages taken by send* for the peer.", |p| p.accepted),
-    ("cohort_accepted_bytes_total", Unit::Bytes, "Payload bytes of the messages taken by send* for the peer.", |p| p.accepted_bytes),
+    ("cohort_accepted_bytes_total", Unit::Bytes, "Transport payload bytes of the messages taken by send* for the peer (a request's 12-byte header, a reply's 8-byte id included).", |p| p.accepted_bytes),
     ("cohort_messages_sent_total", Unit::Count, "Messages published to the peer's connection (resends not counted).", |p| p.sent),
-    ("cohort_sent_bytes_total", Unit::Bytes, "Payload bytes of the messages published to the peer.", |p| p.sent_bytes),
+    ("cohort_sent_bytes_total", Unit::Bytes, "Transport payload bytes of the messages published to the peer (headers as in accepted).", |p| p.sent_bytes),
     ("cohort_messages_filtered_total", Unit::Count, "Messages dropped at publication on the application's word: the outbound filter, or requests withdrawn.", |p| p.filtered),
     ("cohort_requests_withdrawn_total", Unit::Count, "Requests given up (timed out, handle dropped) before they left, never sent; part of filtered.", |p| p.withdrawn),
     ("cohort_messages_failed_total", Unit::Count, "Messages that failed before publication (removed, shut down, expired, too large), each reported to on_undelivered.", |p| p.failed),
@@ -46,9 +46,9 @@ pub(super) const PEER_COUNTERS: &[PeerCounter] = &[
     ("cohort_messages_resent_total", Unit::Count, "Messages published again after a reconnect.", |p| p.resent),
     ("cohort_messages_undelivered_total", Unit::Count, "Messages published and never acknowledged (peer restarted, removed, shutdown).", |p| p.undelivered),
     ("cohort_messages_received_total", Unit::Count, "Messages received from the peer, duplicates excluded.", |p| p.received),
-    ("cohort_received_bytes_total", Unit::Bytes, "Payload bytes received from the peer.", |p| p.received_bytes),
+    ("cohort_received_bytes_total", Unit::Bytes, "Transport payload bytes received from the peer (a request's 12-byte header, a reply's 8-byte id included).", |p| p.received_bytes),
     ("cohort_messages_delivered_total", Unit::Count, "Regular messages from the peer handed to the application.", |p| p.delivered),
-    ("cohort_delivered_bytes_total", Unit::Bytes, "Payload bytes of the regular messages from the peer handed to the application.", |p| p.delivered_bytes),
+    ("cohort_delivered_bytes_total", Unit::Bytes, "Application payload bytes of the regular messages from the peer handed to the application (a request's header removed).", |p| p.delivered_bytes),
     ("cohort_oob_delivered_total", Unit::Count, "Out-of-band messages from the peer handed to the application.", |p| p.oob_delivered),
     ("cohort_duplicates_total", Unit::Count, "Duplicate messages from the peer dropped after a reconnect.", |p| p.duplicates),
     ("cohort_connects_total", Unit::Count, "Handshakes completed with the peer.", |p| p.connects),
@@ -65,7 +65,7 @@ pub(super) const PEER_COUNTERS: &[PeerCounter] = &[
 pub(super) const PEER_GAUGES: &[PeerGauge] = &[
     ("cohort_peer_connected", Unit::Count, "1 while the peer is connected (handshake done), else 0.", |p| Some(if p.state == PeerState::Connected { 1.0 } else { 0.0 })),
     ("cohort_queued_messages", Unit::Count, "Messages accepted for the peer and not yet published.", |p| Some(p.queued as f64)),
-    ("cohort_queued_bytes", Unit::Bytes, "Payload bytes of the messages accepted for the peer and not yet published.", |p| Some(p.queued_bytes as f64)),
+    ("cohort_queued_bytes", Unit::Bytes, "Transport payload bytes of the messages accepted for the peer and not yet published.", |p| Some(p.queued_bytes as f64)),
     ("cohort_unacked_messages", Unit::Count, "Reliable messages published to the peer and not yet acknowledged.", |p| Some(p.unacked as f64)),
     ("cohort_window_bytes", Unit::Bytes, "The peer's send window.", |p| Some(p.window as f64)),
     ("cohort_window_available_bytes", Unit::Bytes, "Send window bytes available now.", |p| Some(p.available as f64)),

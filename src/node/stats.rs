@@ -16,19 +16,23 @@ pub struct PeerStats {
     pub name: String,
     /// Lifecycle state.
     pub state: PeerState,
-    /// Messages taken by `send*` (permits acquired, queued).
+    /// Messages taken by `send*` (permits acquired, queued), replies included.
     pub accepted: u64,
-    /// Their payload bytes.
+    /// Their transport payload bytes: the application's payload, plus a request's 12-byte
+    /// header (its id and reply room) and a reply's 8-byte request id. Every `*_bytes`
+    /// counter of the send side and `received_bytes` use this measure (so the counts add
+    /// up in bytes too); [`delivered_bytes`](PeerStats::delivered_bytes) counts what the
+    /// application is handed, without the request's header.
     pub accepted_bytes: u64,
     /// Messages published to a connection (sequence number assigned).
     pub sent: u64,
-    /// Their payload bytes.
+    /// Their transport payload bytes (as [`accepted_bytes`](PeerStats::accepted_bytes)).
     pub sent_bytes: u64,
     /// Messages dropped at publish time on the application's word (permits returned, never
     /// sent, not reported to `on_undelivered`): refused by the outbound filter, or
     /// [`withdrawn`](PeerStats::withdrawn).
     pub filtered: u64,
-    /// Their payload bytes.
+    /// Their transport payload bytes (as [`accepted_bytes`](PeerStats::accepted_bytes)).
     pub filtered_bytes: u64,
     /// ... of which requests withdrawn: given up by their requester (timed out, or the
     /// `PendingReply` dropped) before they left, so never sent and never run by the peer.
@@ -37,21 +41,24 @@ pub struct PeerStats {
     /// large for the peer, unreliable without a connection): each reported to
     /// [`Builder::on_undelivered`](crate::Builder::on_undelivered) (but replies).
     pub failed: u64,
-    /// Their payload bytes.
+    /// Their transport payload bytes (as [`accepted_bytes`](PeerStats::accepted_bytes)).
     pub failed_bytes: u64,
     /// ... of which expired while queued (`SendOptions::ttl`).
     pub expired: u64,
     /// Messages accepted and not yet published: `accepted - sent - filtered - failed`.
     pub queued: u64,
-    /// Their payload bytes.
+    /// Their transport payload bytes (as [`accepted_bytes`](PeerStats::accepted_bytes)).
     pub queued_bytes: u64,
     /// Messages received from this peer (duplicates excluded).
     pub received: u64,
-    /// Their payload bytes.
+    /// Their transport payload bytes: a request's 12-byte header and a reply's 8-byte
+    /// request id included (as [`accepted_bytes`](PeerStats::accepted_bytes)).
     pub received_bytes: u64,
     /// Regular messages from this peer delivered to the handler.
     pub delivered: u64,
-    /// Their payload bytes.
+    /// Their application payload bytes: what the handler is handed, a request's header
+    /// removed (so 50 requests of 10 bytes are 500 bytes here and 1,100 in
+    /// [`received_bytes`](PeerStats::received_bytes)).
     pub delivered_bytes: u64,
     /// Payload bytes received from this peer waiting for its deliverer.
     pub delivery_queued_bytes: u64,
