@@ -69,15 +69,19 @@ pub enum Event {
         reason: DisconnectReason,
     },
     /// `peer` restarted as a new process (a new launch id): the messages its previous
-    /// incarnation had not acknowledged were reported undelivered (to
-    /// [`on_undelivered`](crate::Builder::on_undelivered)); `undelivered` says how many.
-    /// Comes once per new incarnation, before its `Connected`.
+    /// incarnation had not acknowledged will never be delivered. `undelivered` counts them
+    /// all, replies to its requests included (as
+    /// [`PeerStats::undelivered`](crate::PeerStats::undelivered) does); those but the
+    /// replies are handed to [`on_undelivered`](crate::Builder::on_undelivered) (a reply
+    /// has nobody to go back to: the requester that asked is gone), so it may receive
+    /// fewer than `undelivered`. Comes once per new incarnation, before its `Connected`.
     NewIncarnation {
         /// The member's name.
         peer: String,
         /// The new launch id.
         incarnation: u64,
-        /// Messages to the old incarnation reported undelivered.
+        /// Messages to the old incarnation published and never acknowledged, replies
+        /// included; `on_undelivered` is given these less the replies.
         undelivered: u64,
     },
     /// A handshake was refused, by this node or by the other side; the connection was

@@ -27,7 +27,8 @@ use crate::sync::Arc;
 ///
 /// With it, every message a send accepted is accounted for: delivered, or reported here
 /// (per peer, what it is given adds up to [`PeerStats`](crate::PeerStats) `failed +
-/// undelivered`). Not reported: replies (`Delivery::reply`), messages the
+/// undelivered` less the replies among them, which those counters include). Not reported:
+/// replies (`Delivery::reply`), messages the
 /// [`outbound_filter`](Builder::outbound_filter) dropped, requests withdrawn because their
 /// requester gave them up (both counted `filtered`), and unreliable messages lost with a
 /// connection. A request reported here also fails its

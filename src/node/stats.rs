@@ -83,7 +83,10 @@ pub struct PeerStats {
     pub connects: u64,
     /// Established connections lost.
     pub disconnects: u64,
-    /// Messages published but never acknowledged (peer restarted, removed, or shutdown).
+    /// Messages published but never acknowledged (peer restarted, removed, or shutdown),
+    /// replies included. [`Builder::on_undelivered`](crate::Builder::on_undelivered) is
+    /// given these less the replies, which it is never handed: what it receives for a peer
+    /// adds up to `failed + undelivered` less the replies among them.
     pub undelivered: u64,
     /// Send window, bytes.
     pub window: u64,
