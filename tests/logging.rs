@@ -267,3 +267,44 @@ fn a_refused_reply_warns_once() {
     );
     shutdown_all(&[client, server]);
 }
+
+/// A node dropped without `shutdown` shuts down within `Node::DROP_SHUTDOWN` and logs the
+/// report it cannot return: a warning with its counts when something was left undelivered.
+#[test]
+fn a_node_dropped_with_messages_left_warns_with_the_report() {
+    capture_logs();
+    let node = Node::builder("log-dropped")
+        .cluster("t-logging")
+        .peer("absent", "127.0.0.1:9") // nothing listens on the discard port
+        .start()
+        .expect("node starts");
+    node.send("absent", &b"never sent"[..]).expect("queued");
+    drop(node);
+    let warnings: Vec<String> = logged(log::Level::Warn, "log-dropped")
+        .into_iter()
+        .filter(|m| m.contains("dropped without shutdown"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("0 messages published and never acknowledged and 1 never published")
+            && warnings[0].contains("on_undelivered")
+            && warnings[0].contains("Node::shutdown"),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        cohort::Node::DROP_SHUTDOWN,
+        std::time::Duration::from_secs(5)
+    );
+
+    // Nothing left: nothing to warn about.
+    let quiet = Node::builder("log-dropped-quiet")
+        .cluster("t-logging")
+        .start()
+        .expect("node starts");
+    drop(quiet);
+    assert!(
+        logged(log::Level::Warn, "log-dropped-quiet").is_empty(),
+        "{:?}",
+        logged(log::Level::Warn, "log-dropped-quiet")
+    );
+}

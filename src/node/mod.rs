@@ -68,6 +68,17 @@ pub struct ShutdownReport {
 /// A member of a cluster: a listener, one IO thread, a delivery pool, and a connection to
 /// each peer.
 ///
+/// Dropping a `Node` that was not [`shutdown`](Node::shutdown) shuts it down as
+/// `shutdown(Duration::from_secs(5))` does ([`Node::DROP_SHUTDOWN`]): the dropping thread
+/// blocks until the queued messages are flushed and acknowledged and every thread is
+/// joined, for at most those 5 seconds. There is no [`ShutdownReport`] to return: the
+/// drop logs one instead, a warning with its counts when something was left undelivered or
+/// failed (each such message was also handed to
+/// [`on_undelivered`](Builder::on_undelivered)), a debug line otherwise, and an error when
+/// threads were still running at the deadline. Call `shutdown` yourself to choose the
+/// deadline and get the report; a node dropped on one of its own pool threads (from its
+/// message handler) waits out the deadline for itself.
+///
 /// ```
 /// use std::sync::mpsc;
 /// # fn main() -> Result<(), cohort::Error> {
@@ -883,12 +894,36 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
     }
 }
 
+impl Node {
+    /// The deadline of the shutdown a drop makes (see [`Node`]).
+    pub const DROP_SHUTDOWN: Duration = Duration::from_secs(5);
+}
+
 impl Drop for Node {
     fn drop(&mut self) {
-        if !self.shut.load(Ordering::Acquire) {
-            if let Err(e) = self.shutdown(Duration::from_secs(5)) {
-                log::error!("{}: shutdown on drop: {e}", self.name);
-            }
+        if self.shut.load(Ordering::Acquire) {
+            return;
+        }
+        match self.shutdown(Self::DROP_SHUTDOWN) {
+            Ok(r) if r.undelivered > 0 || r.failed > 0 => log::warn!(
+                "{}: dropped without shutdown: shut down in {:?} with {} messages published \
+                 and never acknowledged and {} never published (each reported to \
+                 on_undelivered); call Node::shutdown to choose the deadline and get the report",
+                self.name,
+                r.elapsed,
+                r.undelivered,
+                r.failed
+            ),
+            Ok(r) => log::debug!(
+                "{}: dropped without shutdown: shut down in {:?}, everything delivered",
+                self.name,
+                r.elapsed
+            ),
+            Err(e) => log::error!(
+                "{}: dropped without shutdown: {e} (within {:?})",
+                self.name,
+                Self::DROP_SHUTDOWN
+            ),
         }
     }
 }
