@@ -52,6 +52,7 @@
 //! incarnations, reported undelivered), its unacked queue empty and its send window whole:
 //! permits are conserved.
 
+pub(crate) mod fuzz;
 mod harness;
 mod oracle;
 mod pair;
