@@ -120,7 +120,7 @@ fn blank_non_code(src: &str) -> String {
             // A character literal ('x', '\n', '\u{1F600}') or a lifetime ('a): a literal
             // closes with a quote within a few characters.
             let close = if next == Some('\\') {
-                (i + 2..b.len().min(i + 12)).find(|&k| b[k] == '\'')
+                (i + 3..b.len().min(i + 12)).find(|&k| b[k] == '\'')
             } else if b.get(i + 2) == Some(&'\'') {
                 Some(i + 2)
             } else {
@@ -505,7 +505,8 @@ fn f<'a>(x: &'a str) -> char {
     let _ = r#"crate::node"#;
     let _ = crate::Delivery::new;
     let _ = super::super::events::Event::Closed;
-    '"'
+    let _ = ['\'', '"', 'x']; let _ = "crate::node";
+    '\u{22}'
 }
 mod tests {
     use super::*;
@@ -522,7 +523,7 @@ mod tests {
         (3, "wire"),
         (9, "Delivery"),
         (10, "events"),
-        (15, "journal"),
+        (16, "journal"),
     ]
     .iter()
     .map(|(l, t)| (*l, t.to_string()))
