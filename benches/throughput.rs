@@ -1,13 +1,16 @@
-//! Throughput, 1→1 and 4→1, at 64 B and 1 KiB payloads: cohort against a raw-TCP baseline
-//! in the same run, so the ratio is read off one report.
+//! Throughput, 1→1, 4→1 and 8→1, at 64 B and 1 KiB payloads: cohort against a raw-TCP
+//! baseline in the same run, so the ratio is read off one report, with the CPU time per
+//! message of each (the whole process's CPU time over a sample, every thread of both ends,
+//! from `/proc/self/stat`, divided by the messages: what a rate on many cores hides).
 //!
 //! - `cohort`: sender nodes (`source-0`, …) each `send` (blocking on the window) to one
-//!   `sink` node on 127.0.0.1, whose handler counts messages. 4→1 is four sender nodes, each
-//!   driven by its own thread.
+//!   `sink` node on 127.0.0.1, whose handler counts messages. 4→1 (8→1) is four (eight)
+//!   sender nodes, each driven by its own thread.
 //! - `raw_tcp`: blocking `std::net::TcpStream`s with `TCP_NODELAY`, frames of a
 //!   little-endian `u32` length and the payload, a 64 KiB `BufWriter` per sender and, per
 //!   connection, a receiver thread that reads through a 64 KiB `BufReader`, parses every
-//!   frame and counts it. 4→1 is four connections, each with its own sender thread.
+//!   frame and counts it. 4→1 (8→1) is four (eight) connections, each with its own sender
+//!   thread.
 //!
 //! - `cohort_tls` (1→1 only, with `--features tls`): the `cohort` case with every
 //!   connection over TLS 1.3 (rustls, ring; certificates from a CA made at start), so the
@@ -15,7 +18,8 @@
 //!
 //! One iteration sends a batch of messages and waits until the receiving side has counted
 //! all of them; criterion reports messages per second. Nodes and connections are set up once
-//! per benchmark function. After each group a line gives both medians and their ratio.
+//! per benchmark function. After each group a line gives both medians and their ratio, and
+//! one the CPU time per message of each.
 //!
 //! `cargo bench --bench throughput` (add `-- 1to1_64B` to run one group;
 //! `cargo bench --features tls --bench throughput -- 1to1` for the TLS comparison);
@@ -221,12 +225,16 @@ impl RawFanIn {
 
 /// Times `iters` batches with `run`, recording the call in `samples`.
 fn time_batches(iters: u64, samples: &Samples, mut run: impl FnMut()) -> Duration {
+    let cpu = common::process_cpu();
     let started = Instant::now();
     for _ in 0..iters {
         run();
     }
     let elapsed = started.elapsed();
     samples.record(iters, elapsed);
+    if let (Some(before), Some(after)) = (cpu, common::process_cpu()) {
+        samples.record_cpu(iters, after.saturating_sub(before));
+    }
     elapsed
 }
 
@@ -324,6 +332,14 @@ fn summarize(name: &str, cohort: &Samples, raw: &Samples) {
         common::rate(r),
         c / r
     );
+    if let (Some(cc), Some(rc)) = (cohort.cpu_per_event(), raw.cpu_per_event()) {
+        println!(
+            "summary {name}: CPU per message (all threads, both ends): cohort {} ns, raw TCP {} ns, cohort/raw = {:.2}\n",
+            cc.as_nanos(),
+            rc.as_nanos(),
+            cc.as_secs_f64() / rc.as_secs_f64()
+        );
+    }
 }
 
 fn one_to_one(c: &mut Criterion) {
@@ -334,9 +350,13 @@ fn four_to_one(c: &mut Criterion) {
     fan_in(c, 4);
 }
 
+fn eight_to_one(c: &mut Criterion) {
+    fan_in(c, 8);
+}
+
 criterion_group! {
     name = benches;
     config = common::criterion();
-    targets = one_to_one, four_to_one
+    targets = one_to_one, four_to_one, eight_to_one
 }
 criterion_main!(benches);

@@ -218,8 +218,10 @@ pub enum RefuseReason {
     /// Another live process holds the member name: the refusing side has an established
     /// connection with another incarnation (launch id) of that name, or the refused
     /// incarnation was already replaced there by a newer one. Two processes were started
-    /// with one name (or an old one is still running); the refused one retries, and gets in
-    /// once the other is gone.
+    /// with one name (or an old one is still running). The refused one retries with backoff:
+    /// while the name is held by a live connection, it gets in once that process is gone; a
+    /// process the name was taken from (replaced by a newer incarnation) stays refused by
+    /// that member, and must be restarted (a new launch id) or stopped.
     NameInUse,
 }
 

@@ -1,7 +1,8 @@
 //! # cohort
 //!
-//! A cluster message transport for synchronous Rust programs: no async runtime, no
-//! futures. Named members of a cluster send each other byte messages over TCP, with
+//! A cluster message transport for synchronous Rust programs: no async runtime (a reply
+//! and the inbox can still be awaited, under any executor). Named members of a cluster
+//! send each other byte messages (or typed values, feature `codec`) over TCP, with
 //!
 //! - **one delivery thread per sender**: a sender's regular messages reach the handler in
 //!   its order, on at most one pool thread at a time; out-of-band messages go straight to
@@ -19,7 +20,15 @@
 //!   ([`inspect_journal`] looks inside one);
 //! - **membership events** ([`Builder::on_event`]): a peer connected, disconnected,
 //!   restarted as a new incarnation, a handshake refused, a member removed or forgotten
-//!   ([`Builder::forget_after`]), told in order on the delivery pool, never on the IO thread;
+//!   ([`Builder::forget_after`]), told in order on the delivery pool, never on the IO thread,
+//!   to a callback that can send ([`Builder::on_event_with`]);
+//! - **connection state**: [`Node::is_connected`], and [`Node::wait_connected`] to park
+//!   until a member is up (woken by the IO thread, no polling);
+//! - **futures without a runtime**: a [`PendingReply`] is a `Future`, woken by the thread
+//!   that receives the reply, and [`Inbox::recv_async`] waits for the next message;
+//! - **typed messages** (cargo feature `codec`, module `codec`): send any
+//!   `serde::Serialize` value and decode a [`Delivery`] or a reply into any
+//!   `serde::de::DeserializeOwned` one, in postcard's compact binary format;
 //! - **optional TLS** (cargo feature `tls`, module `tls`): rustls over the same
 //!   connections, certificates on both sides, each member's name checked against its
 //!   certificate.
@@ -65,6 +74,8 @@
 // every lint stays on where the cfg is.
 #![cfg_attr(not(cohort_internals), allow(unreachable_pub, unused_imports))]
 
+#[cfg(feature = "codec")]
+pub mod codec;
 mod deliver;
 mod events;
 mod flow;
@@ -81,7 +92,7 @@ mod util;
 mod wire;
 
 pub use bytes::Bytes;
-pub use deliver::{Delivery, Inbox, InboxIter, InboxTryIter, PoolStats, RecvError};
+pub use deliver::{Delivery, Inbox, InboxIter, InboxRecv, InboxTryIter, PoolStats, RecvError};
 pub use events::{DisconnectReason, Event, RefuseReason};
 pub use journal::{
     inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,

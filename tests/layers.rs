@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
     &["peer"],
     &["deliver", "journal"],
     &["events", "flow", "handoff"],
-    &["wire", "util"],
+    &["codec", "wire", "util"],
     &["sync"],
 ];
 

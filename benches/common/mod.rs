@@ -179,6 +179,25 @@ pub(crate) struct Samples {
     /// Events (messages, round trips) in one iteration.
     per_iter: u64,
     calls: Mutex<Vec<(u64, Duration)>>,
+    /// The process's CPU time (every thread: both ends of the benchmark live in this
+    /// process) spent in each recorded call, when it could be read.
+    cpu: Mutex<Vec<(u64, Duration)>>,
+}
+
+/// CPU time this process has used so far, every thread, user and system, from
+/// `/proc/self/stat` (Linux; `None` elsewhere or if it cannot be read). Its resolution is the
+/// kernel's clock tick (10 ms at the usual 100 Hz): good over a sample of seconds.
+pub(crate) fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces: the fields after it start past its ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    // utime and stime are fields 14 and 15 of the whole line, 11 and 12 after the name.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // The USER_HZ the kernel reports these in is 100 on every Linux configuration Rust
+    // targets (sysconf(_SC_CLK_TCK)).
+    Some(Duration::from_millis((utime + stime) * 10))
 }
 
 impl Samples {
@@ -187,7 +206,27 @@ impl Samples {
         Samples {
             per_iter,
             calls: Mutex::new(Vec::new()),
+            cpu: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Records the process CPU time one `iter_custom` call of `iters` iterations used.
+    pub(crate) fn record_cpu(&self, iters: u64, cpu: Duration) {
+        self.cpu
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((iters, cpu));
+    }
+
+    /// CPU time per event (all threads of the process) over criterion's measured samples:
+    /// their CPU time summed over their events summed, or `None` if none was recorded.
+    pub(crate) fn cpu_per_event(&self) -> Option<Duration> {
+        let cpu = self.cpu.lock().unwrap_or_else(|e| e.into_inner());
+        let measured = if quick_mode() { 2 } else { SAMPLE_SIZE };
+        let tail = &cpu[cpu.len().saturating_sub(measured)..];
+        let events: u64 = tail.iter().map(|(iters, _)| iters * self.per_iter).sum();
+        let total: Duration = tail.iter().map(|(_, d)| *d).sum();
+        (events > 0).then(|| total.div_f64(events as f64))
     }
 
     /// Records one `iter_custom` call.

@@ -9,6 +9,9 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::pool::{Next, Pool};
@@ -147,6 +150,40 @@ impl Inbox {
         InboxTryIter { inbox: self }
     }
 
+    /// The next message, as a future: for async code, which must not block its
+    /// executor's thread in [`recv`](Inbox::recv). It is ready once a message is taken
+    /// (`Ok`) or the node is shut down and the inbox empty ([`RecvError::Closed`]); until
+    /// then it waits without a thread, woken by the IO thread when a sender's messages
+    /// arrive. No runtime of cohort's own is involved: any executor drives it.
+    ///
+    /// A poll does what [`try_recv`](Inbox::try_recv) does (it runs the senders' queued
+    /// deliveries on the polling thread, a batch at most, and membership events when
+    /// [`on_event`](crate::Builder::on_event) is set). There is no timeout: race it against
+    /// your executor's timer. Dropping it loses nothing: a message is only taken when it is
+    /// returned.
+    ///
+    /// The future borrows the inbox, which has one consumer (it is not `Sync`), so the
+    /// future is not `Send`: await it on a current-thread executor or in a task that
+    /// stays on its thread (`spawn_local`), not in one a work-stealing runtime may move.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (beta, inbox) = cohort::Node::builder("beta").start_with_inbox()?;
+    /// let alpha = cohort::Node::builder("alpha").peer("beta", beta.local_addr()).start()?;
+    /// beta.add_peer("alpha", alpha.local_addr())?;
+    /// alpha.send("beta", &b"ping"[..])?;
+    /// // Any executor; `pollster` is the smallest.
+    /// let d = pollster::block_on(async { inbox.recv_async().await })?;
+    /// assert_eq!(&d.payload()[..], b"ping");
+    /// # alpha.shutdown(Duration::from_secs(5))?;
+    /// # beta.shutdown(Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn recv_async(&self) -> InboxRecv<'_> {
+        InboxRecv { inbox: self }
+    }
+
     fn take(&self, deadline: Option<Instant>) -> Result<Delivery, RecvError> {
         super::pool::mark_delivering_thread();
         loop {
@@ -160,6 +197,31 @@ impl Inbox {
                 Next::Task(()) => {}
                 Next::TimedOut => return Err(RecvError::Timeout),
                 Next::Stopped => return Err(RecvError::Closed),
+            }
+        }
+    }
+}
+
+/// The next message of an [`Inbox`], as a future (see [`Inbox::recv_async`]).
+#[derive(Debug)]
+#[must_use = "futures do nothing unless polled or awaited"]
+pub struct InboxRecv<'a> {
+    inbox: &'a Inbox,
+}
+
+impl Future for InboxRecv<'_> {
+    type Output = Result<Delivery, RecvError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            match self.inbox.try_recv() {
+                Err(RecvError::Empty) => {}
+                done => return Poll::Ready(done),
+            }
+            // Nothing now: be woken by the next task queued (or the stop). A task queued
+            // between the look and the registration makes it say "ready": look again.
+            if !self.inbox.pool.ready_or_wake(cx.waker()) {
+                return Poll::Pending;
             }
         }
     }

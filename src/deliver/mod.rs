@@ -12,7 +12,7 @@ mod room;
 mod sender;
 
 pub use credit::PeerCreditSink;
-pub use inbox::{Inbox, InboxIter, InboxTryIter, RecvError};
+pub use inbox::{Inbox, InboxIter, InboxRecv, InboxTryIter, RecvError};
 pub use oob::{OobQueue, OobRun};
 pub(crate) use pool::on_pool_thread;
 pub use pool::{Handler, Next, Pool, PoolStats, Task, TaskQueue};

@@ -9,6 +9,7 @@
 //! membership events have at most one [`Task::Events`] at once.
 
 use std::collections::VecDeque;
+use std::task::Waker;
 use std::time::{Duration, Instant};
 
 use super::oob::OobQueue;
@@ -55,6 +56,9 @@ pub enum Next<T> {
 struct Queue<T> {
     tasks: VecDeque<T>,
     stopping: bool,
+    /// A future waiting for a task (`Inbox::recv_async`), woken by the next submit or the
+    /// stop.
+    waker: Option<Waker>,
 }
 
 /// The pool's task queue and its wake-up rule: workers take tasks in order, park on a
@@ -107,6 +111,7 @@ impl<T> TaskQueue<T> {
             queue: Mutex::new(Queue {
                 tasks: VecDeque::new(),
                 stopping: false,
+                waker: None,
             }),
             work: Condvar::new(),
             queued: AtomicUsize::new(0),
@@ -126,7 +131,11 @@ impl<T> TaskQueue<T> {
         // Release: pairs with a spinner's Acquire; only a hint to stop spinning (the lock
         // hands the task over).
         self.queued.store(queued, Ordering::Release);
+        let waker = q.waker.take();
         drop(q);
+        if let Some(w) = waker {
+            w.wake();
+        }
         // Spinning workers see queued tasks (each looks again under the lock before
         // parking); waking a parked one as well, while there are enough spinners for what
         // is queued, would cost a futex call for nothing. After the push, under the lock's
@@ -145,8 +154,12 @@ impl<T> TaskQueue<T> {
         q.tasks.push_back(task);
         // Release: as in `submit`.
         self.queued.store(q.tasks.len(), Ordering::Release);
+        let waker = q.waker.take();
         drop(q);
         self.work.notify_one();
+        if let Some(w) = waker {
+            w.wake();
+        }
     }
 
     /// A worker's next task, in order; `None` once the queue is stopping and empty. When
@@ -222,8 +235,30 @@ impl<T> TaskQueue<T> {
 
     /// Tells the workers to finish the queued tasks and stop; later submits are refused.
     pub fn stop(&self) {
-        self.queue.lock().stopping = true;
+        let waker = {
+            let mut q = self.queue.lock();
+            q.stopping = true;
+            q.waker.take()
+        };
         self.work.notify_all();
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+
+    /// A future's look (the one consumer of a queue without workers): `true` if a task is
+    /// queued or the queue is stopping, else `waker` is kept, under the lock that `submit`
+    /// and `stop` take it under, to be woken by the next of them (so none is missed).
+    pub fn ready_or_wake(&self, waker: &Waker) -> bool {
+        let mut q = self.queue.lock();
+        if !q.tasks.is_empty() || q.stopping {
+            return true;
+        }
+        match &mut q.waker {
+            Some(w) if w.will_wake(waker) => {}
+            w => *w = Some(waker.clone()),
+        }
+        false
     }
 
     /// Tasks queued now.
@@ -418,6 +453,12 @@ impl Pool {
         }
     }
 
+    /// For an inbox's future: `true` if a task waits or the pool is stopping, else `waker`
+    /// is woken by the next task queued, or the stop.
+    pub(crate) fn ready_or_wake(&self, waker: &Waker) -> bool {
+        self.shared.tasks.ready_or_wake(waker)
+    }
+
     /// The node's send handle the deliveries carry, if any.
     pub(crate) fn node(&self) -> Option<&NodeRef> {
         self.shared.node.as_ref()
@@ -538,6 +579,42 @@ fn run_task(s: &Shared, task: Task, node: Option<&NodeRef>, mut handler: impl Fn
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize as StdAtomicUsize;
+
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(StdAtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn a_waiting_future_is_woken_by_the_next_submit_and_by_the_stop() {
+        let q = TaskQueue::new();
+        let count = std::sync::Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        let woken = || count.0.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(!q.ready_or_wake(&waker), "nothing queued: kept");
+        q.submit(1).expect("queued");
+        assert_eq!(woken(), 1);
+        assert!(q.ready_or_wake(&waker), "a task waits");
+        q.submit(2).expect("queued");
+        assert_eq!(woken(), 1, "woken once per registration");
+        assert!(matches!(
+            q.next_until(|| None::<fn() -> bool>, None),
+            Next::Task(1)
+        ));
+        assert!(matches!(
+            q.next_until(|| None::<fn() -> bool>, None),
+            Next::Task(2)
+        ));
+        assert!(!q.ready_or_wake(&waker));
+        q.stop();
+        assert_eq!(woken(), 2, "the stop wakes it");
+        assert!(q.ready_or_wake(&waker), "stopping: ready (to say closed)");
+    }
 
     /// Workers that spin (on the wall clock, as the pool's do) and workers that park at
     /// once take every task, whether a submit finds them spinning (and skips its wake-up)

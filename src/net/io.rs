@@ -26,7 +26,7 @@ use super::{
 use crate::deliver::{Pool, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
 use crate::journal::{JournalWriter, WriterMarks};
-use crate::proto::{Endpoint, Event, Fact, JournalLeft, LinkId, NodeCounters, Verdict};
+use crate::proto::{Endpoint, Fact, Input, JournalLeft, LinkId, NodeCounters, Output, Verdict};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::Arc;
 use crate::util::IdHash;
@@ -56,14 +56,15 @@ pub(crate) struct IoThread {
     /// The journal's writer thread (journalling nodes), and its marks as last seen.
     writer: Option<JournalWriter>,
     marks: WriterMarks,
+    /// `Node::sync_journal` calls handed to the endpoint, waiting for the batch to sync
+    /// ([`Output::JournalSync`], in the same order).
+    sync_asked: VecDeque<Arc<Completion>>,
     /// `Node::sync_journal` calls waiting for the writer to sync up to a batch.
     syncs: Vec<(u64, Arc<Completion>)>,
     conns: HashMap<LinkId, Conn, IdHash>,
     next_token: usize,
     /// Connections with unread input left over (budget reached).
     read_pending: VecDeque<LinkId>,
-    /// Links to write this turn (taken from the endpoint).
-    dirty: Vec<LinkId>,
     /// The listener reported connections and not all were accepted yet.
     accept_pending: bool,
     /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
@@ -238,11 +239,11 @@ impl IoThread {
             endpoint,
             writer,
             marks: WriterMarks::default(),
+            sync_asked: VecDeque::new(),
             syncs: Vec::new(),
             conns: HashMap::default(),
             next_token: FIRST_CONN,
             read_pending: VecDeque::new(),
-            dirty: Vec::new(),
             accept_pending: false,
             scratch: Vec::new(),
             periodic: parts.periodic.map(|p| {
@@ -259,7 +260,7 @@ impl IoThread {
         // added), then a word about journalled streams no configured peer claimed.
         self.handle_requests(Instant::now());
         self.endpoint.warn_unclaimed();
-        self.settle(Instant::now());
+        self.drain(Instant::now());
         let (spin_for, adaptive) = match self.cfg.idle {
             IdleStrategy::Block => (Duration::ZERO, false),
             IdleStrategy::Adaptive(d) => (d, true),
@@ -273,8 +274,7 @@ impl IoThread {
             }
             // Don't sleep with work in hand: unread input, bytes to write, connections to
             // accept.
-            let busy =
-                !self.read_pending.is_empty() || self.accept_pending || self.endpoint.has_dirty();
+            let busy = !self.read_pending.is_empty() || self.accept_pending;
             let timeout = if busy || spin.keep(now, &self.shared.handoff) {
                 Some(Duration::ZERO)
             } else {
@@ -330,8 +330,8 @@ impl IoThread {
                 }
             }
             self.process_read_pending();
-            self.endpoint.handle_timeout(polled_at);
-            self.settle(now);
+            self.endpoint.handle(polled_at, Input::Timeout);
+            self.drain(now);
             self.run_periodic(polled_at);
             if self.endpoint.shutdown_done(Instant::now()) {
                 break;
@@ -340,40 +340,71 @@ impl IoThread {
         self.finish();
     }
 
-    /// Does what the endpoint asked (events, pool tasks), then one write pass over the
-    /// links with bytes to write — the journal first. What the pass publishes anew is
-    /// written on the next turn (the loop does not sleep while there is some).
-    fn settle(&mut self, now: Instant) {
-        self.drain_events(now);
-        // The turn's journal records go to the writer now, whether or not bytes are to be
-        // written: delivery progress (and the acks that wait for it to be durable) must not
-        // wait for unrelated traffic.
-        self.hand_to_journal();
-        self.endpoint.take_dirty(&mut self.dirty);
-        if !self.dirty.is_empty() {
-            let dirty = std::mem::take(&mut self.dirty);
-            for &id in &dirty {
-                self.write_link(id, now);
+    /// Does what the endpoint asks, in its order, until it asks nothing more
+    /// ([`Endpoint::poll`]): pool tasks and events, journal batches and syncs, writes.
+    fn drain(&mut self, now: Instant) {
+        while let Some(out) = self.endpoint.poll(now) {
+            match out {
+                Output::Task(t) => self.submit(t),
+                Output::Journal((n, records)) => {
+                    if let Some(writer) = &self.writer {
+                        writer.submit(n, records);
+                    }
+                }
+                Output::JournalSync(n) => {
+                    let Some(done) = self.sync_asked.pop_front() else {
+                        continue;
+                    };
+                    // After a journal failure (`None`) the caller is never told the sync
+                    // succeeded: it sees the node stop (`Error::Closed`).
+                    if let (Some(n), Some(writer)) = (n, &self.writer) {
+                        writer.sync(n);
+                        self.syncs.push((n, done));
+                        self.complete_syncs();
+                        self.journal_progress(now);
+                    }
+                }
+                Output::Transmit(id) => self.write_link(id, now),
+                Output::Dial { peer, name, addr } => self.dial(now, peer, &name, addr),
+                Output::Close { link, last } => {
+                    if let Some(mut c) = self.conns.remove(&link) {
+                        if !self.endpoint.journal_ok() {
+                            // The buffer may hold messages the journal could not take: they
+                            // must not reach the peer.
+                        } else {
+                            c.write_last(&last);
+                        }
+                        let _ = self.poll.registry().deregister(&mut c.stream);
+                    }
+                }
+                Output::Resume(link) => self.mark_read_pending(link),
+                Output::Undelivered { peer, messages } => {
+                    if let Some(hook) = &self.undelivered {
+                        if catch_unwind(AssertUnwindSafe(|| hook(&peer, messages))).is_err() {
+                            log::error!(
+                                "{}: the on_undelivered hook panicked; continuing",
+                                self.cfg.proto.name
+                            );
+                        }
+                    }
+                }
+                Output::Admitted(shared) => {
+                    self.peers_map.write().insert(shared.name.clone(), shared);
+                }
+                Output::JournalFailed => {}
+                Output::Fact(fact) => self.tell(fact),
+                Output::Forget(shared) => {
+                    let mut map = self.peers_map.write();
+                    // Only the state the endpoint retired: a member added again under the
+                    // name since is another.
+                    if map
+                        .get(&shared.name)
+                        .is_some_and(|p| Arc::ptr_eq(p, &shared))
+                    {
+                        map.remove(&shared.name);
+                    }
+                }
             }
-            self.dirty = dirty;
-            self.dirty.clear();
-            self.drain_events(now);
-        }
-        // What waited for this write pass (publishing to peers whose handshake completed)
-        // is written on the next.
-        self.endpoint.run_deferred(now);
-        self.drain_events(now);
-    }
-
-    /// Cuts the endpoint's journal records into a batch and hands it to the writer thread;
-    /// the bytes that depend on it wait until the writer's marks say it is appended.
-    fn hand_to_journal(&mut self) {
-        let Some(writer) = &self.writer else {
-            return;
-        };
-        self.endpoint.cut_journal();
-        for (n, records) in self.endpoint.take_batches() {
-            writer.submit(n, records);
         }
     }
 
@@ -390,7 +421,7 @@ impl IoThread {
         self.marks = marks;
         *self.shared.journal_stats.lock() = writer.stats();
         self.complete_syncs();
-        self.endpoint.journal_progress(now, marks);
+        self.endpoint.handle(now, Input::JournalMarks(marks));
     }
 
     /// Completes the `sync_journal` calls the writer's marks (as last seen) satisfy.
@@ -405,64 +436,13 @@ impl IoThread {
         });
     }
 
-    /// Submits the pool tasks the endpoint produced.
-    fn submit_tasks(&mut self) {
-        for t in self.endpoint.tasks().drain(..) {
-            if !self.pool.submit(t) {
-                log::debug!(
-                    "{}: delivery pool stopped; a delivery task was dropped",
-                    self.cfg.proto.name
-                );
-            }
-        }
-    }
-
-    /// Does what the endpoint's events ask, and submits its pool tasks.
-    fn drain_events(&mut self, now: Instant) {
-        self.submit_tasks();
-        while let Some(ev) = self.endpoint.poll_event() {
-            match ev {
-                Event::Dial { peer, name, addr } => self.dial(now, peer, &name, addr),
-                Event::Close { link, last } => {
-                    if let Some(mut c) = self.conns.remove(&link) {
-                        if !self.endpoint.journal_ok() {
-                            // The buffer may hold messages the journal could not take: they
-                            // must not reach the peer.
-                        } else {
-                            c.write_last(&last);
-                        }
-                        let _ = self.poll.registry().deregister(&mut c.stream);
-                    }
-                }
-                Event::Resume(link) => self.mark_read_pending(link),
-                Event::Undelivered { peer, messages } => {
-                    if let Some(hook) = &self.undelivered {
-                        if catch_unwind(AssertUnwindSafe(|| hook(&peer, messages))).is_err() {
-                            log::error!(
-                                "{}: the on_undelivered hook panicked; continuing",
-                                self.cfg.proto.name
-                            );
-                        }
-                    }
-                }
-                Event::Admitted(shared) => {
-                    self.peers_map.write().insert(shared.name.clone(), shared);
-                }
-                Event::JournalFailed => {}
-                Event::Fact(fact) => self.tell(fact),
-                Event::Forget(shared) => {
-                    let mut map = self.peers_map.write();
-                    // Only the state the endpoint retired: a member added again under the
-                    // name since is another.
-                    if map
-                        .get(&shared.name)
-                        .is_some_and(|p| Arc::ptr_eq(p, &shared))
-                    {
-                        map.remove(&shared.name);
-                    }
-                }
-            }
-            self.submit_tasks();
+    /// Submits a pool task the endpoint produced.
+    fn submit(&mut self, t: Task) {
+        if !self.pool.submit(t) {
+            log::debug!(
+                "{}: delivery pool stopped; a delivery task was dropped",
+                self.cfg.proto.name
+            );
         }
     }
 
@@ -523,11 +503,11 @@ impl IoThread {
         }
         let ready = self.shared.handoff.take_ready();
         for id in ready {
-            self.endpoint.publish(now, id);
+            self.endpoint.handle(now, Input::Publish(id));
         }
         let credit = self.shared.handoff.take_credit_flush();
         for id in credit {
-            self.endpoint.flush_credit(now, id);
+            self.endpoint.handle(now, Input::FlushCredit(id));
         }
     }
 
@@ -538,32 +518,26 @@ impl IoThread {
     /// the commands before it handled.
     fn command(&mut self, now: Instant, c: Command) {
         match c {
-            Command::AddPeer { peer, addr } => self.endpoint.add_peer(now, peer, addr),
+            Command::AddPeer { peer, addr } => {
+                self.endpoint.handle(now, Input::AddPeer { peer, addr });
+            }
             Command::RemovePeer { id, done } => {
-                self.endpoint.remove_peer(now, id);
-                self.drain_events(now);
+                self.endpoint.handle(now, Input::RemovePeer(id));
+                self.drain(now);
                 done.complete();
             }
-            Command::Disconnect { id } => self.endpoint.disconnect(now, id),
-            Command::Shutdown { deadline } => self.endpoint.begin_shutdown(now, deadline),
+            Command::Disconnect { id } => self.endpoint.handle(now, Input::Disconnect(id)),
+            Command::Shutdown { deadline } => {
+                self.endpoint.handle(now, Input::Shutdown { deadline });
+            }
             Command::Barrier { done } => {
-                self.drain_events(now);
+                self.drain(now);
                 done.complete();
             }
             Command::SyncJournal { done } => {
-                // After a journal failure the caller is never told the sync succeeded: it
-                // sees the node stop (`Error::Closed`).
-                let n = self.endpoint.sync_journal_now(now);
-                self.drain_events(now);
-                if let Some(n) = n {
-                    self.hand_to_journal();
-                    if let Some(writer) = &self.writer {
-                        writer.sync(n);
-                    }
-                    self.syncs.push((n, done));
-                    self.complete_syncs();
-                    self.journal_progress(now);
-                }
+                self.sync_asked.push_back(done);
+                self.endpoint.handle(now, Input::SyncJournal);
+                self.drain(now);
             }
         }
     }
@@ -583,8 +557,7 @@ impl IoThread {
     fn finish(&mut self) {
         let now = Instant::now();
         let peers = self.endpoint.finish(now);
-        self.hand_to_journal();
-        self.drain_events(now);
+        self.drain(now);
         // The writer appends and syncs what it was handed, then gives the journal back: the
         // node records the pool's last progress in it once the pool has drained.
         let journal = self.writer.take().and_then(JournalWriter::stop);
@@ -652,9 +625,16 @@ impl IoThread {
                     }
                     self.conns
                         .insert(link(token), Conn::new(token, stream, transport, false));
-                    self.endpoint
-                        .accepted(now, link(token), from, verdict, nonce);
-                    self.settle(now);
+                    self.endpoint.handle(
+                        now,
+                        Input::Accepted {
+                            link: link(token),
+                            from,
+                            verdict,
+                            nonce,
+                        },
+                    );
+                    self.drain(now);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     self.accept_pending = false;
@@ -679,11 +659,11 @@ impl IoThread {
             Err(e) => {
                 Counters::add(&self.counters.tls_failures, 1);
                 log::warn!("{}: cannot dial '{name}': {e}", self.cfg.proto.name);
-                return self.endpoint.dial_failed(now, peer);
+                return self.endpoint.handle(now, Input::DialFailed(peer));
             }
         };
         let Some(nonce) = self.fresh_nonce() else {
-            return self.endpoint.dial_failed(now, peer); // logged
+            return self.endpoint.handle(now, Input::DialFailed(peer)); // logged
         };
         match TcpStream::connect(addr) {
             Ok(mut stream) => {
@@ -697,18 +677,20 @@ impl IoThread {
                         "{}: cannot register dial to {addr}: {e}",
                         self.cfg.proto.name
                     );
-                    return self.endpoint.dial_failed(now, peer);
+                    return self.endpoint.handle(now, Input::DialFailed(peer));
                 }
                 self.conns
                     .insert(link(token), Conn::new(token, stream, transport, true));
-                self.endpoint.dialled(now, peer, link(token), nonce);
+                let link = link(token);
+                self.endpoint
+                    .handle(now, Input::Dialled { peer, link, nonce });
             }
             Err(e) => {
                 log::debug!(
                     "{}: dial '{name}' at {addr} failed: {e}",
                     self.cfg.proto.name
                 );
-                self.endpoint.dial_failed(now, peer);
+                self.endpoint.handle(now, Input::DialFailed(peer));
             }
         }
     }
@@ -747,25 +729,31 @@ impl IoThread {
             match conn.stream.peer_addr() {
                 Ok(_) => {
                     configure(&self.cfg, &conn.stream);
-                    self.endpoint.connected(id);
+                    self.endpoint.handle(now, Input::Connected(id));
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotConnected => return, // not yet
                 Err(e) => return self.connect_failed(now, id, e),
             }
         }
         if writable {
-            self.write_link(id, now);
+            self.endpoint.handle(now, Input::Writable(id));
         }
         if readable {
             self.read_link(id, hup);
         }
-        self.settle(now);
+        self.drain(now);
     }
 
     fn connect_failed(&mut self, now: Instant, id: LinkId, e: io::Error) {
         log::debug!("{}: connect failed: {e}", self.cfg.proto.name);
-        self.endpoint.link_failed(now, id, Why::Io);
-        self.settle(now);
+        self.endpoint.handle(
+            now,
+            Input::Failed {
+                link: id,
+                why: Why::Io,
+            },
+        );
+        self.drain(now);
     }
 
     // ---- reading -------------------------------------------------------------------
@@ -789,7 +777,8 @@ impl IoThread {
             match conn.read_some(link.read_buffer(), &mut self.scratch) {
                 Ok((0, _)) => {
                     self.hand_over(now, id);
-                    self.endpoint.link_failed(now, id, Why::PeerClosed);
+                    let why = Why::PeerClosed;
+                    self.endpoint.handle(now, Input::Failed { link: id, why });
                     return;
                 }
                 Ok((n, short)) => {
@@ -806,14 +795,20 @@ impl IoThread {
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    self.tls_records(id);
+                    self.tls_records(now, id);
                     return;
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if conn::is_tls_failure(&e) => {
                     let from = conn.stream.peer_addr().ok();
                     conn.write_last(&[]); // the alert telling the peer why
-                    self.endpoint.tls_failed(now, id, &e.to_string(), from);
+                    let reason = e.to_string();
+                    let failed = Input::TlsFailed {
+                        link: id,
+                        reason: &reason,
+                        from,
+                    };
+                    self.endpoint.handle(now, failed);
                     return;
                 }
                 Err(e) => {
@@ -821,7 +816,8 @@ impl IoThread {
                         "{}: read failed, closing connection: {e}",
                         self.cfg.proto.name
                     );
-                    self.endpoint.link_failed(now, id, Why::Io);
+                    let why = Why::Io;
+                    self.endpoint.handle(now, Input::Failed { link: id, why });
                     return;
                 }
             }
@@ -831,24 +827,30 @@ impl IoThread {
     /// Hands what was just read on `id` to the endpoint (with the TLS certificate check
     /// for the member name a handshake claims).
     fn hand_over(&mut self, now: Instant, id: LinkId) {
-        self.tls_records(id);
+        self.tls_records(now, id);
         let conns = &self.conns;
         let cert = |name: &str| {
             conns
                 .get(&id)
                 .map_or(Ok(()), |c| c.peer_cert_valid_for(name))
         };
-        self.endpoint.handle_input(now, id, &cert);
+        self.endpoint.handle(
+            now,
+            Input::Read {
+                link: id,
+                cert: &cert,
+            },
+        );
     }
 
     /// TLS: reading made records of the transport's own to send (handshake, alerts).
-    fn tls_records(&mut self, id: LinkId) {
+    fn tls_records(&mut self, now: Instant, id: LinkId) {
         if self
             .conns
             .get(&id)
             .is_some_and(|c| c.transport.wants_write())
         {
-            self.dirty.push(id);
+            self.endpoint.handle(now, Input::Writable(id));
         }
     }
 
@@ -875,28 +877,16 @@ impl IoThread {
 
     // ---- writing -------------------------------------------------------------------
 
-    /// Writes what link `id` has buffered (and, over TLS, the transport's own records).
+    /// Writes what link `id` may write now ([`Endpoint::to_write`]: with a journal, the
+    /// bytes whose records are appended) and, over TLS, the transport's own records.
     fn write_link(&mut self, id: LinkId, now: Instant) {
-        // Nothing leaves before the journal holds it: what this turn journalled goes to the
-        // writer, and the link's bytes that depend on it wait for its mark.
-        self.hand_to_journal();
-        if !self.endpoint.journal_ok() {
-            // The buffer may hold messages the journal could not take: they must not reach
-            // the peer (a restart would give their sequence numbers to other messages).
-            // The node is stopping.
-            self.endpoint.link_failed(now, id, Why::Shutdown);
-            return;
-        }
-        if self.endpoint.link_mut(id).is_none_or(|l| l.connecting) {
-            return;
-        }
         let (Some(conn), Some(bytes)) = (self.conns.get_mut(&id), self.endpoint.to_write(id))
         else {
             return;
         };
         match conn.write(bytes) {
             Ok(n) => {
-                self.endpoint.wrote(now, id, n);
+                self.endpoint.handle(now, Input::Wrote { link: id, n });
                 let wants = self.endpoint.link_mut(id).is_some_and(|l| l.wants_write());
                 if let Some(conn) = self.conns.get_mut(&id) {
                     if let Err(e) = conn.update_interest(self.poll.registry(), wants) {
@@ -909,7 +899,8 @@ impl IoThread {
                     "{}: write failed, closing connection: {e}",
                     self.cfg.proto.name
                 );
-                self.endpoint.link_failed(now, id, Why::Io);
+                let why = Why::Io;
+                self.endpoint.handle(now, Input::Failed { link: id, why });
             }
         }
     }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{ConfigError, Error, Node};
+use super::{ConfigError, Error, Node, Sender};
 use crate::deliver::{Delivery, Handler, Inbox};
 use crate::flow::MESSAGE_OVERHEAD;
 use crate::journal::{FsyncPolicy, DEFAULT_SEGMENT_SIZE};
@@ -86,7 +86,7 @@ pub struct Builder {
     pub(crate) handler: Option<Handler>,
     pub(crate) undelivered: Option<Arc<UndeliveredFn>>,
     /// The membership event callback and how many events may wait for it.
-    pub(crate) on_event: Option<crate::events::EventFn>,
+    pub(crate) on_event: Option<EventCallback>,
     pub(crate) event_capacity: usize,
     pub(crate) journal: Option<JournalSettings>,
     /// How often the IO thread publishes metrics (zero: never).
@@ -126,6 +126,30 @@ impl std::fmt::Debug for Builder {
             .field("tls", &self.io.tls.is_some())
             .field("secret", &self.io.proto.secret)
             .finish_non_exhaustive()
+    }
+}
+
+/// The membership event callback as configured: [`Builder::on_event`]'s, or
+/// [`Builder::on_event_with`]'s, which `start` gives the node's send handle.
+#[derive(Clone)]
+pub(crate) enum EventCallback {
+    Plain(crate::events::EventFn),
+    WithSender(EventWithSenderFn),
+}
+
+/// [`Builder::on_event_with`]'s callback.
+pub(crate) type EventWithSenderFn = Arc<dyn Fn(crate::Event, &Sender) + Send + Sync>;
+
+impl EventCallback {
+    /// The callback the events queue calls; `node` is the node's send handle.
+    pub(crate) fn bind(&self, node: &Sender) -> crate::events::EventFn {
+        match self {
+            EventCallback::Plain(f) => f.clone(),
+            EventCallback::WithSender(f) => {
+                let (f, node) = (f.clone(), node.fork());
+                Arc::new(move |e| f(e, &node))
+            }
+        }
     }
 }
 
@@ -552,7 +576,44 @@ impl Builder {
     where
         F: Fn(crate::Event) + Send + Sync + 'static,
     {
-        self.on_event = Some(Arc::new(f));
+        self.on_event = Some(EventCallback::Plain(Arc::new(f)));
+        self
+    }
+
+    /// Like [`on_event`](Builder::on_event), with the node's send handle: `f` can send,
+    /// request or reply to whom the event is about (greet a member on
+    /// [`Event::Connected`](crate::Event::Connected), hand its work elsewhere on
+    /// [`Event::Removed`](crate::Event::Removed)), as a message handler can with
+    /// [`Delivery::sender`]. Runs where `on_event`'s callback runs, one event at a time in
+    /// order, with the same bound; the two replace each other (the last one set is
+    /// called). As in a message handler, send with [`Sender::try_send`] (a full window
+    /// hands the payload back) rather than block the pool thread.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use cohort::Event;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let (beta, inbox) = cohort::Node::builder("beta").allow_unknown_members(true).start_with_inbox()?;
+    /// let alpha = cohort::Node::builder("alpha")
+    ///     .peer("beta", beta.local_addr())
+    ///     .on_event_with(|e, node| {
+    ///         if let Event::Connected { peer, .. } = e {
+    ///             let _ = node.try_send(&peer, format!("hello {peer}, {} here", node.name()));
+    ///         }
+    ///     })
+    ///     .start()?;
+    /// let hello = inbox.recv_timeout(Duration::from_secs(10))?;
+    /// assert_eq!(&hello.payload()[..], b"hello beta, alpha here");
+    /// # alpha.shutdown(Duration::from_secs(5))?;
+    /// # beta.shutdown(Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn on_event_with<F>(mut self, f: F) -> Self
+    where
+        F: Fn(crate::Event, &Sender) + Send + Sync + 'static,
+    {
+        self.on_event = Some(EventCallback::WithSender(Arc::new(f)));
         self
     }
 

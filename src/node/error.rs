@@ -155,6 +155,25 @@ pub enum Error {
     /// send it elsewhere, or send without `connected_only` to queue it until the peer is back.
     #[error("peer '{0}' is not connected: the message was not queued (sent with connected_only); retry once it connects, or send without connected_only to queue it")]
     NotConnected(String),
+    /// [`wait_connected`](crate::Node::wait_connected) waited its whole `timeout` and the
+    /// peer never completed a handshake: it is not running, not reachable at the address
+    /// configured, or refusing this node (see [`Event::Refused`](crate::Event::Refused)
+    /// and [`Stats::connections`](crate::Stats::connections)). The peer stays configured
+    /// and is still dialled: waiting again may succeed.
+    #[error("peer '{peer}' did not connect within {timeout:?}: is it running and reachable at the address configured, with the same cluster name and secret?")]
+    ConnectTimedOut {
+        /// The member waited for.
+        peer: String,
+        /// How long it was waited for.
+        timeout: Duration,
+    },
+    /// A typed message or reply could not be encoded, or a payload could not be decoded
+    /// into the type asked for (feature `codec`; the [`CodecError`](crate::codec::CodecError)
+    /// says which type, which way and why). Decoding never panics: a corrupt, truncated or
+    /// foreign payload is this error.
+    #[cfg(feature = "codec")]
+    #[error(transparent)]
+    Codec(#[from] crate::codec::CodecError),
 }
 
 /// Why a peer cannot answer a request, in [`Error::ReplyFailed`]: what the replier sent

@@ -8,6 +8,8 @@ mod error;
 mod metrics;
 mod send;
 mod stats;
+#[cfg(feature = "codec")]
+mod typed;
 
 pub use crate::net::IdleStrategy;
 pub use builder::{Builder, UndeliveredFn};
@@ -263,10 +265,10 @@ impl Node {
                 });
             h
         });
-        let events = b.on_event.clone().map(|f| {
+        let events = b.on_event.as_ref().map(|f| {
             Arc::new(crate::events::EventQueue::new(
                 name.clone(),
-                f,
+                f.bind(&sender),
                 b.event_capacity,
             ))
         });
@@ -551,6 +553,16 @@ impl Node {
     /// See [`Sender::to`].
     pub fn to(&self, peer: &str) -> Result<PeerSender, Error> {
         self.sender.to(peer)
+    }
+
+    /// See [`Sender::is_connected`].
+    pub fn is_connected(&self, peer: &str) -> bool {
+        self.sender.is_connected(peer)
+    }
+
+    /// See [`Sender::wait_connected`].
+    pub fn wait_connected(&self, peer: &str, timeout: Duration) -> Result<(), Error> {
+        self.sender.wait_connected(peer, timeout)
     }
 
     /// A snapshot of every counter.

@@ -469,6 +469,57 @@ impl Sender {
         &self.core.name
     }
 
+    /// Whether `peer` has an established connection now (its handshake completed), as the
+    /// IO thread last said: a snapshot, which a connection that drops right after makes
+    /// stale. `false` for a member that is not configured, and once the node is shut down.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:9").start()?;
+    /// assert!(!node.sender().is_connected("beta")); // nothing listens there
+    /// assert!(!node.sender().is_connected("nobody"));
+    /// # node.shutdown(std::time::Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn is_connected(&self, peer: &str) -> bool {
+        let p = self.core.peers.read().get(peer).cloned();
+        p.is_some_and(|p| self.core.connected(&p))
+    }
+
+    /// Waits at most `timeout` for `peer` to have an established connection (its
+    /// handshake completed): returns at once if it has one. The thread parks until the IO
+    /// thread says the peer connected (no polling), so this is the way to start sending
+    /// only once a member is up, rather than queueing for it (a send to a peer that is not
+    /// connected waits in its queue, within the window) or polling
+    /// [`is_connected`](Sender::is_connected).
+    ///
+    /// Fails with [`Error::ConnectTimedOut`] if the peer did not connect in time (it stays
+    /// configured and dialled), [`Error::UnknownPeer`] for a member that is not configured,
+    /// and [`Error::Closed`] once the node is shut down or the peer removed, also while
+    /// waiting. Like [`is_connected`](Sender::is_connected), success is a snapshot: the
+    /// connection may drop right after.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let beta = cohort::Node::builder("beta").cluster("docs").allow_unknown_members(true).start()?;
+    /// let alpha = cohort::Node::builder("alpha")
+    ///     .cluster("docs")
+    ///     .peer("beta", beta.local_addr())
+    ///     .start()?;
+    /// let tx = alpha.sender();
+    /// tx.wait_connected("beta", Duration::from_secs(10))?;
+    /// assert!(tx.is_connected("beta"));
+    /// tx.send("beta", &b"first message, to a member that is up"[..])?;
+    /// # alpha.shutdown(Duration::from_secs(5))?;
+    /// # beta.shutdown(Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_connected(&self, peer: &str, timeout: Duration) -> Result<(), Error> {
+        let p = self.core.peer_named(peer)?;
+        self.core.wait_connected(&p, timeout)
+    }
+
     /// A send handle bound to one peer: the same send variants without the lookup by name
     /// on every message (the fast path for a hot loop). If the peer is removed the handle's
     /// sends fail with [`Error::Closed`]; a peer added again under the same name needs a new
@@ -534,6 +585,17 @@ impl PeerSender {
     /// The peer's name.
     pub fn peer(&self) -> &str {
         &self.peer.name
+    }
+
+    /// See [`Sender::is_connected`].
+    pub fn is_connected(&self) -> bool {
+        self.core.connected(&self.peer)
+    }
+
+    /// See [`Sender::wait_connected`]; fails with [`Error::Closed`] (not `UnknownPeer`)
+    /// once the peer was removed.
+    pub fn wait_connected(&self, timeout: Duration) -> Result<(), Error> {
+        self.core.wait_connected(&self.peer, timeout)
     }
 
     fn route(&self) -> Route<'_> {
@@ -740,9 +802,10 @@ fn not_connected(peer: &PeerShared) -> Result<(), Error> {
 }
 
 /// A request on its way (see [`Sender::send_request`]): wait for its reply with
-/// [`wait`](PendingReply::wait), or look without waiting with
-/// [`is_ready`](PendingReply::is_ready). Dropping it gives the request up: a reply that
-/// comes later is counted late.
+/// [`wait`](PendingReply::wait), look without waiting with
+/// [`is_ready`](PendingReply::is_ready), or `.await` it (it is a [`Future`](#impl-Future-for-PendingReply),
+/// under any executor). Dropping it gives the request up: a reply that comes later is
+/// counted late.
 #[must_use = "a request's reply is only seen through its PendingReply"]
 pub struct PendingReply {
     peer: Arc<PeerShared>,
@@ -794,6 +857,52 @@ impl PendingReply {
         match outcome {
             Some(r) => r.map_err(|f| failure(f, &self.peer.name, timeout)),
             None => Err(Error::NoReply(timeout)),
+        }
+    }
+}
+
+/// Awaiting a `PendingReply` waits for the reply without blocking a thread, under any
+/// executor: the thread that receives the reply (the IO thread), or fails the request
+/// (the IO thread, a removal, a shutdown), wakes the task. cohort has no runtime of its
+/// own, and needs none here.
+///
+/// There is no timeout: race it against your executor's timer (`tokio::time::timeout`,
+/// `futures::select!`…). Dropping the future gives the request up as dropping the handle
+/// does: withdrawn if it has not left yet, its reply counted late if it comes. It fails,
+/// as soon as the outcome is known, with the errors of [`wait`](PendingReply::wait)
+/// (except [`Error::NoReply`], which only a timeout gives). Polling it again after it is
+/// ready returns the same outcome.
+///
+/// ```
+/// use std::time::Duration;
+/// # fn main() -> Result<(), cohort::Error> {
+/// let server = cohort::Node::builder("server")
+///     .on_message(|d| { let _ = d.reply(d.payload().to_ascii_uppercase()); })
+///     .start()?;
+/// let client = cohort::Node::builder("client").peer("server", server.local_addr()).start()?;
+/// server.add_peer("client", client.local_addr())?;
+/// let pending = client.send_request("server", &b"hello"[..])?;
+/// // Any executor; `pollster` is the smallest.
+/// let reply = pollster::block_on(pending)?;
+/// assert_eq!(&reply[..], b"HELLO");
+/// # client.shutdown(Duration::from_secs(5))?;
+/// # server.shutdown(Duration::from_secs(5))?;
+/// # Ok(()) }
+/// ```
+impl std::future::Future for PendingReply {
+    type Output = Result<Bytes, Error>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<Bytes, Error>> {
+        match self.slot.poll_peek(cx.waker()) {
+            // No deadline of ours: `Failure::TimedOut` (waiting for the cap) is not one
+            // the slot is filled with.
+            Some(r) => {
+                std::task::Poll::Ready(r.map_err(|f| failure(f, &self.peer.name, Duration::ZERO)))
+            }
+            None => std::task::Poll::Pending,
         }
     }
 }
@@ -857,6 +966,28 @@ impl SendCore {
         peer.outbox.admit(make(owed)).map_err(|_| Error::Closed)?;
         self.io.schedule(peer);
         Ok(())
+    }
+
+    /// Whether `peer` has an established connection now (and the node runs).
+    fn connected(&self, peer: &PeerShared) -> bool {
+        !self.stopped.load(Ordering::Acquire) && peer.state() == PeerState::Connected
+    }
+
+    /// Parks until `peer` is connected, closed, or `timeout` has passed.
+    fn wait_connected(&self, peer: &PeerShared, timeout: Duration) -> Result<(), Error> {
+        if self.stopped.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        // A timeout too long for an `Instant` waits without a deadline.
+        let deadline = Instant::now().checked_add(timeout);
+        match peer.wait_connected(deadline) {
+            Ok(()) => Ok(()),
+            Err(PeerState::Closed) => Err(Error::Closed),
+            Err(_) => Err(Error::ConnectTimedOut {
+                peer: peer.name.to_string(),
+                timeout,
+            }),
+        }
     }
 
     fn peer_named(&self, name: &str) -> Result<Arc<PeerShared>, Error> {

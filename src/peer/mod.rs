@@ -27,7 +27,7 @@ use crate::deliver::{OobQueue, Progress, SenderQueue};
 use crate::flow::RecvCredit;
 use crate::handoff::Scheduled;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use crate::sync::{Arc, SharedStr};
+use crate::sync::{wait_until, Arc, Condvar, Mutex, SharedStr};
 
 /// Where a peer is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -258,8 +258,12 @@ pub(crate) struct PeerShared {
     /// one completed); kept while it is disconnected. Written by the IO thread, read by
     /// senders, which refuse a larger message at once.
     peer_max_message: AtomicUsize,
-    /// Lifecycle state mirrored for stats (the IO thread owns the real one).
+    /// Lifecycle state mirrored for stats and `wait_connected` (the IO thread owns the
+    /// real one). Written under `state_lock`, so that a waiter that saw the old state under
+    /// the lock is already waiting on `state_changed` when the writer notifies.
     state: AtomicU8,
+    state_lock: Mutex<()>,
+    state_changed: Condvar,
     pub(crate) credit: Arc<RecvCredit>,
     pub(crate) member: Arc<SenderQueue>,
     /// Out-of-band messages from this peer, drained by at most its share of the pool.
@@ -304,6 +308,8 @@ impl PeerShared {
             withdrawals: AtomicBool::new(false),
             peer_max_message: AtomicUsize::new(usize::MAX),
             state: AtomicU8::new(PeerState::Backoff as u8),
+            state_lock: Mutex::new(()),
+            state_changed: Condvar::new(),
             credit,
             member,
             oob,
@@ -356,8 +362,33 @@ impl PeerShared {
         PeerState::from_u8(self.state.load(Ordering::Relaxed))
     }
 
+    /// The IO thread moved the peer to `s` (a few times per connection, never per
+    /// message): wakes whoever waits for it to connect.
     pub(crate) fn set_state(&self, s: PeerState) {
-        self.state.store(s as u8, Ordering::Relaxed);
+        {
+            // The lock orders the store against a waiter's check (see `state_lock`).
+            let _g = self.state_lock.lock();
+            self.state.store(s as u8, Ordering::Relaxed);
+        }
+        self.state_changed.notify_all();
+    }
+
+    /// Waits until the peer is `Connected` (`Ok`), or `Closed` for good
+    /// (`Err(PeerState::Closed)`), or `deadline` (if any) passes (`Err` with the state
+    /// then). Parks on a condvar the IO thread's state changes notify: no polling.
+    pub(crate) fn wait_connected(&self, deadline: Option<Instant>) -> Result<(), PeerState> {
+        let mut g = self.state_lock.lock();
+        loop {
+            match self.state() {
+                PeerState::Connected => return Ok(()),
+                PeerState::Closed => return Err(PeerState::Closed),
+                s => {
+                    if !wait_until(&self.state_changed, &mut g, deadline) {
+                        return Err(s);
+                    }
+                }
+            }
+        }
     }
 }
 

@@ -4,13 +4,16 @@
 //! reached), sends the request with the slot's id, and waits on the slot. The IO thread
 //! fills it when the reply arrives, or fails it when the peer can no longer answer (removed,
 //! node shut down, restarted as a new incarnation), or when the peer says it cannot answer
-//! (a reply carrying a [`ReplyStatus`] instead of a payload). A reply whose slot is gone
+//! (a reply carrying a [`ReplyStatus`] instead of a payload); whichever thread fills the
+//! slot also wakes the task of a future polling it (`PendingReply` is a `Future`, with no
+//! runtime of ours behind it). A reply whose slot is gone
 //! (timed out, dropped, already answered) is dropped and counted late.
 //!
 //! The cap bounds how many requests one requester keeps waiting; what bounds the replies
 //! themselves is the room each request reserves in the window (`deliver::ReplyRoom`).
 
 use std::collections::HashMap;
+use std::task::Waker;
 use std::time::Instant;
 
 use bytes::Bytes;
@@ -40,37 +43,69 @@ pub enum Failure {
     },
 }
 
+/// What a slot holds: the outcome once there is one, and the waker of a future waiting
+/// for it.
+#[derive(Debug, Default)]
+struct SlotState {
+    outcome: Option<Result<Bytes, Failure>>,
+    /// Set by [`Slot::poll_peek`] while the outcome is not there; woken by the thread that
+    /// fills the slot.
+    waker: Option<Waker>,
+}
+
 /// Where one request's reply lands.
 #[derive(Debug, Default)]
 pub struct Slot {
-    state: Mutex<Option<Result<Bytes, Failure>>>,
+    state: Mutex<SlotState>,
     filled: Condvar,
 }
 
 impl Slot {
     fn fill(&self, r: Result<Bytes, Failure>) {
-        let mut s = self.state.lock();
-        if s.is_none() {
-            *s = Some(r);
+        let waker = {
+            let mut s = self.state.lock();
+            if s.outcome.is_some() {
+                return;
+            }
+            s.outcome = Some(r);
             self.filled.notify_all();
+            s.waker.take()
+        };
+        // Woken outside the lock: the task may run at once, on another thread, and poll.
+        if let Some(w) = waker {
+            w.wake();
         }
     }
 
     /// The outcome if there is one now, taken.
     pub fn try_take(&self) -> Option<Result<Bytes, Failure>> {
-        self.state.lock().take()
+        self.state.lock().outcome.take()
     }
 
     /// Whether the outcome is there (not taken).
     pub fn is_filled(&self) -> bool {
-        self.state.lock().is_some()
+        self.state.lock().outcome.is_some()
+    }
+
+    /// A future's look: the outcome if it is there (left in place: polling again returns
+    /// it again), else `waker` is kept to be woken when it comes.
+    pub fn poll_peek(&self, waker: &Waker) -> Option<Result<Bytes, Failure>> {
+        let mut s = self.state.lock();
+        if let Some(r) = &s.outcome {
+            return Some(r.clone());
+        }
+        match &mut s.waker {
+            Some(w) if w.will_wake(waker) => {}
+            w => *w = Some(waker.clone()),
+        }
+        None
     }
 
     /// Waits for the outcome until `deadline`; `None` if it did not come in time.
     pub fn take_until(&self, deadline: Option<Instant>) -> Option<Result<Bytes, Failure>> {
         let mut s = self.state.lock();
         loop {
-            if let Some(r) = s.take() {
+            if let Some(r) = s.outcome.take() {
                 return Some(r);
             }
             if !wait_until(&self.filled, &mut s, deadline) {
@@ -296,6 +331,41 @@ mod tests {
             "answered once"
         );
         assert_eq!((r.answered(), r.late(), r.in_flight()), (1, 1, 0));
+    }
+
+    /// A waker that counts its wake-ups.
+    #[derive(Default)]
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for Count {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn the_thread_that_fills_a_slot_wakes_the_future_polling_it() {
+        let r = Requests::new(4);
+        let count = std::sync::Arc::new(Count::default());
+        let waker = Waker::from(count.clone());
+        let woken = || count.0.load(std::sync::atomic::Ordering::SeqCst);
+        let (a, sa) = r.register(None).expect("room");
+        assert_eq!(sa.poll_peek(&waker), None);
+        assert_eq!(sa.poll_peek(&waker), None, "the same waker, kept once");
+        assert!(r.answer(a, Ok(Bytes::from_static(b"yes"))));
+        assert_eq!(woken(), 1);
+        let got = Some(Ok(Bytes::from_static(b"yes")));
+        assert_eq!(sa.poll_peek(&waker), got, "ready");
+        assert_eq!(sa.poll_peek(&waker), got, "and again: left in place");
+        let (b, sb) = r.register(None).expect("room");
+        assert_eq!(sb.poll_peek(&waker), None);
+        assert!(r.fail(b, Failure::TooLarge { len: 2, max: 1 }));
+        assert_eq!(woken(), 2, "a failure wakes too");
+        let (_c, sc) = r.register(None).expect("room");
+        assert_eq!(sc.poll_peek(&waker), None);
+        r.close();
+        assert_eq!(woken(), 3, "and a close");
+        assert_eq!(sc.poll_peek(&waker), Some(Err(Failure::Closed)));
     }
 
     #[test]

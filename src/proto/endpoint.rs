@@ -2,12 +2,28 @@
 //! between them — admission of accepted links, the handshake's decisions (who a link speaks
 //! for, the tie-break between two links for one peer, incarnations), reconnects with
 //! backoff, acks and credit, liveness, the journal's group commit, shutdown. quinn-proto's
-//! `Endpoint` and `Connection` are the model: it is driven by calls (`accepted`, `dialled`,
-//! `handle_input`, `wrote`, `handle_timeout`, the commands) that carry the time, and it
-//! answers through its links' buffers and through events polled out
-//! ([`poll_event`](Endpoint::poll_event)). It never touches a socket or reads a clock:
+//! `Endpoint` and `Connection` are the model. It never touches a socket or reads a clock:
 //! the IO thread (`net`) drives it with sockets and `Instant::now()`, the simulation with
-//! pipes in memory and a simulated clock.
+//! pipes in memory and a simulated clock, both through the same boundary.
+//!
+//! ## The boundary
+//!
+//! - **In**: [`Endpoint::handle`]`(now, `[`Input`]`)` — what happened: a command or a
+//!   hand-off from another thread, a connection opened, read, writable, written, failed,
+//!   the journal writer's marks, the time passing ([`Input::Timeout`]).
+//! - **Out**: [`Endpoint::poll`]`(now)` until it returns `None` — what to do, as
+//!   [`Output`]s, in the order the endpoint decides (its rustdoc): pool tasks and events
+//!   (dial, close, resume reading, report undelivered messages, tell a membership fact),
+//!   journal batches and syncs, then one [`Output::Transmit`] per link with bytes to write.
+//!   The driver does each as it comes (a transmit is reported back with
+//!   [`Input::Wrote`]), which may feed more inputs in; it keeps polling until `None`.
+//! - **Then** it sleeps until [`Endpoint::poll_timeout`], a socket, or another thread
+//!   wakes it.
+//!
+//! Besides the boundary, the driver reads a link's buffers ([`Endpoint::link_mut`],
+//! [`Endpoint::to_write`]) and asks a few questions: [`Endpoint::judge`] (whether to take an
+//! accepted connection at all, before anything is spent on it), [`Endpoint::shutdown_done`],
+//! [`Endpoint::journal_ok`].
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -71,10 +87,10 @@ pub(crate) struct Config {
     pub(crate) secret: Option<super::Secret>,
     /// The node journals (its reliable messages and delivery progress).
     pub(crate) journalled: bool,
-    /// The application wants membership facts ([`Event::Fact`]); without it none is made.
+    /// The application wants membership facts ([`Output::Fact`]); without it none is made.
     pub(crate) events: bool,
     /// A member admitted at run time (unknown, no address) that stays disconnected this
-    /// long is removed ([`Event::Forget`]).
+    /// long is removed ([`Output::Forget`]).
     pub(crate) forget_after: Duration,
 }
 
@@ -122,11 +138,26 @@ pub(crate) struct NodeCounters {
     pub(crate) pending: AtomicU64,
 }
 
-/// What the endpoint asks of whoever drives it.
+/// What the endpoint asks of whoever drives it, taken from [`Endpoint::poll`] in the order
+/// the endpoint decides (see the module doc: "The boundary").
 #[derive(Debug)]
-pub(crate) enum Event {
-    /// Open a connection to `addr` for peer `peer`, then call
-    /// [`dialled`](Endpoint::dialled) (or [`dial_failed`](Endpoint::dial_failed)).
+#[must_use = "the driver must do what the endpoint asks"]
+pub(crate) enum Output {
+    /// Submit a task to the delivery pool.
+    Task(Task),
+    /// Hand a numbered batch of journal records to the journal's writer (in order); the
+    /// bytes that depend on it are not given to [`Output::Transmit`] until the writer's
+    /// marks ([`Input::JournalMarks`]) say it is appended.
+    Journal(Batch),
+    /// The journal batch that a `sync_journal` ([`Input::SyncJournal`]) waits for, in the
+    /// order the syncs came in: `None` after a journal failure (the caller is never told it
+    /// succeeded).
+    JournalSync(Option<u64>),
+    /// Write what [`Endpoint::to_write`] gives for the link, then report it with
+    /// [`Input::Wrote`] (or [`Input::Failed`]).
+    Transmit(LinkId),
+    /// Open a connection to `addr` for peer `peer`, then report [`Input::Dialled`] (or
+    /// [`Input::DialFailed`]).
     Dial {
         peer: usize,
         name: SharedStr,
@@ -187,7 +218,7 @@ pub(crate) enum Fact {
 /// Records `fact` for the driver if the application wants facts (one branch otherwise).
 pub(crate) fn note(cfg: &Config, out: &mut Out, fact: impl FnOnce() -> Fact) {
     if cfg.events {
-        out.events.push_back(Event::Fact(fact()));
+        out.events.push_back(Output::Fact(fact()));
     }
 }
 
@@ -203,6 +234,68 @@ fn refusal(code: CloseCode) -> Option<RefuseReason> {
         CloseCode::NameInUse => Some(RefuseReason::NameInUse),
         _ => None,
     }
+}
+
+/// What happened, handed to [`Endpoint::handle`] with the time it was seen.
+pub(crate) enum Input<'a> {
+    // ---- from the application's threads (commands and hand-offs) ----
+    /// A member to know (dialled at `addr` if given).
+    AddPeer {
+        peer: Arc<PeerShared>,
+        addr: Option<SocketAddr>,
+    },
+    /// `remove_peer`: retire the member for good.
+    RemovePeer(usize),
+    /// `disconnect`: close the member's link; it is dialled again with backoff.
+    Disconnect(usize),
+    /// Shut down by `deadline` (flush, then stop).
+    Shutdown { deadline: Instant },
+    /// Publish everything queued and cut the journal: the sync to wait for comes out as
+    /// [`Output::JournalSync`].
+    SyncJournal,
+    /// The member has new messages in its outbox.
+    Publish(usize),
+    /// The pool asks that credit consumed from the member's stream go back.
+    FlushCredit(usize),
+    // ---- from the connections ----
+    /// The driver opened a connection for peer `peer` (after [`Output::Dial`]) as `link`.
+    Dialled {
+        peer: usize,
+        link: LinkId,
+        nonce: Nonce,
+    },
+    /// The driver could not open a connection for peer `peer`.
+    DialFailed(usize),
+    /// A dialled link's connection completed.
+    Connected(LinkId),
+    /// A connection accepted from `from`, judged by [`Endpoint::judge`] (not refused),
+    /// became `link`.
+    Accepted {
+        link: LinkId,
+        from: SocketAddr,
+        verdict: Verdict,
+        nonce: Nonce,
+    },
+    /// Bytes were appended to the link's read buffer; `cert` checks, with TLS, that the
+    /// peer's certificate is valid for the member name a handshake claims.
+    Read { link: LinkId, cert: CertCheck<'a> },
+    /// The link's socket can take bytes again.
+    Writable(LinkId),
+    /// `n` bytes of the link's write buffer were written.
+    Wrote { link: LinkId, n: usize },
+    /// The link's connection failed or was closed by the peer.
+    Failed { link: LinkId, why: Why },
+    /// A TLS failure on the link (handshake, or a certificate not valid for the name).
+    TlsFailed {
+        link: LinkId,
+        reason: &'a str,
+        from: Option<SocketAddr>,
+    },
+    // ---- from the journal's writer and the clock ----
+    /// The journal's writer moved its marks.
+    JournalMarks(WriterMarks),
+    /// Time passed: timers due at `now` run.
+    Timeout,
 }
 
 /// The process that holds a member's name against a newcomer claiming it.
@@ -229,8 +322,8 @@ pub(crate) struct Out {
     /// Batches cut and not yet taken by the driver.
     batches: Vec<Batch>,
     /// Pool tasks to submit.
-    pub(crate) tasks: Vec<Task>,
-    pub(crate) events: VecDeque<Event>,
+    pub(crate) tasks: VecDeque<Task>,
+    pub(crate) events: VecDeque<Output>,
     /// Messages split from one read, for one push to their sender's queues.
     pub(crate) batch: Vec<crate::deliver::Delivery>,
     pub(crate) oob_batch: Vec<crate::deliver::Delivery>,
@@ -343,14 +436,16 @@ pub(crate) struct Endpoint {
     admission: Admission,
     shedding: Shedding,
     /// Links with bytes appended to their write buffer since the last write pass.
-    dirty: Vec<LinkId>,
+    dirty: VecDeque<LinkId>,
     /// Links whose reading is paused.
     paused: Vec<LinkId>,
     /// Peers whose queued messages are published once the frames written so far have left
-    /// (a handshake's last frame goes first: see [`run_deferred`](Endpoint::run_deferred)).
+    /// (a handshake's last frame goes first: see [`poll`](Endpoint::poll), step 4).
     deferred: Vec<usize>,
     shutdown: Option<Instant>,
     journal: Option<Durability>,
+    /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
+    syncs: VecDeque<Option<u64>>,
     out: Out,
 }
 
@@ -394,14 +489,15 @@ impl Endpoint {
             peers: HashMap::default(),
             by_name: HashMap::default(),
             timers,
-            dirty: Vec::new(),
+            dirty: VecDeque::new(),
             paused: Vec::new(),
             deferred: Vec::new(),
             shutdown: None,
+            syncs: VecDeque::new(),
             out: Out {
                 records: Vec::new(),
                 awaiting: Vec::new(),
-                tasks: Vec::new(),
+                tasks: VecDeque::new(),
                 events: VecDeque::new(),
                 batch: Vec::new(),
                 oob_batch: Vec::new(),
@@ -413,19 +509,92 @@ impl Endpoint {
         }
     }
 
-    // ---- what the driver reads ------------------------------------------------------
+    // ---- the boundary ----------------------------------------------------------------
 
-    /// The next thing the driver must do, if any.
-    pub(crate) fn poll_event(&mut self) -> Option<Event> {
-        self.out.events.pop_front()
+    /// Takes what happened at `now`. Whatever it makes the endpoint ask of the driver
+    /// comes out of [`poll`](Endpoint::poll), which the driver drains next.
+    pub(crate) fn handle(&mut self, now: Instant, input: Input<'_>) {
+        match input {
+            Input::AddPeer { peer, addr } => self.add_peer(now, peer, addr),
+            Input::RemovePeer(id) => self.remove_peer(now, id),
+            Input::Disconnect(id) => self.disconnect(now, id),
+            Input::Shutdown { deadline } => self.begin_shutdown(now, deadline),
+            Input::SyncJournal => {
+                let n = self.sync_journal_now(now);
+                self.syncs.push_back(n);
+            }
+            Input::Publish(id) => self.publish(now, id),
+            Input::FlushCredit(id) => self.flush_credit(now, id),
+            Input::Dialled { peer, link, nonce } => self.dialled(now, peer, link, nonce),
+            Input::DialFailed(peer) => self.dial_failed(now, peer),
+            Input::Connected(link) => self.connected(link),
+            Input::Accepted {
+                link,
+                from,
+                verdict,
+                nonce,
+            } => self.accepted(now, link, from, verdict, nonce),
+            Input::Read { link, cert } => self.handle_input(now, link, cert),
+            Input::Writable(link) => self.dirty.push_back(link),
+            Input::Wrote { link, n } => self.wrote(now, link, n),
+            Input::Failed { link, why } => self.link_failed(now, link, why),
+            Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
+            Input::JournalMarks(marks) => self.journal_progress(now, marks),
+            Input::Timeout => self.handle_timeout(now),
+        }
     }
 
-    /// Pool tasks to submit (the driver drains them after each call).
-    pub(crate) fn tasks(&mut self) -> &mut Vec<Task> {
-        &mut self.out.tasks
+    /// The next thing the driver must do, or `None` when there is nothing more until the
+    /// next input. The order is the endpoint's:
+    ///
+    /// 1. pool tasks, then the events (dials, closes, reports, facts) in the order they
+    ///    happened — a task before any event that follows it;
+    /// 2. the journal: the records gathered since the last cut go to the writer as one
+    ///    batch, before any byte that depends on them may leave, then the syncs waiting for
+    ///    it;
+    /// 3. writes: each link with new bytes (one [`Output::Transmit`] per link, in the order
+    ///    they got bytes); what a write makes happen comes out before the next;
+    /// 4. once nothing above is left, what waited for the writes (publishing to peers whose
+    ///    handshake just completed, so that the handshake's last frame leaves before
+    ///    anything slow — the outbound filter, a journal batch — runs), and again from 1.
+    ///
+    /// After a journal failure no byte leaves: a link with bytes to write is closed
+    /// instead (its buffer may hold messages the journal lacks).
+    pub(crate) fn poll(&mut self, now: Instant) -> Option<Output> {
+        loop {
+            if let Some(t) = self.out.tasks.pop_front() {
+                return Some(Output::Task(t));
+            }
+            if let Some(e) = self.out.events.pop_front() {
+                return Some(e);
+            }
+            self.cut_journal();
+            if !self.out.batches.is_empty() {
+                return Some(Output::Journal(self.out.batches.remove(0)));
+            }
+            if let Some(n) = self.syncs.pop_front() {
+                return Some(Output::JournalSync(n));
+            }
+            if let Some(id) = self.dirty.pop_front() {
+                if self.links.get(&id).is_none_or(|l| l.connecting) {
+                    continue; // closed since, or not connected yet
+                }
+                if !self.journal_ok() {
+                    self.link_failed(now, id, Why::Shutdown);
+                    continue;
+                }
+                return Some(Output::Transmit(id));
+            }
+            if self.deferred.is_empty() {
+                return None;
+            }
+            for id in std::mem::take(&mut self.deferred) {
+                self.publish(now, id);
+            }
+        }
     }
 
-    /// When [`handle_timeout`](Endpoint::handle_timeout) is due next.
+    /// When the endpoint next needs [`Input::Timeout`].
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         self.timers.next_at()
     }
@@ -433,27 +602,6 @@ impl Endpoint {
     /// A link, to move bytes between its buffers and its connection.
     pub(crate) fn link_mut(&mut self, id: LinkId) -> Option<&mut Link> {
         self.links.get_mut(&id)
-    }
-
-    /// Links with bytes to write since the last call (taken).
-    pub(crate) fn take_dirty(&mut self, into: &mut Vec<LinkId>) {
-        into.append(&mut self.dirty);
-    }
-
-    /// Whether some link has bytes to write that the driver has not taken yet, or work
-    /// waits for the next write pass.
-    pub(crate) fn has_dirty(&self) -> bool {
-        !self.dirty.is_empty() || !self.deferred.is_empty()
-    }
-
-    /// Publishes what was deferred until the frames written so far had left: the messages
-    /// queued for peers whose handshake just completed. The driver calls it after a write
-    /// pass, so a handshake's last frame reaches the peer before anything slow (the
-    /// outbound filter, a journal write) runs.
-    pub(crate) fn run_deferred(&mut self, now: Instant) {
-        for id in std::mem::take(&mut self.deferred) {
-            self.publish(now, id);
-        }
     }
 
     /// Whether the endpoint is shutting down and done: everything queued to connected
@@ -534,12 +682,7 @@ impl Endpoint {
 
     /// Starts managing a peer (restoring its journalled stream, dialling it if it has an
     /// address).
-    pub(crate) fn add_peer(
-        &mut self,
-        now: Instant,
-        shared: Arc<PeerShared>,
-        addr: Option<SocketAddr>,
-    ) {
+    fn add_peer(&mut self, now: Instant, shared: Arc<PeerShared>, addr: Option<SocketAddr>) {
         let id = shared.id;
         self.by_name.insert(shared.name.clone(), id);
         let mut peer = Peer::new(shared, addr);
@@ -559,7 +702,7 @@ impl Endpoint {
     /// Closes peer `id` for good: fails what is queued (giving back its permits), closes
     /// its window and link. A reconnect timer still pending finds no peer and does nothing;
     /// a link completing later finds no peer and is refused.
-    pub(crate) fn remove_peer(&mut self, now: Instant, id: usize) {
+    fn remove_peer(&mut self, now: Instant, id: usize) {
         let Some(p) = self.peers.get(&id) else {
             return;
         };
@@ -584,7 +727,7 @@ impl Endpoint {
     }
 
     /// Drops the peer's link; recovery brings it back.
-    pub(crate) fn disconnect(&mut self, now: Instant, id: usize) {
+    fn disconnect(&mut self, now: Instant, id: usize) {
         if let Some(link) = self.peers.get(&id).and_then(|p| p.link) {
             log::info!(
                 "{}: disconnecting '{}' on request",
@@ -601,7 +744,7 @@ impl Endpoint {
     }
 
     /// Publishes what the application queued for peer `id`.
-    pub(crate) fn publish(&mut self, now: Instant, id: usize) {
+    fn publish(&mut self, now: Instant, id: usize) {
         self.publish_upto(now, id, self.cfg.write_high_water);
     }
 
@@ -617,14 +760,14 @@ impl Endpoint {
         let link_id = link.as_ref().map(|l| l.id);
         if p.publish(&self.cfg, &mut self.out, link, high, now) {
             if let Some(l) = link_id {
-                self.dirty.push(l);
+                self.dirty.push_back(l);
             }
         }
     }
 
     /// Returns peer `id`'s receive credit now (the pool asked: half the window consumed,
     /// or a paused link back within its window).
-    pub(crate) fn flush_credit(&mut self, now: Instant, id: usize) {
+    fn flush_credit(&mut self, now: Instant, id: usize) {
         self.ack(id);
         self.resume_peer(now, id);
     }
@@ -638,14 +781,14 @@ impl Endpoint {
         let link_id = link.as_ref().map(|l| l.id);
         if p.ack(&mut self.out, link, false) {
             if let Some(l) = link_id {
-                self.dirty.push(l);
+                self.dirty.push_back(l);
             }
         }
     }
 
     /// Begins shutting down: no new messages, no reconnects; what is queued is still
     /// flushed (or, with a journal, journalled) until `deadline`.
-    pub(crate) fn begin_shutdown(&mut self, now: Instant, deadline: Instant) {
+    fn begin_shutdown(&mut self, now: Instant, deadline: Instant) {
         if self.shutdown.is_some() {
             return;
         }
@@ -675,7 +818,7 @@ impl Endpoint {
     /// high-water marks) and cuts it into a batch. Returns the batch whose sync makes it all
     /// durable (the driver asks the writer for that sync), or `None` after a journal failure
     /// (nothing may be reported durable then).
-    pub(crate) fn sync_journal_now(&mut self, now: Instant) -> Option<u64> {
+    fn sync_journal_now(&mut self, now: Instant) -> Option<u64> {
         let ids: Vec<usize> = self.peers.keys().copied().collect();
         for id in ids {
             self.publish_upto(now, id, usize::MAX);
@@ -761,7 +904,7 @@ impl Endpoint {
     /// may have named a pending link to displace) becomes link `id`: the acceptor's
     /// handshake starts (its Hello is written), with the deadline of the pending table as it
     /// is now.
-    pub(crate) fn accepted(
+    fn accepted(
         &mut self,
         now: Instant,
         id: LinkId,
@@ -784,7 +927,7 @@ impl Endpoint {
         self.admission
             .insert(id, admission::source_of(from.ip()), now);
         self.update_gauges();
-        self.dirty.push(id);
+        self.dirty.push_back(id);
         let deadline = self.admission.deadline(self.cfg.handshake_timeout);
         self.timers
             .add(now + deadline, TimerKind::Handshake { link: id });
@@ -912,7 +1055,7 @@ impl Endpoint {
     }
 
     /// Dials peer `id` now if it has an address and no link: the driver opens the
-    /// connection ([`Event::Dial`]).
+    /// connection ([`Output::Dial`]).
     fn dial(&mut self, now: Instant, id: usize) {
         let Some(p) = self.peers.get_mut(&id) else {
             return;
@@ -926,24 +1069,24 @@ impl Endpoint {
         };
         let _ = now;
         let name = p.name().clone();
-        self.out.events.push_back(Event::Dial {
+        self.out.events.push_back(Output::Dial {
             peer: id,
             name,
             addr,
         });
     }
 
-    /// The driver opened a connection for peer `peer` (after [`Event::Dial`]): it becomes
+    /// The driver opened a connection for peer `peer` (after [`Output::Dial`]): it becomes
     /// link `id`, connecting; the dialler's handshake waits for the acceptor's Hello.
-    pub(crate) fn dialled(&mut self, now: Instant, peer: usize, id: LinkId, nonce: Nonce) {
+    fn dialled(&mut self, now: Instant, peer: usize, id: LinkId, nonce: Nonce) {
         let Some(p) = self.peers.get_mut(&peer) else {
-            return self.out.events.push_back(Event::Close {
+            return self.out.events.push_back(Output::Close {
                 link: id,
                 last: Vec::new(),
             });
         };
         if p.state == PeerState::Closed || p.link.is_some() || self.shutdown.is_some() {
-            return self.out.events.push_back(Event::Close {
+            return self.out.events.push_back(Output::Close {
                 link: id,
                 last: Vec::new(),
             });
@@ -964,13 +1107,13 @@ impl Endpoint {
 
     /// The driver could not open a connection for peer `peer` (or get what a dial needs):
     /// retry with backoff.
-    pub(crate) fn dial_failed(&mut self, now: Instant, peer: usize) {
+    fn dial_failed(&mut self, now: Instant, peer: usize) {
         Counters::add(&self.counters.dial_failures, 1);
         self.schedule_reconnect(now, peer);
     }
 
     /// A dialled link's connection completed.
-    pub(crate) fn connected(&mut self, id: LinkId) {
+    fn connected(&mut self, id: LinkId) {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
@@ -978,12 +1121,12 @@ impl Endpoint {
         if let Some(p) = link.dialled.and_then(|p| self.peers.get_mut(&p)) {
             p.set_state(PeerState::Handshaking);
         }
-        self.dirty.push(id);
+        self.dirty.push_back(id);
     }
 
     /// The link's connection failed or the peer closed it (EOF), `why`: it is closed
     /// without a Close frame.
-    pub(crate) fn link_failed(&mut self, now: Instant, id: LinkId, why: Why) {
+    fn link_failed(&mut self, now: Instant, id: LinkId, why: Why) {
         if let Some(link) = self.links.get(&id) {
             if link.connecting {
                 Counters::add(&self.counters.dial_failures, 1);
@@ -1001,13 +1144,7 @@ impl Endpoint {
 
     /// A TLS failure on link `id` (handshake, certificate, or a certificate not valid for
     /// the member name claimed): closed, counted.
-    pub(crate) fn tls_failed(
-        &mut self,
-        now: Instant,
-        id: LinkId,
-        reason: &str,
-        from: Option<SocketAddr>,
-    ) {
+    fn tls_failed(&mut self, now: Instant, id: LinkId, reason: &str, from: Option<SocketAddr>) {
         Counters::add(&self.counters.tls_failures, 1);
         let who = match (self.links.get(&id).and_then(|l| l.peer), from) {
             (Some(p), _) => format!("'{}'", self.peer_name(p)),
@@ -1044,7 +1181,7 @@ impl Endpoint {
                 wire::encode_close(&mut last, code, reason);
             }
         }
-        self.out.events.push_back(Event::Close { link: id, last });
+        self.out.events.push_back(Output::Close { link: id, last });
         self.update_gauges();
         self.timers
             .cancel(|k| *k == TimerKind::Handshake { link: id });
@@ -1123,7 +1260,7 @@ impl Endpoint {
         let shared = (self.new_peer)(name.into());
         let id = shared.id;
         log::info!("{}: admitting unknown member '{name}'", self.cfg.name);
-        self.out.events.push_back(Event::Admitted(shared.clone()));
+        self.out.events.push_back(Output::Admitted(shared.clone()));
         self.add_peer(now, shared, None);
         if let Some(p) = self.peers.get_mut(&id) {
             p.dynamic = true;
@@ -1153,7 +1290,7 @@ impl Endpoint {
             self.cfg.forget_after
         );
         self.retire_peer(id, true);
-        self.out.events.push_back(Event::Forget(shared));
+        self.out.events.push_back(Output::Forget(shared));
         note(&self.cfg, &mut self.out, || Fact::Forgotten { peer: name });
     }
 
@@ -1164,7 +1301,7 @@ impl Endpoint {
     /// the state its link is in when it is reached (a read that brought the last handshake
     /// frame and data frames together frames the data by the data limit). The turn's
     /// messages go to their sender's queues in one push at the end.
-    pub(crate) fn handle_input(&mut self, now: Instant, id: LinkId, cert: CertCheck<'_>) {
+    fn handle_input(&mut self, now: Instant, id: LinkId, cert: CertCheck<'_>) {
         if let Some(link) = self.links.get_mut(&id) {
             link.last_read = now;
             if let Some(p) = link.peer.filter(|_| link.established) {
@@ -1250,7 +1387,7 @@ impl Endpoint {
         let (link_id, before) = (link.id, link.unwritten());
         let arm = p.after_data(&self.cfg, &mut self.out, link);
         if link.unwritten() > before {
-            self.dirty.push(link_id);
+            self.dirty.push_back(link_id);
         }
         if arm {
             p.ack_timer = true;
@@ -1309,7 +1446,7 @@ impl Endpoint {
         // What is in the buffer first, then what the connection holds: the driver reads
         // it (readiness is edge-triggered, so no event would come for bytes already there).
         self.handle_input(now, lid, &|_| Ok(()));
-        self.out.events.push_back(Event::Resume(lid));
+        self.out.events.push_back(Output::Resume(lid));
     }
 
     fn protocol_error(&mut self, now: Instant, id: LinkId, reason: String) {
@@ -1471,7 +1608,7 @@ impl Endpoint {
                     return;
                 };
                 if p.on_probe(&mut self.out, link) {
-                    self.dirty.push(id);
+                    self.dirty.push_back(id);
                 }
             }
             Frame::Heartbeat => {}
@@ -1552,7 +1689,7 @@ impl Endpoint {
         };
         let Some(hs) = link.hs.as_mut() else { return };
         hs.accept(received, connections, unreliable, &mut link.wbuf);
-        self.dirty.push(id);
+        self.dirty.push_back(id);
         self.establish(now, id, peer_received, peer_unreliable);
     }
 
@@ -1585,7 +1722,7 @@ impl Endpoint {
         let Some(hs) = link.hs.as_mut() else { return };
         hs.accept(received, connections, unreliable, &mut link.wbuf);
         link.asked_at = now;
-        self.dirty.push(id);
+        self.dirty.push_back(id);
     }
 
     /// Dialler: Ready arrived (and authenticated the acceptor, with a secret). Adopt the
@@ -1660,19 +1797,26 @@ impl Endpoint {
             Some(p) => p.last_conflict.replace(peer.launch_id) != Some(peer.launch_id),
             None => true,
         };
-        let why = if holder.link.is_some() {
-            "it is connected from there"
+        let (why, then) = if holder.link.is_some() {
+            (
+                "it is connected from there",
+                "and gets in once the other is gone",
+            )
         } else {
-            "it replaced that process here"
+            (
+                "it replaced that process here",
+                "and is refused for good: restart or stop it",
+            )
         };
         let line = format!(
-            "{}: refusing '{}' from {} (launch id {:016x}): another process holds the name at {} (launch id {:016x}; {why}). Two processes run with one member name, or an old one is still running; the refused one retries, and gets in once the other is gone",
+            "{}: refusing '{}' from {} (launch id {:016x}): another process holds the name at {} (launch id {:016x}; {why}). Two processes run with one member name, or an old one is still running; the refused one retries ({})",
             self.cfg.name,
             peer.name,
             show(addr),
             peer.launch_id,
             show(holder.addr),
             holder.launch,
+            then,
         );
         if first {
             log::error!("{line}");
@@ -1681,7 +1825,7 @@ impl Endpoint {
         }
         if let Some(link) = holder.link.and_then(|o| self.links.get_mut(&o)) {
             wire::encode_heartbeat(&mut link.wbuf);
-            self.dirty.push(link.id);
+            self.dirty.push_back(link.id);
         }
         self.count_refusal(CloseCode::NameInUse);
         self.refused(id, CloseCode::NameInUse, false);
@@ -1828,7 +1972,7 @@ impl Endpoint {
                 });
                 Counters::add(&self.counters.handshakes, 1);
                 self.update_gauges();
-                self.dirty.push(id);
+                self.dirty.push_back(id);
                 self.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
@@ -1866,7 +2010,7 @@ impl Endpoint {
     /// `n` bytes of link `id`'s write buffer were written at `now`; `drained`: the buffer
     /// is empty. A drained established link's acks count as sent, and a link below its
     /// low-water mark gets more of its peer's queue.
-    pub(crate) fn wrote(&mut self, now: Instant, id: LinkId, n: usize) {
+    fn wrote(&mut self, now: Instant, id: LinkId, n: usize) {
         let Some(link) = self.links.get_mut(&id) else {
             return;
         };
@@ -1897,7 +2041,7 @@ impl Endpoint {
     /// last refreshed (the IO thread: when its last `poll` returned), not the present:
     /// timeouts that blame a peer (idle, handshake) must never count time it did not look
     /// at its links — bytes that arrived since are read before they are judged.
-    pub(crate) fn handle_timeout(&mut self, now: Instant) {
+    fn handle_timeout(&mut self, now: Instant) {
         while let Some((_, t)) = self.timers.pop_due(now) {
             match t {
                 TimerKind::Reconnect { peer, gen } => {
@@ -1987,7 +2131,7 @@ impl Endpoint {
             let link_id = link.as_ref().map(|l| l.id);
             if p.tick(&self.cfg, &mut self.out, link, now) {
                 if let Some(l) = link_id {
-                    self.dirty.push(l);
+                    self.dirty.push_back(l);
                 }
             }
         }
@@ -2020,7 +2164,7 @@ impl Endpoint {
                 silent.push(link.id);
             } else if now.saturating_duration_since(link.last_write) >= self.cfg.heartbeat {
                 wire::encode_heartbeat(&mut link.wbuf);
-                self.dirty.push(link.id);
+                self.dirty.push_back(link.id);
             }
         }
         for id in silent {
@@ -2049,10 +2193,9 @@ impl Endpoint {
 
     /// Cuts this turn's records into the next batch for the journal's writer, and gates
     /// every link's unwritten bytes behind it: nothing leaves before the journal holds it.
-    /// The driver calls it at the end of every turn and before any byte is written, and
-    /// hands the batches to the writer ([`take_batches`](Endpoint::take_batches)). Returns
-    /// whether a batch was cut.
-    pub(crate) fn cut_journal(&mut self) -> bool {
+    /// [`poll`](Endpoint::poll) cuts before it gives out any write, and hands the batches to
+    /// the driver for the writer ([`Output::Journal`]). Returns whether a batch was cut.
+    fn cut_journal(&mut self) -> bool {
         let Some(j) = self.journal.as_mut() else {
             return false;
         };
@@ -2073,15 +2216,10 @@ impl Endpoint {
         true
     }
 
-    /// The batches cut since the last call, in order, for the journal's writer.
-    pub(crate) fn take_batches(&mut self) -> Vec<Batch> {
-        std::mem::take(&mut self.out.batches)
-    }
-
     /// The journal's writer moved its marks: bytes whose records are now appended may
     /// leave (their links are marked to write), progress whose records are now durable is
     /// acknowledged; a failure stops the node.
-    pub(crate) fn journal_progress(&mut self, now: Instant, marks: WriterMarks) {
+    fn journal_progress(&mut self, now: Instant, marks: WriterMarks) {
         let Some(j) = self.journal.as_mut() else {
             return;
         };
@@ -2107,13 +2245,13 @@ impl Endpoint {
             let link_id = link.as_ref().map(|l| l.id);
             if p.write_ack(link, false) {
                 if let Some(l) = link_id {
-                    self.dirty.push(l);
+                    self.dirty.push_back(l);
                 }
             }
         }
         if released {
             for link in self.links.values().filter(|l| l.wants_write()) {
-                self.dirty.push(link.id);
+                self.dirty.push_back(link.id);
             }
         }
     }
@@ -2132,7 +2270,7 @@ impl Endpoint {
         self.out.records.clear();
         self.out.awaiting.clear();
         self.out.batches.clear();
-        self.out.events.push_back(Event::JournalFailed);
+        self.out.events.push_back(Output::JournalFailed);
         self.begin_shutdown(now, now);
     }
 

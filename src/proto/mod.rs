@@ -16,7 +16,9 @@ mod sim;
 pub(crate) mod timer;
 
 pub(crate) use admission::Verdict;
-pub(crate) use endpoint::{Config, Endpoint, Event, Fact, JournalLeft, NewPeer, NodeCounters};
+pub(crate) use endpoint::{
+    Config, Endpoint, Fact, Input, JournalLeft, NewPeer, NodeCounters, Output,
+};
 pub use handshake::{
     resolve, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Resolution, Role, Secret,
     TieBreak,

@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use bytes::{Buf, Bytes};
 
-use super::endpoint::{Config, Event, Out};
+use super::endpoint::{Config, Out, Output};
 use super::link::Link;
 use super::recovery::{Descriptor, Receive, RecoveryError, Unacked};
 use super::PeerIdentity;
@@ -487,7 +487,7 @@ impl Peer {
     /// `failed` where they failed, not `undelivered` (never published).
     fn report_unsent(&self, out: &mut Out, msgs: Vec<Unacked>) {
         if !msgs.is_empty() {
-            out.events.push_back(Event::Undelivered {
+            out.events.push_back(Output::Undelivered {
                 peer: self.shared.name.clone(),
                 messages: msgs,
             });
@@ -684,11 +684,11 @@ impl Peer {
     pub(crate) fn push_batch(&self, out: &mut Out) {
         let (member, oob) = (&self.shared.member, &self.shared.oob);
         if !out.batch.is_empty() && member.push(out.batch.drain(..)) {
-            out.tasks.push(Task::Sender(member.clone()));
+            out.tasks.push_back(Task::Sender(member.clone()));
         }
         if !out.oob_batch.is_empty() {
             for _ in 0..oob.push(out.oob_batch.drain(..)) {
-                out.tasks.push(Task::Oob(oob.clone()));
+                out.tasks.push_back(Task::Oob(oob.clone()));
             }
         }
     }
@@ -1047,7 +1047,7 @@ impl Peer {
     fn undelivered(&self, out: &mut Out, msgs: Vec<Unacked>) {
         Counters::add(&self.shared.counters.undelivered, msgs.len() as u64);
         if !msgs.is_empty() {
-            out.events.push_back(Event::Undelivered {
+            out.events.push_back(Output::Undelivered {
                 peer: self.shared.name.clone(),
                 messages: msgs,
             });

@@ -17,7 +17,7 @@ use bytes::Bytes;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unacked {
     /// Its sequence number (0 in a report of a message that failed before it was ever
-    /// published: see `Event::Undelivered`).
+    /// published: see `Output::Undelivered`).
     pub seq: u64,
     /// Data flags it was sent with.
     pub flags: u8,
