@@ -29,8 +29,10 @@
 //! Public so that the loom models check this code rather than a copy; it is not meant for
 //! applications.
 
+use std::time::Instant;
+
 use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use crate::sync::Mutex;
+use crate::sync::{wait_until, Condvar, Mutex};
 
 /// Wakes the thread that takes a [`Handoff`]'s lists: the IO thread's mio `Waker` (a
 /// model's stand-in under loom).
@@ -213,5 +215,228 @@ impl Handoff {
     /// The IO thread: the peers whose credit should go back now.
     pub fn take_credit_flush(&self) -> Vec<usize> {
         std::mem::take(&mut *self.credit_flush.lock())
+    }
+}
+
+/// The IO thread's side of its spin ([`Handoff::spin_begin`] to [`Handoff::spin_end`]):
+/// before each poll it says whether it means to spin, and learns whether that poll must not
+/// block. Used by the IO thread's idle strategy (`Spin` in `net/io.rs`) and by the loom
+/// models' IO thread, so both run this code.
+#[derive(Debug, Default)]
+pub struct SpinGate {
+    /// The doorbell knows we spin.
+    spinning: bool,
+}
+
+impl SpinGate {
+    /// Not spinning.
+    pub fn new() -> SpinGate {
+        SpinGate::default()
+    }
+
+    /// Before a poll: `spin` says whether the IO thread spins now (polls without blocking).
+    /// Returns whether the poll must not block: it spins, or it has just stopped and a
+    /// request came in meanwhile without a wake-up call (its next
+    /// [`take_wake`](Handoff::take_wake) finds it pending).
+    pub fn before_poll(&mut self, handoff: &Handoff, spin: bool) -> bool {
+        if spin {
+            if !self.spinning {
+                handoff.spin_begin();
+                self.spinning = true;
+            }
+            true
+        } else if self.spinning {
+            self.spinning = false;
+            handoff.spin_end()
+        } else {
+            false
+        }
+    }
+
+    /// Whether the doorbell was told the IO thread spins.
+    pub fn is_spinning(&self) -> bool {
+        self.spinning
+    }
+}
+
+/// The commands other threads hand the IO thread (`net::Command`: add or remove a peer, a
+/// barrier, a journal sync, shutdown), in order. The IO thread takes them after a wake-up
+/// ([`take`](Commands::take)) and, as it stops, closes the queue ([`close`](Commands::close)):
+/// it gets back what is left, which no turn will handle, and every later
+/// [`push`](Commands::push) is refused. So a command is handled by a turn, handed back by
+/// the close, or refused at its push — exactly one of the three — and a caller waiting on
+/// its [`Completion`] is woken once whichever it is (loom model:
+/// `loom-tests/tests/commands.rs`).
+///
+/// Generic over the command so that the model can queue plain completions.
+#[derive(Debug)]
+pub struct Commands<C> {
+    // A mutex: commands are rare (membership changes, syncs, barriers), never per message.
+    queue: Mutex<CommandQueue<C>>,
+}
+
+#[derive(Debug)]
+struct CommandQueue<C> {
+    list: Vec<C>,
+    /// The IO thread stopped taking commands.
+    closed: bool,
+}
+
+impl<C> Default for Commands<C> {
+    fn default() -> Self {
+        Commands::new()
+    }
+}
+
+impl<C> Commands<C> {
+    /// Empty and open.
+    pub fn new() -> Commands<C> {
+        Commands {
+            queue: Mutex::new(CommandQueue {
+                list: Vec::new(),
+                closed: false,
+            }),
+        }
+    }
+
+    /// Queues `c` for the IO thread (then ring its [`Handoff`]); gives it back once the IO
+    /// thread has stopped taking commands.
+    pub fn push(&self, c: C) -> Result<(), C> {
+        let mut q = self.queue.lock();
+        if q.closed {
+            return Err(c);
+        }
+        q.list.push(c);
+        Ok(())
+    }
+
+    /// The IO thread: the commands pushed since the last call, in order.
+    pub fn take(&self) -> Vec<C> {
+        std::mem::take(&mut self.queue.lock().list)
+    }
+
+    /// The IO thread, as it stops: refuses every later push and returns the commands no
+    /// turn took (their callers must be told).
+    pub fn close(&self) -> Vec<C> {
+        let mut q = self.queue.lock();
+        q.closed = true;
+        std::mem::take(&mut q.list)
+    }
+}
+
+/// A command whose caller may wait for it: told when the IO thread will never handle it.
+pub trait Abandon {
+    /// The IO thread stopped before handling this command: settle its caller's
+    /// [`Completion`], if it has one, as [`Abandoned`](Outcome::Abandoned).
+    fn abandon(self);
+}
+
+impl<C: Abandon> Commands<C> {
+    /// A caller hands `c` to the IO thread: queued and the doorbell rung, or, once the IO
+    /// thread has stopped, abandoned at once.
+    pub fn send(&self, c: C, handoff: &Handoff) {
+        match self.push(c) {
+            Ok(()) => handoff.ring(),
+            Err(c) => c.abandon(),
+        }
+    }
+
+    /// The IO thread has left its loop (finished, or panicked): abandons the commands it
+    /// did not take, and every later one.
+    pub fn stop(&self) {
+        for c in self.close() {
+            c.abandon();
+        }
+    }
+}
+
+/// What became of the command a caller waits on ([`Completion::wait_until`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Outcome {
+    /// Neither yet (the wait reached its deadline).
+    #[default]
+    Pending,
+    /// The IO thread did it.
+    Done,
+    /// The IO thread stopped before it could: the command was handed back by
+    /// [`Commands::close`] or refused by [`Commands::push`].
+    Abandoned,
+}
+
+/// A one-shot signal for a caller that waits on a command: settled once, as
+/// [`Done`](Outcome::Done) or [`Abandoned`](Outcome::Abandoned).
+#[derive(Debug, Default)]
+pub struct Completion {
+    state: Mutex<Outcome>,
+    cv: Condvar,
+}
+
+impl Completion {
+    /// The command was done: wakes the caller. `false` (and nothing changes) if it was
+    /// settled already.
+    pub fn complete(&self) -> bool {
+        self.settle(Outcome::Done)
+    }
+
+    /// The command will never be done (the IO thread stopped): wakes the caller. `false`
+    /// (and nothing changes) if it was settled already.
+    pub fn abandon(&self) -> bool {
+        self.settle(Outcome::Abandoned)
+    }
+
+    fn settle(&self, to: Outcome) -> bool {
+        let mut s = self.state.lock();
+        if *s != Outcome::Pending {
+            return false;
+        }
+        *s = to;
+        self.cv.notify_all();
+        true
+    }
+
+    /// The outcome now.
+    pub fn outcome(&self) -> Outcome {
+        *self.state.lock()
+    }
+
+    /// Waits until settled or `deadline` (forever if `None`); returns the outcome,
+    /// [`Pending`](Outcome::Pending) if the deadline came first.
+    pub fn wait_until(&self, deadline: Option<Instant>) -> Outcome {
+        let mut s = self.state.lock();
+        while *s == Outcome::Pending {
+            if !wait_until(&self.cv, &mut s, deadline) {
+                break;
+            }
+        }
+        *s
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// A command is taken by a turn, handed back by the close, or refused at its push; a
+    /// completion is settled once, and its waiter sees how.
+    #[test]
+    fn commands_are_taken_handed_back_or_refused_and_settled_once() {
+        let q: Commands<u8> = Commands::new();
+        q.push(1).expect("open");
+        assert_eq!(q.take(), vec![1]);
+        q.push(2).expect("open");
+        assert_eq!(q.close(), vec![2], "what no turn took comes back");
+        assert_eq!(q.push(3), Err(3), "refused once closed");
+        assert!(q.take().is_empty());
+
+        let c = Completion::default();
+        let deadline = Some(Instant::now());
+        assert_eq!(c.wait_until(deadline), Outcome::Pending);
+        assert!(c.abandon());
+        assert!(!c.complete(), "settled once");
+        assert_eq!(c.wait_until(None), Outcome::Abandoned);
+        let c = Completion::default();
+        assert!(c.complete());
+        assert!(!c.abandon());
+        assert_eq!(c.outcome(), Outcome::Done);
     }
 }

@@ -115,6 +115,14 @@ pub mod internals {
     /// The delivery side: sender queues, OOB queues, the pool, progress.
     pub mod deliver {
         pub use crate::deliver::*;
+
+        /// A pool without workers and the [`Inbox`] that runs its tasks, as
+        /// `Builder::start_with_inbox` makes them (without a node: the deliveries carry no
+        /// send handle); `budget` is the delivery batch.
+        pub fn inbox(budget: usize) -> std::io::Result<(crate::sync::Arc<Pool>, Inbox)> {
+            let pool = crate::sync::Arc::new(Pool::without_workers(budget, None)?);
+            Ok((pool.clone(), Inbox::new(pool)))
+        }
     }
     /// Membership events and their queue.
     pub mod events {
@@ -152,6 +160,65 @@ pub mod internals {
         /// The message's permit, as the IO thread takes it to give back or publish.
         pub fn into_permit(m: Outgoing) -> Permit {
             m.into_permit()
+        }
+
+        /// A node's peer map (`net::PeerMap`), changed through the IO thread's own steps
+        /// (`peer::admit`, `peer::forget`) and read as the send path reads it.
+        #[derive(Debug)]
+        pub struct Map(crate::peer::Peers);
+
+        impl Default for Map {
+            fn default() -> Map {
+                Map(crate::sync::RwLock::new(Default::default()))
+            }
+        }
+
+        impl Map {
+            /// Empty.
+            pub fn new() -> Map {
+                Map::default()
+            }
+            /// The IO thread admits `shared` (`Event::Admitted`).
+            pub fn admit(&self, shared: crate::sync::Arc<PeerShared>) {
+                crate::peer::admit(&self.0, shared)
+            }
+            /// The IO thread forgets `shared` (`Event::Forget`); whether it was removed.
+            pub fn forget(&self, shared: &crate::sync::Arc<PeerShared>) -> bool {
+                crate::peer::forget(&self.0, shared)
+            }
+            /// Runs `f` on the peer named `name` under the map's read lock, as
+            /// `SendCore::enqueue_named` does.
+            pub fn with<R>(
+                &self,
+                name: &str,
+                f: impl FnOnce(Option<&crate::sync::Arc<PeerShared>>) -> R,
+            ) -> R {
+                f(self.0.read().get(name))
+            }
+        }
+
+        /// The peer's outbox (its send window and queue).
+        pub fn outbox(p: &PeerShared) -> &Outbox {
+            &p.outbox
+        }
+
+        /// A peer's shared state as the IO thread makes it (`IoShared::new_peer`), without
+        /// a receive side to report to: its deliveries return no credit.
+        pub fn shared(id: usize, name: &str, window: u64) -> crate::sync::Arc<PeerShared> {
+            use crate::deliver::{CreditSink, OobQueue, SenderQueue};
+            use crate::sync::Arc;
+            struct NoCredit;
+            impl CreditSink for NoCredit {
+                fn consumed(&self, _epoch: u32, _cost: u64) {}
+                fn idle(&self) {}
+            }
+            let name: crate::sync::SharedStr = name.into();
+            let member = Arc::new(SenderQueue::new(name.clone(), Box::new(NoCredit)));
+            let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(NoCredit)));
+            let credit = Arc::new(crate::flow::RecvCredit::new());
+            Arc::new(PeerShared::new(
+                id, name, window, credit, member, oob, None, 1,
+            ))
         }
     }
     /// The protocol: handshake, recovery descriptor.

@@ -592,6 +592,37 @@ fn unknown_peer_and_closed_node_errors() {
     assert_eq!(p.accepted, 0, "nothing accepted after shutdown: {p:?}");
 }
 
+/// `remove_peer` after `shutdown` returns at once (its command is abandoned: the IO thread
+/// has stopped, and with it every connection) instead of waiting for an IO thread that will
+/// never answer; the member is gone from the node's list.
+#[test]
+fn remove_peer_after_shutdown_returns_at_once() {
+    let known = HeldAddr::new();
+    let node = Arc::new(
+        Node::builder("rm-late")
+            .cluster("t-rm-late")
+            .pool_threads(1)
+            .peer("known", known.addr())
+            .start()
+            .expect("start"),
+    );
+    node.shutdown(SHUTDOWN).expect("shutdown");
+    let (tx, rx) = mpsc::channel();
+    let n = node.clone();
+    std::thread::spawn(move || {
+        let started = std::time::Instant::now();
+        let r = n.remove_peer("known");
+        let _ = tx.send((r, started.elapsed()));
+    });
+    // Generous: the IO thread's confirmation used to be awaited for 10 s.
+    let (r, took) = rx
+        .recv_timeout(Duration::from_secs(5))
+        .expect("remove_peer after shutdown did not return within 5 s");
+    r.expect("remove_peer of a known member");
+    assert!(node.peers().is_empty(), "removed: {:?}", node.peers());
+    eprintln!("remove_peer after shutdown took {took:?}");
+}
+
 /// A node asked to listen on an address that is taken fails to start with
 /// `Error::Listen`: its message names the address, and its source is the OS error
 /// (`AddrInUse`).

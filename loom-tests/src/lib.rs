@@ -4,7 +4,7 @@
 //! Run them with
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release
+//! RUSTFLAGS="--cfg loom --cfg cohort_internals" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release
 //! ```
 //!
 //! Under `--cfg loom` the `cohort` dependency is built on loom's primitives (its
@@ -16,15 +16,23 @@
 //! | `sender_queue.rs` | `deliver::SenderQueue`, with a plain and a journalling sink |
 //! | `oob_queue.rs` | `deliver::OobQueue` |
 //! | `pool.rs` | `deliver::TaskQueue`, `deliver::Pool` |
-//! | `handoff.rs` | `handoff::{Handoff, Scheduled}`, `peer::Outbox` |
+//! | `handoff.rs` | `handoff::{Handoff, Scheduled, SpinGate}`, `peer::Outbox` |
 //! | `recv_credit.rs` | `flow::RecvCredit`, `deliver::PeerCreditSink`, `handoff::Handoff` |
 //! | `progress.rs` | `deliver::Progress` |
 //! | `window.rs` | `flow::SendWindow` |
 //! | `writer.rs` | `peer::{Outbox, Ledger}`, `flow::SendWindow` |
+//! | `commands.rs` | `handoff::{Commands, Completion}` |
+//! | `requests.rs` | `peer::Requests` |
+//! | `journal_writer.rs` | `journal::JournalWriter` (on a model `Store`) |
+//! | `inbox.rs` | `deliver::{Inbox, Pool, SenderQueue}` |
+//! | `peer_map.rs` | `peer::{admit, forget}` (through `internals::peer::Map`), `peer::Outbox` |
 //!
 //! Shared here: `model` (runs a model and prints its iteration count), and the IO thread
-//! as the hand-off models see it — `ModelWaker` (its waker and poll), `io_loop` (poll,
-//! `take_wake`, take the lists) and `Requesters` (the last requester stops the loop).
+//! as the hand-off models see it — `ModelWaker` (its waker and poll), `io_loop` and
+//! `io_loop_spinning` (its loop: `SpinGate::before_poll`, poll, `take_wake`, a turn) and
+//! `Requesters` (the last requester stops the loop). The loop's steps are the shipping
+//! ones (`cohort::internals::handoff::{Handoff, SpinGate}`, as `IoThread::run` and its
+//! `Spin` call them); only the poll is the model's.
 
 /// Runs `f` under [`loom::model`], counting the interleavings loom explores.
 ///
@@ -117,6 +125,12 @@ impl ModelWaker {
         }
     }
 
+    /// A poll that does not block (the IO thread spins): whether a `wake` came since the
+    /// last poll (and clears it, as a poll drains the eventfd).
+    pub fn poll_now(&self) -> bool {
+        std::mem::take(&mut self.state.lock().unwrap().woken)
+    }
+
     /// Ends the IO thread's loop at its next poll that finds no wake-up.
     pub fn stop(&self) {
         self.state.lock().unwrap().stopped = true;
@@ -144,31 +158,28 @@ impl cohort::internals::handoff::Wake for WakerHandle {
     }
 }
 
-/// The IO thread's loop (`IoThread::run` in `src/net/io.rs`) reduced to its requests:
-/// poll; if [`take_wake`](cohort::internals::handoff::Handoff::take_wake) finds a wake-up pending,
-/// run `turn` (take the lists and answer them); until the waker is stopped. Returns how
-/// many turns ran.
+/// The IO thread's loop (`IoThread::run` in `src/net/io.rs`) reduced to its requests,
+/// without a spin: poll (blocking); if [`take_wake`](cohort::internals::handoff::Handoff::take_wake)
+/// finds a wake-up pending, run `turn` (take the lists and answer them); until the waker is
+/// stopped. Returns how many turns ran.
 #[cfg(loom)]
 pub fn io_loop(
     handoff: &cohort::internals::handoff::Handoff,
     waker: &ModelWaker,
-    mut turn: impl FnMut(),
+    turn: impl FnMut(),
 ) -> usize {
-    let mut turns = 0;
-    while waker.poll() == Polled::Woken {
-        if handoff.take_wake() {
-            turns += 1;
-            turn();
-        }
-    }
-    turns
+    io_loop_spinning(handoff, waker, 0, turn)
 }
 
-/// [`io_loop`] with the IO thread's spin (`Spin` in `src/net/io.rs`), reduced to
-/// `episodes` spins of one round each, the first before the first poll: `spin_begin`, a
-/// turn if [`take_wake`](cohort::internals::handoff::Handoff::take_wake) finds a wake-up
-/// pending, `spin_end`; if that reports a request that came in without a wake-up call, a
-/// turn for it before blocking. Returns how many turns ran.
+/// The IO thread's loop with its spin, reduced to its requests: before each poll the
+/// shipping [`SpinGate::before_poll`](cohort::internals::handoff::SpinGate::before_poll)
+/// (as `Spin::keep` calls it) is told whether the thread spins and says whether the poll
+/// must not block; then the poll (the model's: [`ModelWaker::poll_now`] or
+/// [`ModelWaker::poll`]); then a turn if
+/// [`take_wake`](cohort::internals::handoff::Handoff::take_wake) finds a wake-up pending.
+/// The thread spins for `episodes` episodes of one poll each, as the IO thread does: the
+/// first before its first poll, each later one after a turn that found work (`Spin::active`).
+/// Ends when a blocking poll finds the waker stopped. Returns how many turns ran.
 #[cfg(loom)]
 pub fn io_loop_spinning(
     handoff: &cohort::internals::handoff::Handoff,
@@ -176,34 +187,32 @@ pub fn io_loop_spinning(
     mut episodes: usize,
     mut turn: impl FnMut(),
 ) -> usize {
+    let mut gate = cohort::internals::handoff::SpinGate::new();
     let mut turns = 0;
+    // Whether the IO thread would spin now: at the start, and after a turn with work.
+    let mut active = true;
     loop {
-        if episodes > 0 {
+        let was_spinning = gate.is_spinning();
+        // One poll per episode: an episode in progress ends at the next poll.
+        let spin = !was_spinning && active && episodes > 0;
+        if spin {
             episodes -= 1;
-            handoff.spin_begin();
-            if handoff.take_wake() {
-                turns += 1;
-                turn();
-            }
-            if handoff.spin_end() {
-                // Only this thread clears the pending bit: the turn is certain.
-                assert!(
-                    handoff.take_wake(),
-                    "spin_end saw a request take_wake missed"
-                );
-                turns += 1;
-                turn();
-                continue;
-            }
         }
-        match waker.poll() {
-            Polled::Woken => {
-                if handoff.take_wake() {
-                    turns += 1;
-                    turn();
-                }
-            }
-            Polled::Stopped => return turns,
+        let nonblocking = gate.before_poll(handoff, spin);
+        if nonblocking {
+            waker.poll_now();
+        } else if waker.poll() == Polled::Stopped {
+            return turns;
+        }
+        let woken = handoff.take_wake();
+        if was_spinning && !spin && nonblocking {
+            // `spin_end` reported a request, and only this thread clears the pending bit.
+            assert!(woken, "spin_end saw a request take_wake missed");
+        }
+        active = woken;
+        if woken {
+            turns += 1;
+            turn();
         }
     }
 }

@@ -6,8 +6,9 @@
 //! `Scheduled` flag is set, it goes on the ready list and the doorbell rings the IO
 //! thread's waker — unless a wake-up is already pending. The IO thread (`IoThread::run`,
 //! `handle_requests`) polls; if `take_wake` finds a wake-up pending it takes the ready list
-//! and publishes each peer; `Peer::publish` (`src/proto/peer.rs`) clears the flag, takes the
-//! outbox, and goes round again until a take finds nothing. The models' IO thread is that
+//! and publishes each peer; `Peer::publish` (`src/proto/peer.rs`) takes its messages one by
+//! one with `Outbox::next_to_publish`, which clears the flag and takes the outbox whenever
+//! what it took is used up, until a take finds nothing. The models' IO thread is that
 //! loop with the waker of `loom_tests::ModelWaker`: its poll returns only for a wake-up, so
 //! a message that only a timeout or another sender's wake-up would bring in is stranded.
 //!
@@ -21,7 +22,8 @@
 //!   exactly one turn whose `take_wake` found it pending (a second wake in one batch would
 //!   be a turn that finds nothing, or a wake-up counted twice).
 //!
-//! The `spinning_*` models run the IO thread's spin (`loom_tests::io_loop_spinning`):
+//! The `spinning_*` models run the IO thread's spin (`loom_tests::io_loop_spinning`, on the
+//! shipping `SpinGate`):
 //! senders whose doorbell finds it spinning make no `wake` call, and nothing is stranded
 //! either way; every `wake` call still starts its own turn (calls ≤ turns).
 #![cfg(loom)]
@@ -71,22 +73,16 @@ fn send(node: &Node, id: usize, sender: u8, i: u8) {
     node.handoff.schedule(id, &peer.scheduled);
 }
 
-/// `Peer::publish`'s hand-off part: take the outbox (`Scheduled::clear_then` clears the
-/// flag first), publish, go round until a take finds nothing. Appends what it published;
-/// keeps the messages' permits in `held` (given back once the model is done).
+/// `Peer::publish`'s hand-off part: `Outbox::next_to_publish` (the shipping step: clear
+/// the flag, then take, whenever what was taken is used up) until it finds nothing.
+/// Appends what it published; keeps the messages' permits in `held` (given back once the
+/// model is done).
 fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>, held: &mut Permit) {
     let mut pending = VecDeque::new();
-    loop {
-        peer.scheduled
-            .clear_then(|| peer.outbox.take_into(&mut pending));
-        if pending.is_empty() {
-            return;
-        }
-        for m in pending.drain(..) {
-            let p = m.payload();
-            published.push([p[0], p[1]]);
-            held.absorb(peer::into_permit(m));
-        }
+    while let Some(m) = peer.outbox.next_to_publish(&peer.scheduled, &mut pending) {
+        let p = m.payload();
+        published.push([p[0], p[1]]);
+        held.absorb(peer::into_permit(m));
     }
 }
 
@@ -199,7 +195,8 @@ fn two_peers_share_the_wake_up() {
     });
 }
 
-/// Two senders to one peer while the IO thread spins twice before it blocks: a send whose
+/// Two senders to one peer while the IO thread spins twice (at the start, and after a turn
+/// with work): a send whose
 /// doorbell finds it spinning makes no wake-up call and is taken by a spin round, or by the
 /// turn `spin_end` asks for; one that comes after the spin wakes it.
 #[test]

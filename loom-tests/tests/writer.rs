@@ -1,19 +1,21 @@
 //! Invariant 2, permits are conserved: loom models of the writer — the IO thread
 //! filtering or publishing a peer's queued messages while credit arrives, an application
 //! thread takes permits, and the peer is removed — with the code that ships:
-//! `cohort::internals::peer::{Outbox, Outgoing, Return, Ledger}` and `cohort::internals::flow::SendWindow`.
+//! `cohort::internals::peer::{Outbox, Outgoing, Return, Ledger}`,
+//! `cohort::internals::handoff::Scheduled` and `cohort::internals::flow::SendWindow`.
 //!
 //! The threads mirror the real ones:
 //!
 //! - the application (`SendCore::enqueue_to`): `window().acquire(cost)` (parks on a dry
 //!   window), then `admit` — refused, with its permits given back (`Return::Refused`), once
 //!   the outbox is closed;
-//! - the IO thread (`IoThread::flush_peer`, `on_ack`, `retire_peer` / `fail_queued` in
-//!   `src/net/io.rs`): `take_into` the queue, then per message either the outbound filter
-//!   drops it (`give_back(Filtered)`) or it is published (`ledger.publish`); credit from the
-//!   peer goes through `ledger.credit` → `give_back(Credited)`; removal closes the outbox
-//!   and fails what it held (`give_back(Failed)`), retires the ledger (`give_back(Retired)`)
-//!   and closes the window;
+//! - the IO thread, with the steps `Peer` (`src/proto/peer.rs`) takes: `publish` takes each
+//!   message with `Outbox::next_to_publish` (clearing the peer's `Scheduled` flag before it
+//!   takes the queue), then the outbound filter drops it (`give_back(Filtered)`) or it is
+//!   published (`ledger.publish`); `on_ack` gives credit back with `Outbox::credit` (never
+//!   more than the ledger holds); `retire` (removal) fails what is queued with
+//!   `Outbox::fail_queued` (closing the outbox, `give_back(Failed)`), then `Outbox::retire`
+//!   gives the ledger back (`Retired`) and closes the window;
 //! - `Node::remove_peer` on the caller's thread: `window().close()`, concurrently with the
 //!   IO thread's part.
 //!
@@ -42,7 +44,8 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
-use cohort::internals::flow::{cost, AcquireError, Permit};
+use cohort::internals::flow::{cost, AcquireError};
+use cohort::internals::handoff::Scheduled;
 use cohort::internals::peer::{self, Ledger, Outbox, Outgoing, Return};
 use loom::sync::Arc;
 use loom::thread;
@@ -72,12 +75,12 @@ struct Writer {
 }
 
 impl Writer {
-    /// `flush_peer`: filter or publish each taken message, giving back a filtered one's
-    /// permits at once and recording a published one in the ledger.
+    /// `Peer::publish`: filter or publish each message `next_to_publish` hands out, giving
+    /// back a filtered one's permits at once and recording a published one in the ledger.
     fn flush(&mut self, ob: &Outbox, ledger: &mut Ledger) {
+        let scheduled = Scheduled::new();
         let mut pending = VecDeque::new();
-        ob.take_into(&mut pending);
-        for m in pending {
+        while let Some(m) = ob.next_to_publish(&scheduled, &mut pending) {
             if keep(&m) {
                 ledger.publish(peer::into_permit(m));
                 self.published += 1;
@@ -88,23 +91,17 @@ impl Writer {
         }
     }
 
-    /// `on_ack`: the peer returned `credit` bytes; never more than is outstanding goes back.
+    /// `Peer::on_ack`: the peer returned `credit` bytes; never more than is outstanding
+    /// goes back.
     fn credit(ob: &Outbox, ledger: &mut Ledger, credit: u64) {
-        let back = ledger.credit(credit);
-        ob.give_back(Return::Credited, back);
+        ob.credit(ledger, credit);
     }
 
-    /// `retire_peer` for a removal: fail what is queued, retire what is published, close.
+    /// `Peer::retire` for a removal: fail what is queued, retire what is published, close.
     fn remove(&mut self, ob: &Outbox, ledger: &mut Ledger) {
-        let queued = ob.close();
-        self.failed += queued.len() as u64;
-        let mut permits = Permit::none();
-        for m in queued {
-            permits.absorb(peer::into_permit(m));
-        }
-        ob.give_back(Return::Failed, permits);
-        ob.give_back(Return::Retired, ledger.retire());
-        ob.window().close();
+        let failed = ob.fail_queued(&mut VecDeque::new());
+        self.failed += failed.len() as u64;
+        ob.retire(ledger);
     }
 }
 

@@ -135,7 +135,7 @@ pub use inspect::{inspect, JournalInspection, SegmentInfo, SegmentStatus};
 pub use record::{PeerCounters, Record, RecordKind, FRAME_HEADER};
 pub use recover::{Cut, JournalMessage, Recovered, RecoveredPeer, RecoveryReport, SeqGap};
 pub use segment::{SegmentState, FORMAT_VERSION, HEADER_LEN};
-pub(crate) use writer::{JournalWriter, WriterMarks};
+pub use writer::{JournalWriter, Store, WriterMarks};
 
 use pool::SegmentPool;
 use record::MAX_PEER_NAME;

@@ -18,6 +18,11 @@
 //!
 //! A failed write or sync stops the writer: it sets [`failed`](WriterMarks::failed), wakes
 //! the IO thread (which stops the node), and appends nothing more.
+//!
+//! Invariants (loom model: `loom-tests/tests/journal_writer.rs`, on a [`Store`] that stands
+//! in for the journal): a mark is never published before its batch is written (appended,
+//! or synced), every step that moves a mark wakes the IO thread after it, a sync asked for
+//! is done, and the stop appends and syncs everything handed over.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -28,13 +33,51 @@ use crate::sync::{thread, wait_timeout, Arc, Condvar, Mutex};
 
 /// What the writer has done, as the IO thread reads it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct WriterMarks {
+pub struct WriterMarks {
     /// The last batch appended (written to the journal's files).
-    pub(crate) appended: u64,
+    pub appended: u64,
     /// The last batch on disk (fsynced).
-    pub(crate) synced: u64,
+    pub synced: u64,
     /// A write or sync failed: nothing more is appended.
-    pub(crate) failed: bool,
+    pub failed: bool,
+}
+
+/// What the writer thread writes to: the [`Journal`] (a model's stand-in under loom).
+pub trait Store: Send + 'static {
+    /// When the store syncs on its own ([`Journal::fsync_policy`]).
+    fn fsync_policy(&self) -> FsyncPolicy;
+    /// Appends `records` ([`Journal::append_at`]); under [`FsyncPolicy::EveryBatch`] this
+    /// syncs them too.
+    fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError>;
+    /// Forces what is appended to disk ([`Journal::sync`]).
+    fn sync(&mut self) -> Result<(), JournalError>;
+    /// Whether records are appended and not yet synced ([`Journal::unsynced`]).
+    fn unsynced(&self) -> bool;
+    /// Time since the last sync ([`Journal::since_sync`]).
+    fn since_sync(&self) -> Duration;
+    /// The counters now ([`Journal::stats`]).
+    fn stats(&self) -> JournalStats;
+}
+
+impl Store for Journal {
+    fn fsync_policy(&self) -> FsyncPolicy {
+        Journal::fsync_policy(self)
+    }
+    fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError> {
+        Journal::append_at(self, records, now)
+    }
+    fn sync(&mut self) -> Result<(), JournalError> {
+        Journal::sync(self)
+    }
+    fn unsynced(&self) -> bool {
+        Journal::unsynced(self)
+    }
+    fn since_sync(&self) -> Duration {
+        Journal::since_sync(self)
+    }
+    fn stats(&self) -> JournalStats {
+        Journal::stats(self)
+    }
 }
 
 struct Queue {
@@ -58,13 +101,14 @@ struct Shared {
     wake: Box<dyn Fn() + Send + Sync>,
 }
 
-/// The IO thread's handle on the writer thread.
-pub(crate) struct JournalWriter {
+/// The IO thread's handle on the writer thread, writing to a [`Journal`] (or, in a model,
+/// another [`Store`]).
+pub struct JournalWriter<S: Store = Journal> {
     shared: Arc<Shared>,
-    handle: Option<thread::JoinHandle<Option<Journal>>>,
+    handle: Option<thread::JoinHandle<Option<S>>>,
 }
 
-impl std::fmt::Debug for JournalWriter {
+impl<S: Store> std::fmt::Debug for JournalWriter<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JournalWriter")
             .field("marks", &self.marks())
@@ -72,14 +116,14 @@ impl std::fmt::Debug for JournalWriter {
     }
 }
 
-impl JournalWriter {
+impl<S: Store> JournalWriter<S> {
     /// Starts the writer thread `{name}-journal` on `journal`; `wake` is called after every
     /// step that moved a mark (or a failure).
-    pub(crate) fn start(
+    pub fn start(
         name: &str,
-        journal: Journal,
+        journal: S,
         wake: Box<dyn Fn() + Send + Sync>,
-    ) -> std::io::Result<JournalWriter> {
+    ) -> std::io::Result<JournalWriter<S>> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 batches: VecDeque::new(),
@@ -104,7 +148,7 @@ impl JournalWriter {
     }
 
     /// Hands batch `n` over (numbers strictly increase).
-    pub(crate) fn submit(&self, n: u64, records: Vec<Record>) {
+    pub fn submit(&self, n: u64, records: Vec<Record>) {
         let mut q = self.shared.queue.lock();
         q.batches.push_back((n, records));
         drop(q);
@@ -112,7 +156,7 @@ impl JournalWriter {
     }
 
     /// Asks for everything up to batch `n` to be synced (the `synced` mark reaches it).
-    pub(crate) fn sync(&self, n: u64) {
+    pub fn sync(&self, n: u64) {
         let mut q = self.shared.queue.lock();
         q.sync_upto = q.sync_upto.max(n);
         drop(q);
@@ -120,28 +164,31 @@ impl JournalWriter {
     }
 
     /// The marks now.
-    pub(crate) fn marks(&self) -> WriterMarks {
+    pub fn marks(&self) -> WriterMarks {
         // Acquire: pairs with the writer's Release, so the batch behind a mark is on its
-        // way to disk before the IO thread acts on the mark.
+        // way to disk before the IO thread acts on the mark. `synced` first: the writer
+        // stores it after `appended`, so the snapshot never has `synced > appended` (both
+        // would be true, but one read between a step's two stores would look torn).
+        let synced = self.shared.synced.load(Ordering::Acquire);
         WriterMarks {
             appended: self.shared.appended.load(Ordering::Acquire),
-            synced: self.shared.synced.load(Ordering::Acquire),
+            synced,
             failed: self.shared.failed.load(Ordering::Acquire),
         }
     }
 
     /// The journal's counters as of its last write.
-    pub(crate) fn stats(&self) -> Option<JournalStats> {
+    pub fn stats(&self) -> Option<JournalStats> {
         *self.shared.stats.lock()
     }
 
     /// Appends and syncs everything handed over, stops the thread and returns the journal
     /// (`None` if a write failed, or the thread panicked).
-    pub(crate) fn stop(mut self) -> Option<Journal> {
+    pub fn stop(mut self) -> Option<S> {
         self.stop_thread()
     }
 
-    fn stop_thread(&mut self) -> Option<Journal> {
+    fn stop_thread(&mut self) -> Option<S> {
         let handle = self.handle.take()?;
         {
             let mut q = self.shared.queue.lock();
@@ -158,7 +205,7 @@ impl JournalWriter {
     }
 }
 
-impl Drop for JournalWriter {
+impl<S: Store> Drop for JournalWriter<S> {
     fn drop(&mut self) {
         let _ = self.stop_thread();
     }
@@ -166,7 +213,7 @@ impl Drop for JournalWriter {
 
 /// The writer thread's loop: returns the journal once stopped with everything appended and
 /// synced, `None` after a failure.
-fn run(s: &Shared, mut journal: Journal) -> Option<Journal> {
+fn run<S: Store>(s: &Shared, mut journal: S) -> Option<S> {
     let policy = journal.fsync_policy();
     let mut records = Vec::new();
     loop {
@@ -215,9 +262,9 @@ fn run(s: &Shared, mut journal: Journal) -> Option<Journal> {
 /// One round of the writer: appends `records` (batches up to `last`; the policy may sync
 /// them as part of the append), syncs what is appended if a request, the interval or a stop
 /// asks, and moves the marks.
-fn step(
+fn step<S: Store>(
     s: &Shared,
-    journal: &mut Journal,
+    journal: &mut S,
     records: &mut Vec<Record>,
     last: Option<u64>,
     sync_upto: u64,
@@ -246,7 +293,7 @@ fn step(
 }
 
 /// Under an interval policy with unsynced records: how long until their sync is due.
-fn sync_due_in(policy: FsyncPolicy, journal: &Journal) -> Option<Duration> {
+fn sync_due_in<S: Store>(policy: FsyncPolicy, journal: &S) -> Option<Duration> {
     match policy {
         FsyncPolicy::Interval(every) if journal.unsynced() => {
             Some(every.saturating_sub(journal.since_sync()))

@@ -25,6 +25,7 @@ use super::{
 };
 use crate::deliver::{Pool, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
+use crate::handoff::SpinGate;
 use crate::journal::{JournalWriter, WriterMarks};
 use crate::proto::{Endpoint, Fact, Input, JournalLeft, LinkId, NodeCounters, Output, Verdict};
 use crate::sync::atomic::{AtomicBool, Ordering};
@@ -88,8 +89,8 @@ struct Spin {
     adaptive: bool,
     /// Spin until then (the last active turn plus `spin`).
     until: Option<Instant>,
-    /// The doorbell knows we spin.
-    spinning: bool,
+    /// Tells the doorbell when we spin.
+    gate: SpinGate,
     /// Adaptive: the current measurement window's start, and the time the thread spent
     /// waiting in it (in `poll`, or yielding).
     window: Instant,
@@ -115,7 +116,7 @@ impl Spin {
             spin,
             adaptive,
             until: None,
-            spinning: false,
+            gate: SpinGate::new(),
             window: now,
             waited: Duration::ZERO,
             allowed: true,
@@ -174,29 +175,17 @@ impl Spin {
     }
 
     fn is_spinning(&self) -> bool {
-        self.spinning
+        self.gate.is_spinning()
     }
 
     /// Whether the next poll should not block: within the spin, or a request came in as
     /// the spin ended (the doorbell did not ring for it).
     fn keep(&mut self, now: Instant, handoff: &crate::handoff::Handoff) -> bool {
-        match self.until {
-            Some(until) if now < until => {
-                if !self.spinning {
-                    handoff.spin_begin();
-                    self.spinning = true;
-                }
-                true
-            }
-            _ => {
-                self.until = None;
-                if self.spinning {
-                    self.spinning = false;
-                    return handoff.spin_end();
-                }
-                false
-            }
+        let spin = self.until.is_some_and(|until| now < until);
+        if !spin {
+            self.until = None;
         }
+        self.gate.before_poll(handoff, spin)
     }
 }
 
@@ -362,6 +351,8 @@ impl IoThread {
                         self.syncs.push((n, done));
                         self.complete_syncs();
                         self.journal_progress(now);
+                    } else {
+                        done.abandon();
                     }
                 }
                 Output::Transmit(id) => self.write_link(id, now),
@@ -388,21 +379,11 @@ impl IoThread {
                         }
                     }
                 }
-                Output::Admitted(shared) => {
-                    self.peers_map.write().insert(shared.name.clone(), shared);
-                }
+                Output::Admitted(shared) => crate::peer::admit(&self.peers_map, shared),
                 Output::JournalFailed => {}
                 Output::Fact(fact) => self.tell(fact),
                 Output::Forget(shared) => {
-                    let mut map = self.peers_map.write();
-                    // Only the state the endpoint retired: a member added again under the
-                    // name since is another.
-                    if map
-                        .get(&shared.name)
-                        .is_some_and(|p| Arc::ptr_eq(p, &shared))
-                    {
-                        map.remove(&shared.name);
-                    }
+                    crate::peer::forget(&self.peers_map, &shared);
                 }
             }
         }
@@ -497,7 +478,7 @@ impl IoThread {
     }
 
     fn handle_requests(&mut self, now: Instant) {
-        let commands = std::mem::take(&mut *self.shared.commands.lock());
+        let commands = self.shared.commands.take();
         for c in commands {
             self.command(now, c);
         }
@@ -561,6 +542,18 @@ impl IoThread {
         // The writer appends and syncs what it was handed, then gives the journal back: the
         // node records the pool's last progress in it once the pool has drained.
         let journal = self.writer.take().and_then(JournalWriter::stop);
+        // Stopping syncs everything handed over, unless the journal failed: the syncs
+        // still waiting are done, or will never be.
+        for (_, done) in self.syncs.drain(..) {
+            if journal.is_some() {
+                done.complete();
+            } else {
+                done.abandon();
+            }
+        }
+        for done in self.sync_asked.drain(..) {
+            done.abandon();
+        }
         if let (Some(journal), Some(peers)) = (journal, peers) {
             *self.shared.journal_left.lock() = Some(JournalLeft::new(journal, peers));
         }

@@ -7,7 +7,6 @@ mod conn;
 mod idle;
 mod io;
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -17,13 +16,13 @@ pub(crate) use io::IoThread;
 
 use crate::deliver::{OobQueue, PeerCreditSink, Pool, Progress, SenderQueue};
 use crate::flow::RecvCredit;
-use crate::handoff::Handoff;
+use crate::handoff::{Abandon, Commands, Handoff};
+pub(crate) use crate::handoff::{Completion, Outcome};
 use crate::journal::{Journal, Recovered};
 use crate::peer::PeerShared;
 use crate::proto::{JournalLeft, NodeCounters, Unacked};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use crate::sync::{Arc, Condvar, Mutex, RwLock, SharedStr};
-use crate::util::NameHash;
+use crate::sync::{Arc, Mutex, SharedStr};
 
 /// Token of the listener.
 pub(crate) const LISTENER: mio::Token = mio::Token(0);
@@ -64,35 +63,22 @@ pub(crate) enum Command {
     Barrier { done: Arc<Completion> },
 }
 
-/// A one-shot "done" signal.
-#[derive(Debug, Default)]
-pub(crate) struct Completion {
-    done: Mutex<bool>,
-    cv: Condvar,
-}
-
-impl Completion {
-    pub(crate) fn complete(&self) {
-        *self.done.lock() = true;
-        self.cv.notify_all();
-    }
-    /// Waits until completed or `deadline`; returns whether it completed.
-    pub(crate) fn wait_until(&self, deadline: Instant) -> bool {
-        let mut d = self.done.lock();
-        while !*d {
-            let now = Instant::now();
-            if now >= deadline {
-                return false;
+impl Abandon for Command {
+    fn abandon(self) {
+        match self {
+            Command::RemovePeer { done, .. }
+            | Command::SyncJournal { done }
+            | Command::Barrier { done } => {
+                done.abandon();
             }
-            crate::sync::wait_timeout(&self.cv, &mut d, deadline - now);
+            Command::AddPeer { .. } | Command::Disconnect { .. } | Command::Shutdown { .. } => {}
         }
-        true
     }
 }
 
 /// The peers a node knows, by name; shared by the node handle (send path) and the IO thread
 /// (which adds members that dial in when unknown members are allowed).
-pub(crate) type PeerMap = Arc<RwLock<HashMap<SharedStr, Arc<PeerShared>, NameHash>>>;
+pub(crate) type PeerMap = Arc<crate::peer::Peers>;
 
 /// What the application receives about messages that will never be delivered.
 pub(crate) type UndeliveredHook = Arc<dyn Fn(&str, Vec<Unacked>) + Send + Sync>;
@@ -101,7 +87,8 @@ pub(crate) type UndeliveredHook = Arc<dyn Fn(&str, Vec<Unacked>) + Send + Sync>;
 pub(crate) struct IoShared {
     /// The ready and credit lists, and the doorbell that every request rings.
     pub(crate) handoff: Arc<Handoff>,
-    pub(crate) commands: Mutex<Vec<Command>>,
+    /// Commands for the IO thread; closed as it stops (see [`Commands`]).
+    pub(crate) commands: Commands<Command>,
     next_peer: AtomicUsize,
     /// Pool threads that may deliver one sender's out-of-band messages at once.
     oob_limit: usize,
@@ -130,7 +117,7 @@ impl IoShared {
     ) -> IoShared {
         IoShared {
             handoff: Arc::new(Handoff::new(Box::new(waker))),
-            commands: Mutex::new(Vec::new()),
+            commands: Commands::new(),
             next_peer: AtomicUsize::new(0),
             oob_limit,
             max_requests,
@@ -151,9 +138,17 @@ impl IoShared {
         self.handoff.take_wake()
     }
 
+    /// Hands `c` to the IO thread; once it has stopped, `c` is abandoned at once (its
+    /// caller, if one waits, is told).
     pub(crate) fn command(&self, c: Command) {
-        self.commands.lock().push(c);
-        self.handoff.ring();
+        self.commands.send(c, &self.handoff);
+    }
+
+    /// The IO thread stops taking commands: those it did not take are abandoned (their
+    /// callers told), and so is every later one. Called once the IO thread has left its
+    /// loop, whether it finished or panicked.
+    pub(crate) fn close_commands(&self) {
+        self.commands.stop();
     }
 
     /// Puts the peer on the ready list unless it is already there (see [`Handoff`]).

@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::deliver::Pool;
-use crate::net::{Command, Completion, IoParts, IoShared, IoThread, PeerMap, UndeliveredHook};
+use crate::net::{
+    Command, Completion, IoParts, IoShared, IoThread, Outcome, PeerMap, UndeliveredHook,
+};
 use crate::peer::{Counters, PeerShared};
 use crate::proto::NodeCounters;
 use crate::sync::atomic::{AtomicBool, Ordering};
@@ -119,11 +121,13 @@ impl std::fmt::Debug for Node {
     }
 }
 
-/// Marks the IO thread's end even if it panics.
-struct DoneGuard(Arc<Completion>, Arc<AtomicBool>);
+/// Marks the IO thread's end even if it panics: the commands it did not take are
+/// abandoned (their callers told), and so is every later one.
+struct DoneGuard(Arc<Completion>, Arc<AtomicBool>, Arc<IoShared>);
 
 impl Drop for DoneGuard {
     fn drop(&mut self) {
+        self.2.close_commands();
         self.1.store(true, Ordering::Release);
         self.0.complete();
     }
@@ -302,7 +306,7 @@ impl Node {
             journal,
             periodic,
         };
-        let guard = DoneGuard(io_done.clone(), stopped.clone());
+        let guard = DoneGuard(io_done.clone(), stopped.clone(), io.clone());
         let io_state = match IoThread::new(parts) {
             Ok(t) => t,
             Err(e) => {
@@ -450,9 +454,9 @@ impl Node {
         });
         peer.outbox.window().close();
         peer.requests.close();
-        if !done.wait_until(Instant::now() + Duration::from_secs(10))
-            && !self.io_done.wait_until(Instant::now())
-        {
+        // Abandoned: the IO thread has stopped (the node is shut down), and with it every
+        // connection.
+        if done.wait_until(Some(Instant::now() + Duration::from_secs(10))) == Outcome::Pending {
             log::warn!(
                 "{}: remove_peer('{name}') not confirmed by the IO thread within 10 s",
                 self.name
@@ -601,17 +605,23 @@ impl Node {
             }
             .into());
         }
-        if self.shut.load(Ordering::Acquire) || self.io_done.wait_until(Instant::now()) {
+        if self.shut.load(Ordering::Acquire) || self.io_done.outcome() != Outcome::Pending {
             return Err(Error::Closed);
         }
         let done = Arc::new(Completion::default());
         self.io.command(Command::SyncJournal { done: done.clone() });
         let deadline = Instant::now() + timeout;
         loop {
-            if done.wait_until((Instant::now() + Duration::from_millis(50)).min(deadline)) {
-                return Ok(());
+            // Abandoned: the IO thread stopped first. The IO thread's end is checked as well
+            // in case it panicked while holding the sync.
+            match done.wait_until(Some(
+                (Instant::now() + Duration::from_millis(50)).min(deadline),
+            )) {
+                Outcome::Done => return Ok(()),
+                Outcome::Abandoned => return Err(Error::Closed),
+                Outcome::Pending => {}
             }
-            if self.io_done.wait_until(Instant::now()) {
+            if self.io_done.outcome() != Outcome::Pending {
                 return Err(Error::Closed);
             }
             if Instant::now() >= deadline {
@@ -640,7 +650,8 @@ impl Node {
         // The IO thread leaves its loop by the deadline; give it a moment past it to close.
         if self
             .io_done
-            .wait_until(deadline + Duration::from_millis(200))
+            .wait_until(Some(deadline + Duration::from_millis(200)))
+            != Outcome::Pending
         {
             if let Some(h) = self.io_thread.lock().take() {
                 let _ = h.join();
@@ -713,8 +724,12 @@ fn io_barrier(io: &IoShared, io_done: &Completion) {
     let done = Arc::new(Completion::default());
     io.command(Command::Barrier { done: done.clone() });
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !done.wait_until((Instant::now() + Duration::from_millis(50)).min(deadline)) {
-        if io_done.wait_until(Instant::now()) || Instant::now() >= deadline {
+    // Abandoned: the IO thread has stopped, so nothing is pending either.
+    while done.wait_until(Some(
+        (Instant::now() + Duration::from_millis(50)).min(deadline),
+    )) == Outcome::Pending
+    {
+        if io_done.outcome() != Outcome::Pending || Instant::now() >= deadline {
             log::warn!("the IO thread did not confirm its pending commands");
             return;
         }

@@ -844,16 +844,11 @@ impl PendingReply {
     }
 
     fn wait_until(self, deadline: Option<Instant>, timeout: Duration) -> Result<Bytes, Error> {
-        let outcome = match self.slot.take_until(deadline) {
-            Some(r) => Some(r),
-            // Give the request up; a reply that landed in between is still ours.
-            None if !self.peer.requests.forget(self.id) => self.slot.try_take(),
-            None => {
-                // Given up: withdrawn if it has not left yet.
-                self.peer.note_withdrawal();
-                None
-            }
-        };
+        let outcome = self.peer.requests.wait(self.id, &self.slot, deadline);
+        if outcome.is_none() {
+            // Given up: withdrawn if it has not left yet.
+            self.peer.note_withdrawal();
+        }
         match outcome {
             Some(r) => r.map_err(|f| failure(f, &self.peer.name, timeout)),
             None => Err(Error::NoReply(timeout)),

@@ -16,6 +16,7 @@
 mod outbox;
 mod requests;
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -27,7 +28,8 @@ use crate::deliver::{OobQueue, Progress, SenderQueue};
 use crate::flow::RecvCredit;
 use crate::handoff::Scheduled;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use crate::sync::{wait_until, Arc, Condvar, Mutex, SharedStr};
+use crate::sync::{wait_until, Arc, Condvar, Mutex, RwLock, SharedStr};
+use crate::util::NameHash;
 
 /// Where a peer is in its lifecycle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -237,8 +239,37 @@ impl Heard {
     }
 }
 
+/// The peers a node knows, by name: read by the send path, written by `add_peer` and
+/// `remove_peer`, and by the IO thread, which [`admit`]s members that dial in unknown and
+/// [`forget`]s them. (Loom model: `loom-tests/tests/peer_map.rs`.)
+pub(crate) type Peers = RwLock<HashMap<SharedStr, Arc<PeerShared>, NameHash>>;
+
+/// The IO thread admitted `shared`, a member that dialled in unknown: senders find it by
+/// name from now on.
+pub(crate) fn admit(peers: &Peers, shared: Arc<PeerShared>) {
+    peers.write().insert(shared.name.clone(), shared);
+}
+
+/// The IO thread forgot `shared`, retired first (its outbox closed, what it held failed, its
+/// window closed), so a sender that found it before this fails rather than queue on it.
+/// Removed from `peers` unless its name now belongs to another (a member added again
+/// since). Returns whether it was removed.
+pub(crate) fn forget(peers: &Peers, shared: &Arc<PeerShared>) -> bool {
+    let mut map = peers.write();
+    // Only the state the endpoint retired: a member added again under the name since is
+    // another.
+    if map
+        .get(&shared.name)
+        .is_some_and(|p| Arc::ptr_eq(p, shared))
+    {
+        map.remove(&shared.name);
+        return true;
+    }
+    false
+}
+
 /// Per-peer state shared by every thread.
-pub(crate) struct PeerShared {
+pub struct PeerShared {
     pub(crate) id: usize,
     pub(crate) name: SharedStr,
     /// Send window and accepted messages waiting for the IO thread. Closed (no more pushes)

@@ -31,7 +31,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::flow::{cost, Permit, RecvCredit, SendWindow};
-use crate::handoff::Handoff;
+use crate::handoff::{Handoff, Scheduled};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{Arc, Mutex};
 use crate::wire;
@@ -350,6 +350,55 @@ impl Outbox {
         } else {
             into.extend(q.msgs.drain(..));
         }
+    }
+
+    /// The IO thread's next message to publish to this peer (`Peer::publish`): the front
+    /// of `pending` (taken earlier, not yet published), else the front of what senders
+    /// queued since — taken after clearing the peer's `scheduled` flag
+    /// ([`Scheduled::clear_then`]), so that a message this take misses finds the flag clear
+    /// and its sender schedules the peer again. `None` once nothing is queued.
+    pub fn next_to_publish(
+        &self,
+        scheduled: &Scheduled,
+        pending: &mut VecDeque<Outgoing>,
+    ) -> Option<Outgoing> {
+        if pending.is_empty() {
+            scheduled.clear_then(|| self.take_into(pending));
+        }
+        pending.pop_front()
+    }
+
+    /// The peer returned `credit` bytes (`Peer::on_ack`): gives back what `ledger` lets go
+    /// (never more than is outstanding) as [`Return::Credited`]. Returns the bytes given
+    /// back.
+    pub fn credit(&self, ledger: &mut Ledger, credit: u64) -> u64 {
+        let permit = ledger.credit(credit);
+        let bytes = permit.bytes();
+        self.give_back(Return::Credited, permit);
+        bytes
+    }
+
+    /// The peer is retired (`Peer::retire`: removed, or the node shuts down): closes the
+    /// outbox and fails every message not published — `pending`, taken earlier, and what is
+    /// queued — giving their permits back as [`Return::Failed`]. Returns them, permits
+    /// taken, for the caller to report.
+    pub fn fail_queued(&self, pending: &mut VecDeque<Outgoing>) -> VecDeque<Outgoing> {
+        let mut queued = std::mem::take(pending);
+        queued.extend(self.close());
+        let mut permits = Permit::none();
+        for m in &mut queued {
+            permits.absorb(std::mem::replace(&mut m.permit, Permit::none()));
+        }
+        self.give_back(Return::Failed, permits);
+        queued
+    }
+
+    /// The peer will never credit what it was sent (`Peer::retire`): what `ledger` holds goes
+    /// back as [`Return::Retired`], and the window closes (senders waiting on it wake with
+    /// `Closed`).
+    pub fn retire(&self, ledger: &mut Ledger) {
+        self.give_back(Return::Retired, ledger.retire());
+        self.window.close();
     }
 
     /// Whether no message is queued.

@@ -78,6 +78,7 @@ impl Slot {
     }
 
     /// The outcome if there is one now, taken.
+    #[cfg(any(test, cohort_internals))]
     pub fn try_take(&self) -> Option<Result<Bytes, Failure>> {
         self.state.lock().outcome.take()
     }
@@ -207,6 +208,28 @@ impl Requests {
         waiting
     }
 
+    /// The requester of `id` waits for its outcome in `slot` until `deadline` (forever if
+    /// `None`). `None` if none came: the request is then given up (no longer waiting; a
+    /// reply that comes later is counted late). A reply racing the deadline is returned or
+    /// counted late, never lost and never both.
+    pub fn wait(
+        &self,
+        id: u64,
+        slot: &Slot,
+        deadline: Option<Instant>,
+    ) -> Option<Result<Bytes, Failure>> {
+        if let Some(r) = slot.take_until(deadline) {
+            return Some(r);
+        }
+        if self.forget(id) {
+            return None;
+        }
+        // No longer waiting: a reply or a failure took it out of the table, and fills the
+        // slot right after (outside the table's lock). Wait for that, however briefly: a
+        // look now could miss it, and the reply, counted answered, would be lost.
+        slot.take_until(None)
+    }
+
     /// Whether request `id` still waits for its reply: `false` once it was answered, failed
     /// or given up (timed out, its handle dropped). The IO thread withdraws a queued
     /// request that no longer waits instead of sending it.
@@ -318,6 +341,32 @@ impl Requests {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// A requester whose deadline passes as the reply lands gets the reply: its request
+    /// is out of the table (the reply took it out) and the slot is filled only after, so
+    /// a look at the slot alone would miss the reply, answered and then lost.
+    #[test]
+    fn a_reply_landing_as_the_deadline_passes_is_returned() {
+        let r = Arc::new(Requests::new(4));
+        let (id, slot) = r.register(None).expect("room");
+        // The reply's first half: out of the table (`answer`, before it fills the slot).
+        let taken = r.table.lock().slots.remove(&id).expect("waiting").slot;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (r2, slot2) = (r.clone(), slot.clone());
+        let requester = std::thread::spawn(move || {
+            // The deadline has passed: one look, then the request is given up.
+            let _ = tx.send(r2.wait(id, &slot2, Some(Instant::now())));
+        });
+        // A requester that gave up without the reply answers at once: it must not.
+        if let Ok(got) = rx.recv_timeout(Duration::from_millis(200)) {
+            panic!("the requester returned {got:?} before the reply was in its slot");
+        }
+        // The reply's second half.
+        taken.fill(Ok(Bytes::from_static(b"yes")));
+        let got = rx.recv_timeout(Duration::from_secs(10)).expect("returned");
+        assert_eq!(got, Some(Ok(Bytes::from_static(b"yes"))));
+        requester.join().expect("requester");
+    }
 
     #[test]
     fn a_reply_reaches_its_slot_and_a_late_one_is_counted() {

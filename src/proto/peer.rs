@@ -22,7 +22,6 @@ use super::link::Link;
 use super::recovery::{Descriptor, Receive, RecoveryError, Unacked};
 use super::PeerIdentity;
 use crate::deliver::{Delivery, ReplyRoom, Task};
-use crate::flow::Permit;
 use crate::journal::{Record, RecoveredPeer};
 use crate::peer::{Counters, Failure, Ledger, Outgoing, PeerInfo, PeerShared, PeerState, Return};
 use crate::sync::atomic::Ordering;
@@ -297,143 +296,136 @@ impl Peer {
         let mut tally = Tally::default();
         // Accepted messages that will never be sent, for `on_undelivered`.
         let mut lost: Vec<Unacked> = Vec::new();
-        'outer: loop {
-            if self.pending.is_empty() {
-                // Clear before taking: a send that pushes after this reschedules the peer.
-                shared
-                    .scheduled
-                    .clear_then(|| shared.outbox.take_into(&mut self.pending));
-            }
-            if self.pending.is_empty() {
+        // Clear before taking (`next_to_publish`): a send that pushes after this
+        // reschedules the peer.
+        while let Some(mut m) = shared
+            .outbox
+            .next_to_publish(&shared.scheduled, &mut self.pending)
+        {
+            let stop = match link.as_deref() {
+                Some(l) => l.unwritten() >= high,
+                // A message with a ttl waits for a connection (or its expiry, by the
+                // tick) rather than be journalled, where it could no longer expire; the
+                // ones behind it wait too, in order. A sync journals it all the same.
+                None => m.deadline.is_some() && high != usize::MAX,
+            };
+            if stop {
+                self.pending.push_front(m);
+                // The socket is backed up: the writable event resumes this peer. Stay
+                // marked scheduled so that senders do not wake the IO thread for
+                // nothing on every message meanwhile.
+                shared.scheduled.hold();
                 break;
             }
-            while let Some(mut m) = self.pending.pop_front() {
-                let stop = match link.as_deref() {
-                    Some(l) => l.unwritten() >= high,
-                    // A message with a ttl waits for a connection (or its expiry, by the
-                    // tick) rather than be journalled, where it could no longer expire; the
-                    // ones behind it wait too, in order. A sync journals it all the same.
-                    None => m.deadline.is_some() && high != usize::MAX,
-                };
-                if stop {
-                    self.pending.push_front(m);
-                    // The socket is backed up: the writable event resumes this peer. Stay
-                    // marked scheduled so that senders do not wake the IO thread for
-                    // nothing on every message meanwhile.
-                    shared.scheduled.hold();
-                    break 'outer;
+            if m.is_reply() && !m.is_status() && m.payload.len() > self.peer_max_message {
+                // Within its room but more than the requester takes in one frame (a
+                // room its builder would not give): it learns why at once instead.
+                let len = m.payload().len() as u64;
+                let room = self.peer_max_message.saturating_sub(wire::REQUEST_ID_BYTES);
+                if !std::mem::replace(&mut self.warned_reply_too_large, true) {
+                    log::warn!(
+                        "a reply of {len} bytes to '{}' is more than it accepts ({room} \
+                         bytes, though its request reserved more); it is told the reply \
+                         was too large (warned once for this peer)",
+                        shared.name
+                    );
                 }
-                if m.is_reply() && !m.is_status() && m.payload.len() > self.peer_max_message {
-                    // Within its room but more than the requester takes in one frame (a
-                    // room its builder would not give): it learns why at once instead.
-                    let len = m.payload().len() as u64;
-                    let room = self.peer_max_message.saturating_sub(wire::REQUEST_ID_BYTES);
-                    if !std::mem::replace(&mut self.warned_reply_too_large, true) {
-                        log::warn!(
-                            "a reply of {len} bytes to '{}' is more than it accepts ({room} \
-                             bytes, though its request reserved more); it is told the reply \
-                             was too large (warned once for this peer)",
-                            shared.name
-                        );
-                    }
-                    let room = u32::try_from(room).unwrap_or(u32::MAX);
-                    m = m.into_status(wire::ReplyStatus::TooLarge { len, room });
+                let room = u32::try_from(room).unwrap_or(u32::MAX);
+                m = m.into_status(wire::ReplyStatus::TooLarge { len, room });
+            }
+            let len = m.payload.len();
+            let request = request_of(&m);
+            if request.is_some_and(|id| !shared.requests.is_waiting(id)) {
+                // Its requester gave it up (timed out, or dropped its handle) before it
+                // left: withdrawn, never sent, so the peer never runs it.
+                shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+                tally.withdrawn += 1;
+                tally.filtered += 1;
+                tally.filtered_bytes += len as u64;
+                continue;
+            }
+            if link.is_none() && !m.is_reliable() {
+                lost.push(unsent(shared, Return::Failed, m));
+                tally.failed += 1;
+                tally.failed_bytes += len as u64;
+                tally.unconnected += 1;
+                continue;
+            }
+            if let Some(deadline) = m.deadline {
+                if *clock.get_or_insert(now) >= deadline {
+                    lost.push(unsent(shared, Return::Expired, m));
+                    tally.expired += 1;
+                    tally.failed += 1;
+                    tally.failed_bytes += len as u64;
+                    continue;
                 }
-                let len = m.payload.len();
-                let request = request_of(&m);
-                if request.is_some_and(|id| !shared.requests.is_waiting(id)) {
-                    // Its requester gave it up (timed out, or dropped its handle) before it
-                    // left: withdrawn, never sent, so the peer never runs it.
-                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
-                    tally.withdrawn += 1;
+            }
+            if len > self.peer_max_message {
+                // Accepted before the peer's limit was known (the send checks it once
+                // it is): its request, if it is one, fails now, not at its timeout.
+                if let Some(id) = request {
+                    let max = self
+                        .peer_max_message
+                        .saturating_sub(wire::REQUEST_HEADER_BYTES);
+                    let len = m.payload().len();
+                    shared.requests.fail(id, Failure::TooLarge { len, max });
+                }
+                lost.push(unsent(shared, Return::Failed, m));
+                tally.failed += 1;
+                tally.failed_bytes += len as u64;
+                tally.too_large += 1;
+                continue;
+            }
+            if let Some(f) = filter {
+                let keep = catch_unwind(AssertUnwindSafe(|| f(&info, &m))).unwrap_or_else(|_| {
+                    log::error!(
+                        "outbound filter panicked; dropping the message to '{}'",
+                        shared.name
+                    );
+                    false
+                });
+                if !keep {
+                    shared.outbox.give_back(Return::Filtered, m.into_permit());
                     tally.filtered += 1;
                     tally.filtered_bytes += len as u64;
                     continue;
                 }
-                if link.is_none() && !m.is_reliable() {
-                    lost.push(unsent(shared, Return::Failed, m));
-                    tally.failed += 1;
-                    tally.failed_bytes += len as u64;
-                    tally.unconnected += 1;
-                    continue;
-                }
-                if let Some(deadline) = m.deadline {
-                    if *clock.get_or_insert(now) >= deadline {
-                        lost.push(unsent(shared, Return::Expired, m));
-                        tally.expired += 1;
-                        tally.failed += 1;
-                        tally.failed_bytes += len as u64;
-                        continue;
-                    }
-                }
-                if len > self.peer_max_message {
-                    // Accepted before the peer's limit was known (the send checks it once
-                    // it is): its request, if it is one, fails now, not at its timeout.
-                    if let Some(id) = request {
-                        let max = self
-                            .peer_max_message
-                            .saturating_sub(wire::REQUEST_HEADER_BYTES);
-                        let len = m.payload().len();
-                        shared.requests.fail(id, Failure::TooLarge { len, max });
-                    }
-                    lost.push(unsent(shared, Return::Failed, m));
-                    tally.failed += 1;
-                    tally.failed_bytes += len as u64;
-                    tally.too_large += 1;
-                    continue;
-                }
-                if let Some(f) = filter {
-                    let keep =
-                        catch_unwind(AssertUnwindSafe(|| f(&info, &m))).unwrap_or_else(|_| {
-                            log::error!(
-                                "outbound filter panicked; dropping the message to '{}'",
-                                shared.name
-                            );
-                            false
-                        });
-                    if !keep {
-                        shared.outbox.give_back(Return::Filtered, m.into_permit());
-                        tally.filtered += 1;
-                        tally.filtered_bytes += len as u64;
-                        continue;
-                    }
-                }
-                let c = m.cost();
-                let reliable = m.is_reliable();
-                let Outgoing {
-                    payload,
-                    flags,
-                    permit,
-                    ..
-                } = m;
-                if reliable {
-                    if flags & wire::FLAG_REQUEST != 0 {
-                        if let Some(id) = wire::request_id(&payload) {
-                            shared.requests.mark_sent(id);
-                        }
-                    }
-                    let u = self.desc.publish(flags, payload);
-                    if journal {
-                        out.records.push(Record::Message {
-                            peer: shared.name.clone(),
-                            seq: u.seq,
-                            flags: u.flags,
-                            payload: u.payload.clone(),
-                        });
-                    }
-                    if let Some(l) = link.as_deref_mut() {
-                        wire::encode_data(&mut l.wbuf, u.flags, Some(u.seq), &u.payload);
-                        let seq = u.seq;
-                        self.desc.note_written(seq);
-                    }
-                } else if let Some(l) = link.as_deref_mut() {
-                    self.desc.publish_unreliable(c);
-                    wire::encode_data(&mut l.wbuf, flags, None, &payload);
-                }
-                self.ledger.publish(permit);
-                tally.sent += 1;
-                tally.sent_bytes += len as u64;
             }
+            let c = m.cost();
+            let reliable = m.is_reliable();
+            let Outgoing {
+                payload,
+                flags,
+                permit,
+                ..
+            } = m;
+            if reliable {
+                if flags & wire::FLAG_REQUEST != 0 {
+                    if let Some(id) = wire::request_id(&payload) {
+                        shared.requests.mark_sent(id);
+                    }
+                }
+                let u = self.desc.publish(flags, payload);
+                if journal {
+                    out.records.push(Record::Message {
+                        peer: shared.name.clone(),
+                        seq: u.seq,
+                        flags: u.flags,
+                        payload: u.payload.clone(),
+                    });
+                }
+                if let Some(l) = link.as_deref_mut() {
+                    wire::encode_data(&mut l.wbuf, u.flags, Some(u.seq), &u.payload);
+                    let seq = u.seq;
+                    self.desc.note_written(seq);
+                }
+            } else if let Some(l) = link.as_deref_mut() {
+                self.desc.publish_unreliable(c);
+                wire::encode_data(&mut l.wbuf, flags, None, &payload);
+            }
+            self.ledger.publish(permit);
+            tally.sent += 1;
+            tally.sent_bytes += len as u64;
         }
         let c = &shared.counters;
         let wrote = tally.sent > 0 && link.is_some();
@@ -564,27 +556,17 @@ impl Peer {
     /// Fails every message not yet published, giving back its permits; they are reported
     /// to the application's hook through `out`. Returns how many.
     fn fail_queued(&mut self, out: &mut Out) -> u64 {
-        let mut queued = std::mem::take(&mut self.pending);
-        queued.extend(self.shared.outbox.close());
+        let queued = self.shared.outbox.fail_queued(&mut self.pending);
         let n = queued.len() as u64;
         let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
-        let mut permits = Permit::none();
-        let mut lost = Vec::with_capacity(queued.len());
-        for m in queued {
-            let Outgoing {
-                payload,
-                flags,
-                permit,
-                ..
-            } = m;
-            permits.absorb(permit);
-            lost.push(Unacked {
+        let lost: Vec<Unacked> = queued
+            .into_iter()
+            .map(|m| Unacked {
                 seq: 0,
-                flags,
-                payload,
-            });
-        }
-        self.shared.outbox.give_back(Return::Failed, permits);
+                flags: m.flags,
+                payload: m.payload,
+            })
+            .collect();
         Counters::add(&self.shared.counters.failed_bytes, bytes);
         Counters::add(&self.shared.counters.failed, n);
         self.report_unsent(out, lost);
@@ -876,8 +858,7 @@ impl Peer {
             // Never give back more than was taken: credit beyond what is outstanding (a
             // confused or malicious peer, or credit from before its restart) is clamped.
             let outstanding = self.ledger.uncredited();
-            let permit = self.ledger.credit(credit);
-            let c = permit.bytes();
+            let c = self.shared.outbox.credit(&mut self.ledger, credit);
             if c < credit && self.restored {
                 log::debug!(
                     "{}: '{}' returned {credit} bytes of credit for messages from before our restart; {c} applied",
@@ -891,7 +872,6 @@ impl Peer {
                     self.shared.name,
                 );
             }
-            self.shared.outbox.give_back(Return::Credited, permit);
         }
         Ok(())
     }
@@ -1255,10 +1235,7 @@ impl Peer {
         self.gen += 1;
         let failed = self.fail_queued(out);
         let mut unacked = self.desc.drain_unacked();
-        self.shared
-            .outbox
-            .give_back(Return::Retired, self.ledger.retire());
-        self.shared.outbox.window().close();
+        self.shared.outbox.retire(&mut self.ledger);
         // Closed for good: requests waiting for its replies fail now, and no new ones go.
         self.shared.requests.close();
         let name = self.shared.name.clone();

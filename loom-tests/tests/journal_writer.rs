@@ -1,0 +1,244 @@
+//! The journal's writer thread: loom models of `cohort::internals::journal::JournalWriter`
+//! (its `submit`, `sync`, `marks`, the wake-up it calls, `stop`), the code that ships, on a
+//! `Store` that stands in for the journal's files and records what was written and synced.
+//!
+//! The IO thread (`IoThread::hand_to_journal`, `journal_progress`, the `SyncJournal`
+//! command, `finish`) hands numbered batches over, may ask for a sync, reads the marks each
+//! time the writer wakes it, lets bytes leave only once their batch's mark says so, and
+//! stops the writer as it exits. The model's IO thread is the main thread; the writer is
+//! the thread `JournalWriter::start` spawns.
+//!
+//! Checked in every execution:
+//!
+//! - a mark is never published before its batch is written: whenever the IO thread reads
+//!   `appended ≥ n` the store holds batch `n`, and `synced ≥ n` means it is synced;
+//! - the IO thread is woken after every step that moves a mark: it waits for the marks it
+//!   needs only through the wake-up (a mark moved without one leaves it waiting for ever,
+//!   which loom reports as a deadlock), and a sync asked for is done;
+//! - the stop hands the store back with everything appended and synced;
+//! - a failed append sets `failed` (the batch never marked) and wakes the IO thread; the
+//!   stop then hands nothing back.
+#![cfg(loom)]
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cohort::internals::journal::{
+    FsyncPolicy, JournalError, JournalStats, JournalWriter, Record, Store, WriterMarks,
+};
+use loom::sync::{Condvar, Mutex};
+use std::sync::Arc;
+
+/// What the model's store holds: the last batch written, and the last synced.
+#[derive(Debug, Default)]
+struct Written {
+    appended: u64,
+    synced: u64,
+}
+
+/// The journal's stand-in: batch `n` is one record with sequence number `n`. With
+/// `fail_at`, appending that batch fails (a full disk).
+struct ModelStore {
+    policy: FsyncPolicy,
+    written: Arc<Mutex<Written>>,
+    fail_at: Option<u64>,
+}
+
+impl Store for ModelStore {
+    fn fsync_policy(&self) -> FsyncPolicy {
+        self.policy
+    }
+    fn append_at(&mut self, records: &[Record], _now: Instant) -> Result<(), JournalError> {
+        let mut w = self.written.lock().unwrap();
+        for r in records {
+            let Record::Message { seq, .. } = r else {
+                panic!("the model hands over messages only");
+            };
+            assert_eq!(*seq, w.appended + 1, "batches appended in order, once");
+            if self.fail_at == Some(*seq) {
+                return Err(JournalError::Io {
+                    path: "model".into(),
+                    source: std::io::Error::other("disk full"),
+                });
+            }
+            w.appended = *seq;
+        }
+        if self.policy == FsyncPolicy::EveryBatch {
+            w.synced = w.appended;
+        }
+        Ok(())
+    }
+    fn sync(&mut self) -> Result<(), JournalError> {
+        let mut w = self.written.lock().unwrap();
+        w.synced = w.appended;
+        Ok(())
+    }
+    fn unsynced(&self) -> bool {
+        let w = self.written.lock().unwrap();
+        w.synced < w.appended
+    }
+    fn since_sync(&self) -> Duration {
+        Duration::ZERO
+    }
+    fn stats(&self) -> JournalStats {
+        JournalStats::default()
+    }
+}
+
+/// The IO thread's wake-up as the writer calls it: a flag and a condvar.
+#[derive(Default)]
+struct Wake {
+    woken: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Wake {
+    fn wait(&self) {
+        let mut g = self.woken.lock().unwrap();
+        while !*g {
+            g = self.cv.wait(g).unwrap();
+        }
+        *g = false;
+    }
+}
+
+fn batch(n: u64) -> Vec<Record> {
+    vec![Record::Message {
+        peer: "p".into(),
+        seq: n,
+        flags: 1,
+        payload: Bytes::from_static(b"m"),
+    }]
+}
+
+/// The marks read now, checked against what the store holds.
+fn checked(writer: &JournalWriter<ModelStore>, written: &Mutex<Written>) -> WriterMarks {
+    let m = writer.marks();
+    let w = written.lock().unwrap();
+    assert!(
+        m.appended <= w.appended,
+        "mark {m:?} published before its batch was written ({:?})",
+        *w
+    );
+    assert!(
+        m.synced <= w.synced,
+        "mark {m:?} published before its batch was synced ({:?})",
+        *w
+    );
+    assert!(m.synced <= m.appended, "{m:?}");
+    m
+}
+
+/// Hands `batches` batches over (reading the marks between them), asks for a sync of them
+/// all if `sync`, waits through the wake-ups until the marks say they are appended (and
+/// synced), then stops the writer.
+fn model(policy: FsyncPolicy, batches: u64, sync: bool) {
+    let written = Arc::new(Mutex::new(Written::default()));
+    let wake = Arc::new(Wake::default());
+    let store = ModelStore {
+        policy,
+        written: written.clone(),
+        fail_at: None,
+    };
+    let w = wake.clone();
+    let writer = JournalWriter::start(
+        "model",
+        store,
+        Box::new(move || {
+            *w.woken.lock().unwrap() = true;
+            w.cv.notify_one();
+        }),
+    )
+    .expect("start");
+    for n in 1..=batches {
+        writer.submit(n, batch(n));
+        checked(&writer, &written);
+    }
+    if sync {
+        writer.sync(batches);
+    }
+    let synced_wanted = sync || policy == FsyncPolicy::EveryBatch;
+    loop {
+        let m = checked(&writer, &written);
+        assert!(!m.failed);
+        if m.appended == batches && (!synced_wanted || m.synced == batches) {
+            break;
+        }
+        wake.wait();
+    }
+    let store = writer.stop().expect("the store back");
+    let w = store.written.lock().unwrap();
+    assert_eq!(
+        (w.appended, w.synced),
+        (batches, batches),
+        "the stop appends and syncs everything handed over"
+    );
+}
+
+/// Two batches under `Never`, then a sync (`Node::sync_journal`): the marks move in the
+/// writer's steps, each followed by a wake-up, and the sync is done.
+#[test]
+fn never_two_batches_then_a_sync() {
+    loom_tests::model("journal_writer/never_two_batches_then_a_sync", || {
+        model(FsyncPolicy::Never, 2, true);
+    });
+}
+
+/// Two batches under `EveryBatch`: both marks move in one step, in one wake-up or two.
+#[test]
+fn every_batch_two_batches() {
+    loom_tests::model("journal_writer/every_batch_two_batches", || {
+        model(FsyncPolicy::EveryBatch, 2, false);
+    });
+}
+
+/// One batch under `Never`, no sync asked: the stop syncs it.
+#[test]
+fn never_one_batch_synced_by_the_stop() {
+    loom_tests::model("journal_writer/never_one_batch_synced_by_the_stop", || {
+        model(FsyncPolicy::Never, 1, false);
+    });
+}
+
+/// The second of two batches fails to append: the writer sets `failed` and wakes the IO
+/// thread, which sees it through the wake-up alone; the first batch's mark is never taken
+/// for the second's, and the stop hands nothing back.
+#[test]
+fn a_failed_append_is_reported_by_a_wake_up() {
+    loom_tests::model(
+        "journal_writer/a_failed_append_is_reported_by_a_wake_up",
+        || {
+            let written = Arc::new(Mutex::new(Written::default()));
+            let wake = Arc::new(Wake::default());
+            let store = ModelStore {
+                policy: FsyncPolicy::Never,
+                written: written.clone(),
+                fail_at: Some(2),
+            };
+            let w = wake.clone();
+            let writer = JournalWriter::start(
+                "model",
+                store,
+                Box::new(move || {
+                    *w.woken.lock().unwrap() = true;
+                    w.cv.notify_one();
+                }),
+            )
+            .expect("start");
+            writer.submit(1, batch(1));
+            writer.submit(2, batch(2));
+            loop {
+                let m = checked(&writer, &written);
+                assert!(m.appended < 2, "the failed batch marked appended: {m:?}");
+                if m.failed {
+                    break;
+                }
+                wake.wait();
+            }
+            assert!(
+                writer.stop().is_none(),
+                "a failed writer hands nothing back"
+            );
+        },
+    );
+}
