@@ -337,7 +337,7 @@ impl SendWindow {
     }
 
     /// Reopens a closed window.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn reopen(&self) {
         self.closed.store(false, Ordering::SeqCst);
     }
@@ -350,7 +350,7 @@ impl SendWindow {
     }
 
     /// Senders parked now.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn waiters(&self) -> usize {
         self.waiters.load(Ordering::Relaxed)
     }
