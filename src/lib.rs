@@ -128,6 +128,17 @@ pub mod internals {
     pub mod events {
         pub use crate::events::*;
     }
+    /// The protocol's simulation, for the fuzz target `endpoints`.
+    #[cfg(not(loom))]
+    pub mod sim {
+        /// Runs the schedule for two members' endpoints that `data` stands for (settings,
+        /// then steps: writes, reads, cuts at any byte, replays, dials, timers, deaths and
+        /// restarts), checking every message delivered once and in order, the counters and
+        /// the permits; panics on anything it finds.
+        pub fn run_bytes(data: &[u8]) {
+            crate::proto::sim::fuzz::run_bytes(data)
+        }
+    }
     /// The send window and receive credit.
     pub mod flow {
         pub use crate::flow::*;

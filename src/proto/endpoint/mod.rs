@@ -612,13 +612,13 @@ impl Endpoint {
     }
 
     /// Peer `id`, for the simulation's checks.
-    #[cfg(test)]
+    #[cfg(any(test, all(cohort_internals, not(loom))))]
     pub(crate) fn peer(&self, id: usize) -> Option<&Peer> {
         self.peers.get(&id)
     }
 
     /// Every link, for the simulation's checks.
-    #[cfg(test)]
+    #[cfg(any(test, all(cohort_internals, not(loom))))]
     pub(crate) fn links(&self) -> impl Iterator<Item = &Link> {
         self.links.values()
     }
