@@ -17,7 +17,7 @@ import json
 import subprocess
 import sys
 
-FEATURES = "tls,serde,metrics,codec"  # every feature a user may turn on (not `unstable-internals`)
+FEATURES = "tls,serde,metrics,codec"  # every feature a user may turn on
 
 
 def version(v):

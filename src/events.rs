@@ -378,20 +378,20 @@ impl EventQueue {
     }
 
     /// Events handed to the callback so far.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn delivered(&self) -> u64 {
         // Relaxed: a counter for stats.
         self.delivered.load(Ordering::Relaxed)
     }
 
     /// Events waiting now.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn len(&self) -> usize {
         self.inner.lock().queue.len()
     }
 
     /// Whether no event waits now.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -97,7 +97,7 @@ impl Scheduled {
     }
 
     /// Whether the flag is set.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn is_set(&self) -> bool {
         // Acquire: as `claim`'s load.
         self.0.load(Ordering::Acquire)

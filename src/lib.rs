@@ -71,13 +71,11 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(missing_docs, missing_debug_implementations, unreachable_pub)]
 // The internal modules' `pub` items are their API within the crate; cohort's own tests,
-// benches, fuzz targets and loom models reach them through `internals` (feature
-// `unstable-internals`, on in every build of those). Without it, what only they use is
-// unreachable and its re-exports unused: every lint stays on where the feature is.
-#![cfg_attr(
-    not(feature = "unstable-internals"),
-    allow(unreachable_pub, unused_imports)
-)]
+// benches, fuzz targets and loom models reach them through `internals` (`--cfg
+// cohort_internals`, set for every build of those: `.cargo/config.toml`, and CI's loom and
+// fuzz steps). Without it, what only they use is unreachable and its re-exports unused:
+// every lint stays on where the cfg is.
+#![cfg_attr(not(cohort_internals), allow(unreachable_pub, unused_imports))]
 
 #[cfg(feature = "codec")]
 pub mod codec;
@@ -111,9 +109,10 @@ pub use node::{
 pub use peer::{Outgoing, PeerInfo, PeerState};
 
 /// Not API: the crate's internals, for cohort's own loom models, fuzz targets, benches and
-/// tests (cargo feature `unstable-internals`, which they enable). Nothing here is covered by
-/// semver, documented, or meant for applications.
-#[cfg(feature = "unstable-internals")]
+/// tests, built with `--cfg cohort_internals` (a compiler flag, not a cargo feature: no
+/// dependent crate can turn it on; `.cargo/config.toml` sets it for the repository's own
+/// builds). Nothing here is covered by semver, documented, or meant for applications.
+#[cfg(cohort_internals)]
 #[doc(hidden)]
 pub mod internals {
     /// The delivery side: sender queues, OOB queues, the pool, progress.
@@ -131,6 +130,17 @@ pub mod internals {
     /// Membership events and their queue.
     pub mod events {
         pub use crate::events::*;
+    }
+    /// The protocol's simulation, for the fuzz target `endpoints`.
+    #[cfg(not(loom))]
+    pub mod sim {
+        /// Runs the schedule for two members' endpoints that `data` stands for (settings,
+        /// then steps: writes, reads, cuts at any byte, replays, dials, timers, deaths and
+        /// restarts), checking every message delivered once and in order, the counters and
+        /// the permits; panics on anything it finds.
+        pub fn run_bytes(data: &[u8]) {
+            crate::proto::sim::fuzz::run_bytes(data)
+        }
     }
     /// The send window and receive credit.
     pub mod flow {

@@ -62,3 +62,11 @@ fn empty_and_tiny_inputs() {
         harness::handshake(data);
     }
 }
+
+/// The fuzz target `endpoints`: each input is a schedule for two members' endpoints in the
+/// simulation, every check of its oracle applied (no message lost, duplicated or reordered,
+/// counters monotonic, permits whole).
+#[test]
+fn endpoints_corpus() {
+    replay("endpoints", cohort::internals::sim::run_bytes);
+}

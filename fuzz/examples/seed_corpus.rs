@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 
-use cohort::wire::{self, CloseCode, Identity};
+use cohort::internals::wire::{self, CloseCode, Identity};
 
 fn id<'a>(cluster: &'a str, name: &'a str, window: u64) -> Identity<'a> {
     Identity {

@@ -4,7 +4,7 @@
 //! Run them with
 //!
 //! ```text
-//! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release
+//! RUSTFLAGS="--cfg loom --cfg cohort_internals" LOOM_MAX_PREEMPTIONS=2 cargo test -p loom-tests --release
 //! ```
 //!
 //! Under `--cfg loom` the `cohort` dependency is built on loom's primitives (its

@@ -15,8 +15,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use super::pool::{Next, Pool};
-use super::Delivery;
-use crate::node::Sender;
+use super::{Delivery, NodeRef};
 use crate::sync::Arc;
 
 /// Why an [`Inbox`] returned no message.
@@ -90,8 +89,8 @@ pub enum RecvError {
 /// ```
 pub struct Inbox {
     pool: Arc<Pool>,
-    /// Its own handle (see `Sender::fork`), for the deliveries' `sender()`.
-    node: Option<Sender>,
+    /// Its own handle (see `NodeHandle::fork`), for the deliveries' `sender()`.
+    node: Option<NodeRef>,
     /// Messages taken off a sender's queue, not yet returned. A `RefCell`: one consumer,
     /// which also makes the inbox `!Sync`.
     hand: RefCell<VecDeque<Delivery>>,
@@ -108,7 +107,7 @@ impl std::fmt::Debug for Inbox {
 impl Inbox {
     /// The inbox that runs `pool`'s tasks (a pool without workers).
     pub(crate) fn new(pool: Arc<Pool>) -> Inbox {
-        let node = pool.node().map(Sender::fork);
+        let node = pool.node().map(|n| n.fork());
         Inbox {
             pool,
             node,

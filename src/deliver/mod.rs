@@ -20,10 +20,31 @@ pub use progress::Progress;
 pub(crate) use room::ReplyRoom;
 pub use sender::{CreditSink, RunOutcome, SenderQueue};
 
+use std::any::Any;
+use std::fmt;
+
 use bytes::Bytes;
 
-use crate::node::{Error, SendError, Sender};
 use crate::sync::{Arc, SharedStr};
+use crate::wire::ReplyStatus;
+
+/// What deliveries need of the receiving node's send half. `deliver` sits below `node` and
+/// names none of its types: the node's `Sender` implements this trait, the deliveries carry
+/// it as a [`NodeRef`], and `node` reads its `Sender` back ([`NodeHandle::as_any`]) where
+/// the public API hands it out (`Delivery::sender`, `Delivery::reply`).
+pub trait NodeHandle: fmt::Debug + Send + Sync + 'static {
+    /// A handle of its own for one delivering thread (a pool worker, an inbox): the
+    /// deliveries' clones of it then touch a reference count no other thread touches.
+    fn fork(&self) -> NodeRef;
+    /// Tells `to` that its request `id` goes unanswered, and why (`status`): a reply status
+    /// instead of a reply. A failure (the requester removed, the node shut down) is logged.
+    fn reply_status(&self, to: &str, id: u64, status: ReplyStatus);
+    /// The handle as `Any`, for `node` to read its own type back.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The receiving node's send half, as a delivery, the pool and an inbox carry it.
+pub type NodeRef = Arc<dyn NodeHandle>;
 
 /// A message handed to the application's handler.
 ///
@@ -43,7 +64,7 @@ pub struct Delivery {
     /// The receiver's stream epoch (see [`Progress`]).
     epoch: u32,
     /// The receiving node's send handle (set as the delivery is handed over).
-    node: Option<Sender>,
+    node: Option<NodeRef>,
     /// The requester's id and the room it reserved for the reply, when the message is a
     /// request (behind a pointer: a delivery stays small).
     request: Option<Arc<ReplyRoom>>,
@@ -105,7 +126,7 @@ impl Delivery {
     }
     /// Gives the delivery the receiving node's send handle, as it is handed to the
     /// application: from now on a request dropped without a reply tells its requester.
-    pub(crate) fn with_node(mut self, node: Option<&Sender>) -> Delivery {
+    pub(crate) fn with_node(mut self, node: Option<&NodeRef>) -> Delivery {
         self.node = node.cloned();
         if let (Some(node), Some(from), Some(room)) =
             (node, self.from.as_ref(), self.request.as_mut())
@@ -143,70 +164,11 @@ impl Delivery {
     pub fn into_parts(self) -> (String, Bytes) {
         (self.from().to_owned(), self.payload)
     }
-    /// Whether the message is a request (sent with [`Sender::request`] or
-    /// [`Sender::send_request`]), which the requester waits to have answered with
+    /// Whether the message is a request (sent with [`Sender::request`](crate::Sender::request) or
+    /// [`Sender::send_request`](crate::Sender::send_request)), which the requester waits to have answered with
     /// [`reply`](Delivery::reply).
     pub fn is_request(&self) -> bool {
         self.request.is_some()
-    }
-    /// Answers the request this message is, with `payload`. Never blocks and never waits
-    /// for the window: the requester reserved room for the reply in its request's window
-    /// bytes ([`Builder::max_reply`](crate::Builder::max_reply)), so a handler can always
-    /// answer within that room ([`reply_room`](Delivery::reply_room)), whatever the two
-    /// members' windows and `max_message` (now, or later from a kept `Delivery`), and two
-    /// members requesting each other cannot deadlock. Reliable like any message: it
-    /// survives reconnects.
-    ///
-    /// Fails with [`Error::NotARequest`] for a message that is not a request,
-    /// [`Error::TooLarge`] for a reply larger than the room its requester reserved (a
-    /// smaller reply may follow; if none does, the requester fails with
-    /// [`ReplyFailure::TooLarge`](crate::ReplyFailure::TooLarge)),
-    /// [`Error::AlreadyReplied`] for a second reply, [`Error::UnknownPeer`] if the
-    /// requester was removed meanwhile, and [`Error::Closed`] once the node is shut down;
-    /// the [`SendError`] hands the reply back ([`into_inner`](SendError::into_inner)), to
-    /// trim it to [`reply_room`](Delivery::reply_room) and answer again, say.
-    ///
-    /// A request that is never answered is not left waiting: when the last clone of its
-    /// `Delivery` goes without a reply (the handler returned or panicked, or the
-    /// application dropped it), the requester fails at once with
-    /// [`Error::ReplyFailed`] saying why. Keep the `Delivery` to answer later.
-    ///
-    /// ```
-    /// let server = cohort::Node::builder("server").on_message(|d| {
-    ///     if d.is_request() {
-    ///         let mut answer = d.payload().to_vec();
-    ///         answer.reverse();
-    ///         if let Err(e) = d.reply(answer) {
-    ///             eprintln!("cannot answer {}: {e}", d.from());
-    ///         }
-    ///     }
-    /// });
-    /// # let _ = server;
-    /// ```
-    pub fn reply(&self, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
-        let payload = payload.into();
-        let (Some(room), Some(node)) = (&self.request, &self.node) else {
-            return Err(SendError::new(Error::NotARequest, payload));
-        };
-        if payload.len() as u64 > room.bytes() {
-            node.warn_reply_refused(self.from(), payload.len(), room.bytes());
-            room.refuse_too_large(payload.len() as u64);
-            let error = Error::TooLarge {
-                len: payload.len(),
-                max: room.bytes() as usize,
-            };
-            return Err(SendError::new(error, payload));
-        }
-        if !room.claim() {
-            return Err(SendError::new(Error::AlreadyReplied, payload));
-        }
-        match node.reply(self.from(), room.id(), payload.clone()) {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                room.release();
-                Err(SendError::new(e, payload))
-            }
-        }
     }
     /// The most bytes a [`reply`](Delivery::reply) to this request may carry: the room its
     /// requester reserved for the reply ([`Builder::max_reply`](crate::Builder::max_reply)
@@ -228,27 +190,14 @@ impl Delivery {
             .as_ref()
             .map(|room| usize::try_from(room.bytes()).unwrap_or(usize::MAX))
     }
-    /// The receiving node's send handle, to answer the sender or send anywhere from inside
-    /// a handler (no need to smuggle the node's [`Sender`] in after `start`). `Some` for
-    /// every message a node delivers, to a handler or through an
-    /// [`Inbox`]; `None` only for a `Delivery` built by hand.
-    ///
-    /// A handler should answer with [`Sender::try_send`], not with a blocking
-    /// [`Sender::send`]: the handler's pool thread is what returns credit, so two members
-    /// that both block in their handlers on each other's full windows wait for ever (a
-    /// send from a handler that waits for the window logs a warning once).
-    ///
-    /// ```
-    /// let echo = cohort::Node::builder("echo").on_message(|d| {
-    ///     if let Some(node) = d.sender() {
-    ///         // A full window hands the payload back instead of blocking the handler.
-    ///         let _ = node.try_send(d.from(), d.payload().clone());
-    ///     }
-    /// });
-    /// # let _ = echo;
-    /// ```
-    pub fn sender(&self) -> Option<&Sender> {
-        self.node.as_ref()
+    /// The request's reply room, if the message is a request (`Delivery::reply`, in
+    /// `node`, takes it).
+    pub(crate) fn room(&self) -> Option<&ReplyRoom> {
+        self.request.as_deref()
+    }
+    /// The receiving node's send handle, once the delivery is handed over.
+    pub(crate) fn node(&self) -> Option<&dyn NodeHandle> {
+        self.node.as_deref()
     }
     /// The sender's sequence number for a reliable message (regular or out-of-band); `None`
     /// for unreliable messages. Numbers strictly increase per sender and incarnation. With a

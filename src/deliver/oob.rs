@@ -175,7 +175,7 @@ impl OobQueue {
     }
 
     /// Messages queued and not yet taken by a drainer.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn queued(&self) -> usize {
         self.inner.lock().queue.len()
     }

@@ -14,8 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::oob::OobQueue;
 use super::sender::{RunOutcome, SenderQueue};
-use super::Delivery;
-use crate::node::Sender;
+use super::{Delivery, NodeRef};
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{thread, wait_timeout, wait_until, Arc, Condvar, Mutex};
 
@@ -268,7 +267,7 @@ impl<T> TaskQueue<T> {
     }
 
     /// Whether no task is queued now.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -279,7 +278,7 @@ struct Shared {
     budget: usize,
     handler: Handler,
     /// The node's send handle, given to every delivery (`Delivery::sender`).
-    node: Option<Sender>,
+    node: Option<NodeRef>,
     /// Workers still running; shutdown waits on `exited` for it to reach zero.
     live: Mutex<usize>,
     exited: Condvar,
@@ -338,14 +337,14 @@ impl Pool {
         threads: usize,
         budget: usize,
         handler: Handler,
-        node: Option<Sender>,
+        node: Option<NodeRef>,
     ) -> std::io::Result<Pool> {
         Pool::spawn(name, threads.max(1), budget, handler, node)
     }
 
     /// A pool without worker threads, whose tasks an [`Inbox`](super::Inbox) runs on the
     /// application's thread.
-    pub(crate) fn without_workers(budget: usize, node: Option<Sender>) -> std::io::Result<Pool> {
+    pub(crate) fn without_workers(budget: usize, node: Option<NodeRef>) -> std::io::Result<Pool> {
         let unused: Handler = Arc::new(|_| {});
         Pool::spawn("", 0, budget, unused, node)
     }
@@ -355,7 +354,7 @@ impl Pool {
         threads: usize,
         budget: usize,
         handler: Handler,
-        node: Option<Sender>,
+        node: Option<NodeRef>,
     ) -> std::io::Result<Pool> {
         let shared = Arc::new(Shared {
             tasks: TaskQueue::new(),
@@ -440,7 +439,7 @@ impl Pool {
     pub(crate) fn run_next(
         &self,
         deadline: Option<Instant>,
-        node: Option<&Sender>,
+        node: Option<&NodeRef>,
         handler: impl FnMut(Delivery),
     ) -> Next<()> {
         let s = &*self.shared;
@@ -461,7 +460,7 @@ impl Pool {
     }
 
     /// The node's send handle the deliveries carry, if any.
-    pub(crate) fn node(&self) -> Option<&Sender> {
+    pub(crate) fn node(&self) -> Option<&NodeRef> {
         self.shared.node.as_ref()
     }
 
@@ -526,7 +525,7 @@ fn worker(s: Arc<Shared>) {
     mark_delivering_thread();
     // Each worker its own handle: the deliveries' clones of it then touch a reference count
     // no other worker touches.
-    let node = s.node.as_ref().map(Sender::fork);
+    let node = s.node.as_ref().map(|n| n.fork());
     while let Some(task) = s.tasks.next(|| spin_episode(&s)) {
         run_task(&s, task, node.as_ref(), &*s.handler);
     }
@@ -537,7 +536,7 @@ fn worker(s: Arc<Shared>) {
 
 /// Runs one task on the calling thread, handing each delivery (with `node`, the send handle
 /// it carries) to `handler`; a task that yielded goes to the back of the queue again.
-fn run_task(s: &Shared, task: Task, node: Option<&Sender>, mut handler: impl FnMut(Delivery)) {
+fn run_task(s: &Shared, task: Task, node: Option<&NodeRef>, mut handler: impl FnMut(Delivery)) {
     s.busy.fetch_add(1, Ordering::Relaxed);
     let mut give = |d: Delivery| handler(d.with_node(node));
     let again = match task {

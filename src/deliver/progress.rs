@@ -46,7 +46,7 @@ impl Progress {
 
     /// The current epoch: deliveries carry it, so that completions of a stream that has
     /// since restarted are not mistaken for the new stream's.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn epoch(&self) -> u32 {
         self.inner.lock().epoch
     }

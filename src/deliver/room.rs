@@ -10,10 +10,11 @@
 //! application let it go), the room's drop sends the requester a reply status saying why
 //! (`wire::ReplyStatus`), so the requester fails at once instead of at its timeout.
 
-use crate::node::Sender;
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::SharedStr;
 use crate::wire::ReplyStatus;
+
+use super::NodeRef;
 
 /// [`ReplyRoom::refused`] for a node with no handler.
 const NO_HANDLER: u64 = u64::MAX;
@@ -33,7 +34,7 @@ pub(crate) struct ReplyRoom {
     /// Where the word that it was not answered goes: the receiving node's send handle and
     /// the requester, set when the request is handed to the application. A request
     /// dropped before that (its sender's queue discarded, the node shut down) says nothing.
-    answer_to: Option<(Sender, SharedStr)>,
+    answer_to: Option<(NodeRef, SharedStr)>,
 }
 
 impl ReplyRoom {
@@ -59,7 +60,7 @@ impl ReplyRoom {
     }
 
     /// From now on a drop without a reply tells `from` why, through `node`.
-    pub(crate) fn arm(&mut self, node: Sender, from: SharedStr) {
+    pub(crate) fn arm(&mut self, node: NodeRef, from: SharedStr) {
         self.answer_to = Some((node, from));
     }
 
@@ -115,13 +116,6 @@ impl Drop for ReplyRoom {
         if self.answered.load(Ordering::Acquire) {
             return;
         }
-        let status = self.why_unanswered();
-        if let Err(e) = node.reply_status(&from, self.id, status) {
-            log::debug!(
-                "{}: cannot tell '{from}' that request {} goes unanswered: {e}",
-                node.name(),
-                self.id
-            );
-        }
+        node.reply_status(&from, self.id, self.why_unanswered());
     }
 }

@@ -279,7 +279,7 @@ impl SenderQueue {
         self.queued_bytes.load(Ordering::Relaxed)
     }
     /// Messages queued and not yet delivered.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn queued(&self) -> usize {
         self.queue.lock().len()
     }

@@ -18,6 +18,7 @@ use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use super::conn::{self, Conn, Transport};
+use super::IdleStrategy;
 use super::{
     Command, Completion, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN,
     LISTENER, WAKER,
@@ -26,7 +27,6 @@ use crate::deliver::{Pool, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
 use crate::handoff::SpinGate;
 use crate::journal::{JournalWriter, WriterMarks};
-use crate::node::IdleStrategy;
 use crate::proto::{Endpoint, Fact, Input, JournalLeft, LinkId, NodeCounters, Output, Verdict};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::Arc;

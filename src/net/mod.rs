@@ -4,12 +4,14 @@
 //! `Waker`, woken at most once per batch of requests.
 
 mod conn;
+mod idle;
 mod io;
 
 use std::net::SocketAddr;
 use std::time::Instant;
 
 pub(crate) use conn::TlsSetup;
+pub use idle::IdleStrategy;
 pub(crate) use io::IoThread;
 
 use crate::deliver::{OobQueue, PeerCreditSink, Pool, Progress, SenderQueue};
@@ -36,7 +38,7 @@ pub(crate) struct IoConfig {
     pub(crate) send_buffer: Option<usize>,
     pub(crate) recv_buffer: Option<usize>,
     /// How the IO thread (and, through it, the pool) waits for work.
-    pub(crate) idle: crate::node::IdleStrategy,
+    pub(crate) idle: IdleStrategy,
     /// TLS for every connection (feature `tls`); always `None` without the feature.
     pub(crate) tls: Option<TlsSetup>,
 }

@@ -2,13 +2,17 @@
 //! variants, cloneable into handlers and other threads), configured by [`Builder`].
 
 mod builder;
+mod delivery;
 mod error;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod send;
 mod stats;
+#[cfg(feature = "codec")]
+mod typed;
 
-pub use builder::{Builder, IdleStrategy, UndeliveredFn};
+pub use crate::net::IdleStrategy;
+pub use builder::{Builder, UndeliveredFn};
 pub use error::{ConfigError, Error, ReplyFailure, SendError, TrySendError};
 pub use send::{PeerSender, PendingReply, RequestOptions, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
@@ -235,14 +239,14 @@ impl Node {
             } else {
                 b.delivery_batch
             };
-            Pool::without_workers(batch, Some(sender.clone()))?
+            Pool::without_workers(batch, Some(Arc::new(sender.clone())))?
         } else {
             Pool::start(
                 b.name(),
                 b.pool_threads,
                 b.delivery_batch,
                 handler,
-                Some(sender.clone()),
+                Some(Arc::new(sender.clone())),
             )?
         });
 

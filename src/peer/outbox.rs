@@ -420,7 +420,7 @@ impl Outbox {
     }
 
     /// Whether the outbox refuses new messages.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn is_closed(&self) -> bool {
         self.queue.lock().closed
     }

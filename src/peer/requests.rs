@@ -78,7 +78,7 @@ impl Slot {
     }
 
     /// The outcome if there is one now, taken.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn try_take(&self) -> Option<Result<Bytes, Failure>> {
         self.state.lock().outcome.take()
     }

@@ -302,19 +302,19 @@ impl Handshake {
     }
 
     /// Whether the handshake completed.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn is_done(&self) -> bool {
         self.step == Step::Done
     }
 
     /// Whether this handshake authenticates (a secret is configured).
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn authenticates(&self) -> bool {
         self.auth.is_some()
     }
 
     /// Our role.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn role(&self) -> &Role {
         &self.role
     }

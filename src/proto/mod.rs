@@ -11,8 +11,10 @@ pub mod handshake;
 pub(crate) mod link;
 pub(crate) mod peer;
 pub mod recovery;
-#[cfg(test)]
-mod sim;
+// The simulation: the tests' harness, and (for the fuzz target `endpoints`) the schedules
+// read out of bytes; not under loom, whose primitives live only inside a model.
+#[cfg(any(test, all(cohort_internals, not(loom))))]
+pub(crate) mod sim;
 pub(crate) mod timer;
 
 pub(crate) use admission::Verdict;

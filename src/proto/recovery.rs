@@ -270,7 +270,7 @@ impl Descriptor {
         self.unacked.len()
     }
     /// Payload bytes waiting for an ack.
-    #[cfg(any(test, feature = "unstable-internals"))]
+    #[cfg(any(test, cohort_internals))]
     pub fn unacked_bytes(&self) -> u64 {
         self.unacked_bytes
     }

@@ -381,7 +381,7 @@ pub fn max_frame_len(max_payload: usize) -> usize {
 }
 
 /// Encoded size of a data frame.
-#[cfg(any(test, feature = "unstable-internals"))]
+#[cfg(any(test, cohort_internals))]
 #[inline]
 pub fn data_frame_len(reliable: bool, payload_len: usize) -> usize {
     HEADER_BYTES + if reliable { 8 } else { 0 } + payload_len

@@ -25,6 +25,15 @@
 //! No helper sleeps to wait for an event: they wait on a condition with a deadline.
 #![allow(dead_code)]
 
+// The helpers reach below the API (`raw` speaks the crate's `proto` and `wire`) through
+// `cohort::internals`, which exists only in a build with `--cfg cohort_internals`.
+#[cfg(not(cohort_internals))]
+compile_error!(
+    "cohort's tests reach its internals: build them with `--cfg cohort_internals`. \
+     .cargo/config.toml sets it, but a RUSTFLAGS in the environment replaces that: \
+     add `--cfg cohort_internals` to it"
+);
+
 pub(crate) mod addr;
 #[cfg(feature = "tls")]
 pub(crate) mod certs;

@@ -294,10 +294,12 @@ pub(super) struct Sim {
 
 impl Drop for Sim {
     /// A process that ended drops its messages with their permits, as does one still
-    /// refused a name it claims (the permit's drop check would take that for a leak): their
-    /// state is forgotten, not dropped.
+    /// refused a name it claims, or one whose peer ended (its messages to it wait for an
+    /// incarnation that never comes): the permit's drop check would take that for a leak,
+    /// so they are dropped with it off. (The oracle checks the windows of every pair that
+    /// can complete.)
     fn drop(&mut self) {
-        let twins = self.twins();
+        let twins = self.twins() || self.m.iter().any(|m| m.dead);
         for m in std::mem::take(&mut self.m) {
             let stuck = || {
                 m.peers
@@ -305,7 +307,7 @@ impl Drop for Sim {
                     .any(|k| k.shared.outbox.window().available() != WINDOW)
             };
             if m.dead || (twins && stuck()) {
-                std::mem::forget(m);
+                crate::flow::dropping_unchecked(|| drop(m));
             }
         }
     }

@@ -52,8 +52,16 @@
 //! incarnations, reported undelivered), its unacked queue empty and its send window whole:
 //! permits are conserved.
 
+// Outside the tests only the fuzz target's entry uses the harness: the scenario helpers
+// it also has are for the tests.
+#![cfg_attr(not(test), allow(dead_code))]
+
+pub(crate) mod fuzz;
 mod harness;
 mod oracle;
+#[cfg(test)]
 mod pair;
+#[cfg(test)]
 mod three;
+#[cfg(test)]
 mod twins;

@@ -1,0 +1,217 @@
+//! What the application's threads ask of the endpoint: members added, removed and
+//! disconnected, messages published, credit returned, a journal sync, the shutdown.
+
+use super::*;
+
+impl Endpoint {
+    /// Starts managing a peer (restoring its journalled stream, dialling it if it has an
+    /// address).
+    pub(super) fn add_peer(
+        &mut self,
+        now: Instant,
+        shared: Arc<PeerShared>,
+        addr: Option<SocketAddr>,
+    ) {
+        let id = shared.id;
+        self.by_name.insert(shared.name.clone(), id);
+        let mut peer = Peer::new(shared, addr);
+        if let Some(r) = self
+            .journal
+            .as_mut()
+            .and_then(|j| j.recovered.remove(&**peer.name()))
+        {
+            peer.restore(&self.cfg, &mut self.out, r);
+        }
+        self.peers.insert(id, peer);
+        if self.shutdown.is_none() {
+            self.dial(now, id);
+        }
+    }
+
+    /// Closes peer `id` for good: fails what is queued (giving back its permits), closes
+    /// its window and link. A reconnect timer still pending finds no peer and does nothing;
+    /// a link completing later finds no peer and is refused.
+    pub(super) fn remove_peer(&mut self, now: Instant, id: usize) {
+        let Some(p) = self.peers.get(&id) else {
+            return;
+        };
+        let (link, name, up) = (p.link, p.name().clone(), p.up);
+        self.retire_peer(id, true);
+        if let Some(link) = link {
+            self.close_link(
+                now,
+                link,
+                Some((CloseCode::Removed, "member removed")),
+                Why::Removed,
+            );
+        }
+        if up {
+            let peer = name.clone();
+            note(&self.cfg, &mut self.out, || Fact::Disconnected {
+                peer,
+                why: Why::Removed,
+            });
+        }
+        note(&self.cfg, &mut self.out, || Fact::Removed { peer: name });
+    }
+
+    /// Drops the peer's link; recovery brings it back.
+    pub(super) fn disconnect(&mut self, now: Instant, id: usize) {
+        if let Some(link) = self.peers.get(&id).and_then(|p| p.link) {
+            log::info!(
+                "{}: disconnecting '{}' on request",
+                self.cfg.name,
+                self.peer_name(id)
+            );
+            self.close_link(
+                now,
+                link,
+                Some((CloseCode::Other, "disconnect requested")),
+                Why::Requested,
+            );
+        }
+    }
+
+    /// Publishes what the application queued for peer `id`.
+    pub(super) fn publish(&mut self, now: Instant, id: usize) {
+        self.publish_upto(now, id, self.cfg.write_high_water);
+    }
+
+    /// [`publish`](Endpoint::publish) with the high-water mark `high`.
+    pub(super) fn publish_upto(&mut self, now: Instant, id: usize, high: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let link = p
+            .link
+            .and_then(|l| self.links.get_mut(&l))
+            .filter(|l| l.established);
+        let link_id = link.as_ref().map(|l| l.id);
+        if p.publish(&self.cfg, &mut self.out, link, high, now) {
+            if let Some(l) = link_id {
+                self.dirty.push_back(l);
+            }
+        }
+    }
+
+    /// Returns peer `id`'s receive credit now (the pool asked: half the window consumed,
+    /// or a paused link back within its window).
+    pub(super) fn flush_credit(&mut self, now: Instant, id: usize) {
+        self.ack(id);
+        self.resume_peer(now, id);
+    }
+
+    /// Writes an ack to peer `id` if one is owed.
+    pub(super) fn ack(&mut self, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let link = p.link.and_then(|l| self.links.get_mut(&l));
+        let link_id = link.as_ref().map(|l| l.id);
+        if p.ack(&mut self.out, link, false) {
+            if let Some(l) = link_id {
+                self.dirty.push_back(l);
+            }
+        }
+    }
+
+    /// Begins shutting down: no new messages, no reconnects; what is queued is still
+    /// flushed (or, with a journal, journalled) until `deadline`.
+    pub(super) fn begin_shutdown(&mut self, now: Instant, deadline: Instant) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        self.shutdown = Some(deadline);
+        self.timers.add(deadline, TimerKind::Deadline);
+        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        for id in ids {
+            let Some(p) = self.peers.get_mut(&id) else {
+                continue;
+            };
+            p.gen += 1; // no more reconnects
+                        // No new messages; what is queued is still flushed.
+            p.shared.outbox.close_keep();
+            p.shared.outbox.window().close();
+            let connected = p
+                .link
+                .is_some_and(|l| self.links.get(&l).is_some_and(|l| l.established));
+            // With a journal, what is queued for a disconnected peer is journalled now and
+            // resent after the restart.
+            if connected || self.journal.is_some() {
+                self.publish(now, id);
+            }
+        }
+    }
+
+    /// Journals everything queued (to any peer, connected or not, past the write buffers'
+    /// high-water marks) and cuts it into a batch. Returns the batch whose sync makes it all
+    /// durable (the driver asks the writer for that sync), or `None` after a journal failure
+    /// (nothing may be reported durable then).
+    pub(super) fn sync_journal_now(&mut self, now: Instant) -> Option<u64> {
+        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        for id in ids {
+            self.publish_upto(now, id, usize::MAX);
+        }
+        self.cut_journal();
+        self.journal
+            .as_ref()
+            .filter(|j| !j.marks.failed)
+            .map(|j| j.cut)
+    }
+
+    /// The final step of a shutdown: every peer retired, every link closed, the last records
+    /// cut into a batch. Returns, with a journal, what the node needs to record the pool's
+    /// last progress once the writer has given the journal back.
+    pub(crate) fn finish(&mut self, now: Instant) -> Option<Vec<LeftPeer>> {
+        let links: Vec<LinkId> = self.links.keys().copied().collect();
+        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        for id in ids {
+            self.retire_peer(id, false);
+        }
+        for l in links {
+            self.close_link(
+                now,
+                l,
+                Some((CloseCode::Shutdown, "node shutting down")),
+                Why::Shutdown,
+            );
+        }
+        self.cut_journal();
+        let j = self.journal.as_ref()?;
+        if j.marks.failed {
+            return None;
+        }
+        Some(
+            self.peers
+                .values()
+                .filter_map(|p| {
+                    let progress = p.shared.progress.clone()?;
+                    let (recorded, unreliable) = p.recorded();
+                    Some(LeftPeer {
+                        name: p.name().to_string(),
+                        progress,
+                        credit: p.shared.credit.clone(),
+                        recorded: (recorded.0, recorded.1, unreliable),
+                        received: p.desc.received(),
+                    })
+                })
+                .collect(),
+        )
+    }
+
+    /// Warns about journalled peers that are not configured (their messages stay in the
+    /// journal until the member is added).
+    pub(crate) fn warn_unclaimed(&self) {
+        if let Some(j) = &self.journal {
+            for (name, r) in &j.recovered {
+                if !r.unacked.is_empty() {
+                    log::warn!(
+                        "{}: the journal holds {} unacknowledged messages to '{name}', which is not configured; they wait until it is added",
+                        self.cfg.name,
+                        r.unacked.len()
+                    );
+                }
+            }
+        }
+    }
+}

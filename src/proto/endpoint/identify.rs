@@ -1,0 +1,391 @@
+//! The handshake's decisions: who a link speaks for, a name held by another live process,
+//! the tie-break between two links for one peer, incarnations, and the link established
+//! (resend what the peer lacks, then new messages).
+
+use super::*;
+
+impl Endpoint {
+    /// A link said who it is. An accepted one (`resume`: the dialler's received counts,
+    /// reliable messages and unreliable window bytes) is authenticated by now when a secret
+    /// is configured: it is adopted and answered with Ready, and established. A dialled one
+    /// has only read the acceptor's Hello, which proves nothing yet: it is answered, and
+    /// adopted only once Ready authenticates the acceptor.
+    pub(super) fn on_identified(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        peer: PeerIdentity,
+        resume: Option<(u64, u64)>,
+        peer_connections: Option<u64>,
+        cert: CertCheck<'_>,
+    ) {
+        let Some((peer_received, peer_unreliable)) = resume else {
+            return self.answer_hello(now, id, &peer);
+        };
+        // TLS: the client certificate must name the member the handshake claims.
+        if let Err(why) = cert(&peer.name) {
+            Counters::add(&self.counters.tls_failures, 1);
+            log::warn!(
+                "{}: refusing a connection claiming to be '{}': {why}",
+                self.cfg.name,
+                peer.name
+            );
+            let addr = self.links.get(&id).and_then(|l| l.remote);
+            note(&self.cfg, &mut self.out, || Fact::Refused {
+                peer: Some(peer.name.clone()),
+                addr,
+                reason: RefuseReason::NameMismatch,
+                by_peer: false,
+            });
+            return self.close_link(
+                now,
+                id,
+                Some((
+                    CloseCode::NameMismatch,
+                    "TLS certificate not valid for the member name claimed",
+                )),
+                Why::Tls,
+            );
+        }
+        let pid = match self.by_name.get(peer.name.as_str()) {
+            Some(&pid) => pid,
+            None if self.cfg.allow_unknown && self.shutdown.is_none() => {
+                self.add_unknown(now, &peer.name)
+            }
+            None => {
+                let reason = format!("member '{}' is not configured here", peer.name);
+                return self.refuse(now, id, CloseCode::UnknownMember, &reason);
+            }
+        };
+        let Some((received, connections, unreliable)) =
+            self.adopt(now, id, pid, &peer, true, peer_connections)
+        else {
+            return;
+        };
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        let Some(hs) = link.hs.as_mut() else { return };
+        hs.accept(received, connections, unreliable, &mut link.wbuf);
+        self.dirty.push_back(id);
+        self.establish(now, id, peer_received, peer_unreliable);
+    }
+
+    /// Dialler: the acceptor's Hello arrived. With a secret it is not authenticated yet
+    /// (anyone answering at the peer's address can send it), so nothing changes here: no
+    /// tie-break, no new incarnation, the link does not yet speak for the peer. We answer
+    /// with our counts for the incarnation it names and adopt the link on Ready.
+    pub(super) fn answer_hello(&mut self, now: Instant, id: LinkId, peer: &PeerIdentity) {
+        let Some(pid) = self.links.get(&id).and_then(|l| l.dialled) else {
+            return;
+        };
+        let Some(p) = self.peers.get(&pid) else {
+            return self.refuse(now, id, CloseCode::Removed, "member removed");
+        };
+        if self.closed_to(p) {
+            return self.refuse(now, id, CloseCode::Shutdown, "member closed");
+        }
+        // Another process holds the name: no counts for this one (zeros would tell it that
+        // we lost our state for it).
+        if let Some(holder) = self.name_holder(pid, id, peer.launch_id) {
+            return self.refuse_name_in_use(now, id, pid, peer, holder);
+        }
+        let Some(p) = self.peers.get(&pid) else {
+            return;
+        };
+        let (received, connections, unreliable) = p.counts_for(peer.launch_id);
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        let Some(hs) = link.hs.as_mut() else { return };
+        hs.accept(received, connections, unreliable, &mut link.wbuf);
+        link.asked_at = now;
+        self.dirty.push_back(id);
+    }
+
+    /// Dialler: Ready arrived (and authenticated the acceptor, with a secret). Adopt the
+    /// link for the peer, then establish it.
+    pub(super) fn on_established(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        peer_received: u64,
+        peer_unreliable: u64,
+    ) {
+        let Some(link) = self.links.get(&id) else {
+            return;
+        };
+        let (Some(pid), Some(peer)) = (
+            link.dialled,
+            link.hs.as_ref().and_then(|h| h.peer()).cloned(),
+        ) else {
+            return;
+        };
+        if self.adopt(now, id, pid, &peer, false, None).is_some() {
+            self.establish(now, id, peer_received, peer_unreliable);
+        }
+    }
+
+    /// Whether another process holds peer `pid`'s name against link `id`, whose handshake
+    /// claims incarnation `launch`: an established link of another incarnation speaks for
+    /// the peer (that process is alive as far as we can tell), or `launch` was replaced here
+    /// by a newer incarnation (whatever process has it is not the one the name belongs to).
+    pub(super) fn name_holder(&self, pid: usize, id: LinkId, launch: u64) -> Option<NameHolder> {
+        let p = self.peers.get(&pid)?;
+        let live = p
+            .link
+            .filter(|&o| o != id)
+            .and_then(|o| self.links.get(&o))
+            .filter(|l| l.established && l.launch.is_some_and(|l| l != launch));
+        if let Some(l) = live {
+            return Some(NameHolder {
+                launch: l.launch.unwrap_or_default(),
+                addr: l.remote,
+                link: Some(l.id),
+            });
+        }
+        if p.was_replaced(launch) {
+            let current = p.link.and_then(|o| self.links.get(&o));
+            return Some(NameHolder {
+                launch: p.desc.remote_launch().unwrap_or_default(),
+                addr: current.and_then(|l| l.remote),
+                link: None,
+            });
+        }
+        None
+    }
+
+    /// Refuses link `id`, whose handshake claims peer `pid`'s name as incarnation `peer`,
+    /// because `holder` has the name: `Close{NameInUse}`, a `Refused` fact, the counter,
+    /// and an error naming both processes (once per claimant; repeats at `debug`). The
+    /// holder's link is sent a heartbeat at once: if its process is in fact gone (a
+    /// half-open connection), the write brings the reset that closes it, and the
+    /// claimant's next attempt gets in.
+    pub(super) fn refuse_name_in_use(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        pid: usize,
+        peer: &PeerIdentity,
+        holder: NameHolder,
+    ) {
+        let addr = self.links.get(&id).and_then(|l| l.remote);
+        let show = |a: Option<SocketAddr>| a.map_or_else(|| "?".to_string(), |a| a.to_string());
+        let first = match self.peers.get_mut(&pid) {
+            Some(p) => p.last_conflict.replace(peer.launch_id) != Some(peer.launch_id),
+            None => true,
+        };
+        let (why, then) = if holder.link.is_some() {
+            (
+                "it is connected from there",
+                "and gets in once the other is gone",
+            )
+        } else {
+            (
+                "it replaced that process here",
+                "and is refused for good: restart or stop it",
+            )
+        };
+        let line = format!(
+            "{}: refusing '{}' from {} (launch id {:016x}): another process holds the name at {} (launch id {:016x}; {why}). Two processes run with one member name, or an old one is still running; the refused one retries ({})",
+            self.cfg.name,
+            peer.name,
+            show(addr),
+            peer.launch_id,
+            show(holder.addr),
+            holder.launch,
+            then,
+        );
+        if first {
+            log::error!("{line}");
+        } else {
+            log::debug!("{line}");
+        }
+        if let Some(link) = holder.link.and_then(|o| self.links.get_mut(&o)) {
+            wire::encode_heartbeat(&mut link.wbuf);
+            self.dirty.push_back(link.id);
+        }
+        self.count_refusal(CloseCode::NameInUse);
+        self.refused(id, CloseCode::NameInUse, false);
+        self.close_link(
+            now,
+            id,
+            Some((
+                CloseCode::NameInUse,
+                "another process holds this member name",
+            )),
+            Why::ProtocolError,
+        );
+    }
+
+    /// Makes link `id` the one that speaks for peer `pid`, identified (and, with a secret,
+    /// authenticated) as `peer`: refuses it if the peer is gone or closing, applies the
+    /// tie-break against another link for the peer, binds the incarnation. Returns our
+    /// counts for the handshake (received, connections, unreliable bytes), or `None` if the
+    /// link was refused or closed.
+    pub(super) fn adopt(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        pid: usize,
+        peer: &PeerIdentity,
+        accepting: bool,
+        peer_connections: Option<u64>,
+    ) -> Option<(u64, u64, u64)> {
+        let Some(p) = self.peers.get(&pid) else {
+            self.refuse(now, id, CloseCode::Removed, "member removed");
+            return None;
+        };
+        if self.closed_to(p) {
+            self.refuse(now, id, CloseCode::Shutdown, "member closed");
+            return None;
+        }
+        if let Some(holder) = self.name_holder(pid, id, peer.launch_id) {
+            self.refuse_name_in_use(now, id, pid, peer, holder);
+            return None;
+        }
+        let p = self.peers.get(&pid)?;
+        // Tie-break against the link that speaks for this peer now, if another.
+        if let Some(other) = p.link.filter(|&o| o != id) {
+            if let Some(ol) = self.links.get(&other) {
+                let stale = matches!(ol.launch, Some(l) if l != peer.launch_id);
+                let resolution = resolve(TieBreak {
+                    stale,
+                    new_by_us: !accepting,
+                    old_by_us: ol.dialled.is_some(),
+                    old_established: ol.established,
+                    we_are_smaller: *self.cfg.name < *peer.name,
+                    our_connections: p.desc.connections_with(peer.launch_id),
+                    peer_connections,
+                });
+                Counters::add(&self.counters.tie_breaks, 1);
+                if resolution == Resolution::NameInUse {
+                    // (`name_holder` finds such a link first.)
+                    let holder = NameHolder {
+                        launch: ol.launch.unwrap_or_default(),
+                        addr: ol.remote,
+                        link: Some(other),
+                    };
+                    self.refuse_name_in_use(now, id, pid, peer, holder);
+                    return None;
+                }
+                if resolution == Resolution::ReplaceOld {
+                    log::debug!(
+                        "{}: '{}' connected again; replacing the older connection",
+                        self.cfg.name,
+                        peer.name
+                    );
+                    self.close_link(
+                        now,
+                        other,
+                        Some((CloseCode::Superseded, "replaced by a newer connection")),
+                        Why::Replaced,
+                    );
+                } else {
+                    log::debug!(
+                        "{}: simultaneous connect with '{}'; keeping ours",
+                        self.cfg.name,
+                        peer.name
+                    );
+                    self.close_link(
+                        now,
+                        id,
+                        Some((
+                            CloseCode::Superseded,
+                            "simultaneous connect lost the tie-break",
+                        )),
+                        Why::Replaced,
+                    );
+                    return None;
+                }
+            }
+        }
+        let p = self.peers.get_mut(&pid)?;
+        p.bind(&self.cfg, &mut self.out, peer);
+        let counts = p.handshake_counts();
+        p.link = Some(id);
+        if p.state != PeerState::Handshaking {
+            p.set_state(PeerState::Handshaking);
+        }
+        let link = self.links.get_mut(&id)?;
+        link.peer = Some(pid);
+        link.launch = Some(peer.launch_id);
+        Some(counts)
+    }
+
+    /// The handshake completed on link `id`: resend what the peer lacks, then new messages.
+    pub(super) fn establish(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        peer_received: u64,
+        peer_unreliable: u64,
+    ) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        let Some(pid) = link.peer else { return };
+        let Some(p) = self.peers.get_mut(&pid) else {
+            return;
+        };
+        self.admission.remove(id);
+        match p.establish(
+            &self.cfg,
+            &mut self.out,
+            link,
+            peer_received,
+            peer_unreliable,
+            now,
+        ) {
+            Ok(()) => {
+                let launch = link.launch.unwrap_or_default();
+                if p.up {
+                    // Never two `Connected` in a row: a link established while another was
+                    // announced replaced it (the old one is closed by now).
+                    let peer = p.name().clone();
+                    note(&self.cfg, &mut self.out, || Fact::Disconnected {
+                        peer,
+                        why: Why::Replaced,
+                    });
+                }
+                p.up = true;
+                let peer = p.name().clone();
+                note(&self.cfg, &mut self.out, || Fact::Connected {
+                    peer,
+                    launch,
+                });
+                Counters::add(&self.counters.handshakes, 1);
+                self.update_gauges();
+                self.dirty.push_back(id);
+                self.deferred.push(pid);
+            }
+            Err(Unestablished::Superseded) => {
+                self.close_link(
+                    now,
+                    id,
+                    Some((CloseCode::Superseded, "superseded")),
+                    Why::Replaced,
+                );
+            }
+            Err(Unestablished::Outdated(why)) => {
+                log::info!("{}: {why}", self.cfg.name);
+                self.close_link(
+                    now,
+                    id,
+                    Some((CloseCode::Superseded, "superseded")),
+                    Why::Replaced,
+                );
+            }
+            Err(Unestablished::Forgotten(why)) => {
+                log::warn!("{}: {why}", self.cfg.name);
+                self.close_link(
+                    now,
+                    id,
+                    Some((CloseCode::Other, "state reset")),
+                    Why::ProtocolError,
+                );
+            }
+            Err(Unestablished::Violation(e)) => self.protocol_error(now, id, e),
+        }
+    }
+}

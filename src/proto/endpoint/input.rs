@@ -1,0 +1,338 @@
+//! Bytes read on a link: frames split under the bound of the link's state, data admitted
+//! to its sender's queues (with back-pressure: a link paused past its peer's window),
+//! control frames, and refusals and protocol errors.
+
+use super::*;
+
+impl Endpoint {
+    /// Bytes were read into link `id`'s read buffer at `now`: splits the frames it holds
+    /// and handles each one before splitting the next, so that every frame is bounded by
+    /// the state its link is in when it is reached (a read that brought the last handshake
+    /// frame and data frames together frames the data by the data limit). The turn's
+    /// messages go to their sender's queues in one push at the end.
+    pub(super) fn handle_input(&mut self, now: Instant, id: LinkId, cert: CertCheck<'_>) {
+        if let Some(link) = self.links.get_mut(&id) {
+            link.last_read = now;
+            if let Some(p) = link.peer.filter(|_| link.established) {
+                if let Some(p) = self.peers.get(&p) {
+                    p.shared.counters.heard.note(now);
+                }
+            }
+        }
+        let mut peer_of_batch = None;
+        // Until the link is closed by a frame, paused, or no complete frame is left.
+        while let Some(link) = self.links.get_mut(&id) {
+            if link.paused {
+                break;
+            }
+            let (established, peer) = (link.established, link.peer);
+            let max = link.frame_limit(self.max_len);
+            match wire::split_frame(&mut link.rbuf, max) {
+                Ok(None) => break,
+                Ok(Some(wire::Split::Data {
+                    flags,
+                    seq,
+                    payload,
+                })) => {
+                    let Some(pid) = peer.filter(|_| established) else {
+                        self.protocol_error(now, id, "data before the handshake completed".into());
+                        break;
+                    };
+                    peer_of_batch = Some(pid);
+                    let Some(p) = self.peers.get_mut(&pid) else {
+                        continue;
+                    };
+                    match p.on_data(&mut self.out, flags, seq, payload) {
+                        Ok(Inflow::Go) => {}
+                        Ok(Inflow::Pause) => {
+                            if self.pause(id, pid) {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            if matches!(e, RecoveryError::WindowExceeded { .. }) {
+                                Counters::add(&self.counters.window_violations, 1);
+                            }
+                            self.push_batch(pid);
+                            self.protocol_error(now, id, e.to_string());
+                            break;
+                        }
+                    }
+                }
+                Ok(Some(wire::Split::Control(bytes))) => self.on_frame(now, id, &bytes, cert),
+                Err(e) => {
+                    if let Some(pid) = peer_of_batch {
+                        self.push_batch(pid);
+                    }
+                    self.protocol_error(now, id, e.to_string());
+                    break;
+                }
+            }
+        }
+        if let Some(pid) = peer_of_batch {
+            self.push_batch(pid);
+            self.after_data(now, pid);
+        }
+    }
+
+    pub(super) fn push_batch(&mut self, pid: usize) {
+        match self.peers.get(&pid) {
+            Some(p) => p.push_batch(&mut self.out),
+            None => {
+                self.out.batch.clear();
+                self.out.oob_batch.clear();
+            }
+        }
+    }
+
+    /// After data from peer `id`: an ack now if enough is owed, else a delayed ack armed.
+    pub(super) fn after_data(&mut self, now: Instant, id: usize) {
+        let Some(p) = self.peers.get_mut(&id) else {
+            return;
+        };
+        let Some(link) = p.link.and_then(|l| self.links.get_mut(&l)) else {
+            return;
+        };
+        let (link_id, before) = (link.id, link.unwritten());
+        let arm = p.after_data(&self.cfg, &mut self.out, link);
+        if link.unwritten() > before {
+            self.dirty.push_back(link_id);
+        }
+        if arm {
+            p.ack_timer = true;
+            self.timers
+                .add(now + self.cfg.ack_delay, TimerKind::AckDelay { peer: id });
+        }
+    }
+
+    /// Stops reading link `id` of peer `pid`, which holds more than its receive window:
+    /// its bytes stay where they are (for a connection, in the kernel: TCP pushes back on
+    /// the peer) until the handler brings it back within the window. Returns `false` if it
+    /// is already back within.
+    pub(super) fn pause(&mut self, id: LinkId, pid: usize) -> bool {
+        let Some(p) = self.peers.get(&pid) else {
+            return false;
+        };
+        if !p.shared.credit.pause() {
+            return false;
+        }
+        let (held, window) = (p.shared.credit.held(), p.shared.credit.window());
+        let Some(link) = self.links.get_mut(&id) else {
+            return false;
+        };
+        if !link.paused {
+            link.paused = true;
+            self.paused.push(id);
+            Counters::add(&self.counters.read_pauses, 1);
+            log::debug!(
+                "{}: '{}' has {held} bytes waiting for delivery, more than its receive window of {window}; not reading it until the handler catches up",
+                self.cfg.name,
+                p.name()
+            );
+        }
+        true
+    }
+
+    /// Resumes reading peer `id`'s link if it was paused and the peer is back within its
+    /// receive window. Time spent paused is ours, not the peer's: the idle timeout counts
+    /// from the resumption.
+    pub(super) fn resume_peer(&mut self, now: Instant, id: usize) {
+        let Some(p) = self.peers.get(&id) else {
+            return;
+        };
+        let Some(lid) = p.link else {
+            return;
+        };
+        if !self.links.get(&lid).is_some_and(|l| l.paused) || !p.shared.credit.resume() {
+            return;
+        }
+        self.paused.retain(|&l| l != lid);
+        let Some(link) = self.links.get_mut(&lid) else {
+            return;
+        };
+        link.paused = false;
+        link.last_read = now;
+        // What is in the buffer first, then what the connection holds: the driver reads
+        // it (readiness is edge-triggered, so no event would come for bytes already there).
+        self.handle_input(now, lid, &|_| Ok(()));
+        self.out.events.push_back(Output::Resume(lid));
+    }
+
+    pub(super) fn protocol_error(&mut self, now: Instant, id: LinkId, reason: String) {
+        Counters::add(&self.counters.protocol_errors, 1);
+        let who = self
+            .links
+            .get(&id)
+            .and_then(|l| l.peer)
+            .map(|p| self.peer_name(p))
+            .unwrap_or_else(|| "an unidentified peer".into());
+        log::warn!(
+            "{}: protocol error from {who}, closing connection: {reason}",
+            self.cfg.name
+        );
+        self.close_link(
+            now,
+            id,
+            Some((CloseCode::Protocol, &reason)),
+            Why::ProtocolError,
+        );
+    }
+
+    pub(super) fn count_refusal(&self, code: CloseCode) {
+        Counters::add(&self.counters.refused, 1);
+        match code {
+            CloseCode::Cluster => Counters::add(&self.counters.refused_cluster, 1),
+            CloseCode::UnknownMember => Counters::add(&self.counters.refused_unknown, 1),
+            CloseCode::Version => Counters::add(&self.counters.refused_version, 1),
+            CloseCode::NameInUse => Counters::add(&self.counters.name_conflicts, 1),
+            CloseCode::Auth => Counters::add(&self.counters.auth_failures, 1),
+            _ => {}
+        }
+    }
+
+    /// Tells the application that the handshake on link `id` was refused with `code` (by
+    /// the other side: `by_peer`), if that is a refusal of who the other side is.
+    pub(super) fn refused(&mut self, id: LinkId, code: CloseCode, by_peer: bool) {
+        let Some(reason) = refusal(code) else {
+            return;
+        };
+        let Some(link) = self.links.get(&id) else {
+            return;
+        };
+        let addr = link.remote;
+        let peer = match link.peer.or(link.dialled) {
+            Some(p) => Some(self.peer_name(p).to_string()),
+            None => link
+                .hs
+                .as_ref()
+                .and_then(|h| h.peer())
+                .map(|p| p.name.clone()),
+        };
+        note(&self.cfg, &mut self.out, || Fact::Refused {
+            peer,
+            addr,
+            reason,
+            by_peer,
+        });
+    }
+
+    pub(super) fn refuse(&mut self, now: Instant, id: LinkId, code: CloseCode, reason: &str) {
+        log::warn!(
+            "{}: refusing connection ({code:?}): {reason}",
+            self.cfg.name
+        );
+        self.count_refusal(code);
+        self.refused(id, code, false);
+        self.close_link(now, id, Some((code, reason)), Why::ProtocolError);
+    }
+
+    /// A control frame (any frame but data) on link `id`.
+    pub(super) fn on_frame(&mut self, now: Instant, id: LinkId, bytes: &[u8], cert: CertCheck<'_>) {
+        let frame = match wire::decode(bytes, self.max_len) {
+            Ok(Some((f, _))) => f,
+            Ok(None) => return self.protocol_error(now, id, "truncated frame".into()),
+            Err(e) => return self.protocol_error(now, id, e.to_string()),
+        };
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        if let Some(hs) = link.hs.as_mut() {
+            match hs.on_frame(&frame) {
+                Ok(HsEvent::Identified {
+                    peer,
+                    peer_received,
+                    peer_connections,
+                    peer_unreliable,
+                }) => {
+                    let resume = peer_received.map(|r| (r, peer_unreliable.unwrap_or(0)));
+                    self.on_identified(now, id, peer, resume, peer_connections, cert)
+                }
+                Ok(HsEvent::Established {
+                    peer_received,
+                    peer_unreliable,
+                }) => self.on_established(now, id, peer_received, peer_unreliable),
+                Err(e) => {
+                    if e.by_peer && e.code == CloseCode::Superseded {
+                        // The peer kept the other of two simultaneous connections.
+                        log::debug!("{}: {e}", self.cfg.name);
+                        self.close_link(now, id, None, Why::Replaced);
+                    } else if e.by_peer && e.code == CloseCode::NameInUse {
+                        // A process of our name (another launch) is connected there, or
+                        // replaced us: this one retries with backoff, and gets in once the
+                        // other is gone.
+                        let addr = link.remote;
+                        let ours = self.cfg.launch_id;
+                        // Once per episode at `error` (until the peer takes a connection).
+                        let first = link
+                            .dialled
+                            .or(link.peer)
+                            .and_then(|p| self.peers.get_mut(&p))
+                            .is_none_or(|p| p.last_conflict.replace(ours) != Some(ours));
+                        let line = format!(
+                            "{}: {} refuses us: another process with our member name is connected there, or replaced us (launch id here {ours:016x}); check that only one process runs as '{}'. Retrying with backoff",
+                            self.cfg.name,
+                            addr.map_or_else(|| "the peer".to_string(), |a| a.to_string()),
+                            self.cfg.name
+                        );
+                        if first {
+                            log::error!("{line}");
+                        } else {
+                            log::debug!("{line}");
+                        }
+                        self.count_refusal(e.code);
+                        self.refused(id, e.code, true);
+                        self.close_link(now, id, None, Why::PeerClosed);
+                    } else if e.by_peer {
+                        log::warn!("{}: {e}", self.cfg.name);
+                        self.count_refusal(e.code);
+                        self.refused(id, e.code, true);
+                        self.close_link(now, id, None, Why::PeerClosed);
+                    } else if e.code == CloseCode::Protocol {
+                        // A frame the handshake cannot take (malformed, or not the one its
+                        // step expects): a protocol error, not a refusal of who the peer is.
+                        self.protocol_error(now, id, e.reason);
+                    } else {
+                        self.refuse(now, id, e.code, &e.reason);
+                    }
+                }
+            }
+            return;
+        }
+        let Some(pid) = link.peer else { return };
+        match frame {
+            Frame::Ack { received, credit } => {
+                let Some(p) = self.peers.get_mut(&pid) else {
+                    return;
+                };
+                p.rtt_answer(id, now);
+                if let Err(e) = p.on_ack(&self.cfg, &mut self.out, received, credit, now) {
+                    self.protocol_error(now, id, e.to_string());
+                }
+            }
+            Frame::Probe => {
+                let Some(p) = self.peers.get_mut(&pid) else {
+                    return;
+                };
+                let Some(link) = self.links.get_mut(&id) else {
+                    return;
+                };
+                if p.on_probe(&mut self.out, link) {
+                    self.dirty.push_back(id);
+                }
+            }
+            Frame::Heartbeat => {}
+            Frame::Close { code, reason } => {
+                log::info!(
+                    "{}: '{}' closed the connection ({code:?}): {reason}",
+                    self.cfg.name,
+                    self.peer_name(pid)
+                );
+                self.close_link(now, id, None, Why::PeerClosed);
+            }
+            Frame::Data { .. } => unreachable!("data frames are split off by split_frame"),
+            Frame::Hello(_) | Frame::HelloReply(..) | Frame::Ready { .. } => {
+                self.protocol_error(now, id, "handshake frame after the handshake".into())
+            }
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The journal gate: records cut into batches before any byte they cover may leave, the
+//! writer's marks releasing bytes and acknowledging progress, a failure stopping the node.
+
+use super::*;
+
+/// What the endpoint knows of the journal: it never touches it (a writer thread does, see
+/// `journal::JournalWriter`); it cuts the turn's records into numbered batches, and lets
+/// bytes leave and acks carry progress as the writer's marks say their batch is durable.
+pub(crate) struct Durability {
+    pub(super) policy: FsyncPolicy,
+    /// What recovery found for peers not added yet, by name.
+    pub(super) recovered: HashMap<String, RecoveredPeer>,
+    /// The last batch cut.
+    pub(super) cut: u64,
+    /// The writer's marks as last reported.
+    pub(super) marks: WriterMarks,
+    /// Peers whose recorded progress is in batch `n`: acknowledged once `n` is durable.
+    pub(super) awaiting: VecDeque<(u64, usize)>,
+}
+
+impl Durability {
+    /// The last batch whose delivery progress may be acknowledged: appended (the page
+    /// cache survives a crash of the process) — or, with an interval policy, synced.
+    fn ack_mark(&self) -> u64 {
+        match self.policy {
+            FsyncPolicy::Interval(_) => self.marks.synced,
+            FsyncPolicy::EveryBatch | FsyncPolicy::Never => self.marks.appended,
+        }
+    }
+}
+
+/// The journal after the IO thread has stopped, with what is needed to record how far the
+/// pool got: the node records it once the pool has drained, so a clean shutdown leaves
+/// nothing to deliver again.
+pub(crate) struct JournalLeft {
+    pub(super) journal: Journal,
+    pub(super) peers: Vec<LeftPeer>,
+}
+
+/// A peer's share of [`JournalLeft`].
+pub(crate) struct LeftPeer {
+    pub(super) name: String,
+    /// Its handled watermark and receive credit, still moving while the pool drains.
+    pub(super) progress: Arc<crate::deliver::Progress>,
+    pub(super) credit: Arc<crate::flow::RecvCredit>,
+    /// What was recorded (delivered, credit, unreliable bytes), and how many of its
+    /// messages were received.
+    pub(super) recorded: (u64, u64, u64),
+    pub(super) received: u64,
+}
+
+impl JournalLeft {
+    /// The journal, back from its writer, and the peers' progress as the endpoint left it.
+    pub(crate) fn new(journal: Journal, peers: Vec<LeftPeer>) -> JournalLeft {
+        JournalLeft { journal, peers }
+    }
+
+    /// Records each peer's final delivery progress and syncs the journal.
+    pub(crate) fn close(mut self) -> Result<(), JournalError> {
+        let mut records = Vec::new();
+        for p in self.peers {
+            // The unreliable count before the credit (see `Peer::record_progress`).
+            let unreliable = p.progress.unreliable();
+            let done = p.progress.done().min(p.received);
+            let credit = p.credit.take();
+            if done > p.recorded.0 || credit > 0 || unreliable > p.recorded.2 {
+                records.push(Record::Delivered {
+                    peer: p.name.into(),
+                    count: done.max(p.recorded.0),
+                    credit: p.recorded.1 + credit,
+                    unreliable: unreliable.max(p.recorded.2),
+                });
+            }
+        }
+        self.journal.append(&records)?;
+        self.journal.sync()
+    }
+}
+
+impl Endpoint {
+    /// Cuts this turn's records into the next batch for the journal's writer, and gates
+    /// every link's unwritten bytes behind it: nothing leaves before the journal holds it.
+    /// [`poll`](Endpoint::poll) cuts before it gives out any write, and hands the batches to
+    /// the driver for the writer ([`Output::Journal`]). Returns whether a batch was cut.
+    pub(super) fn cut_journal(&mut self) -> bool {
+        let Some(j) = self.journal.as_mut() else {
+            return false;
+        };
+        if self.out.records.is_empty() || j.marks.failed {
+            return false;
+        }
+        j.cut += 1;
+        let n = j.cut;
+        for id in self.out.awaiting.drain(..) {
+            j.awaiting.push_back((n, id));
+        }
+        self.out
+            .batches
+            .push((n, std::mem::take(&mut self.out.records)));
+        for link in self.links.values_mut() {
+            link.gate(n);
+        }
+        true
+    }
+
+    /// The journal's writer moved its marks: bytes whose records are now appended may
+    /// leave (their links are marked to write), progress whose records are now durable is
+    /// acknowledged; a failure stops the node.
+    pub(super) fn journal_progress(&mut self, now: Instant, marks: WriterMarks) {
+        let Some(j) = self.journal.as_mut() else {
+            return;
+        };
+        if j.marks == marks || j.marks.failed {
+            return;
+        }
+        let released = marks.appended > j.marks.appended;
+        j.marks = marks;
+        if marks.failed {
+            return self.journal_failed(now);
+        }
+        let durable = j.ack_mark();
+        while let Some(&(n, id)) = j.awaiting.front() {
+            if n > durable {
+                break;
+            }
+            j.awaiting.pop_front();
+            let Some(p) = self.peers.get_mut(&id) else {
+                continue;
+            };
+            p.progress_durable();
+            let link = p.link.and_then(|l| self.links.get_mut(&l));
+            let link_id = link.as_ref().map(|l| l.id);
+            if p.write_ack(link, false) {
+                if let Some(l) = link_id {
+                    self.dirty.push_back(l);
+                }
+            }
+        }
+        if released {
+            for link in self.links.values().filter(|l| l.wants_write()) {
+                self.dirty.push_back(link.id);
+            }
+        }
+    }
+
+    /// A journal write or sync failed: durability can no longer be promised, so the node
+    /// stops (fail-stop). Nothing more is journalled or acknowledged, and nothing not yet
+    /// durable leaves; peers resend after our restart what we had not acknowledged.
+    pub(super) fn journal_failed(&mut self, now: Instant) {
+        log::error!("{}: journal write failed, stopping the node", self.cfg.name);
+        Counters::add(&self.counters.journal_failures, 1);
+        if let Some(j) = self.journal.as_mut() {
+            j.marks.failed = true;
+            j.awaiting.clear();
+        }
+        self.out.journal_open = false;
+        self.out.records.clear();
+        self.out.awaiting.clear();
+        self.out.batches.clear();
+        self.out.events.push_back(Output::JournalFailed);
+        self.begin_shutdown(now, now);
+    }
+}

@@ -1,0 +1,625 @@
+//! A member's whole protocol, sans-IO: its links (connections), its peers, and what routes
+//! between them — admission of accepted links, the handshake's decisions (who a link speaks
+//! for, the tie-break between two links for one peer, incarnations), reconnects with
+//! backoff, acks and credit, liveness, the journal's group commit, shutdown. quinn-proto's
+//! `Endpoint` and `Connection` are the model. It never touches a socket or reads a clock:
+//! the IO thread (`net`) drives it with sockets and `Instant::now()`, the simulation with
+//! pipes in memory and a simulated clock, both through the same boundary.
+//!
+//! ## The boundary
+//!
+//! - **In**: [`Endpoint::handle`]`(now, `[`Input`]`)` — what happened: a command or a
+//!   hand-off from another thread, a connection opened, read, writable, written, failed,
+//!   the journal writer's marks, the time passing ([`Input::Timeout`]).
+//! - **Out**: [`Endpoint::poll`]`(now)` until it returns `None` — what to do, as
+//!   [`Output`]s, in the order the endpoint decides (its rustdoc): pool tasks and events
+//!   (dial, close, resume reading, report undelivered messages, tell a membership fact),
+//!   journal batches and syncs, then one [`Output::Transmit`] per link with bytes to write.
+//!   The driver does each as it comes (a transmit is reported back with
+//!   [`Input::Wrote`]), which may feed more inputs in; it keeps polling until `None`.
+//! - **Then** it sleeps until [`Endpoint::poll_timeout`], a socket, or another thread
+//!   wakes it.
+//!
+//! Besides the boundary, the driver reads a link's buffers ([`Endpoint::link_mut`],
+//! [`Endpoint::to_write`]) and asks a few questions: [`Endpoint::judge`] (whether to take an
+//! accepted connection at all, before anything is spent on it), [`Endpoint::shutdown_done`],
+//! [`Endpoint::journal_ok`].
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use super::admission::{self, Admission, Shedding, Verdict};
+use super::link::{Link, LinkId};
+use super::peer::{Inflow, Peer, Unestablished};
+use super::timer::{Backoff, TimerKind, Timers};
+use super::{
+    resolve, Handshake, HsEvent, LocalIdentity, PeerIdentity, RecoveryError, Resolution, TieBreak,
+};
+use crate::deliver::Task;
+use crate::events::{DisconnectReason as Why, RefuseReason};
+use crate::journal::{FsyncPolicy, Journal, JournalError, Record, RecoveredPeer, WriterMarks};
+use crate::peer::{Counters, OutboundFilter, PeerShared, PeerState};
+use crate::proto::Unacked;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{Arc, SharedStr};
+use crate::util::{IdHash, NameHash};
+use crate::wire::{self, CloseCode, Frame, Nonce};
+
+mod commands;
+mod identify;
+mod input;
+mod journal;
+mod links;
+mod time;
+
+pub(crate) use journal::{Durability, JournalLeft, LeftPeer};
+
+/// The protocol's settings.
+#[derive(Clone)]
+pub(crate) struct Config {
+    pub(crate) name: SharedStr,
+    pub(crate) cluster: String,
+    pub(crate) launch_id: u64,
+    pub(crate) window: u64,
+    /// The most window bytes of one peer's messages we hold (received, not yet handled); a
+    /// peer's link is not read while it has more.
+    pub(crate) recv_window: u64,
+    pub(crate) max_message: usize,
+    pub(crate) allow_unknown: bool,
+    pub(crate) ack_threshold: u64,
+    pub(crate) ack_delay: Duration,
+    pub(crate) backoff_min: Duration,
+    pub(crate) backoff_max: Duration,
+    pub(crate) handshake_timeout: Duration,
+    pub(crate) write_high_water: usize,
+    pub(crate) outbound_filter: Option<Arc<OutboundFilter>>,
+    /// A sender blocked this long on an empty window makes us send a probe.
+    pub(crate) probe_interval: Duration,
+    /// A sender blocked this long is logged (once per blocked episode).
+    pub(crate) block_warning: Duration,
+    /// Return residual credit (below half a window) once the sender's queue is idle.
+    pub(crate) credit_on_idle: bool,
+    /// Period of the housekeeping tick.
+    pub(crate) tick: Duration,
+    /// A heartbeat goes out on a link with nothing written for this long.
+    pub(crate) heartbeat: Duration,
+    /// A link with nothing read for this long is closed and its peer redialled.
+    pub(crate) idle_timeout: Duration,
+    /// Links open at most (accepted ones beyond displace a pending one, or are refused).
+    pub(crate) max_connections: usize,
+    /// Accepted links still in their handshake at most.
+    pub(crate) max_pending: usize,
+    /// ... of which from one source address.
+    pub(crate) max_pending_per_source: usize,
+    /// Shared secret: every handshake is authenticated with it.
+    pub(crate) secret: Option<super::Secret>,
+    /// The node journals (its reliable messages and delivery progress).
+    pub(crate) journalled: bool,
+    /// The application wants membership facts ([`Output::Fact`]); without it none is made.
+    pub(crate) events: bool,
+    /// A member admitted at run time (unknown, no address) that stays disconnected this
+    /// long is removed ([`Output::Forget`]).
+    pub(crate) forget_after: Duration,
+}
+
+/// Node-wide connection counters, shared with the node's stats.
+#[derive(Debug, Default)]
+pub(crate) struct NodeCounters {
+    pub(crate) accepted: AtomicU64,
+    pub(crate) dialled: AtomicU64,
+    pub(crate) dial_failures: AtomicU64,
+    pub(crate) handshakes: AtomicU64,
+    pub(crate) refused: AtomicU64,
+    pub(crate) refused_cluster: AtomicU64,
+    pub(crate) refused_unknown: AtomicU64,
+    pub(crate) refused_version: AtomicU64,
+    pub(crate) name_conflicts: AtomicU64,
+    pub(crate) auth_failures: AtomicU64,
+    pub(crate) handshake_timeouts: AtomicU64,
+    pub(crate) tie_breaks: AtomicU64,
+    pub(crate) protocol_errors: AtomicU64,
+    /// Links closed because their peer sent past its window (also protocol errors).
+    pub(crate) window_violations: AtomicU64,
+    /// Times a link's reading was paused: its peer held more than its receive window.
+    pub(crate) read_pauses: AtomicU64,
+    pub(crate) idle_timeouts: AtomicU64,
+    pub(crate) refused_limit: AtomicU64,
+    /// Accepted links refused because their source held its share of pending ones, all
+    /// accepted at the same instant (one burst).
+    pub(crate) refused_per_source: AtomicU64,
+    /// Pending accepted links closed to make room for a newer one.
+    pub(crate) displaced: AtomicU64,
+    /// ... of which for one from the same address, which held its share.
+    pub(crate) displaced_per_source: AtomicU64,
+    /// Handshake timeouts that came early because the pending table was over half full.
+    pub(crate) pressure_timeouts: AtomicU64,
+    pub(crate) journal_failures: AtomicU64,
+    /// Links closed for a TLS failure (handshake, certificate, name).
+    pub(crate) tls_failures: AtomicU64,
+    /// Timers pending now.
+    pub(crate) timers: AtomicU64,
+    /// Links open now (any state).
+    pub(crate) open: AtomicU64,
+    /// Links established now.
+    pub(crate) established: AtomicU64,
+    /// Accepted links pending (not yet established) now.
+    pub(crate) pending: AtomicU64,
+}
+
+/// What the endpoint asks of whoever drives it, taken from [`Endpoint::poll`] in the order
+/// the endpoint decides (see the module doc: "The boundary").
+#[derive(Debug)]
+#[must_use = "the driver must do what the endpoint asks"]
+pub(crate) enum Output {
+    /// Submit a task to the delivery pool.
+    Task(Task),
+    /// Hand a numbered batch of journal records to the journal's writer (in order); the
+    /// bytes that depend on it are not given to [`Output::Transmit`] until the writer's
+    /// marks ([`Input::JournalMarks`]) say it is appended.
+    Journal(Batch),
+    /// The journal batch that a `sync_journal` ([`Input::SyncJournal`]) waits for, in the
+    /// order the syncs came in: `None` after a journal failure (the caller is never told it
+    /// succeeded).
+    JournalSync(Option<u64>),
+    /// Write what [`Endpoint::to_write`] gives for the link, then report it with
+    /// [`Input::Wrote`] (or [`Input::Failed`]).
+    Transmit(LinkId),
+    /// Open a connection to `addr` for peer `peer`, then report [`Input::Dialled`] (or
+    /// [`Input::DialFailed`]).
+    Dial {
+        peer: usize,
+        name: SharedStr,
+        addr: SocketAddr,
+    },
+    /// The link is gone from the endpoint: write `last` (best effort) and drop the
+    /// connection.
+    Close { link: LinkId, last: Vec<u8> },
+    /// A paused link may be read again (its bytes already in the kernel raise no event).
+    Resume(LinkId),
+    /// Messages that will never be delivered to `peer`.
+    Undelivered {
+        peer: SharedStr,
+        messages: Vec<Unacked>,
+    },
+    /// A member not configured here dialled in and was admitted
+    /// (`Builder::allow_unknown_members`): the node must know it.
+    Admitted(Arc<PeerShared>),
+    /// A journal write or sync failed: the node stops.
+    JournalFailed,
+    /// A membership fact for the application (only when [`Config::events`] is set).
+    Fact(Fact),
+    /// A member admitted at run time stayed disconnected for `forget_after` and was
+    /// retired, as `remove_peer` does: the node must forget it (if the shared state it
+    /// holds under that name is still this one).
+    Forget(Arc<PeerShared>),
+}
+
+/// A transition of a peer the application hears of (the driver turns it into a public
+/// [`crate::Event`]). Per peer, `Connected` and `Disconnected` alternate, starting with
+/// `Connected`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Fact {
+    /// A link to `peer` was established; `launch` is the peer's launch id.
+    Connected { peer: SharedStr, launch: u64 },
+    /// The established link to `peer` is gone.
+    Disconnected { peer: SharedStr, why: Why },
+    /// `peer` turned out to be a new incarnation; `undelivered` messages to the old one
+    /// were reported undelivered.
+    NewIncarnation {
+        peer: SharedStr,
+        launch: u64,
+        undelivered: u64,
+    },
+    /// A handshake was refused (by us, or by the other side: `by_peer`).
+    Refused {
+        peer: Option<String>,
+        addr: Option<SocketAddr>,
+        reason: RefuseReason,
+        by_peer: bool,
+    },
+    /// `peer` was removed (`remove_peer`).
+    Removed { peer: SharedStr },
+    /// `peer`, admitted at run time, was forgotten after staying disconnected.
+    Forgotten { peer: SharedStr },
+}
+
+/// Records `fact` for the driver if the application wants facts (one branch otherwise).
+pub(crate) fn note(cfg: &Config, out: &mut Out, fact: impl FnOnce() -> Fact) {
+    if cfg.events {
+        out.events.push_back(Output::Fact(fact()));
+    }
+}
+
+/// What a close code sent in a refused handshake means to the application (`None`: not a
+/// refusal of who the other side is).
+fn refusal(code: CloseCode) -> Option<RefuseReason> {
+    match code {
+        CloseCode::Cluster => Some(RefuseReason::WrongCluster),
+        CloseCode::UnknownMember => Some(RefuseReason::UnknownMember),
+        CloseCode::Version => Some(RefuseReason::Version),
+        CloseCode::Auth => Some(RefuseReason::Auth),
+        CloseCode::NameMismatch => Some(RefuseReason::NameMismatch),
+        CloseCode::NameInUse => Some(RefuseReason::NameInUse),
+        _ => None,
+    }
+}
+
+/// What happened, handed to [`Endpoint::handle`] with the time it was seen.
+pub(crate) enum Input<'a> {
+    // ---- from the application's threads (commands and hand-offs) ----
+    /// A member to know (dialled at `addr` if given).
+    AddPeer {
+        peer: Arc<PeerShared>,
+        addr: Option<SocketAddr>,
+    },
+    /// `remove_peer`: retire the member for good.
+    RemovePeer(usize),
+    /// `disconnect`: close the member's link; it is dialled again with backoff.
+    Disconnect(usize),
+    /// Shut down by `deadline` (flush, then stop).
+    Shutdown { deadline: Instant },
+    /// Publish everything queued and cut the journal: the sync to wait for comes out as
+    /// [`Output::JournalSync`].
+    SyncJournal,
+    /// The member has new messages in its outbox.
+    Publish(usize),
+    /// The pool asks that credit consumed from the member's stream go back.
+    FlushCredit(usize),
+    // ---- from the connections ----
+    /// The driver opened a connection for peer `peer` (after [`Output::Dial`]) as `link`.
+    Dialled {
+        peer: usize,
+        link: LinkId,
+        nonce: Nonce,
+    },
+    /// The driver could not open a connection for peer `peer`.
+    DialFailed(usize),
+    /// A dialled link's connection completed.
+    Connected(LinkId),
+    /// A connection accepted from `from`, judged by [`Endpoint::judge`] (not refused),
+    /// became `link`.
+    Accepted {
+        link: LinkId,
+        from: SocketAddr,
+        verdict: Verdict,
+        nonce: Nonce,
+    },
+    /// Bytes were appended to the link's read buffer; `cert` checks, with TLS, that the
+    /// peer's certificate is valid for the member name a handshake claims.
+    Read { link: LinkId, cert: CertCheck<'a> },
+    /// The link's socket can take bytes again.
+    Writable(LinkId),
+    /// `n` bytes of the link's write buffer were written.
+    Wrote { link: LinkId, n: usize },
+    /// The link's connection failed or was closed by the peer.
+    Failed { link: LinkId, why: Why },
+    /// A TLS failure on the link (handshake, or a certificate not valid for the name).
+    TlsFailed {
+        link: LinkId,
+        reason: &'a str,
+        from: Option<SocketAddr>,
+    },
+    // ---- from the journal's writer and the clock ----
+    /// The journal's writer moved its marks.
+    JournalMarks(WriterMarks),
+    /// Time passed: timers due at `now` run.
+    Timeout,
+}
+
+/// The process that holds a member's name against a newcomer claiming it.
+struct NameHolder {
+    /// Its incarnation.
+    launch: u64,
+    /// Where it is connected from (or was, for one that replaced the newcomer).
+    addr: Option<SocketAddr>,
+    /// Its established link, if the name is held by a live connection.
+    link: Option<LinkId>,
+}
+
+/// A numbered batch of journal records, for the journal's writer.
+pub(crate) type Batch = (u64, Vec<Record>);
+
+/// What one call produces besides the links' bytes: journal records, pool tasks, events.
+pub(crate) struct Out {
+    /// Journal records of this turn, handed to the journal together (one batch) before any
+    /// byte leaves.
+    pub(crate) records: Vec<Record>,
+    /// Peers whose recorded progress (in this turn's records) waits for the disk before
+    /// it is acknowledged.
+    pub(crate) awaiting: Vec<usize>,
+    /// Batches cut and not yet taken by the driver.
+    batches: Vec<Batch>,
+    /// Pool tasks to submit.
+    pub(crate) tasks: VecDeque<Task>,
+    pub(crate) events: VecDeque<Output>,
+    /// Messages split from one read, for one push to their sender's queues.
+    pub(crate) batch: Vec<crate::deliver::Delivery>,
+    pub(crate) oob_batch: Vec<crate::deliver::Delivery>,
+    /// The node journals, and no journal write has failed.
+    journal_open: bool,
+}
+
+impl Out {
+    /// Whether records may be journalled (a journalling node whose journal has not
+    /// failed).
+    pub(crate) fn journal_open(&self) -> bool {
+        self.journal_open
+    }
+}
+
+/// Makes the shared state of a member admitted while it dials in.
+pub(crate) type NewPeer = Box<dyn Fn(SharedStr) -> Arc<PeerShared> + Send>;
+
+/// Checks, on a TLS link, that the peer's certificate is valid for the member name its
+/// handshake claims (always `Ok` on plain TCP).
+pub(crate) type CertCheck<'a> = &'a dyn Fn(&str) -> Result<(), String>;
+
+/// A member's protocol (see the module doc).
+pub(crate) struct Endpoint {
+    cfg: Config,
+    local: LocalIdentity,
+    /// The bound of a data frame's length.
+    max_len: usize,
+    counters: Arc<NodeCounters>,
+    new_peer: NewPeer,
+    links: HashMap<LinkId, Link, IdHash>,
+    peers: HashMap<usize, Peer, IdHash>,
+    by_name: HashMap<SharedStr, usize, NameHash>,
+    timers: Timers,
+    backoff: Backoff,
+    admission: Admission,
+    shedding: Shedding,
+    /// Links with bytes appended to their write buffer since the last write pass.
+    dirty: VecDeque<LinkId>,
+    /// Links whose reading is paused.
+    paused: Vec<LinkId>,
+    /// Peers whose queued messages are published once the frames written so far have left
+    /// (a handshake's last frame goes first: see [`poll`](Endpoint::poll), step 4).
+    deferred: Vec<usize>,
+    shutdown: Option<Instant>,
+    journal: Option<Durability>,
+    /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
+    syncs: VecDeque<Option<u64>>,
+    out: Out,
+}
+
+impl Endpoint {
+    /// A member with no peer yet; with `journal` (its fsync policy and what it recovered),
+    /// one that journals. `new_peer` makes the shared state of a member admitted as it
+    /// dials in.
+    pub(crate) fn new(
+        cfg: Config,
+        counters: Arc<NodeCounters>,
+        journal: Option<(FsyncPolicy, crate::journal::Recovered)>,
+        new_peer: NewPeer,
+        now: Instant,
+    ) -> Endpoint {
+        let local = LocalIdentity {
+            launch_id: cfg.launch_id,
+            window: cfg.window,
+            max_message: cfg.max_message as u32,
+            cluster: cfg.cluster.clone(),
+            name: cfg.name.to_string(),
+            secret: cfg.secret.clone(),
+        };
+        let journal = journal.map(|(policy, recovered)| Durability {
+            policy,
+            recovered: recovered.peers.into_iter().collect(),
+            cut: 0,
+            marks: WriterMarks::default(),
+            awaiting: VecDeque::new(),
+        });
+        let mut timers = Timers::default();
+        timers.add(now + cfg.tick, TimerKind::Tick);
+        Endpoint {
+            max_len: wire::max_frame_len(cfg.max_message),
+            backoff: Backoff::new(cfg.launch_id),
+            admission: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
+            shedding: Shedding::default(),
+            local,
+            counters,
+            new_peer,
+            links: HashMap::default(),
+            peers: HashMap::default(),
+            by_name: HashMap::default(),
+            timers,
+            dirty: VecDeque::new(),
+            paused: Vec::new(),
+            deferred: Vec::new(),
+            shutdown: None,
+            syncs: VecDeque::new(),
+            out: Out {
+                records: Vec::new(),
+                awaiting: Vec::new(),
+                tasks: VecDeque::new(),
+                events: VecDeque::new(),
+                batch: Vec::new(),
+                oob_batch: Vec::new(),
+                batches: Vec::new(),
+                journal_open: journal.is_some(),
+            },
+            journal,
+            cfg,
+        }
+    }
+
+    /// Takes what happened at `now`. Whatever it makes the endpoint ask of the driver
+    /// comes out of [`poll`](Endpoint::poll), which the driver drains next.
+    pub(crate) fn handle(&mut self, now: Instant, input: Input<'_>) {
+        match input {
+            Input::AddPeer { peer, addr } => self.add_peer(now, peer, addr),
+            Input::RemovePeer(id) => self.remove_peer(now, id),
+            Input::Disconnect(id) => self.disconnect(now, id),
+            Input::Shutdown { deadline } => self.begin_shutdown(now, deadline),
+            Input::SyncJournal => {
+                let n = self.sync_journal_now(now);
+                self.syncs.push_back(n);
+            }
+            Input::Publish(id) => self.publish(now, id),
+            Input::FlushCredit(id) => self.flush_credit(now, id),
+            Input::Dialled { peer, link, nonce } => self.dialled(now, peer, link, nonce),
+            Input::DialFailed(peer) => self.dial_failed(now, peer),
+            Input::Connected(link) => self.connected(link),
+            Input::Accepted {
+                link,
+                from,
+                verdict,
+                nonce,
+            } => self.accepted(now, link, from, verdict, nonce),
+            Input::Read { link, cert } => self.handle_input(now, link, cert),
+            Input::Writable(link) => self.dirty.push_back(link),
+            Input::Wrote { link, n } => self.wrote(now, link, n),
+            Input::Failed { link, why } => self.link_failed(now, link, why),
+            Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
+            Input::JournalMarks(marks) => self.journal_progress(now, marks),
+            Input::Timeout => self.handle_timeout(now),
+        }
+    }
+
+    /// The next thing the driver must do, or `None` when there is nothing more until the
+    /// next input. The order is the endpoint's:
+    ///
+    /// 1. pool tasks, then the events (dials, closes, reports, facts) in the order they
+    ///    happened — a task before any event that follows it;
+    /// 2. the journal: the records gathered since the last cut go to the writer as one
+    ///    batch, before any byte that depends on them may leave, then the syncs waiting for
+    ///    it;
+    /// 3. writes: each link with new bytes (one [`Output::Transmit`] per link, in the order
+    ///    they got bytes); what a write makes happen comes out before the next;
+    /// 4. once nothing above is left, what waited for the writes (publishing to peers whose
+    ///    handshake just completed, so that the handshake's last frame leaves before
+    ///    anything slow — the outbound filter, a journal batch — runs), and again from 1.
+    ///
+    /// After a journal failure no byte leaves: a link with bytes to write is closed
+    /// instead (its buffer may hold messages the journal lacks).
+    pub(crate) fn poll(&mut self, now: Instant) -> Option<Output> {
+        loop {
+            if let Some(t) = self.out.tasks.pop_front() {
+                return Some(Output::Task(t));
+            }
+            if let Some(e) = self.out.events.pop_front() {
+                return Some(e);
+            }
+            self.cut_journal();
+            if !self.out.batches.is_empty() {
+                return Some(Output::Journal(self.out.batches.remove(0)));
+            }
+            if let Some(n) = self.syncs.pop_front() {
+                return Some(Output::JournalSync(n));
+            }
+            if let Some(id) = self.dirty.pop_front() {
+                if self.links.get(&id).is_none_or(|l| l.connecting) {
+                    continue; // closed since, or not connected yet
+                }
+                if !self.journal_ok() {
+                    self.link_failed(now, id, Why::Shutdown);
+                    continue;
+                }
+                return Some(Output::Transmit(id));
+            }
+            if self.deferred.is_empty() {
+                return None;
+            }
+            for id in std::mem::take(&mut self.deferred) {
+                self.publish(now, id);
+            }
+        }
+    }
+
+    /// When the endpoint next needs [`Input::Timeout`].
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        self.timers.next_at()
+    }
+
+    /// A link, to move bytes between its buffers and its connection.
+    pub(crate) fn link_mut(&mut self, id: LinkId) -> Option<&mut Link> {
+        self.links.get_mut(&id)
+    }
+
+    /// Whether the endpoint is shutting down and done: everything queued to connected
+    /// peers written and acknowledged, or the deadline passed. A peer whose handshake is
+    /// under way over an open transport counts as connected when it is owed something: the
+    /// handshake ends soon (established, refused, or at its timeout), and a node stopping
+    /// just as it reconnects still hands over what it holds. That includes a link it
+    /// accepted and that has not said who it is yet, while a member owed messages has no
+    /// link (it may be the one dialling).
+    pub(crate) fn shutdown_done(&self, now: Instant) -> bool {
+        let Some(deadline) = self.shutdown else {
+            return false;
+        };
+        if now >= deadline {
+            return true;
+        }
+        let mut owed_unlinked = false;
+        let peers_done = self.peers.values().all(|p| {
+            match p.link.and_then(|l| self.links.get(&l)) {
+                Some(l) if l.established => p.flushed(l),
+                Some(l) if !l.connecting => !p.owes_anything(),
+                _ => {
+                    // Not connected: nothing more can be flushed, unless it is the one
+                    // dialling us on a link accepted and not identified yet.
+                    owed_unlinked |= p.owes_anything();
+                    true
+                }
+            }
+        });
+        // A member owed messages may be behind a handshake we accepted: it identifies
+        // itself soon (or is refused, or times out). Without such a member, strangers'
+        // handshakes hold nothing up.
+        peers_done
+            && !(owed_unlinked
+                && self
+                    .links
+                    .values()
+                    .any(|l| l.dialled.is_none() && l.peer.is_none() && !l.established))
+    }
+
+    /// Whether no journal write or sync has failed (always true without a journal): after
+    /// a failure, bytes in write buffers may hold messages the journal lacks.
+    pub(crate) fn journal_ok(&self) -> bool {
+        self.journal.as_ref().is_none_or(|j| !j.marks.failed)
+    }
+
+    /// The bytes of link `id` that may be written now: all of them without a journal; with
+    /// one, those whose journal records are durable (`appended`).
+    pub(crate) fn to_write(&self, id: LinkId) -> Option<&[u8]> {
+        let link = self.links.get(&id)?;
+        Some(match &self.journal {
+            None => link.to_write(),
+            Some(j) => link.durable_part(j.marks.appended, j.cut),
+        })
+    }
+
+    fn peer_name(&self, id: usize) -> SharedStr {
+        self.peers
+            .get(&id)
+            .map(|p| p.name().clone())
+            .unwrap_or_else(|| "?".into())
+    }
+
+    /// Publishes the link gauges after the link set changed.
+    fn update_gauges(&self) {
+        // Relaxed: gauges for stats only.
+        self.counters
+            .open
+            .store(self.links.len() as u64, Ordering::Relaxed);
+        let est = self.links.values().filter(|l| l.established).count() as u64;
+        self.counters.established.store(est, Ordering::Relaxed);
+        self.counters
+            .pending
+            .store(self.admission.len() as u64, Ordering::Relaxed);
+    }
+
+    /// Peer `id`, for the simulation's checks.
+    #[cfg(any(test, all(cohort_internals, not(loom))))]
+    pub(crate) fn peer(&self, id: usize) -> Option<&Peer> {
+        self.peers.get(&id)
+    }
+
+    /// Every link, for the simulation's checks.
+    #[cfg(any(test, all(cohort_internals, not(loom))))]
+    pub(crate) fn links(&self) -> impl Iterator<Item = &Link> {
+        self.links.values()
+    }
+}

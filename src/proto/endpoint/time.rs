@@ -1,0 +1,186 @@
+//! Writes reported back, and the timers: delayed acks, handshake deadlines, the
+//! housekeeping tick, liveness.
+
+use super::*;
+
+impl Endpoint {
+    /// `n` bytes of link `id`'s write buffer were written at `now`; `drained`: the buffer
+    /// is empty. A drained established link's acks count as sent, and a link below its
+    /// low-water mark gets more of its peer's queue.
+    pub(super) fn wrote(&mut self, now: Instant, id: LinkId, n: usize) {
+        let Some(link) = self.links.get_mut(&id) else {
+            return;
+        };
+        let drained = link.wrote(n, now);
+        if !link.established {
+            return;
+        }
+        let Some(pid) = link.peer else { return };
+        let low = link.unwritten() < self.cfg.write_high_water / 2;
+        let Some(p) = self.peers.get_mut(&pid) else {
+            return;
+        };
+        if p.link != Some(id) {
+            return;
+        }
+        if drained {
+            // Every ack in the buffer has been written: now it counts as sent.
+            p.drained();
+        }
+        if low && p.has_queued() {
+            self.publish(now, pid);
+        }
+    }
+
+    /// Runs every timer due at `now`. A driver passes the time its view of the links was
+    /// last refreshed (the IO thread: when its last `poll` returned), not the present:
+    /// timeouts that blame a peer (idle, handshake) must never count time it did not look
+    /// at its links — bytes that arrived since are read before they are judged.
+    pub(super) fn handle_timeout(&mut self, now: Instant) {
+        while let Some((_, t)) = self.timers.pop_due(now) {
+            match t {
+                TimerKind::Reconnect { peer, gen } => {
+                    if self
+                        .peers
+                        .get(&peer)
+                        .is_some_and(|p| p.gen == gen && p.link.is_none())
+                    {
+                        self.dial(now, peer);
+                    }
+                }
+                TimerKind::Handshake { link } => self.handshake_due(now, link),
+                TimerKind::Forget { peer, gen } => self.forget_peer(peer, gen),
+                TimerKind::AckDelay { peer } => self.ack_due(now, peer),
+                TimerKind::Tick => self.tick(now),
+                TimerKind::Deadline => {}
+            }
+        }
+        // Relaxed: a gauge for stats.
+        self.counters
+            .timers
+            .store(self.timers.len() as u64, Ordering::Relaxed);
+    }
+
+    /// The ack timer of peer `id` fired.
+    pub(super) fn ack_due(&mut self, now: Instant, id: usize) {
+        if let Some(p) = self.peers.get_mut(&id) {
+            p.ack_timer = false;
+        }
+        self.ack(id);
+        if self.journal.is_none() {
+            return;
+        }
+        // The handler may not have reached what arrived: ask again later while an ack is
+        // owed.
+        if let Some(p) = self.peers.get_mut(&id) {
+            if p.ack_behind() && !p.ack_timer && p.link.is_some() {
+                p.ack_timer = true;
+                self.timers
+                    .add(now + self.cfg.ack_delay, TimerKind::AckDelay { peer: id });
+            }
+        }
+    }
+
+    /// The handshake timer of link `id` fired. An accepted link is held to the deadline of
+    /// the table as it is now (shorter under pressure; re-armed if the table emptied
+    /// since); our own dial always has the whole `handshake_timeout`.
+    pub(super) fn handshake_due(&mut self, now: Instant, id: LinkId) {
+        let Some(link) = self.links.get(&id).filter(|l| !l.established) else {
+            return;
+        };
+        let dialled = link.dialled;
+        if let Some(since) = self.admission.since(id) {
+            let limit = self.admission.deadline(self.cfg.handshake_timeout);
+            if now < since + limit {
+                self.timers
+                    .add(since + limit, TimerKind::Handshake { link: id });
+            } else {
+                self.pending_timed_out(now, id, limit);
+            }
+            return;
+        }
+        Counters::add(&self.counters.handshake_timeouts, 1);
+        match dialled {
+            Some(p) => log::warn!(
+                "{}: handshake with '{}' timed out; closing the connection",
+                self.cfg.name,
+                self.peer_name(p)
+            ),
+            None => log::warn!("{}: handshake timed out; closing connection", self.cfg.name),
+        }
+        self.close_link(now, id, None, Why::IdleTimeout);
+    }
+
+    /// Periodic work: pending links past their deadline closed (and the shedding warning,
+    /// when due), each peer's tick (probes, block warnings, residual credit, expiry),
+    /// paused links back within their windows resumed, heartbeats and the idle timeout.
+    pub(super) fn tick(&mut self, now: Instant) {
+        self.shed_overdue(now);
+        self.warn_shedding(now);
+        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        for id in ids {
+            let Some(p) = self.peers.get_mut(&id) else {
+                continue;
+            };
+            let link = p.link.and_then(|l| self.links.get_mut(&l));
+            let link_id = link.as_ref().map(|l| l.id);
+            if p.tick(&self.cfg, &mut self.out, link, now) {
+                if let Some(l) = link_id {
+                    self.dirty.push_back(l);
+                }
+            }
+        }
+        if !self.paused.is_empty() {
+            let ids: Vec<usize> = self
+                .paused
+                .iter()
+                .filter_map(|l| self.links.get(l).and_then(|l| l.peer))
+                .collect();
+            for id in ids {
+                self.resume_peer(now, id);
+            }
+        }
+        self.check_liveness(now);
+        self.timers.add(now + self.cfg.tick, TimerKind::Tick);
+    }
+
+    /// Heartbeats on quiet established links (any traffic suppresses them), and failure
+    /// detection: a link silent for `idle_timeout` is closed, and its peer redialled with
+    /// backoff. A link we are not reading (paused) is never silent: time we did not read is
+    /// ours, not the peer's.
+    pub(super) fn check_liveness(&mut self, now: Instant) {
+        let mut silent = Vec::new();
+        for link in self.links.values_mut() {
+            if !link.established {
+                continue;
+            }
+            let unread = now.saturating_duration_since(link.last_read);
+            if !link.paused && unread >= self.cfg.idle_timeout {
+                silent.push(link.id);
+            } else if now.saturating_duration_since(link.last_write) >= self.cfg.heartbeat {
+                wire::encode_heartbeat(&mut link.wbuf);
+                self.dirty.push_back(link.id);
+            }
+        }
+        for id in silent {
+            Counters::add(&self.counters.idle_timeouts, 1);
+            let who = self
+                .links
+                .get(&id)
+                .and_then(|l| l.peer)
+                .map(|p| self.peer_name(p));
+            log::warn!(
+                "{}: connection to '{}' silent for {:?}; closing it",
+                self.cfg.name,
+                who.as_deref().unwrap_or("?"),
+                self.cfg.idle_timeout
+            );
+            self.close_link(
+                now,
+                id,
+                Some((CloseCode::Other, "idle timeout")),
+                Why::IdleTimeout,
+            );
+        }
+    }
+}
