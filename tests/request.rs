@@ -706,10 +706,14 @@ fn request_byte_counters_count_the_headers_delivered_bytes_do_not() {
     );
     assert_eq!(c.received_bytes, reply, "replies received: {c:?}");
     assert_eq!(c.delivered_bytes, 0, "replies are not deliveries: {c:?}");
+    // A delivery is counted once its handler returns, after the reply it sent.
     wait_until_or(
         PATIENCE,
-        || peer_stats(&server, "rb-client").sent_bytes == reply,
-        || format!("replies sent:\n{}", server.stats()),
+        || {
+            let s = peer_stats(&server, "rb-client");
+            s.sent_bytes == reply && s.delivered == N
+        },
+        || format!("replies sent, requests handled:\n{}", server.stats()),
     );
     let s = peer_stats(&server, "rb-client");
     assert_eq!(s.received_bytes, request, "requests received: {s:?}");
