@@ -129,10 +129,11 @@ pub enum Error {
     /// the [`source`](std::error::Error::source).
     #[error("an OS-level operation failed (setting up the poller or spawning a thread)")]
     Io(#[from] std::io::Error),
-    /// The journal could not be opened, recovered or written: the
-    /// [`JournalError`](crate::journal::JournalError), its
-    /// [`source`](std::error::Error::source), names the file and what to do.
-    #[error("the journal could not be opened, recovered or written")]
+    /// The journal could not be opened, recovered or written: transparent, its `Display`
+    /// is the [`JournalError`](crate::journal::JournalError)'s (which names the file and
+    /// what to do) and its [`source`](std::error::Error::source) that error's cause (the
+    /// OS error, if any).
+    #[error(transparent)]
     Journal(#[from] crate::journal::JournalError),
     /// `shutdown` could not join every thread within its deadline; the threads named are
     /// still running (typically a message handler that does not return).
