@@ -553,6 +553,18 @@ impl Peer {
         true
     }
 
+    /// Drops a state for the peer that never took part: the endpoint already holds one for
+    /// its name. What was queued on it fails (reported through `out`, permits back), and its
+    /// outbox and requests close, so a handle still holding it fails its sends. Returns how
+    /// many messages failed.
+    pub(crate) fn discard(mut self, out: &mut Out) -> u64 {
+        self.set_state(PeerState::Closed);
+        let failed = self.fail_queued(out);
+        self.shared.outbox.retire(&mut self.ledger);
+        self.shared.requests.close();
+        failed
+    }
+
     /// Fails every message not yet published, giving back its permits; they are reported
     /// to the application's hook through `out`. Returns how many.
     fn fail_queued(&mut self, out: &mut Out) -> u64 {

@@ -6,12 +6,52 @@ use super::*;
 impl Endpoint {
     /// Starts managing a peer (restoring its journalled stream, dialling it if it has an
     /// address).
+    ///
+    /// A member of the same name may have dialled in and been admitted between the node's
+    /// check of its peer map and this command (the admission's map entry then replaced the
+    /// node's): the admitted peer, which holds the connection and its stream, becomes the
+    /// configured one — it gains the address and is no longer forgotten — and the state the
+    /// command brought is discarded (what was sent to it meanwhile fails and is reported).
     pub(super) fn add_peer(
         &mut self,
         now: Instant,
         shared: Arc<PeerShared>,
         addr: Option<SocketAddr>,
     ) {
+        if let Some(&held) = self.by_name.get(&shared.name) {
+            let name = shared.name.clone();
+            if let Some(p) = self.peers.get_mut(&held) {
+                if p.dynamic {
+                    p.dynamic = false;
+                    p.addr = p.addr.or(addr);
+                    p.gen += 1; // cancels its forget timer
+                                // The map holds it already; said again, so that it is the one kept.
+                    self.out
+                        .events
+                        .push_back(Output::Admitted(p.shared.clone()));
+                    log::info!(
+                        "{}: '{name}' was added while it was being admitted (it dialled in); the admitted member is kept, now with the address given",
+                        self.cfg.name
+                    );
+                } else {
+                    log::error!(
+                        "{}: '{name}' added twice; the second is dropped",
+                        self.cfg.name
+                    );
+                }
+            }
+            let failed = Peer::new(shared, addr).discard(&mut self.out);
+            if failed > 0 {
+                log::warn!(
+                    "{}: {failed} messages sent to '{name}' as it was added failed: it was admitted meanwhile",
+                    self.cfg.name
+                );
+            }
+            if self.peers.get(&held).is_some_and(|p| p.link.is_none()) && self.shutdown.is_none() {
+                self.dial(now, held);
+            }
+            return;
+        }
         let id = shared.id;
         self.by_name.insert(shared.name.clone(), id);
         let mut peer = Peer::new(shared, addr);

@@ -96,6 +96,22 @@ pub(super) struct Known {
     pub(super) last_why: Option<Why>,
 }
 
+impl Known {
+    /// A peer known from now on, nothing sent or told yet.
+    fn new(shared: Arc<PeerShared>) -> Known {
+        Known {
+            name: shared.name.clone(),
+            shared,
+            sent: Vec::new(),
+            undelivered: Vec::new(),
+            up: false,
+            connects_told: 0,
+            launches_told: Vec::new(),
+            last_why: None,
+        }
+    }
+}
+
 /// One member: its endpoint, the peers it knows, the application's view.
 pub(super) struct Member {
     pub(super) name: &'static str,
@@ -108,7 +124,7 @@ pub(super) struct Member {
     pub(super) peers: Vec<Known>,
     /// What the pool hands this member's IO thread: the shipping `PeerCreditSink`s put the
     /// peer on its credit list when credit should go back.
-    handoff: Arc<Handoff>,
+    pub(super) handoff: Arc<Handoff>,
     /// Connections the endpoint asked for and not made yet: (peer, address).
     pub(super) dials: VecDeque<(usize, SocketAddr)>,
     /// Every message delivered to the application, in order (sequence number, bytes).
@@ -341,9 +357,28 @@ pub(super) fn pair(s: Settings) -> Vec<Spec> {
     ]
 }
 
+/// The shared state of peer `id` named `name` of a member, as a node makes it: its receive
+/// credit, sender and OOB queues reporting to the member's hand-off.
+pub(super) fn peer_shared(
+    id: usize,
+    name: SharedStr,
+    journal: bool,
+    handoff: &Arc<Handoff>,
+) -> Arc<PeerShared> {
+    let credit = Arc::new(RecvCredit::new());
+    let progress = journal.then(|| Arc::new(crate::deliver::Progress::new(0)));
+    let sink = || PeerCreditSink::new(id, credit.clone(), progress.clone(), handoff.clone());
+    let member = Arc::new(SenderQueue::new(name.clone(), Box::new(sink())));
+    let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(sink())));
+    Arc::new(PeerShared::new(
+        id, name, WINDOW, credit, member, oob, progress, 16,
+    ))
+}
+
 impl Member {
     fn new(side: Side, spec: &Spec, s: Settings, now: Instant) -> Member {
         let journal = spec.journal;
+        let handoff = Arc::new(Handoff::new(Box::new(NoWake)));
         let counters = Arc::new(NodeCounters::default());
         let cfg = Config {
             name: spec.name.into(),
@@ -352,7 +387,9 @@ impl Member {
             window: WINDOW,
             recv_window: WINDOW,
             max_message: MAX_MESSAGE,
-            allow_unknown: false,
+            // Members not among `knows` are admitted as they dial in (each gets the next
+            // peer index; `Sim::drain` records it).
+            allow_unknown: true,
             ack_threshold: s.ack_threshold,
             ack_delay: Duration::from_millis(s.ack_delay),
             backoff_min: Duration::from_millis(5),
@@ -383,43 +420,21 @@ impl Member {
                     crate::journal::Recovered::default(),
                 )
             }),
-            Box::new(|name| panic!("the simulation admits no unknown member ({name})")),
+            {
+                let next = std::sync::atomic::AtomicUsize::new(spec.knows.len());
+                let handoff = handoff.clone();
+                Box::new(move |name| {
+                    let id = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    peer_shared(id, name, journal, &handoff)
+                })
+            },
             now,
         );
-        let handoff = Arc::new(Handoff::new(Box::new(NoWake)));
         let peers = spec
             .knows
             .iter()
             .enumerate()
-            .map(|(id, &(name, _))| {
-                let name: SharedStr = name.into();
-                let credit = Arc::new(RecvCredit::new());
-                let progress = journal.then(|| Arc::new(crate::deliver::Progress::new(0)));
-                let sink =
-                    || PeerCreditSink::new(id, credit.clone(), progress.clone(), handoff.clone());
-                let member = Arc::new(SenderQueue::new(name.clone(), Box::new(sink())));
-                let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(sink())));
-                let shared = Arc::new(PeerShared::new(
-                    id,
-                    name.clone(),
-                    WINDOW,
-                    credit,
-                    member,
-                    oob,
-                    progress,
-                    16,
-                ));
-                Known {
-                    name,
-                    shared,
-                    sent: Vec::new(),
-                    undelivered: Vec::new(),
-                    up: false,
-                    connects_told: 0,
-                    launches_told: Vec::new(),
-                    last_why: None,
-                }
-            })
+            .map(|(id, &(name, _))| Known::new(peer_shared(id, name.into(), journal, &handoff)))
             .collect();
         Member {
             name: spec.name,
@@ -647,8 +662,25 @@ impl Sim {
                         self.stats.refusals += 1;
                     }
                     Output::Fact(f) => panic!("{who}: unexpected fact {f:?}"),
-                    Output::Admitted(_) | Output::JournalFailed | Output::Forget(_) => {
-                        unreachable!("no unknown members, no journal failure")
+                    Output::Admitted(shared) => {
+                        let m = &mut self.m[side];
+                        // Said again for a peer it holds (a node's `add_peer` raced the
+                        // admission): the node's map keeps it, nothing new here.
+                        let again = m
+                            .peers
+                            .get(shared.id)
+                            .is_some_and(|k| Arc::ptr_eq(&k.shared, &shared));
+                        if !again {
+                            assert_eq!(
+                                shared.id,
+                                m.peers.len(),
+                                "{who}: admitted as the next peer"
+                            );
+                            m.peers.push(Known::new(shared));
+                        }
+                    }
+                    Output::JournalFailed | Output::Forget(_) => {
+                        unreachable!("no journal failure; nobody stays away for forget_after")
                     }
                 }
             }

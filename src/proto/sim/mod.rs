@@ -56,6 +56,8 @@
 // it also has are for the tests.
 #![cfg_attr(not(test), allow(dead_code))]
 
+#[cfg(test)]
+mod admitted;
 pub(crate) mod fuzz;
 mod harness;
 mod oracle;
