@@ -32,13 +32,13 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -331,33 +331,11 @@ impl ChildNode {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn the child");
-        let (tx, lines) = mpsc::channel();
-        let out = BufReader::new(child.stdout.take().expect("child stdout"));
-        let stdout = std::thread::spawn(move || {
-            for line in out.lines() {
-                let Ok(line) = line else { break };
-                if let Some(at) = line.find(MARK) {
-                    if tx.send(line[at + MARK.len()..].trim().to_owned()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err = child.stderr.take().expect("child stderr");
-        let sink = stderr.clone();
-        // Detached: it ends at the child's exit (end of stream).
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let child::Output {
+            lines,
+            stdout,
+            stderr,
+        } = child::output(&mut child, MARK);
         let stdin = child.stdin.take();
         ChildNode {
             run,

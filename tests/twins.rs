@@ -12,10 +12,10 @@
 mod support;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -166,33 +166,8 @@ impl Twin {
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn a twin");
-        let (tx, lines) = mpsc::channel();
-        let out = BufReader::new(child.stdout.take().expect("child stdout"));
-        // Detached: they end at the child's exit (end of stream).
-        std::thread::spawn(move || {
-            for line in out.lines() {
-                let Ok(line) = line else { break };
-                if let Some(at) = line.find(MARK) {
-                    if tx.send(line[at + MARK.len()..].trim().to_owned()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut err = child.stderr.take().expect("child stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = err.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
+        let out = child::output(&mut child, MARK);
+        let (lines, stderr) = (out.lines, out.stderr);
         let mut twin = Twin {
             pid: child.id(),
             child,

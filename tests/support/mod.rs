@@ -13,6 +13,7 @@
 //! |---|---|
 //! | [`wait`] | waiting on a condition with a deadline: `wait_until`, `poll_until`, `PATIENCE`, `SHUTDOWN` |
 //! | [`addr`] | `HeldAddr`: an address kept for a member that is not up (yet, or any more) |
+//! | [`child`] | a child process running one of this binary's tests: its marked stdout lines and its stderr |
 //! | [`nodes`] | fixtures: `connected` pair or mesh, `introduce_at_once`, the receiver `b` and the journalling sender `a` of two-member tests, `fill_window`, waits for whole windows, stats |
 //! | [`messages`] | numbered test payloads, `OrderCheck` (per-sender order), `Counter`, `Gate` |
 //! | [`threads`] | this process's threads by name, `Watched` threads parking on a dry window, `join_within` |
@@ -37,6 +38,8 @@ compile_error!(
 pub(crate) mod addr;
 #[cfg(feature = "tls")]
 pub(crate) mod certs;
+#[cfg(unix)]
+pub(crate) mod child;
 pub(crate) mod freeze;
 pub(crate) mod messages;
 pub(crate) mod nodes;
