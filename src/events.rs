@@ -11,7 +11,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::net::SocketAddr;
+use crate::addr::Addr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -91,7 +91,7 @@ pub enum Event {
         /// the handshake claimed).
         peer: Option<String>,
         /// The other end's address, when known.
-        addr: Option<SocketAddr>,
+        addr: Option<Addr>,
         /// Why.
         reason: RefuseReason,
         /// Whether the other side refused us (`true`) rather than we it.
@@ -148,7 +148,9 @@ impl fmt::Display for Event {
                 by_peer,
             } => {
                 let who = peer.as_deref().map_or("a connection".to_owned(), |p| format!("'{p}'"));
-                let at = addr.map_or(String::new(), |a| format!(" at {a}"));
+                let at = addr
+                    .as_ref()
+                    .map_or(String::new(), |a| format!(" at {a}"));
                 if *by_peer {
                     write!(f, "{who}{at} refused our handshake: {reason}")
                 } else {

@@ -77,6 +77,7 @@
 // every lint stays on where the cfg is.
 #![cfg_attr(not(cohort_internals), allow(unreachable_pub, unused_imports))]
 
+mod addr;
 #[cfg(feature = "codec")]
 pub mod codec;
 mod deliver;
@@ -94,6 +95,7 @@ pub mod tls;
 mod util;
 mod wire;
 
+pub use addr::{Addr, AddrParseError, ToAddr};
 pub use bytes::Bytes;
 pub use deliver::{Delivery, Inbox, InboxIter, InboxRecv, InboxTryIter, PoolStats, RecvError};
 pub use events::{DisconnectReason, Event, RefuseReason};

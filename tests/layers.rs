@@ -22,7 +22,7 @@ const LAYERS: &[&[&str]] = &[
     &["peer"],
     &["deliver", "journal"],
     &["events", "flow", "handoff"],
-    &["codec", "wire", "util"],
+    &["addr", "codec", "wire", "util"],
     &["sync"],
 ];
 

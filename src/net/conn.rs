@@ -1,4 +1,4 @@
-//! One connection's socket side: the TCP stream, its transport (plain TCP, or TLS with the
+//! One connection's socket side: the stream (TCP or a Unix-domain socket), its transport (plain TCP, or TLS with the
 //! `tls` feature) and its readiness registration. The bytes it reads go into its link's read
 //! buffer and the bytes it writes come from its link's write buffer (`proto::Link`): the
 //! protocol side lives there. Many frames go out per `write` and come in per `read`; over
@@ -7,8 +7,10 @@
 use std::io::{self, Read, Write};
 
 use bytes::BytesMut;
-use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
+
+use super::socket::Stream;
+use crate::addr::Addr;
 
 use crate::proto::READ_CHUNK;
 #[cfg(feature = "tls")]
@@ -62,7 +64,7 @@ impl Transport {
     #[inline]
     pub(crate) fn read(
         &mut self,
-        stream: &mut TcpStream,
+        stream: &mut Stream,
         rbuf: &mut BytesMut,
         scratch: &mut Vec<u8>,
     ) -> io::Result<(usize, bool)> {
@@ -79,7 +81,7 @@ impl Transport {
     /// Writes as much of `buf` to `stream` as the socket takes (and, over TLS, the
     /// transport's own records). Returns how many bytes of `buf` were taken.
     #[inline]
-    pub(crate) fn write(&mut self, stream: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
+    pub(crate) fn write(&mut self, stream: &mut Stream, buf: &[u8]) -> io::Result<usize> {
         match self {
             Transport::Plain => write_plain(stream, buf),
             #[cfg(feature = "tls")]
@@ -101,7 +103,7 @@ impl Transport {
 
 /// The plain read: straight into the spare room of `rbuf`.
 #[inline]
-fn read_plain(stream: &mut TcpStream, rbuf: &mut BytesMut) -> io::Result<(usize, bool)> {
+fn read_plain(stream: &mut Stream, rbuf: &mut BytesMut) -> io::Result<(usize, bool)> {
     // A partial frame at the front stays in place; `reserve` moves or grows the buffer
     // only when the spare room is low (frames are split off as soon as they complete, so
     // the buffer holds at most one partial frame plus a chunk).
@@ -128,7 +130,7 @@ fn read_plain(stream: &mut TcpStream, rbuf: &mut BytesMut) -> io::Result<(usize,
 
 /// The plain write: until the socket says `WouldBlock` or `buf` is out.
 #[inline]
-fn write_plain(stream: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
+fn write_plain(stream: &mut Stream, buf: &[u8]) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match stream.write(&buf[done..]) {
@@ -159,9 +161,11 @@ pub(crate) fn is_tls_failure(e: &io::Error) -> bool {
 #[derive(Debug)]
 pub(crate) struct Conn {
     pub(crate) token: Token,
-    pub(crate) stream: TcpStream,
-    /// Plain TCP or TLS.
+    pub(crate) stream: Stream,
+    /// Plain or TLS.
     pub(crate) transport: Transport,
+    /// The other end: the address dialled, or where an accepted connection came from.
+    pub(crate) remote: Addr,
     writable_interest: bool,
     /// Queued in the IO thread's read-pending list (readable, not drained).
     pub(crate) read_pending: bool,
@@ -170,13 +174,15 @@ pub(crate) struct Conn {
 impl Conn {
     pub(crate) fn new(
         token: Token,
-        stream: TcpStream,
+        stream: Stream,
+        remote: Addr,
         transport: Transport,
         writable: bool,
     ) -> Conn {
         Conn {
             token,
             stream,
+            remote,
             transport,
             writable_interest: writable,
             read_pending: false,

@@ -10,19 +10,19 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
-use mio::net::{TcpListener, TcpStream};
 use mio::{Events, Interest, Poll, Token};
 
 use super::conn::{self, Conn, Transport};
+use super::socket::{Listener, Stream};
 use super::IdleStrategy;
 use super::{
     Command, Completion, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN,
     LISTENER, WAKER,
 };
+use crate::addr::Addr;
 use crate::deliver::{Pool, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
 use crate::handoff::SpinGate;
@@ -44,7 +44,7 @@ const ACCEPT_BUDGET: usize = 256;
 pub(crate) struct IoThread {
     cfg: IoConfig,
     poll: Poll,
-    listener: TcpListener,
+    listener: Listener,
     shared: Arc<IoShared>,
     peers_map: PeerMap,
     pool: Arc<Pool>,
@@ -356,7 +356,7 @@ impl IoThread {
                     }
                 }
                 Output::Transmit(id) => self.write_link(id, now),
-                Output::Dial { peer, name, addr } => self.dial(now, peer, &name, addr),
+                Output::Dial { peer, name, addr } => self.dial(now, peer, &name, &addr),
                 Output::Close { link, last } => {
                     if let Some(mut c) = self.conns.remove(&link) {
                         if !self.endpoint.journal_ok() {
@@ -585,7 +585,7 @@ impl IoThread {
                     if closed_by_dialler(&stream) {
                         continue; // dropped before it is judged: it takes no slot
                     }
-                    let verdict = self.endpoint.judge(now, from);
+                    let verdict = self.endpoint.judge(now, from.clone());
                     if matches!(verdict, Verdict::SourceFull | Verdict::Full) {
                         continue; // dropped at once: the stream closes here
                     }
@@ -616,8 +616,8 @@ impl IoThread {
                         );
                         continue;
                     }
-                    self.conns
-                        .insert(link(token), Conn::new(token, stream, transport, false));
+                    let conn = Conn::new(token, stream, from.clone(), transport, false);
+                    self.conns.insert(link(token), conn);
                     self.endpoint.handle(
                         now,
                         Input::Accepted {
@@ -646,7 +646,7 @@ impl IoThread {
     }
 
     /// Opens a connection to `addr` for peer `peer`, named `name` (the endpoint asked).
-    fn dial(&mut self, now: Instant, peer: usize, name: &str, addr: SocketAddr) {
+    fn dial(&mut self, now: Instant, peer: usize, name: &str, addr: &Addr) {
         let transport = match Transport::new(self.cfg.tls.as_ref(), Some(name)) {
             Ok(t) => t,
             Err(e) => {
@@ -658,7 +658,7 @@ impl IoThread {
         let Some(nonce) = self.fresh_nonce() else {
             return self.endpoint.handle(now, Input::DialFailed(peer)); // logged
         };
-        match TcpStream::connect(addr) {
+        match Stream::connect(addr) {
             Ok(mut stream) => {
                 let token = self.new_token();
                 if let Err(e) = self.poll.registry().register(
@@ -672,8 +672,8 @@ impl IoThread {
                     );
                     return self.endpoint.handle(now, Input::DialFailed(peer));
                 }
-                self.conns
-                    .insert(link(token), Conn::new(token, stream, transport, true));
+                let conn = Conn::new(token, stream, addr.clone(), transport, true);
+                self.conns.insert(link(token), conn);
                 let link = link(token);
                 self.endpoint
                     .handle(now, Input::Dialled { peer, link, nonce });
@@ -719,12 +719,12 @@ impl IoThread {
                 Ok(None) => {}
                 Ok(Some(e)) | Err(e) => return self.connect_failed(now, id, e),
             }
-            match conn.stream.peer_addr() {
-                Ok(_) => {
+            match conn.stream.connected() {
+                Ok(true) => {
                     configure(&self.cfg, &conn.stream);
                     self.endpoint.handle(now, Input::Connected(id));
                 }
-                Err(e) if e.kind() == io::ErrorKind::NotConnected => return, // not yet
+                Ok(false) => return, // not yet
                 Err(e) => return self.connect_failed(now, id, e),
             }
         }
@@ -793,7 +793,7 @@ impl IoThread {
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if conn::is_tls_failure(&e) => {
-                    let from = conn.stream.peer_addr().ok();
+                    let from = Some(conn.remote.clone());
                     conn.write_last(&[]); // the alert telling the peer why
                     let reason = e.to_string();
                     let failed = Input::TlsFailed {
@@ -907,7 +907,7 @@ use crate::peer::Counters;
 /// so they neither take a pending slot nor displace one. A member's dialler sends nothing
 /// before our Hello (with TLS, its ClientHello: bytes, not an end), so it is never taken
 /// for one.
-fn closed_by_dialler(stream: &TcpStream) -> bool {
+fn closed_by_dialler(stream: &Stream) -> bool {
     let mut byte = [0u8; 1];
     match stream.peek(&mut byte) {
         Ok(0) => true,
@@ -919,22 +919,9 @@ fn closed_by_dialler(stream: &TcpStream) -> bool {
     }
 }
 
-/// Socket options for every connection, through socket2.
-fn configure(cfg: &IoConfig, stream: &TcpStream) {
-    let sock = socket2::SockRef::from(stream);
-    if let Err(e) = sock.set_tcp_nodelay(true) {
-        log::warn!("{}: cannot set TCP_NODELAY: {e}", cfg.proto.name);
-    }
-    if let Some(n) = cfg.send_buffer {
-        if let Err(e) = sock.set_send_buffer_size(n) {
-            log::warn!("{}: cannot set SO_SNDBUF: {e}", cfg.proto.name);
-        }
-    }
-    if let Some(n) = cfg.recv_buffer {
-        if let Err(e) = sock.set_recv_buffer_size(n) {
-            log::warn!("{}: cannot set SO_RCVBUF: {e}", cfg.proto.name);
-        }
-    }
+/// Socket options for every connection (see [`Stream::configure`]).
+fn configure(cfg: &IoConfig, stream: &Stream) {
+    stream.configure(&cfg.proto.name, cfg.send_buffer, cfg.recv_buffer);
 }
 
 #[cfg(test)]

@@ -6,13 +6,15 @@
 mod conn;
 mod idle;
 mod io;
+mod socket;
 
-use std::net::SocketAddr;
+use crate::addr::Addr;
 use std::time::Instant;
 
 pub(crate) use conn::TlsSetup;
 pub use idle::IdleStrategy;
 pub(crate) use io::IoThread;
+pub(crate) use socket::{check_unix_path, Listener};
 
 use crate::deliver::{OobQueue, PeerCreditSink, Pool, Progress, SenderQueue};
 use crate::flow::RecvCredit;
@@ -49,7 +51,7 @@ pub(crate) enum Command {
     /// Start managing a peer (dial it if it has an address).
     AddPeer {
         peer: Arc<PeerShared>,
-        addr: Option<SocketAddr>,
+        addr: Option<Addr>,
     },
     /// Close the peer for good: fail its queued messages, drop its connections.
     RemovePeer { id: usize, done: Arc<Completion> },
@@ -192,7 +194,7 @@ impl IoShared {
 pub(crate) struct IoParts {
     pub(crate) config: IoConfig,
     pub(crate) poll: mio::Poll,
-    pub(crate) listener: mio::net::TcpListener,
+    pub(crate) listener: Listener,
     pub(crate) shared: Arc<IoShared>,
     pub(crate) peers: PeerMap,
     pub(crate) pool: Arc<Pool>,

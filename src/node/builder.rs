@@ -1,7 +1,9 @@
 //! [`Builder`]: every setting of a node, checked at `start`.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
+
+use crate::addr::{Addr, ToAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -73,11 +75,11 @@ pub struct Builder {
     /// [`io_config`](Builder::io_config); until then they are zero.
     pub(crate) io: IoConfig,
     // The node's own settings: its listener, its peers, the pool, the callbacks, the journal.
-    pub(crate) listen: Result<SocketAddr, String>,
+    pub(crate) listen: Result<Addr, String>,
     /// Whether [`listen`](Builder::listen) was called (otherwise `listen` is the default,
     /// `127.0.0.1:0`).
     pub(crate) listen_given: bool,
-    pub(crate) peers: Vec<(String, Result<SocketAddr, String>)>,
+    pub(crate) peers: Vec<(String, Result<Addr, String>)>,
     pub(crate) pool_threads: usize,
     /// Pool threads one sender's out-of-band messages may occupy at once (`None`: half
     /// the pool, at least one).
@@ -170,13 +172,12 @@ pub(crate) fn check_name(setting: &'static str, name: &str) -> Result<(), Config
     Ok(())
 }
 
-fn resolve<A: ToSocketAddrs>(addr: A) -> Result<SocketAddr, String> {
-    match addr.to_socket_addrs() {
-        Ok(mut it) => it
-            .next()
-            .ok_or_else(|| "address resolved to nothing".to_string()),
-        Err(e) => Err(e.to_string()),
+fn resolve<A: ToAddr>(addr: A) -> Result<Addr, String> {
+    let addr = addr.to_addr().map_err(|e| e.to_string())?;
+    if let Addr::Unix(path) = &addr {
+        crate::net::check_unix_path(path)?;
     }
+    Ok(addr)
 }
 
 impl Builder {
@@ -218,7 +219,7 @@ impl Builder {
                 idle: IdleStrategy::default(),
                 tls: None,
             },
-            listen: Ok(SocketAddr::from(DEFAULT_LISTEN)),
+            listen: Ok(Addr::Tcp(SocketAddr::from(DEFAULT_LISTEN))),
             listen_given: false,
             peers: Vec::new(),
             pool_threads: std::thread::available_parallelism()
@@ -270,7 +271,19 @@ impl Builder {
         self
     }
 
-    /// Address to listen on; port 0 picks an ephemeral port, see [`Node::local_addr`].
+    /// Address to listen on: a TCP address (port 0 picks an ephemeral port, see
+    /// [`Node::local_addr`]) or, for members on one host, a Unix-domain socket
+    /// ([`Addr::unix`]; see [`Addr`] for the forms taken).
+    ///
+    /// A node listens on one address. Its peers may be of either kind: a node listening on
+    /// a Unix socket can dial TCP peers and the other way round; each peer is dialled at
+    /// the address it is configured with, so a member is reached over the kind of socket
+    /// it listens on. A Unix socket's file is created at start (one left by a process that
+    /// died is removed first, if nothing listens on it; one a process listens on is never
+    /// taken: [`Error::Listen`](crate::Error::Listen)), and removed when the node stops.
+    /// Over a Unix socket the handshake, [`secret`](Builder::secret), TLS, recovery,
+    /// admission and liveness are TCP's; only the socket's file permissions decide who
+    /// may connect at all.
     ///
     /// The default is `127.0.0.1:0`: loopback only, on an ephemeral port, so **members on
     /// other machines cannot dial a node that never calls `listen`** (only its own dials
@@ -280,15 +293,16 @@ impl Builder {
     /// (`info`, through the [`log`](https://docs.rs/log) crate), and a node on the default
     /// address with a peer outside loopback logs a warning, once: at start for the peers
     /// configured, or when [`Node::add_peer`](crate::Node::add_peer) adds the first one.
-    pub fn listen<A: ToSocketAddrs>(mut self, addr: A) -> Self {
+    pub fn listen<A: ToAddr>(mut self, addr: A) -> Self {
         self.listen = resolve(addr);
         self.listen_given = true;
         self
     }
 
-    /// A static member: its name and the address it listens on. It is dialled at start and
-    /// redialled with jittered exponential backoff until it answers.
-    pub fn peer<A: ToSocketAddrs>(mut self, name: &str, addr: A) -> Self {
+    /// A static member: its name and the address it listens on (TCP, or a Unix-domain
+    /// socket's path: see [`Addr`]). It is dialled at start and redialled with jittered
+    /// exponential backoff until it answers.
+    pub fn peer<A: ToAddr>(mut self, name: &str, addr: A) -> Self {
         self.peers.push((name.to_owned(), resolve(addr)));
         self
     }
@@ -943,7 +957,7 @@ impl Builder {
         self.max_message.unwrap_or_else(|| half.min(1 << 20))
     }
 
-    pub(crate) fn validate(&self) -> Result<(SocketAddr, HashMap<String, SocketAddr>), Error> {
+    pub(crate) fn validate(&self) -> Result<(Addr, HashMap<String, Addr>), Error> {
         if let Some(j) = &self.journal {
             if j.dir.as_os_str().is_empty() {
                 return Err(ConfigError::NoJournal {
@@ -1050,15 +1064,15 @@ impl Builder {
     /// nothing to warn about.
     pub(crate) fn loopback_listen_warning(
         &self,
-        listen: SocketAddr,
-        peers: &HashMap<String, SocketAddr>,
+        listen: &Addr,
+        peers: &HashMap<String, Addr>,
     ) -> Option<String> {
-        if self.listen_given || !listen.ip().is_loopback() {
+        if self.listen_given || !listen.is_local() {
             return None;
         }
         let mut remote: Vec<String> = peers
             .iter()
-            .filter(|(_, addr)| !addr.ip().is_loopback())
+            .filter(|(_, addr)| !addr.is_local())
             .map(|(name, addr)| format!("'{name}' at {addr}"))
             .collect();
         if remote.is_empty() {
@@ -1071,8 +1085,8 @@ impl Builder {
     /// Whether this node listens on the default, loopback-only address (not given with
     /// `listen`), so that peers outside loopback, configured now or added later, cannot
     /// dial it.
-    pub(crate) fn default_loopback_listen(&self, listen: SocketAddr) -> bool {
-        !self.listen_given && listen.ip().is_loopback()
+    pub(crate) fn default_loopback_listen(&self, listen: &Addr) -> bool {
+        !self.listen_given && listen.is_local()
     }
 
     /// Binds the listener, starts the IO thread and the delivery pool, and dials the
@@ -1107,7 +1121,7 @@ impl Builder {
 
 /// The warning of node `name`, on the default loopback address `listen`, with the peers
 /// `remote` (`'name' at addr`, comma-separated) outside loopback.
-pub(crate) fn loopback_warning(name: &str, listen: SocketAddr, remote: &str) -> String {
+pub(crate) fn loopback_warning(name: &str, listen: &Addr, remote: &str) -> String {
     format!(
         "{name}: listening on {listen}, the default loopback address, with peers outside \
          loopback ({remote}): remote peers cannot reach a node listening on loopback; call \

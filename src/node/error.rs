@@ -100,7 +100,9 @@ pub enum Error {
     /// The listener could not be set up on the address of
     /// [`Builder::listen`](crate::Builder::listen): typically the address is in use
     /// ([`std::io::ErrorKind::AddrInUse`]) or not one of this host's. The OS error is the
-    /// [`source`](std::error::Error::source).
+    /// [`source`](std::error::Error::source). For a Unix-domain socket, `AddrInUse` also
+    /// means that another process listens on the socket's file (it is never taken over),
+    /// and `AlreadyExists` that the path is a file that is not a socket.
     ///
     /// ```
     /// use std::error::Error as _;
@@ -119,8 +121,8 @@ pub enum Error {
     /// ```
     #[error("cannot listen on {addr}")]
     Listen {
-        /// The address asked for.
-        addr: std::net::SocketAddr,
+        /// The address asked for (a Unix-domain socket's is written `unix:<path>`).
+        addr: crate::addr::Addr,
         /// The OS error.
         #[source]
         source: std::io::Error,

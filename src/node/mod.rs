@@ -23,9 +23,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::addr::{Addr, ToAddr};
 use crate::deliver::Pool;
 use crate::net::{
-    Command, Completion, IoParts, IoShared, IoThread, Outcome, PeerMap, UndeliveredHook,
+    Command, Completion, IoParts, IoShared, IoThread, Listener, Outcome, PeerMap,
+    UndeliveredHook,
 };
 use crate::peer::{Counters, PeerShared};
 use crate::proto::NodeCounters;
@@ -33,7 +35,10 @@ use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{thread, Arc, Mutex, RwLock, SharedStr};
 use crate::wire;
 
-/// The listening socket's accept queue (see `Node::start`).
+/// The listening socket's accept queue. It absorbs connection bursts while the IO thread
+/// is busy or descheduled: a connection arriving to a full queue is dropped by the kernel,
+/// and its dialler (a member, perhaps) retries only after a second. The kernel caps this at
+/// its own limit (`net.core.somaxconn`, 4096 by default on Linux).
 const LISTEN_BACKLOG: i32 = 4096;
 
 /// What [`Node::shutdown`] reports once the node has stopped: the node's account of the
@@ -106,7 +111,8 @@ pub struct Node {
     launch_id: u64,
     /// Whether the node journals (`Builder::journal`).
     journalled: bool,
-    local_addr: SocketAddr,
+    /// The address the listener is bound to.
+    local_addr: Addr,
     window: u64,
     io: Arc<IoShared>,
     peers: PeerMap,
@@ -191,10 +197,11 @@ impl Node {
         let (name, window) = (config.proto.name.clone(), config.proto.window);
         let max_message = config.proto.max_message;
 
-        let (mut listener, local_addr) = bind(listen).map_err(|source| Error::Listen {
-            addr: listen,
-            source,
-        })?;
+        let (mut listener, local_addr) =
+            Listener::bind(&listen, LISTEN_BACKLOG).map_err(|source| Error::Listen {
+                addr: listen.clone(),
+                source,
+            })?;
 
         let poll = mio::Poll::new()?;
         poll.registry()
@@ -261,7 +268,7 @@ impl Node {
             peers.write().insert(shared.name.clone(), shared.clone());
             io.command(Command::AddPeer {
                 peer: shared,
-                addr: Some(*addr),
+                addr: Some(addr.clone()),
             });
         }
 
@@ -353,10 +360,11 @@ impl Node {
             b.io.proto.cluster,
             peer_addrs.len()
         );
-        let warning = b.loopback_listen_warning(local_addr, &peer_addrs);
+        let warning = b.loopback_listen_warning(&local_addr, &peer_addrs);
         if let Some(warning) = &warning {
             log::warn!("{warning}");
         }
+        let loopback_default = b.default_loopback_listen(&local_addr);
         let node = Node {
             sender,
             name,
@@ -371,7 +379,7 @@ impl Node {
             io_thread: Mutex::new(Some(io_thread)),
             io_done,
             shut: AtomicBool::new(false),
-            loopback_default: b.default_loopback_listen(local_addr),
+            loopback_default,
             warned_loopback: AtomicBool::new(warning.is_some()),
             events,
             tls,
@@ -384,9 +392,23 @@ impl Node {
         &self.name
     }
 
-    /// The address the listener is bound to (with the real port when 0 was asked).
+    /// The TCP address the listener is bound to (with the real port when 0 was asked).
+    ///
+    /// A node listening on a Unix-domain socket has none: it returns `0.0.0.0:0` (the
+    /// unspecified address, port 0), which nothing can dial. [`listen_addr`](Node::listen_addr)
+    /// gives the address of either kind.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+            .as_tcp()
+            .unwrap_or_else(|| SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
+    /// The address the listener is bound to, of either kind: TCP (with the real port when
+    /// 0 was asked) or a Unix-domain socket. What another member's
+    /// [`Builder::peer`](crate::Builder::peer) or [`add_peer`](Node::add_peer) takes to
+    /// reach this one.
+    pub fn listen_addr(&self) -> Addr {
+        self.local_addr.clone()
     }
 
     /// This process's launch id (random per start; peers use it to detect restarts).
@@ -406,8 +428,9 @@ impl Node {
         v
     }
 
-    /// Adds a member at run time; it is dialled at once.
-    pub fn add_peer<A: std::net::ToSocketAddrs>(&self, name: &str, addr: A) -> Result<(), Error> {
+    /// Adds a member at run time, at its address (TCP, or a Unix-domain socket: see
+    /// [`Addr`]); it is dialled at once.
+    pub fn add_peer<A: ToAddr>(&self, name: &str, addr: A) -> Result<(), Error> {
         builder::check_name("add_peer", name)?;
         if name == &*self.name {
             return Err(ConfigError::Name {
@@ -433,11 +456,10 @@ impl Node {
             peer: Some(name.to_owned()),
             problem,
         };
-        let addr = addr
-            .to_socket_addrs()
-            .map_err(|e| unresolved(e.to_string()))?
-            .next()
-            .ok_or_else(|| unresolved("the address resolved to nothing".into()))?;
+        let addr = addr.to_addr().map_err(|e| unresolved(e.to_string()))?;
+        if let Addr::Unix(path) = &addr {
+            crate::net::check_unix_path(path).map_err(unresolved)?;
+        }
         let shared = {
             let mut map = self.peers.write();
             if map.contains_key(name) {
@@ -449,14 +471,14 @@ impl Node {
         };
         // Relaxed: a once-only flag for a log line.
         if self.loopback_default
-            && !addr.ip().is_loopback()
+            && !addr.is_local()
             && !self.warned_loopback.swap(true, Ordering::Relaxed)
         {
             log::warn!(
                 "{}",
                 builder::loopback_warning(
                     &self.name,
-                    self.local_addr,
+                    &self.local_addr,
                     &format!("'{name}' at {addr}")
                 )
             );
@@ -738,26 +760,6 @@ impl Node {
             elapsed: started.elapsed(),
         })
     }
-}
-
-/// The listening socket on `addr`, and the address it is bound to.
-fn bind(addr: SocketAddr) -> std::io::Result<(mio::net::TcpListener, SocketAddr)> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        Some(socket2::Protocol::TCP),
-    )?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    // The accept queue absorbs connection bursts while the IO thread is busy or
-    // descheduled: a connection arriving to a full queue is dropped by the kernel, and its
-    // dialler (a member, perhaps) retries only after a second. The kernel caps this at its
-    // own limit (`net.core.somaxconn`, 4096 by default on Linux).
-    socket.listen(LISTEN_BACKLOG)?;
-    socket.set_nonblocking(true)?;
-    let listener = mio::net::TcpListener::from_std(socket.into());
-    let local_addr = listener.local_addr()?;
-    Ok((listener, local_addr))
 }
 
 /// Waits (at most 10 s) until the IO thread has handled every command sent before.

@@ -37,7 +37,7 @@ pub(crate) struct Link {
     /// The peer's launch id (from the handshake).
     pub(crate) launch: Option<u64>,
     /// The other end's address, when known (for the application's events).
-    pub(crate) remote: Option<std::net::SocketAddr>,
+    pub(crate) remote: Option<crate::addr::Addr>,
     /// Not read for now: its peer holds more than its receive window.
     pub(crate) paused: bool,
     /// Bytes read and not yet split into frames.

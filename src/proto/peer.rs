@@ -11,7 +11,7 @@
 //! counters (stats).
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
+use crate::addr::Addr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
@@ -73,7 +73,7 @@ struct Tally {
 /// A member's protocol state (see the module doc).
 pub(crate) struct Peer {
     pub(crate) shared: Arc<PeerShared>,
-    pub(crate) addr: Option<SocketAddr>,
+    pub(crate) addr: Option<Addr>,
     pub(crate) state: PeerState,
     /// The link that speaks for this peer: our dial in progress, or a link that identified
     /// as this peer (handshaking or established).
@@ -153,7 +153,7 @@ const REPLACED_KEPT: usize = 8;
 
 impl Peer {
     /// A peer not yet met, not connected (`Backoff`), dialled at `addr` if it has one.
-    pub(crate) fn new(shared: Arc<PeerShared>, addr: Option<SocketAddr>) -> Peer {
+    pub(crate) fn new(shared: Arc<PeerShared>, addr: Option<Addr>) -> Peer {
         Peer {
             shared,
             addr,

@@ -17,7 +17,6 @@
 use std::io::{self, BufRead, Read, Write};
 
 use bytes::BytesMut;
-use mio::net::TcpStream;
 use rustls::{ClientConnection, Connection, ServerConnection};
 
 use super::TlsConfig;
@@ -90,7 +89,7 @@ impl TlsPump {
     /// on the plain path), so edge-triggered readiness is drained either way.
     pub(crate) fn read(
         &mut self,
-        stream: &mut TcpStream,
+        stream: &mut (impl Read + Write),
         rbuf: &mut BytesMut,
         scratch: &mut Vec<u8>,
     ) -> io::Result<(usize, bool)> {
@@ -149,7 +148,7 @@ impl TlsPump {
     /// handshake completes, rustls holds the plaintext until it can encrypt it, and writes
     /// it as soon as the handshake is done; records not yet written keep
     /// [`wants_write`](TlsPump::wants_write) true).
-    pub(crate) fn write(&mut self, stream: &mut TcpStream, buf: &[u8]) -> io::Result<usize> {
+    pub(crate) fn write(&mut self, stream: &mut (impl Read + Write), buf: &[u8]) -> io::Result<usize> {
         let mut taken = 0;
         loop {
             if taken < buf.len() {
@@ -191,6 +190,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+    use mio::net::TcpStream;
     use rcgen::{
         BasicConstraints, CertificateParams, CertifiedIssuer, ExtendedKeyUsagePurpose, IsCa,
         KeyPair,

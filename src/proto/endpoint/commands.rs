@@ -16,14 +16,14 @@ impl Endpoint {
         &mut self,
         now: Instant,
         shared: Arc<PeerShared>,
-        addr: Option<SocketAddr>,
+        addr: Option<Addr>,
     ) {
         if let Some(&held) = self.by_name.get(&shared.name) {
             let name = shared.name.clone();
             if let Some(p) = self.peers.get_mut(&held) {
                 if p.dynamic {
                     p.dynamic = false;
-                    p.addr = p.addr.or(addr);
+                    p.addr = p.addr.take().or_else(|| addr.clone());
                     p.gen += 1; // cancels its forget timer
                                 // The map holds it already; said again, so that it is the one kept.
                     self.out

@@ -30,7 +30,7 @@ impl Endpoint {
                 self.cfg.name,
                 peer.name
             );
-            let addr = self.links.get(&id).and_then(|l| l.remote);
+            let addr = self.links.get(&id).and_then(|l| l.remote.clone());
             note(&self.cfg, &mut self.out, || Fact::Refused {
                 peer: Some(peer.name.clone()),
                 addr,
@@ -140,7 +140,7 @@ impl Endpoint {
         if let Some(l) = live {
             return Some(NameHolder {
                 launch: l.launch.unwrap_or_default(),
-                addr: l.remote,
+                addr: l.remote.clone(),
                 link: Some(l.id),
             });
         }
@@ -148,7 +148,7 @@ impl Endpoint {
             let current = p.link.and_then(|o| self.links.get(&o));
             return Some(NameHolder {
                 launch: p.desc.remote_launch().unwrap_or_default(),
-                addr: current.and_then(|l| l.remote),
+                addr: current.and_then(|l| l.remote.clone()),
                 link: None,
             });
         }
@@ -169,8 +169,8 @@ impl Endpoint {
         peer: &PeerIdentity,
         holder: NameHolder,
     ) {
-        let addr = self.links.get(&id).and_then(|l| l.remote);
-        let show = |a: Option<SocketAddr>| a.map_or_else(|| "?".to_string(), |a| a.to_string());
+        let addr = self.links.get(&id).and_then(|l| l.remote.clone());
+        let show = |a: Option<Addr>| a.map_or_else(|| "?".to_string(), |a| a.to_string());
         let first = match self.peers.get_mut(&pid) {
             Some(p) => p.last_conflict.replace(peer.launch_id) != Some(peer.launch_id),
             None => true,
@@ -263,7 +263,7 @@ impl Endpoint {
                     // (`name_holder` finds such a link first.)
                     let holder = NameHolder {
                         launch: ol.launch.unwrap_or_default(),
-                        addr: ol.remote,
+                        addr: ol.remote.clone(),
                         link: Some(other),
                     };
                     self.refuse_name_in_use(now, id, pid, peer, holder);

@@ -199,7 +199,7 @@ impl Endpoint {
         let Some(link) = self.links.get(&id) else {
             return;
         };
-        let addr = link.remote;
+        let addr = link.remote.clone();
         let peer = match link.peer.or(link.dialled) {
             Some(p) => Some(self.peer_name(p).to_string()),
             None => link
@@ -260,7 +260,7 @@ impl Endpoint {
                         // A process of our name (another launch) is connected there, or
                         // replaced us: this one retries with backoff, and gets in once the
                         // other is gone.
-                        let addr = link.remote;
+                        let addr = link.remote.clone();
                         let ours = self.cfg.launch_id;
                         // Once per episode at `error` (until the peer takes a connection).
                         let first = link

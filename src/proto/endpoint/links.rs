@@ -7,12 +7,12 @@ use super::*;
 impl Endpoint {
     /// Judges a connection just accepted from `from` at `now` (before anything is spent on
     /// it).
-    pub(crate) fn judge(&mut self, now: Instant, from: SocketAddr) -> Verdict {
-        let source = admission::source_of(from.ip());
+    pub(crate) fn judge(&mut self, now: Instant, from: Addr) -> Verdict {
+        let source = admission::source_of(from.source_ip());
         let node_full = self.links.len() >= self.cfg.max_connections;
         let v = self.admission.judge(source, now, node_full);
         if matches!(v, Verdict::SourceFull | Verdict::Full) {
-            self.refuse_stranger(from, v);
+            self.refuse_stranger(&from, v);
         }
         v
     }
@@ -25,13 +25,13 @@ impl Endpoint {
         &mut self,
         now: Instant,
         id: LinkId,
-        from: SocketAddr,
+        from: Addr,
         verdict: Verdict,
         nonce: Nonce,
     ) {
         match verdict {
-            Verdict::Displace(victim) => self.displace(now, victim, from, false),
-            Verdict::DisplaceOwn(victim) => self.displace(now, victim, from, true),
+            Verdict::Displace(victim) => self.displace(now, victim, &from, false),
+            Verdict::DisplaceOwn(victim) => self.displace(now, victim, &from, true),
             Verdict::Admit | Verdict::Full | Verdict::SourceFull => {}
         }
         Counters::add(&self.counters.accepted, 1);
@@ -39,10 +39,10 @@ impl Endpoint {
         let mut first = Vec::new();
         let hs = Handshake::acceptor(self.local.clone(), nonce, &mut first);
         let mut link = Link::new(id, None, hs, first, now);
+        let source = admission::source_of(from.source_ip());
         link.remote = Some(from);
         self.links.insert(id, link);
-        self.admission
-            .insert(id, admission::source_of(from.ip()), now);
+        self.admission.insert(id, source, now);
         self.update_gauges();
         self.dirty.push_back(id);
         let deadline = self.admission.deadline(self.cfg.handshake_timeout);
@@ -82,7 +82,7 @@ impl Endpoint {
         );
     }
 
-    pub(super) fn refuse_stranger(&mut self, from: SocketAddr, why: Verdict) {
+    pub(super) fn refuse_stranger(&mut self, from: &Addr, why: Verdict) {
         Counters::add(&self.counters.refused_limit, 1);
         if why == Verdict::SourceFull {
             Counters::add(&self.counters.refused_per_source, 1);
@@ -90,7 +90,7 @@ impl Endpoint {
             log::debug!(
                 "{}: refusing connection from {from}: its address holds its share of handshaking connections ({} of {} at most), all accepted in the same burst as it",
                 self.cfg.name,
-                self.admission.held_by(admission::source_of(from.ip())),
+                self.admission.held_by(admission::source_of(from.source_ip())),
                 self.admission.per_source()
             );
         } else {
@@ -106,7 +106,7 @@ impl Endpoint {
 
     /// Closes pending link `victim` to make room for one from `from`: the oldest of the
     /// address holding the most, or (`own`) of `from`'s address, which holds its share.
-    pub(super) fn displace(&mut self, now: Instant, victim: LinkId, from: SocketAddr, own: bool) {
+    pub(super) fn displace(&mut self, now: Instant, victim: LinkId, from: &Addr, own: bool) {
         Counters::add(&self.counters.displaced, 1);
         self.shedding.displaced += 1;
         if own {
@@ -180,7 +180,7 @@ impl Endpoint {
         if p.state == PeerState::Closed || p.link.is_some() || self.shutdown.is_some() {
             return;
         }
-        let Some(addr) = p.addr else {
+        let Some(addr) = p.addr.clone() else {
             p.set_state(PeerState::Backoff);
             return; // no address: it will dial us
         };
@@ -212,7 +212,7 @@ impl Endpoint {
         p.link = Some(id);
         p.set_state(PeerState::Connecting);
         let mut link = Link::new(id, Some(peer), hs, Vec::new(), now);
-        link.remote = p.addr;
+        link.remote = p.addr.clone();
         self.links.insert(id, link);
         self.update_gauges();
         Counters::add(&self.counters.dialled, 1);
@@ -266,7 +266,7 @@ impl Endpoint {
         now: Instant,
         id: LinkId,
         reason: &str,
-        from: Option<SocketAddr>,
+        from: Option<Addr>,
     ) {
         Counters::add(&self.counters.tls_failures, 1);
         let who = match (self.links.get(&id).and_then(|l| l.peer), from) {

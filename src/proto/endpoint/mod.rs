@@ -26,7 +26,7 @@
 //! [`Endpoint::journal_ok`].
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use crate::addr::Addr;
 use std::time::{Duration, Instant};
 
 use super::admission::{self, Admission, Shedding, Verdict};
@@ -170,7 +170,7 @@ pub(crate) enum Output {
     Dial {
         peer: usize,
         name: SharedStr,
-        addr: SocketAddr,
+        addr: Addr,
     },
     /// The link is gone from the endpoint: write `last` (best effort) and drop the
     /// connection.
@@ -214,7 +214,7 @@ pub(crate) enum Fact {
     /// A handshake was refused (by us, or by the other side: `by_peer`).
     Refused {
         peer: Option<String>,
-        addr: Option<SocketAddr>,
+        addr: Option<Addr>,
         reason: RefuseReason,
         by_peer: bool,
     },
@@ -251,7 +251,7 @@ pub(crate) enum Input<'a> {
     /// A member to know (dialled at `addr` if given).
     AddPeer {
         peer: Arc<PeerShared>,
-        addr: Option<SocketAddr>,
+        addr: Option<Addr>,
     },
     /// `remove_peer`: retire the member for good.
     RemovePeer(usize),
@@ -281,7 +281,7 @@ pub(crate) enum Input<'a> {
     /// became `link`.
     Accepted {
         link: LinkId,
-        from: SocketAddr,
+        from: Addr,
         verdict: Verdict,
         nonce: Nonce,
     },
@@ -298,7 +298,7 @@ pub(crate) enum Input<'a> {
     TlsFailed {
         link: LinkId,
         reason: &'a str,
-        from: Option<SocketAddr>,
+        from: Option<Addr>,
     },
     // ---- from the journal's writer and the clock ----
     /// The journal's writer moved its marks.
@@ -312,7 +312,7 @@ struct NameHolder {
     /// Its incarnation.
     launch: u64,
     /// Where it is connected from (or was, for one that replaced the newcomer).
-    addr: Option<SocketAddr>,
+    addr: Option<Addr>,
     /// Its established link, if the name is held by a live connection.
     link: Option<LinkId>,
 }

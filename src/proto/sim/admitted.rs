@@ -72,12 +72,12 @@ fn a_member_added_while_it_is_admitted_stays_one_peer() {
     let handoff = sim.m[BETA].handoff.clone();
     let added = peer_shared(next, "alpha".into(), false, &handoff);
     let now = sim.now();
-    let alpha_addr = sim.m[ALPHA].addr;
+    let alpha_addr = sim.m[ALPHA].addr.clone();
     sim.m[BETA].ep.handle(
         now,
         Input::AddPeer {
             peer: added.clone(),
-            addr: Some(alpha_addr),
+            addr: Some(alpha_addr.clone()),
         },
     );
     sim.drain(BETA);

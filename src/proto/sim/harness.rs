@@ -2,7 +2,7 @@
 //! faults.
 
 use std::collections::{HashMap, VecDeque};
-use std::net::SocketAddr;
+use crate::addr::Addr;
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,8 @@ pub(super) const WINDOW: u64 = 1 << 16;
 
 /// A member's address, as the others dial it (nothing listens there: the simulation makes
 /// the connection).
-pub(super) fn addr(side: Side) -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 7000 + side as u16))
+pub(super) fn addr(side: Side) -> Addr {
+    Addr::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + side as u16)))
 }
 
 /// What a schedule runs with.
@@ -117,7 +117,7 @@ pub(super) struct Member {
     pub(super) name: &'static str,
     pub(super) launch: u64,
     /// Where it listens: its own address, or the one of the process it restarts.
-    pub(super) addr: SocketAddr,
+    pub(super) addr: Addr,
     pub(super) ep: Endpoint,
     pub(super) counters: Arc<NodeCounters>,
     /// The peers it knows; a peer's shared id is its index here.
@@ -126,7 +126,7 @@ pub(super) struct Member {
     /// peer on its credit list when credit should go back.
     pub(super) handoff: Arc<Handoff>,
     /// Connections the endpoint asked for and not made yet: (peer, address).
-    pub(super) dials: VecDeque<(usize, SocketAddr)>,
+    pub(super) dials: VecDeque<(usize, Addr)>,
     /// Every message delivered to the application, in order (sequence number, bytes).
     pub(super) delivered: DeliveryLog,
     /// The process ended: it does nothing more.
@@ -523,7 +523,7 @@ impl Sim {
         let now = self.now();
         self.stats.restarts += 1;
         let mut m = Member::new(side, spec, self.settings, now);
-        m.addr = self.m[old].addr;
+        m.addr = self.m[old].addr.clone();
         self.m.push(m);
         self.add_peers(side, spec);
         side
