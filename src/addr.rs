@@ -194,7 +194,8 @@ mod tests {
         let a = ("127.0.0.1", 9).to_addr().expect("resolves");
         assert_eq!(a.as_tcp().map(|a| a.port()), Some(9));
         let u = Addr::unix("/tmp/x.sock");
-        assert_eq!((&u).to_addr().expect("itself"), u);
+        let by_ref: &Addr = &u;
+        assert_eq!(ToAddr::to_addr(&by_ref).expect("itself"), u);
         assert_eq!(u.as_unix(), Some(Path::new("/tmp/x.sock")));
         assert!("nonsense".to_addr().is_err());
     }

@@ -9,9 +9,9 @@
 //! never run on the IO thread. It holds at most its capacity; beyond it events are dropped
 //! and counted ([`Stats::events_dropped`](crate::Stats::events_dropped)).
 
+use crate::addr::Addr;
 use std::collections::VecDeque;
 use std::fmt;
-use crate::addr::Addr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::sync::atomic::{AtomicU64, Ordering};

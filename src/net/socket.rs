@@ -157,14 +157,11 @@ pub(crate) struct UnixSocket {
 impl Drop for UnixSocket {
     fn drop(&mut self) {
         use std::os::unix::fs::MetadataExt;
-        let ours = std::fs::symlink_metadata(&self.path)
-            .is_ok_and(|m| (m.dev(), m.ino()) == self.file);
+        let ours =
+            std::fs::symlink_metadata(&self.path).is_ok_and(|m| (m.dev(), m.ino()) == self.file);
         if ours {
             if let Err(e) = std::fs::remove_file(&self.path) {
-                log::warn!(
-                    "cannot remove the socket file {}: {e}",
-                    self.path.display()
-                );
+                log::warn!("cannot remove the socket file {}: {e}", self.path.display());
             }
         }
     }

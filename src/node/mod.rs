@@ -26,8 +26,7 @@ use bytes::Bytes;
 use crate::addr::{Addr, ToAddr};
 use crate::deliver::Pool;
 use crate::net::{
-    Command, Completion, IoParts, IoShared, IoThread, Listener, Outcome, PeerMap,
-    UndeliveredHook,
+    Command, Completion, IoParts, IoShared, IoThread, Listener, Outcome, PeerMap, UndeliveredHook,
 };
 use crate::peer::{Counters, PeerShared};
 use crate::proto::NodeCounters;

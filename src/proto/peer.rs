@@ -10,8 +10,8 @@
 //! window (application threads), receive credit and delivery progress (pool threads), the
 //! counters (stats).
 
-use std::collections::VecDeque;
 use crate::addr::Addr;
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 

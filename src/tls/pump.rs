@@ -148,7 +148,11 @@ impl TlsPump {
     /// handshake completes, rustls holds the plaintext until it can encrypt it, and writes
     /// it as soon as the handshake is done; records not yet written keep
     /// [`wants_write`](TlsPump::wants_write) true).
-    pub(crate) fn write(&mut self, stream: &mut (impl Read + Write), buf: &[u8]) -> io::Result<usize> {
+    pub(crate) fn write(
+        &mut self,
+        stream: &mut (impl Read + Write),
+        buf: &[u8],
+    ) -> io::Result<usize> {
         let mut taken = 0;
         loop {
             if taken < buf.len() {

@@ -12,12 +12,7 @@ impl Endpoint {
     /// node's): the admitted peer, which holds the connection and its stream, becomes the
     /// configured one — it gains the address and is no longer forgotten — and the state the
     /// command brought is discarded (what was sent to it meanwhile fails and is reported).
-    pub(super) fn add_peer(
-        &mut self,
-        now: Instant,
-        shared: Arc<PeerShared>,
-        addr: Option<Addr>,
-    ) {
+    pub(super) fn add_peer(&mut self, now: Instant, shared: Arc<PeerShared>, addr: Option<Addr>) {
         if let Some(&held) = self.by_name.get(&shared.name) {
             let name = shared.name.clone();
             if let Some(p) = self.peers.get_mut(&held) {

@@ -25,8 +25,8 @@
 //! accepted connection at all, before anything is spent on it), [`Endpoint::shutdown_done`],
 //! [`Endpoint::journal_ok`].
 
-use std::collections::{HashMap, VecDeque};
 use crate::addr::Addr;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use super::admission::{self, Admission, Shedding, Verdict};

@@ -1,8 +1,8 @@
 //! The simulation's machinery: members, links as byte pipes, what the IO thread does, the
 //! faults.
 
-use std::collections::{HashMap, VecDeque};
 use crate::addr::Addr;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex as StdMutex;
 use std::time::{Duration, Instant};
 
@@ -31,7 +31,10 @@ pub(super) const WINDOW: u64 = 1 << 16;
 /// A member's address, as the others dial it (nothing listens there: the simulation makes
 /// the connection).
 pub(super) fn addr(side: Side) -> Addr {
-    Addr::Tcp(std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + side as u16)))
+    Addr::Tcp(std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        7000 + side as u16,
+    )))
 }
 
 /// What a schedule runs with.
