@@ -12,6 +12,10 @@
 //!   the waiting request (no delivery pool on ping's side).
 //! - `inbox` (and `inbox_low_latency`): ping takes pong's echo on the bench thread from its
 //!   `Inbox` (`Builder::start_with_inbox`), again without a pool hop on ping's side.
+//! - `cohort_uds`, `request_uds` (and their `_low_latency`): the `cohort` and `request`
+//!   cases with both members listening on Unix-domain sockets (`Addr::unix`), against
+//!   `raw_uds`, the raw baseline over a `UnixStream` pair; the table gives each with its ratio
+//!   to raw TCP, so UDS against TCP loopback is read off one run.
 //! - `raw_tcp`: one blocking `std::net::TcpStream` pair with `TCP_NODELAY`, frames of a
 //!   little-endian `u32` length and the payload; an echo thread reads each frame through a
 //!   64 KiB `BufReader` and writes it back, the bench thread writes a frame and reads the
@@ -28,12 +32,12 @@
 mod common;
 
 use std::io::{self, BufReader, Write};
-use std::net::TcpStream;
 use std::sync::{mpsc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use cohort::{Builder, Bytes, Inbox, Node};
+use common::{Over, RawStream};
 use criterion::{criterion_group, criterion_main, Criterion};
 
 /// Payload of every ping and pong.
@@ -77,9 +81,14 @@ struct CohortPair {
 impl CohortPair {
     /// The pair, each node built from `Node::builder` through `setting`, answering as
     /// `shape` says.
-    fn start(setting: Setting, shape: Shape) -> Result<CohortPair, cohort::Error> {
+    fn start(setting: Setting, shape: Shape, over: Over) -> Result<CohortPair, cohort::Error> {
+        let dir = match over {
+            Over::Tcp => std::path::PathBuf::new(),
+            Over::Unix => common::socket_dir("ping-pong"),
+        };
         let pong = setting(Node::builder("pong"))
             .cluster("bench")
+            .listen(common::listen_addr(over, &dir, "pong"))
             .on_message(move |d| {
                 if d.is_request() {
                     d.reply(d.payload().clone()).expect("pong: reply to ping");
@@ -92,7 +101,8 @@ impl CohortPair {
             .start()?;
         let ping = setting(Node::builder("ping"))
             .cluster("bench")
-            .peer("pong", pong.local_addr());
+            .listen(common::listen_addr(over, &dir, "ping"))
+            .peer("pong", pong.listen_addr());
         let (ping, answers) = match shape {
             Shape::Handler => {
                 let (replied, replies) = mpsc::channel();
@@ -110,7 +120,7 @@ impl CohortPair {
             }
             Shape::Request => (ping.start()?, Answers::Request),
         };
-        pong.add_peer("ping", ping.local_addr())?;
+        pong.add_peer("ping", ping.listen_addr())?;
         Ok(CohortPair {
             ping,
             pong,
@@ -157,18 +167,18 @@ impl CohortPair {
     }
 }
 
-/// A blocking TCP connection to an echo thread.
+/// A blocking connection (TCP or Unix-domain) to an echo thread.
 struct RawPair {
-    client: TcpStream,
-    reader: BufReader<TcpStream>,
+    client: RawStream,
+    reader: BufReader<RawStream>,
     echo: thread::JoinHandle<io::Result<()>>,
     frame: Vec<u8>,
     reply: Vec<u8>,
 }
 
 impl RawPair {
-    fn start(payload: &[u8]) -> io::Result<RawPair> {
-        let (client, server) = common::tcp_pair()?;
+    fn start(payload: &[u8], over: Over) -> io::Result<RawPair> {
+        let (client, server) = common::raw_pair(over)?;
         let echo = thread::Builder::new()
             .name("raw-echo".into())
             .spawn(move || echo(server))?;
@@ -202,7 +212,7 @@ impl RawPair {
 }
 
 /// Sends every frame read from `stream` back, until end of stream.
-fn echo(stream: TcpStream) -> io::Result<()> {
+fn echo(stream: RawStream) -> io::Result<()> {
     let mut writer = stream.try_clone()?;
     let mut reader = BufReader::with_capacity(common::RAW_BUFFER, stream);
     let mut buf = vec![0u8; common::RAW_MAX_FRAME];
@@ -318,26 +328,56 @@ fn ping_pong(c: &mut Criterion) {
     let mut group = c.benchmark_group(name);
 
     let raw_latencies = Latencies::default();
-    let mut raw = RawPair::start(&payload).expect("raw TCP: connect");
+    let mut raw = RawPair::start(&payload, Over::Tcp).expect("raw TCP: connect");
     group.bench_function("raw_tcp", |b| {
         b.iter_custom(|iters| raw_latencies.time(iters, || raw.round_trip()))
     });
     raw.shutdown();
+    let raw_uds_latencies = Latencies::default();
+    if cfg!(unix) {
+        let mut raw = RawPair::start(&payload, Over::Unix).expect("raw UDS: a socket pair");
+        group.bench_function("raw_uds", |b| {
+            b.iter_custom(|iters| raw_uds_latencies.time(iters, || raw.round_trip()))
+        });
+        raw.shutdown();
+    }
 
     let defaults: Setting = |b| b;
     let low_latency: Setting = |b| b.low_latency(LOW_LATENCY_SPIN);
-    let cases: [(&str, Setting, Shape); 6] = [
-        ("cohort", defaults, Shape::Handler),
-        ("cohort_low_latency", low_latency, Shape::Handler),
-        ("request", defaults, Shape::Request),
-        ("request_low_latency", low_latency, Shape::Request),
-        ("inbox", defaults, Shape::Inbox),
-        ("inbox_low_latency", low_latency, Shape::Inbox),
+    let cases: [(&str, Setting, Shape, Over); 10] = [
+        ("cohort", defaults, Shape::Handler, Over::Tcp),
+        ("cohort_low_latency", low_latency, Shape::Handler, Over::Tcp),
+        ("request", defaults, Shape::Request, Over::Tcp),
+        (
+            "request_low_latency",
+            low_latency,
+            Shape::Request,
+            Over::Tcp,
+        ),
+        ("inbox", defaults, Shape::Inbox, Over::Tcp),
+        ("inbox_low_latency", low_latency, Shape::Inbox, Over::Tcp),
+        ("cohort_uds", defaults, Shape::Handler, Over::Unix),
+        (
+            "cohort_uds_low_latency",
+            low_latency,
+            Shape::Handler,
+            Over::Unix,
+        ),
+        ("request_uds", defaults, Shape::Request, Over::Unix),
+        (
+            "request_uds_low_latency",
+            low_latency,
+            Shape::Request,
+            Over::Unix,
+        ),
     ];
     let mut cohort_latencies = Vec::new();
-    for (case, setting, shape) in cases {
+    for (case, setting, shape, over) in cases {
+        if over == Over::Unix && !cfg!(unix) {
+            continue;
+        }
         let latencies = Latencies::default();
-        let pair = CohortPair::start(setting, shape).expect("cohort: start the nodes");
+        let pair = CohortPair::start(setting, shape, over).expect("cohort: start the nodes");
         pair.round_trip(&payload); // connects the members before measuring
         group.bench_function(case, |b| {
             b.iter_custom(|iters| latencies.time(iters, || pair.round_trip(&payload)))
@@ -348,7 +388,7 @@ fn ping_pong(c: &mut Criterion) {
     group.finish();
 
     if !common::test_mode() {
-        let mut cases = vec![("raw_tcp", &raw_latencies)];
+        let mut cases = vec![("raw_tcp", &raw_latencies), ("raw_uds", &raw_uds_latencies)];
         cases.extend(cohort_latencies.iter().map(|(case, l)| (*case, l)));
         summary(name, &cases);
     }

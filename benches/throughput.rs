@@ -12,6 +12,10 @@
 //!   frame and counts it. 4→1 (8→1) is four (eight) connections, each with its own sender
 //!   thread.
 //!
+//! - `cohort_uds` and `raw_uds` (1→1 only): the `cohort` and `raw_tcp` cases over
+//!   Unix-domain sockets (the nodes listen on socket files, `Addr::unix`; the baseline is a
+//!   `UnixStream` pair), so the summary lines give UDS against TCP loopback, for cohort and
+//!   for the raw sockets, rate and CPU per message.
 //! - `cohort_tls` (1→1 only, with `--features tls`): the `cohort` case with every
 //!   connection over TLS 1.3 (rustls, ring; certificates from a CA made at start), so the
 //!   summary line gives the cost of TLS as a ratio against the same run in plain TCP.
@@ -31,13 +35,12 @@ mod certs;
 mod common;
 
 use std::io::{self, BufWriter, Write};
-use std::net::TcpStream;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use cohort::{Builder, Bytes, Node, SendOptions};
-use common::{Progress, Samples};
+use common::{Over, Progress, RawStream, Samples};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 /// Payload sizes measured, with the label used in group names.
@@ -91,12 +94,18 @@ struct CohortFanIn {
 }
 
 impl CohortFanIn {
-    /// With `ca`, every connection runs TLS with certificates from it.
-    fn start(senders: usize, ca: Option<&Ca>) -> Result<CohortFanIn, cohort::Error> {
+    /// With `ca`, every connection runs TLS with certificates from it; every node listens
+    /// `over` TCP or a Unix-domain socket.
+    fn start(senders: usize, ca: Option<&Ca>, over: Over) -> Result<CohortFanIn, cohort::Error> {
+        let dir = match over {
+            Over::Tcp => std::path::PathBuf::new(),
+            Over::Unix => common::socket_dir("throughput"),
+        };
         let received = Arc::new(Progress::default());
         let counter = received.clone();
         let sink = secure(Node::builder("sink"), "sink", ca)
             .cluster("bench")
+            .listen(common::listen_addr(over, &dir, "sink"))
             .on_message(move |_| counter.add(1))
             .start()?;
         let mut sources = Vec::with_capacity(senders);
@@ -104,9 +113,10 @@ impl CohortFanIn {
             let name = format!("source-{i}");
             let source = secure(Node::builder(&name), &name, ca)
                 .cluster("bench")
-                .peer("sink", sink.local_addr())
+                .listen(common::listen_addr(over, &dir, &name))
+                .peer("sink", sink.listen_addr())
                 .start()?;
-            sink.add_peer(source.name(), source.local_addr())?;
+            sink.add_peer(source.name(), source.listen_addr())?;
             sources.push(source);
         }
         let rig = CohortFanIn {
@@ -157,21 +167,21 @@ impl CohortFanIn {
     }
 }
 
-/// `senders` blocking TCP connections into one process, a counting reader thread per
-/// connection.
+/// `senders` blocking connections (TCP or Unix-domain) into one process, a counting reader
+/// thread per connection.
 struct RawFanIn {
-    writers: Vec<BufWriter<TcpStream>>,
+    writers: Vec<BufWriter<RawStream>>,
     readers: Vec<thread::JoinHandle<io::Result<()>>>,
     received: Arc<Progress>,
 }
 
 impl RawFanIn {
-    fn start(senders: usize) -> io::Result<RawFanIn> {
+    fn start(senders: usize, over: Over) -> io::Result<RawFanIn> {
         let received = Arc::new(Progress::default());
         let mut writers = Vec::with_capacity(senders);
         let mut readers = Vec::with_capacity(senders);
         for i in 0..senders {
-            let (client, server) = common::tcp_pair()?;
+            let (client, server) = common::raw_pair(over)?;
             let counter = received.clone();
             readers.push(
                 thread::Builder::new()
@@ -192,7 +202,7 @@ impl RawFanIn {
     fn run_batch(&mut self, n: u64, payload: &[u8]) {
         let per_writer = n / self.writers.len() as u64;
         let target = self.received.expect(per_writer * self.writers.len() as u64);
-        let write_all = |w: &mut BufWriter<TcpStream>| {
+        let write_all = |w: &mut BufWriter<RawStream>| {
             for _ in 0..per_writer {
                 common::write_frame(w, payload).expect("raw TCP: write");
             }
@@ -247,7 +257,7 @@ fn fan_in(c: &mut Criterion, senders: usize) {
         let n = batch_len(size, Transport::Cohort);
         group.throughput(Throughput::Elements(n));
         let cohort_samples = Samples::new(n);
-        let rig = CohortFanIn::start(senders, None).expect("cohort: start the nodes");
+        let rig = CohortFanIn::start(senders, None, Over::Tcp).expect("cohort: start the nodes");
         group.bench_function("cohort", |b| {
             b.iter_custom(|iters| {
                 time_batches(iters, &cohort_samples, || {
@@ -267,11 +277,26 @@ fn fan_in(c: &mut Criterion, senders: usize) {
             })
         });
         rig.shutdown();
+        let uds_samples = (senders == 1 && cfg!(unix)).then(|| {
+            let samples = Samples::new(n);
+            let rig = CohortFanIn::start(senders, None, Over::Unix)
+                .expect("cohort: start the nodes on Unix sockets");
+            group.bench_function("cohort_uds", |b| {
+                b.iter_custom(|iters| {
+                    time_batches(iters, &samples, || {
+                        rig.run_batch(n, &payload, SendOptions::new())
+                    })
+                })
+            });
+            rig.shutdown();
+            samples
+        });
         #[cfg(feature = "tls")]
         let tls_samples = (senders == 1).then(|| {
             let samples = Samples::new(n);
             let ca = certs::TestCa::new("bench CA");
-            let rig = CohortFanIn::start(senders, Some(&ca)).expect("cohort: start TLS nodes");
+            let rig =
+                CohortFanIn::start(senders, Some(&ca), Over::Tcp).expect("cohort: start TLS nodes");
             group.bench_function("cohort_tls", |b| {
                 b.iter_custom(|iters| {
                     time_batches(iters, &samples, || {
@@ -286,15 +311,28 @@ fn fan_in(c: &mut Criterion, senders: usize) {
         let n = batch_len(size, Transport::RawTcp);
         group.throughput(Throughput::Elements(n));
         let raw_samples = Samples::new(n);
-        let mut raw = RawFanIn::start(senders).expect("raw TCP: connect");
+        let mut raw = RawFanIn::start(senders, Over::Tcp).expect("raw TCP: connect");
         group.bench_function("raw_tcp", |b| {
             b.iter_custom(|iters| time_batches(iters, &raw_samples, || raw.run_batch(n, &payload)))
         });
         raw.shutdown();
+        let raw_uds_samples = (senders == 1 && cfg!(unix)).then(|| {
+            let samples = Samples::new(n);
+            let mut raw = RawFanIn::start(senders, Over::Unix).expect("raw UDS: a socket pair");
+            group.bench_function("raw_uds", |b| {
+                b.iter_custom(|iters| time_batches(iters, &samples, || raw.run_batch(n, &payload)))
+            });
+            raw.shutdown();
+            samples
+        });
         group.finish();
 
         if !common::test_mode() {
             summarize(&name, &cohort_samples, &raw_samples);
+            if let (Some(uds), Some(raw_uds)) = (&uds_samples, &raw_uds_samples) {
+                compare(&name, "cohort", uds, &cohort_samples);
+                compare(&name, "raw", raw_uds, &raw_samples);
+            }
             if let (Some(rel), Some(unrel)) = (
                 cohort_samples.median_rate(),
                 unreliable_samples.median_rate(),
@@ -338,6 +376,27 @@ fn summarize(name: &str, cohort: &Samples, raw: &Samples) {
             cc.as_nanos(),
             rc.as_nanos(),
             cc.as_secs_f64() / rc.as_secs_f64()
+        );
+    }
+}
+
+/// Prints `label` over UDS against over TCP loopback: both medians and their ratio, and the
+/// CPU time per message of each.
+fn compare(name: &str, label: &str, uds: &Samples, tcp: &Samples) {
+    if let (Some(u), Some(t)) = (uds.median_rate(), tcp.median_rate()) {
+        println!(
+            "summary {name}: {label} over UDS {}, over TCP {}, UDS/TCP = {:.2}\n",
+            common::rate(u),
+            common::rate(t),
+            u / t
+        );
+    }
+    if let (Some(u), Some(t)) = (uds.cpu_per_event(), tcp.cpu_per_event()) {
+        println!(
+            "summary {name}: {label} CPU per message (all threads, both ends): UDS {} ns, TCP {} ns, UDS/TCP = {:.2}\n",
+            u.as_nanos(),
+            t.as_nanos(),
+            u.as_secs_f64() / t.as_secs_f64()
         );
     }
 }

@@ -119,6 +119,85 @@ pub(crate) fn tcp_pair() -> io::Result<(TcpStream, TcpStream)> {
     Ok((client, server))
 }
 
+/// Which kind of socket a case runs over: TCP on 127.0.0.1, or a Unix-domain socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Over {
+    Tcp,
+    Unix,
+}
+
+/// A blocking socket of the raw baseline, of either kind.
+#[derive(Debug)]
+pub(crate) enum RawStream {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl RawStream {
+    pub(crate) fn try_clone(&self) -> io::Result<RawStream> {
+        match self {
+            RawStream::Tcp(s) => s.try_clone().map(RawStream::Tcp),
+            #[cfg(unix)]
+            RawStream::Unix(s) => s.try_clone().map(RawStream::Unix),
+        }
+    }
+}
+
+impl Read for RawStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            RawStream::Tcp(s) => s.read(buf),
+            #[cfg(unix)]
+            RawStream::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for RawStream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            RawStream::Tcp(s) => s.write(buf),
+            #[cfg(unix)]
+            RawStream::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Two connected blocking sockets of the raw baseline over `over`: `(client, server)` (TCP:
+/// [`tcp_pair`]; Unix: a socket pair).
+pub(crate) fn raw_pair(over: Over) -> io::Result<(RawStream, RawStream)> {
+    match over {
+        Over::Tcp => tcp_pair().map(|(c, s)| (RawStream::Tcp(c), RawStream::Tcp(s))),
+        #[cfg(unix)]
+        Over::Unix => std::os::unix::net::UnixStream::pair()
+            .map(|(c, s)| (RawStream::Unix(c), RawStream::Unix(s))),
+        #[cfg(not(unix))]
+        Over::Unix => Err(io::ErrorKind::Unsupported.into()),
+    }
+}
+
+/// A fresh directory for this bench's Unix sockets, named after `what`.
+pub(crate) fn socket_dir(what: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("cohort-bench-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("bench: the sockets' directory");
+    dir
+}
+
+/// The address member `name` listens on over `over`: an ephemeral TCP port on 127.0.0.1,
+/// or `name.sock` in `dir`.
+pub(crate) fn listen_addr(over: Over, dir: &std::path::Path, name: &str) -> cohort::Addr {
+    match over {
+        Over::Tcp => cohort::Addr::Tcp(([127, 0, 0, 1], 0).into()),
+        Over::Unix => cohort::Addr::unix(dir.join(format!("{name}.sock"))),
+    }
+}
+
 /// Writes one baseline frame: the payload's length as a little-endian `u32`, then the
 /// payload.
 pub(crate) fn write_frame<W: Write>(w: &mut W, payload: &[u8]) -> io::Result<()> {
@@ -157,7 +236,7 @@ pub(crate) fn read_frame<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<Optio
 /// The baseline receiver: reads `stream` through a 64 KiB `BufReader`, parses every frame
 /// and adds them to `progress` each time the buffer runs dry (before the next `read`
 /// syscall, so a waiter sees every frame that has arrived). Returns at end of stream.
-pub(crate) fn count_frames(stream: TcpStream, progress: &Progress) -> io::Result<()> {
+pub(crate) fn count_frames(stream: impl Read, progress: &Progress) -> io::Result<()> {
     let mut reader = BufReader::with_capacity(RAW_BUFFER, stream);
     let mut buf = vec![0u8; RAW_MAX_FRAME];
     let mut unreported = 0u64;
