@@ -1,8 +1,9 @@
-//! Replays the committed fuzz corpus (`fuzz/corpus/`) through the bodies of the fuzz
+//! Replays the committed fuzz corpus (`tests/fuzz/corpus/`) through the bodies of the fuzz
 //! targets, so that every `cargo test` exercises it without cargo-fuzz or a nightly
-//! toolchain. The bodies live in `fuzz/harness.rs`, shared with `fuzz/fuzz_targets/`.
+//! toolchain. The bodies live in `tests/fuzz/harness.rs`, shared with `fuzz/fuzz_targets/`
+//! (both live here, not in the `fuzz/` crate, so that the package ships them with this test).
 
-#[path = "../fuzz/harness.rs"]
+#[path = "fuzz/harness.rs"]
 mod harness;
 
 use std::fs;
@@ -15,7 +16,7 @@ static ALLOC: harness::TrackAlloc = harness::TrackAlloc;
 
 fn replay(target: &str, body: fn(&[u8])) {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("fuzz/corpus")
+        .join("tests/fuzz/corpus")
         .join(target);
     let mut files: Vec<PathBuf> = fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))

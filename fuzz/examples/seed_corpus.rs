@@ -1,6 +1,6 @@
 //! Writes the seed corpus: real encoded frames, framed by the setting bytes the targets in
-//! `fuzz/harness.rs` read first. Run from `fuzz/`: `cargo run --example seed_corpus`, then
-//! commit `fuzz/corpus/`. Deterministic, so re-running rewrites the same files.
+//! `tests/fuzz/harness.rs` read first. Run from `fuzz/`: `cargo run --example seed_corpus`, then
+//! commit `tests/fuzz/corpus/`. Deterministic, so re-running rewrites the same files.
 
 use std::fs;
 use std::path::Path;
@@ -113,7 +113,7 @@ fn cat(parts: &[&[u8]]) -> Vec<u8> {
 }
 
 fn main() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fuzz/corpus");
     let (dec, hs) = (root.join("decode"), root.join("handshake"));
     for d in [&dec, &hs] {
         fs::create_dir_all(d).unwrap();

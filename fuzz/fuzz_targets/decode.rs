@@ -1,9 +1,9 @@
 //! An arbitrary byte stream split into frames as the IO thread does and decoded: never a
-//! panic, never an allocation. Body in `fuzz/harness.rs` (shared with `tests/fuzz_corpus.rs`).
+//! panic, never an allocation. Body in `tests/fuzz/harness.rs` (shared with `tests/fuzz_corpus.rs`).
 #![no_main]
 
 #[allow(dead_code)]
-#[path = "../harness.rs"]
+#[path = "../../tests/fuzz/harness.rs"]
 mod harness;
 
 #[global_allocator]
