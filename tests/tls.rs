@@ -385,3 +385,49 @@ fn member_names_must_be_dns_names_and_the_certificate_must_name_the_member() {
     );
     shutdown_all(&[a]);
 }
+
+/// TLS over Unix-domain sockets: the same certificates and member-name checks as over TCP.
+/// Two members on socket files exchange messages both ways across a reconnect; a member
+/// with a certificate from another CA is refused on the socket.
+#[cfg(unix)]
+#[test]
+fn members_on_unix_sockets_speak_tls_and_a_certificate_from_another_ca_is_refused_there() {
+    let ca = TestCa::new("cohort test CA");
+    let dir = TempDir::new("tls-uds");
+    std::fs::create_dir_all(dir.path()).expect("socket dir");
+    let at = |name: &str| cohort::Addr::unix(dir.path().join(format!("{name}.sock")));
+    let (a_got, b_got) = (OrderCheck::new(), OrderCheck::new());
+    let b = member(&ca, "beta", &b_got)
+        .listen(at("beta"))
+        .start()
+        .expect("start b");
+    let a = member(&ca, "alpha", &a_got)
+        .listen(at("alpha"))
+        .peer("beta", b.listen_addr())
+        .start()
+        .expect("start a");
+    b.add_peer("alpha", a.listen_addr()).expect("add_peer");
+    stream(&a, &b, &b_got, 0, 2_000);
+    stream(&b, &a, &a_got, 0, 2_000);
+    let before = peer_stats(&a, "beta").connects;
+    a.disconnect("beta").expect("disconnect");
+    wait_until("the reconnect over TLS", PATIENCE, || {
+        peer_stats(&a, "beta").connects > before && is_connected(&a, "beta")
+    });
+    stream(&a, &b, &b_got, 2_000, 2_000);
+    b_got.assert_got_exactly("beta", &["alpha"], 4_000);
+    // A member with a certificate from another CA: refused by b on its socket.
+    b.add_peer("gamma", at("gamma")).expect("gamma");
+    let other = TestCa::new("another CA");
+    let impostor = Node::builder("gamma")
+        .cluster(CLUSTER)
+        .tls(other.tls("gamma"))
+        .peer("beta", b.listen_addr())
+        .start()
+        .expect("start impostor");
+    wait_until("b refused the impostor", PATIENCE, || {
+        b.stats().connections.tls_failures >= 1
+    });
+    assert!(!is_connected(&impostor, "beta"));
+    shutdown_all(&[impostor, a, b]);
+}
