@@ -359,12 +359,7 @@ impl IoThread {
                 Output::Dial { peer, name, addr } => self.dial(now, peer, &name, addr),
                 Output::Close { link, last } => {
                     if let Some(mut c) = self.conns.remove(&link) {
-                        if !self.endpoint.journal_ok() {
-                            // The buffer may hold messages the journal could not take: they
-                            // must not reach the peer.
-                        } else {
-                            c.write_last(&last);
-                        }
+                        c.write_last(&last);
                         let _ = self.poll.registry().deregister(&mut c.stream);
                     }
                 }

@@ -22,8 +22,8 @@
 //!
 //! Besides the boundary, the driver reads a link's buffers ([`Endpoint::link_mut`],
 //! [`Endpoint::to_write`]) and asks a few questions: [`Endpoint::judge`] (whether to take an
-//! accepted connection at all, before anything is spent on it), [`Endpoint::shutdown_done`],
-//! [`Endpoint::journal_ok`].
+//! accepted connection at all, before anything is spent on it) and
+//! [`Endpoint::shutdown_done`].
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -173,7 +173,7 @@ pub(crate) enum Output {
         addr: SocketAddr,
     },
     /// The link is gone from the endpoint: write `last` (best effort) and drop the
-    /// connection.
+    /// connection. `last` is empty after a journal failure: nothing more leaves then.
     Close { link: LinkId, last: Vec<u8> },
     /// A paused link may be read again (its bytes already in the kernel raise no event).
     Resume(LinkId),

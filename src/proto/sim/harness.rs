@@ -94,6 +94,10 @@ pub(super) struct Known {
     pub(super) launches_told: Vec<u64>,
     /// Why the last `Disconnected` fact said the link was lost.
     pub(super) last_why: Option<Why>,
+    /// The endpoint forgot it (admitted at run time, it stayed away for `forget_after`):
+    /// the member's map no longer holds it; if it dials in again it is admitted afresh,
+    /// as another peer.
+    pub(super) forgotten: bool,
 }
 
 impl Known {
@@ -108,6 +112,7 @@ impl Known {
             connects_told: 0,
             launches_told: Vec::new(),
             last_why: None,
+            forgotten: false,
         }
     }
 }
@@ -137,6 +142,11 @@ pub(super) struct Member {
     spec: Spec,
     /// A `Refused` fact whose link's close has not come yet.
     refusal_open: bool,
+    /// The writer's last batch appended.
+    appended: u64,
+    /// Its journal failed (`Output::JournalFailed`): the node stops, and once its
+    /// endpoint's shutdown is done the process has ended.
+    pub(super) journal_failed: bool,
     /// Journal batches handed over and not yet "appended" (the writer lags until
     /// [`Sim::journal_catch_up`]), with the highest message sequence number each holds per
     /// peer.
@@ -231,6 +241,10 @@ pub(super) struct Stats {
     pub(super) takeovers: u64,
     /// Processes started again at an old one's address.
     pub(super) restarts: u64,
+    /// Journal failures (each stops its node).
+    pub(super) journal_failures: u64,
+    /// Members forgotten (admitted at run time, away for `forget_after`), all members.
+    pub(super) forgotten: u64,
     /// Messages delivered by one incarnation and reported undelivered when their sender
     /// went over to another.
     pub(super) delivered_then_dropped: u64,
@@ -254,6 +268,8 @@ impl Stats {
         self.deaths += o.deaths;
         self.restarts += o.restarts;
         self.takeovers += o.takeovers;
+        self.journal_failures += o.journal_failures;
+        self.forgotten += o.forgotten;
         self.delivered_then_dropped += o.delivered_then_dropped;
     }
 }
@@ -285,6 +301,9 @@ pub(super) enum Step {
     /// `side`'s journal writer appends everything handed to it
     /// ([`Sim::journal_catch_up`]).
     Journal { side: Side },
+    /// `side`'s journal writer fails (a write or a sync): what it appended stays, the
+    /// batches handed to it and not appended are lost, and the node stops.
+    JournalFail { side: Side },
     /// Every byte that can move moves, and the connections asked for are made, with no
     /// time passing ([`Sim::pump`]).
     Pump,
@@ -450,6 +469,8 @@ impl Member {
             refusals: Vec::new(),
             refusal_open: false,
             spec: spec.clone(),
+            appended: 0,
+            journal_failed: false,
             batches: Vec::new(),
             journalled: HashMap::new(),
         }
@@ -474,9 +495,11 @@ impl Member {
             .desc
     }
 
-    /// The index of the peer it knows by `name`.
+    /// The index of the peer it knows by `name` (not one it forgot).
     pub(super) fn known(&self, name: &str) -> Option<usize> {
-        self.peers.iter().position(|k| *k.name == *name)
+        self.peers
+            .iter()
+            .position(|k| !k.forgotten && *k.name == *name)
     }
 
     /// Messages delivered to its application so far.
@@ -608,7 +631,12 @@ impl Sim {
                     Output::Undelivered { peer, messages } => {
                         let m = &mut self.m[side];
                         let k = m.known(&peer).expect("a known peer");
-                        let bound = m.desc_of(k).remote_launch();
+                        // A peer being forgotten is out of the endpoint already: the
+                        // incarnation it was told of last is the one it was bound to.
+                        let bound = match m.ep.peer(k) {
+                            Some(p) => p.desc.remote_launch(),
+                            None => m.peers[k].launches_told.last().copied(),
+                        };
                         m.peers[k]
                             .undelivered
                             .extend(messages.into_iter().map(|u| (u.payload, bound)));
@@ -661,7 +689,6 @@ impl Sim {
                         m.refusals.push((reason, by_peer));
                         self.stats.refusals += 1;
                     }
-                    Output::Fact(f) => panic!("{who}: unexpected fact {f:?}"),
                     Output::Admitted(shared) => {
                         let m = &mut self.m[side];
                         // Said again for a peer it holds (a node's `add_peer` raced the
@@ -676,17 +703,43 @@ impl Sim {
                                 m.peers.len(),
                                 "{who}: admitted as the next peer"
                             );
-                            m.peers.push(Known::new(shared));
+                            // A name it forgot comes back: what it sent that name before
+                            // stays the start of the record (messages are numbered per
+                            // name), all delivered or reported already.
+                            let before = m
+                                .peers
+                                .iter()
+                                .rev()
+                                .find(|k| k.forgotten && k.name == shared.name)
+                                .map(|k| k.sent.clone());
+                            let mut known = Known::new(shared);
+                            known.sent = before.unwrap_or_default();
+                            m.peers.push(known);
                         }
                     }
-                    Output::JournalFailed | Output::Forget(_) => {
-                        unreachable!("no journal failure; nobody stays away for forget_after")
+                    Output::JournalFailed => {
+                        self.m[side].journal_failed = true;
+                        self.stats.journal_failures += 1;
+                    }
+                    Output::Forget(shared) => self.forget(side, &shared),
+                    Output::Fact(Fact::Forgotten { peer }) => {
+                        let m = &self.m[side];
+                        assert!(
+                            m.known(&peer).is_none(),
+                            "{who}: told '{peer}' forgotten before the node forgot it"
+                        );
+                        self.stats.forgotten += 1;
                     }
                 }
             }
             // What the pool asked of the IO thread meanwhile is its next input.
             let credit = self.m[side].handoff.take_credit_flush();
             if credit.is_empty() {
+                // After a journal failure the IO thread ends once the endpoint's shutdown
+                // is done: the process has stopped.
+                if self.m[side].journal_failed && self.m[side].ep.shutdown_done(now) {
+                    self.kill(side);
+                }
                 return;
             }
             for id in credit {
@@ -728,6 +781,7 @@ impl Sim {
                     self.journal_catch_up(side);
                 }
             }
+            Step::JournalFail { side } => self.journal_fail(side),
             Step::Restart { side } => {
                 let restarted =
                     (side + 1..self.m.len()).any(|s| self.m[s].addr == self.m[side].addr);
@@ -963,6 +1017,7 @@ impl Sim {
                 *top = (*top).max(seq);
             }
         }
+        m.appended = last;
         let now = self.now();
         let marks = crate::journal::WriterMarks {
             appended: last,
@@ -971,6 +1026,57 @@ impl Sim {
         };
         self.m[side].ep.handle(now, Input::JournalMarks(marks));
         self.drain(side);
+    }
+
+    /// `side`'s journal writer fails: what it appended stays appended, what it was handed
+    /// since is lost, and it says so (`WriterMarks::failed`). Nothing for a member that
+    /// does not journal, or has ended.
+    pub(super) fn journal_fail(&mut self, side: Side) {
+        let m = &mut self.m[side];
+        if m.dead || !m.spec.journal {
+            return;
+        }
+        m.batches.clear();
+        let marks = crate::journal::WriterMarks {
+            appended: m.appended,
+            synced: 0,
+            failed: true,
+        };
+        let now = self.now();
+        self.m[side].ep.handle(now, Input::JournalMarks(marks));
+        self.drain(side);
+    }
+
+    /// `side`'s endpoint forgot the member whose shared state is `shared` (admitted at run
+    /// time, away for `forget_after`): it holds no peer of that name any more, everything
+    /// sent to it was delivered or reported undelivered, and every permit is back.
+    fn forget(&mut self, side: Side, shared: &Arc<PeerShared>) {
+        let m = &mut self.m[side];
+        let who = m.name;
+        let k = m
+            .peers
+            .iter()
+            .position(|k| Arc::ptr_eq(&k.shared, shared))
+            .expect("forgets a peer it knows");
+        assert!(
+            m.ep.peer(shared.id).is_none(),
+            "{who}: '{}' forgotten, still in the endpoint",
+            shared.name
+        );
+        let known = &mut m.peers[k];
+        assert!(
+            !known.up,
+            "{who}: '{}' forgotten while connected",
+            known.name
+        );
+        assert!(!known.forgotten, "{who}: '{}' forgotten twice", known.name);
+        known.forgotten = true;
+        assert_eq!(
+            known.shared.outbox.window().available(),
+            WINDOW,
+            "{who}: the permits of '{}' are back once it is forgotten",
+            known.name
+        );
     }
 
     /// Simulated time passes: each live member's timers run, and the connections asked for
@@ -1110,6 +1216,7 @@ impl Sim {
         let acks = live
             .iter()
             .flat_map(|&s| (0..self.m[s].peers.len()).map(move |k| (s, k)))
+            .filter(|&(s, k)| !self.m[s].peers[k].forgotten)
             .map(|(s, k)| self.m[s].desc_of(k).acked())
             .sum();
         (piped, buffered, self.links.len(), delivered, acks)
