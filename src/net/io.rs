@@ -27,7 +27,9 @@ use crate::deliver::{Pool, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
 use crate::handoff::SpinGate;
 use crate::journal::{JournalWriter, WriterMarks};
-use crate::proto::{Endpoint, Fact, Input, JournalLeft, LinkId, NodeCounters, Output, Verdict};
+use crate::proto::{
+    Endpoint, Fact, Input, JournalLeft, LinkId, NodeCounters, Output, Target, Verdict,
+};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::Arc;
 use crate::util::IdHash;
@@ -356,7 +358,9 @@ impl IoThread {
                     }
                 }
                 Output::Transmit(id) => self.write_link(id, now),
-                Output::Dial { peer, name, addr } => self.dial(now, peer, &name, addr),
+                Output::Dial { target, name, addr } => {
+                    self.dial(now, target, name.as_deref(), addr)
+                }
                 Output::Close { link, last } => {
                     if let Some(mut c) = self.conns.remove(&link) {
                         c.write_last(&last);
@@ -641,15 +645,28 @@ impl IoThread {
     }
 
     /// Opens a connection to `addr` for peer `peer`, named `name` (the endpoint asked).
-    fn dial(&mut self, now: Instant, peer: usize, name: &str, addr: SocketAddr) {
-        let transport = match Transport::new(self.cfg.tls.as_ref(), Some(name)) {
-            Ok(t) => t,
-            Err(e) => {
+    fn dial(&mut self, now: Instant, target: Target, name: Option<&str>, addr: SocketAddr) {
+        let peer = target;
+        // A TLS client verifies the server's certificate for the member it dials; a seed
+        // names none (the builder refuses seeds with TLS).
+        let transport = match name.map(|n| Transport::new(self.cfg.tls.as_ref(), Some(n))) {
+            Some(Ok(t)) => t,
+            None if self.cfg.tls.is_none() => Transport::Plain,
+            None => {
+                log::warn!(
+                    "{}: cannot dial seed {addr} over TLS: no member name to verify",
+                    self.cfg.proto.name
+                );
+                return self.endpoint.handle(now, Input::DialFailed(peer));
+            }
+            Some(Err(e)) => {
                 Counters::add(&self.counters.tls_failures, 1);
+                let name = name.unwrap_or("?");
                 log::warn!("{}: cannot dial '{name}': {e}", self.cfg.proto.name);
                 return self.endpoint.handle(now, Input::DialFailed(peer));
             }
         };
+        let name = name.unwrap_or("a seed");
         let Some(nonce) = self.fresh_nonce() else {
             return self.endpoint.handle(now, Input::DialFailed(peer)); // logged
         };
@@ -670,8 +687,14 @@ impl IoThread {
                 self.conns
                     .insert(link(token), Conn::new(token, stream, transport, true));
                 let link = link(token);
-                self.endpoint
-                    .handle(now, Input::Dialled { peer, link, nonce });
+                self.endpoint.handle(
+                    now,
+                    Input::Dialled {
+                        target: peer,
+                        link,
+                        nonce,
+                    },
+                );
             }
             Err(e) => {
                 log::debug!(

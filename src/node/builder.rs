@@ -78,6 +78,8 @@ pub struct Builder {
     /// `127.0.0.1:0`).
     pub(crate) listen_given: bool,
     pub(crate) peers: Vec<(String, Result<SocketAddr, String>)>,
+    /// Each seed as given, resolved to its addresses (or why it did not resolve).
+    pub(crate) seeds: Vec<(String, Result<Vec<SocketAddr>, String>)>,
     pub(crate) pool_threads: usize,
     /// Pool threads one sender's out-of-band messages may occupy at once (`None`: half
     /// the pool, at least one).
@@ -122,6 +124,7 @@ impl std::fmt::Debug for Builder {
             .field("cluster", &self.io.proto.cluster)
             .field("listen", &self.listen)
             .field("peers", &self.peers)
+            .field("seeds", &self.seeds)
             .field("pool_threads", &self.pool_threads)
             .field("window", &self.io.proto.window)
             .field("tls", &self.io.tls.is_some())
@@ -205,6 +208,7 @@ impl Builder {
                     secret: None,
                     forget_after: DEFAULT_FORGET_AFTER,
                     // Filled in by `io_config`.
+                    seeds: Vec::new(),
                     events: false,
                     launch_id: 0,
                     journalled: false,
@@ -221,6 +225,7 @@ impl Builder {
             listen: Ok(SocketAddr::from(DEFAULT_LISTEN)),
             listen_given: false,
             peers: Vec::new(),
+            seeds: Vec::new(),
             pool_threads: std::thread::available_parallelism()
                 .map_or(MIN_POOL_THREADS, |n| n.get())
                 .max(MIN_POOL_THREADS),
@@ -257,6 +262,13 @@ impl Builder {
         p.recv_window = self.recv_window.unwrap_or(p.window);
         p.max_message = self.effective_max_message();
         p.max_pending_per_source = self.effective_pending_per_source();
+        p.seeds = self
+            .seeds
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok())
+            .flatten()
+            .copied()
+            .collect();
         // Housekeeping often enough for probes and heartbeats: half the shorter, 5 to 50 ms.
         p.tick = (p.probe_interval / 2)
             .min(p.heartbeat / 2)
@@ -290,6 +302,57 @@ impl Builder {
     /// redialled with jittered exponential backoff until it answers.
     pub fn peer<A: ToSocketAddrs>(mut self, name: &str, addr: A) -> Self {
         self.peers.push((name.to_owned(), resolve(addr)));
+        self
+    }
+
+    /// A seed: an address where some member of the cluster listens, whose name this node
+    /// need not know. It is dialled at start; whoever answers there (of this cluster,
+    /// authenticated when a [`secret`](Builder::secret) is set, not this node itself)
+    /// becomes a peer under the name it gives, dialled at that address again whenever its
+    /// connection is lost — as if it had been configured with [`peer`](Builder::peer). A
+    /// name that resolves to several addresses gives a seed for each; seeds that did not
+    /// answer are dialled again, with backoff, whenever the node has no connection at all.
+    /// Its own address among the seeds is skipped (so every member may be given one list).
+    ///
+    /// The member answering must accept members it does not know
+    /// ([`allow_unknown_members`](Builder::allow_unknown_members)); with a secret only
+    /// members holding it get in. Seeds cannot be combined with [`tls`](Builder::tls): a
+    /// TLS client verifies the certificate of the member it means to reach, and a seed
+    /// names none.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("newcomer")
+    ///     .secret(b"cluster secret")
+    ///     .seed("10.0.0.5:7000")
+    ///     .start()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn seed<A: ToSocketAddrs + std::fmt::Debug>(mut self, addr: A) -> Self {
+        let given = format!("{addr:?}");
+        let resolved = match addr.to_socket_addrs() {
+            Ok(it) => {
+                let all: Vec<SocketAddr> = it.collect();
+                if all.is_empty() {
+                    Err("address resolved to nothing".to_string())
+                } else {
+                    Ok(all)
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        self.seeds.push((given, resolved));
+        self
+    }
+
+    /// Several seeds (see [`seed`](Builder::seed)).
+    pub fn seeds<A: ToSocketAddrs + std::fmt::Debug>(
+        mut self,
+        addrs: impl IntoIterator<Item = A>,
+    ) -> Self {
+        for a in addrs {
+            self = self.seed(a);
+        }
         self
     }
 
@@ -1014,6 +1077,20 @@ impl Builder {
         }
         #[cfg(feature = "tls")]
         self.validate_tls()?;
+        for (given, r) in &self.seeds {
+            if let Err(problem) = r {
+                return Err(ConfigError::Address {
+                    setting: "seed",
+                    peer: None,
+                    problem: format!("{given}: {problem}"),
+                }
+                .into());
+            }
+        }
+        #[cfg(feature = "tls")]
+        if self.io.tls.is_some() && !self.seeds.is_empty() {
+            return Err(ConfigError::SeedsWithTls.into());
+        }
         let listen = self
             .listen
             .clone()

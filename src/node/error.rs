@@ -340,6 +340,9 @@ pub enum ConfigError {
     /// [`on_message`](crate::Builder::on_message) handler: the messages go to one or the
     /// other.
     InboxWithHandler,
+    /// [`Builder::seed`](crate::Builder::seed) with [`Builder::tls`](crate::Builder::tls):
+    /// a TLS client verifies the certificate of the member it dials, and a seed names none.
+    SeedsWithTls,
     /// With TLS, this member's own certificate is not valid for its name.
     Certificate {
         /// This member's name.
@@ -361,6 +364,7 @@ impl ConfigError {
             ConfigError::EmptySecret => "secret",
             ConfigError::InboxWithHandler => "on_message",
             ConfigError::Certificate { .. } => "tls",
+            ConfigError::SeedsWithTls => "seed",
         }
     }
 }
@@ -432,6 +436,9 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Certificate { member, problem } => write!(
                 f,
                 "tls: this member's own certificate must name it ('{member}'): {problem}"
+            ),
+            ConfigError::SeedsWithTls => f.write_str(
+                "seed: seeds cannot be used with tls (a TLS client verifies the certificate of the member it dials, and a seed names none); configure the members with `peer` instead",
             ),
         }
     }

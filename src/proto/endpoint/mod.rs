@@ -51,9 +51,12 @@ mod identify;
 mod input;
 mod journal;
 mod links;
+mod seeds;
 mod time;
 
 pub(crate) use journal::{Durability, JournalLeft, LeftPeer};
+use seeds::Seed;
+pub(crate) use seeds::Target;
 
 /// The protocol's settings.
 #[derive(Clone)]
@@ -101,6 +104,9 @@ pub(crate) struct Config {
     /// A member admitted at run time (unknown, no address) that stays disconnected this
     /// long is removed ([`Output::Forget`]).
     pub(crate) forget_after: Duration,
+    /// Addresses dialled without a member name: whoever answers there becomes a peer
+    /// (`Builder::seeds`).
+    pub(crate) seeds: Vec<SocketAddr>,
 }
 
 /// Node-wide connection counters, shared with the node's stats.
@@ -165,11 +171,11 @@ pub(crate) enum Output {
     /// Write what [`Endpoint::to_write`] gives for the link, then report it with
     /// [`Input::Wrote`] (or [`Input::Failed`]).
     Transmit(LinkId),
-    /// Open a connection to `addr` for peer `peer`, then report [`Input::Dialled`] (or
-    /// [`Input::DialFailed`]).
+    /// Open a connection to `addr` for `target` (a peer, named `name`, or a seed), then
+    /// report [`Input::Dialled`] (or [`Input::DialFailed`]).
     Dial {
-        peer: usize,
-        name: SharedStr,
+        target: Target,
+        name: Option<SharedStr>,
         addr: SocketAddr,
     },
     /// The link is gone from the endpoint: write `last` (best effort) and drop the
@@ -267,14 +273,14 @@ pub(crate) enum Input<'a> {
     /// The pool asks that credit consumed from the member's stream go back.
     FlushCredit(usize),
     // ---- from the connections ----
-    /// The driver opened a connection for peer `peer` (after [`Output::Dial`]) as `link`.
+    /// The driver opened a connection for `target` (after [`Output::Dial`]) as `link`.
     Dialled {
-        peer: usize,
+        target: Target,
         link: LinkId,
         nonce: Nonce,
     },
-    /// The driver could not open a connection for peer `peer`.
-    DialFailed(usize),
+    /// The driver could not open a connection for `target`.
+    DialFailed(Target),
     /// A dialled link's connection completed.
     Connected(LinkId),
     /// A connection accepted from `from`, judged by [`Endpoint::judge`] (not refused),
@@ -381,6 +387,8 @@ pub(crate) struct Endpoint {
     journal: Option<Durability>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
+    /// The seeds, in [`Config::seeds`]' order.
+    seeds: Vec<Seed>,
     out: Out,
 }
 
@@ -412,7 +420,7 @@ impl Endpoint {
         });
         let mut timers = Timers::default();
         timers.add(now + cfg.tick, TimerKind::Tick);
-        Endpoint {
+        let mut ep = Endpoint {
             max_len: wire::max_frame_len(cfg.max_message),
             backoff: Backoff::new(cfg.launch_id),
             admission: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
@@ -429,6 +437,7 @@ impl Endpoint {
             deferred: Vec::new(),
             shutdown: None,
             syncs: VecDeque::new(),
+            seeds: cfg.seeds.iter().map(|&a| Seed::new(a)).collect(),
             out: Out {
                 records: Vec::new(),
                 awaiting: Vec::new(),
@@ -441,7 +450,11 @@ impl Endpoint {
             },
             journal,
             cfg,
+        };
+        for s in 0..ep.seeds.len() {
+            ep.dial_seed(s);
         }
+        ep
     }
 
     /// Takes what happened at `now`. Whatever it makes the endpoint ask of the driver
@@ -458,8 +471,18 @@ impl Endpoint {
             }
             Input::Publish(id) => self.publish(now, id),
             Input::FlushCredit(id) => self.flush_credit(now, id),
-            Input::Dialled { peer, link, nonce } => self.dialled(now, peer, link, nonce),
-            Input::DialFailed(peer) => self.dial_failed(now, peer),
+            Input::Dialled {
+                target: Target::Peer(peer),
+                link,
+                nonce,
+            } => self.dialled(now, peer, link, nonce),
+            Input::Dialled {
+                target: Target::Seed(s),
+                link,
+                nonce,
+            } => self.seed_dialled(now, s, link, nonce),
+            Input::DialFailed(Target::Peer(peer)) => self.dial_failed(now, peer),
+            Input::DialFailed(Target::Seed(s)) => self.seed_dial_failed(now, s),
             Input::Connected(link) => self.connected(link),
             Input::Accepted {
                 link,

@@ -26,12 +26,14 @@ fn specs() -> [Spec; 2] {
             launch: 0xA1,
             knows: vec![("beta", Some(BETA))],
             journal: false,
+            seeds: Vec::new(),
         },
         Spec {
             name: "beta",
             launch: 0xB1,
             knows: Vec::new(),
             journal: false,
+            seeds: Vec::new(),
         },
     ]
 }

@@ -16,7 +16,7 @@ use crate::handoff::{Handoff, Wake};
 use crate::peer::{Outgoing, PeerShared};
 use crate::proto::endpoint::Batch;
 use crate::proto::{
-    Config, Descriptor, Endpoint, Fact, Input, LinkId, NodeCounters, Output, Secret,
+    Config, Descriptor, Endpoint, Fact, Input, LinkId, NodeCounters, Output, Secret, Target,
 };
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
@@ -63,6 +63,8 @@ pub(super) struct Spec {
     pub(super) knows: Vec<(&'static str, Option<Side>)>,
     /// It journals.
     pub(super) journal: bool,
+    /// The members whose addresses it has as seeds (dialled without a name).
+    pub(super) seeds: Vec<Side>,
 }
 
 /// The IO thread's waker, in simulated time: the simulation's driver looks at the
@@ -130,8 +132,8 @@ pub(super) struct Member {
     /// What the pool hands this member's IO thread: the shipping `PeerCreditSink`s put the
     /// peer on its credit list when credit should go back.
     pub(super) handoff: Arc<Handoff>,
-    /// Connections the endpoint asked for and not made yet: (peer, address).
-    pub(super) dials: VecDeque<(usize, SocketAddr)>,
+    /// Connections the endpoint asked for and not made yet: (for what, address).
+    pub(super) dials: VecDeque<(Target, SocketAddr)>,
     /// Every message delivered to the application, in order (sequence number, bytes).
     pub(super) delivered: DeliveryLog,
     /// The process ended: it does nothing more.
@@ -366,12 +368,14 @@ pub(super) fn pair(s: Settings) -> Vec<Spec> {
             launch: 0xA1,
             knows: vec![("beta", Some(B))],
             journal: s.journal,
+            seeds: Vec::new(),
         },
         Spec {
             name: "beta",
             launch: 0xA2,
             knows: vec![("alpha", s.both_dial.then_some(A))],
             journal: false,
+            seeds: Vec::new(),
         },
     ]
 }
@@ -429,6 +433,7 @@ impl Member {
             journalled: journal,
             events: true,
             forget_after: Duration::from_secs(60),
+            seeds: spec.seeds.iter().map(|&s| addr(s)).collect(),
         };
         let ep = Endpoint::new(
             cfg,
@@ -553,6 +558,8 @@ impl Sim {
     }
 
     fn add_peers(&mut self, side: Side, spec: &Spec) {
+        // What the endpoint asked for as it started (its seeds' dials).
+        self.drain(side);
         let now = self.now();
         for (k, &(_, at)) in spec.knows.iter().enumerate() {
             let shared = self.m[side].peers[k].shared.clone();
@@ -607,10 +614,10 @@ impl Sim {
                     Output::JournalSync(_) => {}
                     // The schedule's `Write` steps move the bytes.
                     Output::Transmit(_) => {}
-                    Output::Dial { peer, addr, .. } => {
+                    Output::Dial { target, addr, .. } => {
                         let dials = &mut self.m[side].dials;
-                        if !dials.iter().any(|&(p, _)| p == peer) {
-                            dials.push_back((peer, addr));
+                        if !dials.iter().any(|&(t, _)| t == target) {
+                            dials.push_back((target, addr));
                         }
                     }
                     Output::Close { link, last } => {
@@ -885,7 +892,7 @@ impl Sim {
             sl.ends[1] = None;
             sl.closed[1] = true;
             let dialled = Input::Dialled {
-                peer,
+                target: peer,
                 link: d,
                 nonce: nd,
             };
@@ -900,7 +907,7 @@ impl Sim {
         }
         self.owner.insert((target, a), l);
         let dialled = Input::Dialled {
-            peer,
+            target: peer,
             link: d,
             nonce: nd,
         };

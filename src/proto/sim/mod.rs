@@ -70,6 +70,8 @@ mod oracle;
 #[cfg(test)]
 mod pair;
 #[cfg(test)]
+mod seeds;
+#[cfg(test)]
 mod three;
 #[cfg(test)]
 mod twins;

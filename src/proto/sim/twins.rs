@@ -41,6 +41,7 @@ fn trio(hub_dials: bool, twin_dials: [bool; 2]) -> Vec<Spec> {
         launch,
         knows: vec![("hub", dials.then_some(HUB))],
         journal: false,
+        seeds: Vec::new(),
     };
     vec![
         Spec {
@@ -48,6 +49,7 @@ fn trio(hub_dials: bool, twin_dials: [bool; 2]) -> Vec<Spec> {
             launch: 0x40,
             knows: vec![("twin", hub_dials.then_some(T1))],
             journal: false,
+            seeds: Vec::new(),
         },
         twin(0x71, twin_dials[0]),
         twin(0x72, twin_dials[1]),
@@ -380,6 +382,7 @@ fn a_genuine_restart_is_admitted_at_once() {
                 launch: 0x73,
                 knows: vec![("hub", (!hub_dials).then_some(HUB))],
                 journal: false,
+                seeds: Vec::new(),
             },
         );
         send_n(&mut sim, again, 2);
