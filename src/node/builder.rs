@@ -33,6 +33,13 @@ use crate::sync::Arc;
 /// requester gave them up (both counted `filtered`), and unreliable messages lost with a
 /// connection. A request reported here also fails its
 /// [`PendingReply`](crate::PendingReply).
+///
+/// "Delivered" means the receiving node took the message in: a receiver acknowledges on
+/// receipt, so without a journal a message it received and then lost in a crash before
+/// its handler ran is neither delivered nor reported (a peer that restarts is a new
+/// incarnation, and what it had acknowledged is not sent again). A journalling receiver
+/// ([`Builder::journal`]) acknowledges only what it recorded as handled, which closes
+/// that gap; docs/design.md, "What survives what", lists each case.
 pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
 
 /// Requests in flight to one peer, by default (`Builder::max_requests`).
@@ -566,7 +573,7 @@ impl Builder {
     /// back when the peer has consumed it). So a replier takes in no more requests than its
     /// receive window holds with their replies' room, a reply never waits for the window,
     /// and two members requesting each other cannot deadlock. A larger reply fails at the
-    /// replier with [`Error::TooLarge`]. Default: 64 KiB, or a quarter of the send window if that is
+    /// replier with [`Error::ReplyTooLarge`]. Default: 64 KiB, or a quarter of the send window if that is
     /// less, and at most `max_message` less the reply's 8-byte id.
     pub fn max_reply(mut self, bytes: usize) -> Self {
         self.max_reply = Some(bytes);
@@ -905,7 +912,8 @@ impl Builder {
         self
     }
 
-    /// The size of the journal's preallocated segment files (default 16 MiB). Only with
+    /// The size of the journal's preallocated segment files (default 16 MiB; from 8 KiB to
+    /// 2 GiB, else `start` fails with [`ConfigError::OutOfRange`]). Only with
     /// [`journal`](Builder::journal).
     pub fn journal_segment_size(mut self, bytes: u64) -> Self {
         self.journal_settings().segment_size = bytes;
@@ -1014,6 +1022,16 @@ impl Builder {
                 }
                 .into());
             }
+            let sizes = crate::journal::MIN_SEGMENT_SIZE..=crate::journal::MAX_SEGMENT_SIZE;
+            if !sizes.contains(&j.segment_size) {
+                return Err(ConfigError::OutOfRange {
+                    setting: "journal_segment_size",
+                    value: j.segment_size,
+                    min: *sizes.start(),
+                    max: *sizes.end(),
+                }
+                .into());
+            }
         }
         check_name("name", self.name())?;
         check_name("cluster", &self.io.proto.cluster)?;
@@ -1065,8 +1083,14 @@ impl Builder {
         let max_allowed = half
             .saturating_sub(MESSAGE_OVERHEAD)
             .min(u64::from(u32::MAX) - 64);
-        if max > max_allowed {
-            return Err(out_of_range("max_message", max, max_allowed).into());
+        if max == 0 || max > max_allowed {
+            return Err(ConfigError::OutOfRange {
+                setting: "max_message",
+                value: max,
+                min: 1,
+                max: max_allowed,
+            }
+            .into());
         }
         // A request (its header, overhead and room for its reply) fits in half the window.
         let reply = u64::from(self.effective_max_reply());

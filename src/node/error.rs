@@ -64,6 +64,18 @@ pub enum Error {
         /// smaller (less a request's header, for a request).
         max: usize,
     },
+    /// A reply ([`Delivery::reply`](crate::Delivery::reply)) is larger than the room its
+    /// request reserved for it: the requester's
+    /// [`Builder::max_reply`](crate::Builder::max_reply), as
+    /// [`Delivery::reply_room`](crate::Delivery::reply_room) tells. The requester's
+    /// `PendingReply` fails with [`ReplyFailure::TooLarge`] unless a smaller reply follows.
+    #[error("reply of {len} bytes exceeds the {room} bytes its request reserved for it (the requester's Builder::max_reply; Delivery::reply_room tells the room): send a smaller reply")]
+    ReplyTooLarge {
+        /// The reply's length.
+        len: usize,
+        /// The room its request reserved.
+        room: usize,
+    },
     /// The peer's send window has no room now (a `try_send` turned into an `Error`).
     #[error("send window full: the peer is not keeping up; retry later or use send/send_timeout")]
     Full,
@@ -309,8 +321,8 @@ pub enum ConfigError {
     /// A size or count out of the range that works (the range may follow from other
     /// settings: a message must fit in half the window).
     OutOfRange {
-        /// `"window_bytes"`, `"recv_window"`, `"max_message"`, `"max_reply"` (in bytes) or
-        /// `"pool_threads"` (in threads).
+        /// `"window_bytes"`, `"recv_window"`, `"max_message"`, `"max_reply"`,
+        /// `"journal_segment_size"` (in bytes) or `"pool_threads"` (in threads).
         setting: &'static str,
         /// The value in effect, in bytes (in threads for `"pool_threads"`).
         value: u64,
@@ -376,7 +388,14 @@ impl std::fmt::Display for ConfigError {
                 setting,
                 name,
                 problem,
-            } => write!(f, "{setting} {name:?}: {problem}"),
+            } => {
+                // A long name is shown by its start: the problem says how long it is.
+                const SHOWN: usize = 32;
+                match name.char_indices().nth(SHOWN) {
+                    Some((cut, _)) => write!(f, "{setting} {:?}…: {problem}", &name[..cut]),
+                    None => write!(f, "{setting} {name:?}: {problem}"),
+                }
+            }
             ConfigError::OutOfRange {
                 setting,
                 value,

@@ -40,7 +40,7 @@ impl Endpoint {
                     );
                 }
             }
-            let failed = Peer::new(shared, addr).discard(&mut self.out);
+            let failed = Peer::new(shared, addr).discard(&self.cfg, &mut self.out);
             if failed > 0 {
                 log::warn!(
                     "{}: {failed} messages sent to '{name}' as it was added failed: it was admitted meanwhile",
