@@ -84,6 +84,10 @@ mod events;
 mod flow;
 mod handoff;
 mod journal;
+// The membership protocol's sans-IO core: not driven by the IO thread yet, so only the
+// tests (and, through `internals`, cohort's own tools) use it.
+#[cfg_attr(not(cohort_internals), allow(dead_code))]
+mod membership;
 mod net;
 mod node;
 mod peer;
@@ -149,6 +153,10 @@ pub mod internals {
     /// The hand-off from application and pool threads to the IO thread.
     pub mod handoff {
         pub use crate::handoff::*;
+    }
+    /// The membership protocol (SWIM), sans-IO, and its packet encoding.
+    pub mod membership {
+        pub use crate::membership::*;
     }
     /// The journal's storage.
     pub mod journal {
