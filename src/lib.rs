@@ -84,8 +84,8 @@ mod events;
 mod flow;
 mod handoff;
 mod journal;
-// The membership protocol's sans-IO core: not driven by the IO thread yet, so only the
-// tests (and, through `internals`, cohort's own tools) use it.
+// The node drives the membership core; some of its surface (its counters, health, a plain
+// encoder) serves only the tests and, through `internals`, cohort's own tools.
 #[cfg_attr(not(cohort_internals), allow(dead_code))]
 mod membership;
 mod net;
@@ -100,7 +100,7 @@ mod wire;
 
 pub use bytes::Bytes;
 pub use deliver::{Delivery, Inbox, InboxIter, InboxRecv, InboxTryIter, PoolStats, RecvError};
-pub use events::{DisconnectReason, Event, RefuseReason};
+pub use events::{DisconnectReason, Event, MemberInfo, MemberState, RefuseReason};
 pub use journal::{
     inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,
     RecordKind, SegmentInfo, SegmentState, SegmentStatus,

@@ -172,13 +172,7 @@ impl Sim {
     /// Hands `bytes` to member `to` as if from `from` (an injected packet).
     pub(super) fn inject(&mut self, to: usize, from: SocketAddr, bytes: Vec<u8>) {
         self.with(to, |m, now| {
-            m.handle(
-                now,
-                Input::Packet {
-                    from,
-                    data: &bytes,
-                },
-            )
+            m.handle(now, Input::Packet { from, data: &bytes })
         });
     }
 
@@ -206,7 +200,8 @@ impl Sim {
                     let jitter = if self.jitter.is_zero() {
                         Duration::ZERO
                     } else {
-                        self.jitter.mul_f64((self.rng.next() % 1000) as f64 / 1000.0)
+                        self.jitter
+                            .mul_f64((self.rng.next() % 1000) as f64 / 1000.0)
                     };
                     self.seq += 1;
                     self.queue.push(Reverse(InFlight {
@@ -367,7 +362,11 @@ fn converged_cluster(n: usize, seed: u64) -> (Sim, Duration) {
     let mut sim = Sim::new(n, Config::default(), seed);
     all_start(&mut sim, seed);
     let t = sim
-        .run_until_cond(Duration::from_secs(60), Duration::from_millis(100), Sim::converged)
+        .run_until_cond(
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            Sim::converged,
+        )
         .unwrap_or_else(|| panic!("{n} members did not converge within 60 s"));
     (sim, t)
 }
@@ -441,17 +440,25 @@ fn a_restarted_member_rejoins_as_a_new_incarnation() {
     let old = sim.member(0).member(sim.name(victim)).expect("in the view");
     let t = sim.elapsed();
     sim.kill(victim);
-    sim.run_until_cond(t + detection_bound(&sim.cfg, 16), Duration::from_millis(100), |s| {
-        (0..s.len())
-            .filter(|i| s.is_running(*i))
-            .all(|i| s.state_of(i, victim) == Some(State::Failed))
-    })
+    sim.run_until_cond(
+        t + detection_bound(&sim.cfg, 16),
+        Duration::from_millis(100),
+        |s| {
+            (0..s.len())
+                .filter(|i| s.is_running(*i))
+                .all(|i| s.state_of(i, victim) == Some(State::Failed))
+        },
+    )
     .expect("failed by all");
     // Same name, same address, a new process; its seed is member 0.
     sim.start(victim, &[0]);
     let t = sim.elapsed();
-    sim.run_until_cond(t + Duration::from_secs(30), Duration::from_millis(100), Sim::converged)
-        .expect("converged again");
+    sim.run_until_cond(
+        t + Duration::from_secs(30),
+        Duration::from_millis(100),
+        Sim::converged,
+    )
+    .expect("converged again");
     for i in (0..sim.len()).filter(|i| *i != victim) {
         let now = sim.member(i).member(sim.name(victim)).expect("in the view");
         assert_eq!(now.state, State::Alive);
@@ -483,16 +490,26 @@ fn a_partition_fails_each_side_and_heals_into_one_view() {
     for i in 1..8 {
         sim.start(i, &[0]);
     }
-    sim.run_until_cond(Duration::from_secs(30), Duration::from_millis(100), Sim::converged)
-        .expect("converged");
+    sim.run_until_cond(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        Sim::converged,
+    )
+    .expect("converged");
     let (a, b) = ([0, 1, 2, 3], [4, 5, 6, 7]);
     sim.partition(&a, &b, true);
     let t = sim.elapsed();
     let split = sim
-        .run_until_cond(t + detection_bound(&sim.cfg, 8), Duration::from_millis(100), |s| {
-            a.iter().all(|&i| b.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
-                && b.iter().all(|&i| a.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
-        })
+        .run_until_cond(
+            t + detection_bound(&sim.cfg, 8),
+            Duration::from_millis(100),
+            |s| {
+                a.iter()
+                    .all(|&i| b.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
+                    && b.iter()
+                        .all(|&i| a.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
+            },
+        )
         .expect("each side fails the other");
     // Long enough that the failed members leave the views: the heal goes through the seed
     // and remembered addresses.
@@ -500,7 +517,11 @@ fn a_partition_fails_each_side_and_heals_into_one_view() {
     sim.partition(&a, &b, false);
     let healed_at = sim.elapsed();
     let healed = sim
-        .run_until_cond(healed_at + Duration::from_secs(120), Duration::from_millis(100), Sim::converged)
+        .run_until_cond(
+            healed_at + Duration::from_secs(120),
+            Duration::from_millis(100),
+            Sim::converged,
+        )
         .expect("one view after the heal");
     println!(
         "4 v 4: sides failed each other {:?} after the cut; one view {:?} after the heal",
@@ -525,16 +546,22 @@ fn a_member_that_leaves_is_left_not_failed() {
     let (mut sim, _) = converged_cluster(16, 9);
     sim.leave(4);
     let t = sim.elapsed();
-    sim.run_until_cond(t + Duration::from_secs(10), Duration::from_millis(50), |s| {
-        s.member(4).leave_settled()
-    })
+    sim.run_until_cond(
+        t + Duration::from_secs(10),
+        Duration::from_millis(50),
+        |s| s.member(4).leave_settled(),
+    )
     .expect("the leave is gossiped");
     sim.kill(4);
-    sim.run_until_cond(t + Duration::from_secs(20), Duration::from_millis(100), |s| {
-        (0..s.len())
-            .filter(|i| *i != 4)
-            .all(|i| s.state_of(i, 4) == Some(State::Left))
-    })
+    sim.run_until_cond(
+        t + Duration::from_secs(20),
+        Duration::from_millis(100),
+        |s| {
+            (0..s.len())
+                .filter(|i| *i != 4)
+                .all(|i| s.state_of(i, 4) == Some(State::Left))
+        },
+    )
     .expect("every member sees it left");
     sim.run_until(t + Duration::from_secs(50));
     assert_eq!(sim.failures(), vec![], "a left member was declared failed");
@@ -545,7 +572,13 @@ fn a_member_that_leaves_is_left_not_failed() {
         .all(|i| sim.state_of(i, 4).is_none()));
 }
 
-fn packet(from: &str, launch: u64, body: Body, claims: &[Claim], key: Option<&PacketKey>) -> Vec<u8> {
+fn packet(
+    from: &str,
+    launch: u64,
+    body: Body,
+    claims: &[Claim],
+    key: Option<&PacketKey>,
+) -> Vec<u8> {
     let mut e = Encoder::new(
         codec::cluster_hash(CLUSTER),
         from,
@@ -584,13 +617,25 @@ fn strangers_cannot_add_themselves_or_evict_a_member() {
     // Without the secret: a join, gossip of itself, an eviction. All dropped.
     for body in [Body::Sync { reply: true }, Body::Gossip] {
         for key in [None, Some(&wrong)] {
-            let bytes = packet("stranger", 1, body.clone(), &[me(State::Alive, 0), victim.clone()], key);
+            let bytes = packet(
+                "stranger",
+                1,
+                body.clone(),
+                &[me(State::Alive, 0), victim.clone()],
+                key,
+            );
             sim.inject(0, stranger, bytes);
         }
     }
     // With the secret but never joined: its gossip about itself is not a join.
     let right = PacketKey::new(SECRET);
-    let bytes = packet("stranger", 1, Body::Gossip, &[me(State::Alive, 0)], Some(&right));
+    let bytes = packet(
+        "stranger",
+        1,
+        Body::Gossip,
+        &[me(State::Alive, 0)],
+        Some(&right),
+    );
     sim.inject(1, stranger, bytes);
     let t = sim.elapsed();
     sim.run_until(t + Duration::from_secs(30));
@@ -598,7 +643,10 @@ fn strangers_cannot_add_themselves_or_evict_a_member() {
     assert_eq!(m0.auth_failures, 4, "{m0:?}");
     assert_eq!(sim.member(1).stats().ignored_strangers, 1);
     for i in 0..sim.len() {
-        assert!(sim.member(i).member("stranger").is_none(), "member {i} added the stranger");
+        assert!(
+            sim.member(i).member("stranger").is_none(),
+            "member {i} added the stranger"
+        );
     }
     assert!(sim.converged());
     assert_eq!(sim.failures(), vec![]);
@@ -623,13 +671,23 @@ fn forged_failed_gossip_about_a_live_member_is_refuted() {
     let from = sim.name(1).to_owned();
     let launch = sim.member(1).members()[0].launch;
     for i in [0, 5, 9, 12] {
-        let bytes = packet(&from, launch, Body::Gossip, std::slice::from_ref(&forged), Some(&key));
+        let bytes = packet(
+            &from,
+            launch,
+            Body::Gossip,
+            std::slice::from_ref(&forged),
+            Some(&key),
+        );
         sim.inject(i, sim.addr(1), bytes);
     }
     assert_eq!(sim.state_of(0, target), Some(State::Failed));
     let t = sim.elapsed();
-    sim.run_until_cond(t + Duration::from_secs(30), Duration::from_millis(100), Sim::converged)
-        .expect("refuted: every member sees it alive again");
+    sim.run_until_cond(
+        t + Duration::from_secs(30),
+        Duration::from_millis(100),
+        Sim::converged,
+    )
+    .expect("refuted: every member sees it alive again");
     assert!(sim.member(target).incarnation() > before);
     assert!(sim.member(target).stats().refutations >= 1);
 }
@@ -650,4 +708,3 @@ fn figures_table() {
         );
     }
 }
-

@@ -21,7 +21,7 @@ use super::conn::{self, Conn, Transport};
 use super::IdleStrategy;
 use super::{
     Command, Completion, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN,
-    LISTENER, WAKER,
+    LISTENER, MEMBERS, WAKER,
 };
 use crate::deliver::{Pool, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
@@ -38,6 +38,11 @@ use crate::wire::{self, Nonce};
 /// Bytes read from one connection per loop turn before others get their turn.
 const READ_BUDGET: usize = 512 * 1024;
 
+/// Membership packets read per loop turn at most.
+const DATAGRAM_BUDGET: usize = 256;
+/// The largest membership packet read (a longer one is cut, and fails its decoding).
+const MAX_DATAGRAM: usize = crate::membership::codec::MAX_PACKET + 1;
+
 /// Connections accepted per loop turn at most: the rest wait in the kernel's accept queue
 /// for the next turn, so a connect storm cannot keep the loop from the connections it
 /// already holds.
@@ -47,6 +52,8 @@ pub(crate) struct IoThread {
     cfg: IoConfig,
     poll: Poll,
     listener: TcpListener,
+    /// The membership socket (membership only).
+    udp: Option<mio::net::UdpSocket>,
     shared: Arc<IoShared>,
     peers_map: PeerMap,
     pool: Arc<Pool>,
@@ -220,6 +227,7 @@ impl IoThread {
             cfg: parts.config,
             poll: parts.poll,
             listener: parts.listener,
+            udp: parts.udp,
             shared: parts.shared,
             peers_map: parts.peers,
             pool: parts.pool,
@@ -293,6 +301,7 @@ impl IoThread {
                 match ev.token() {
                     LISTENER => self.accept_pending = true,
                     WAKER => {}
+                    MEMBERS => self.read_datagrams(polled_at),
                     t => {
                         let hup = ev.is_read_closed() || ev.is_error();
                         let readable = ev.is_readable() || hup;
@@ -384,6 +393,7 @@ impl IoThread {
                 Output::Forget(shared) => {
                     crate::peer::forget(&self.peers_map, &shared);
                 }
+                Output::Datagram { to, packet } => self.send_datagram(to, &packet),
             }
         }
     }
@@ -414,6 +424,53 @@ impl IoThread {
             }
             !met
         });
+    }
+
+    /// Reads every membership packet waiting on the UDP socket and hands each to the
+    /// endpoint (at most [`DATAGRAM_BUDGET`] per turn: a flood cannot hold the loop).
+    fn read_datagrams(&mut self, now: Instant) {
+        let Some(udp) = &self.udp else {
+            return;
+        };
+        let mut buf = [0u8; MAX_DATAGRAM];
+        for _ in 0..DATAGRAM_BUDGET {
+            match udp.recv_from(&mut buf) {
+                Ok((n, from)) => self.endpoint.handle(
+                    now,
+                    Input::Datagram {
+                        from,
+                        data: &buf[..n],
+                    },
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // An ICMP error of an earlier send (a member gone): nothing to read.
+                    log::debug!("{}: membership socket: {e}", self.cfg.proto.name);
+                }
+            }
+        }
+        // Budget spent: what is left raises no new edge; re-arming reports it next turn.
+        if let Some(udp) = self.udp.as_mut() {
+            let _ = self
+                .poll
+                .registry()
+                .reregister(udp, MEMBERS, Interest::READABLE);
+        }
+    }
+
+    /// Sends a membership packet: best effort, as the protocol expects of a datagram (a
+    /// full socket buffer drops it).
+    fn send_datagram(&mut self, to: SocketAddr, packet: &[u8]) {
+        let Some(udp) = &self.udp else {
+            return;
+        };
+        if let Err(e) = udp.send_to(packet, to) {
+            log::debug!(
+                "{}: membership packet to {to} not sent: {e}",
+                self.cfg.proto.name
+            );
+        }
     }
 
     /// Submits a pool task the endpoint produced.
@@ -467,6 +524,7 @@ impl IoThread {
             Fact::Forgotten { peer } => Public::Forgotten {
                 peer: peer.to_string(),
             },
+            Fact::Membership(event) => event,
         };
         if q.push(event) == Pushed::Schedule && !self.pool.submit(Task::Events(q.clone())) {
             log::debug!(

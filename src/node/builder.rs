@@ -87,6 +87,12 @@ pub struct Builder {
     pub(crate) peers: Vec<(String, Result<SocketAddr, String>)>,
     /// Each seed as given, resolved to its addresses (or why it did not resolve).
     pub(crate) seeds: Vec<(String, Result<Vec<SocketAddr>, String>)>,
+    /// Membership on or off as set (`None`: on when there are seeds).
+    pub(crate) membership: Option<bool>,
+    /// The membership protocol's probe interval (its other periods follow).
+    pub(crate) membership_interval: Duration,
+    /// The address members reach this node at (`None`: the listen address).
+    pub(crate) advertise: Option<Result<SocketAddr, String>>,
     pub(crate) pool_threads: usize,
     /// Pool threads one sender's out-of-band messages may occupy at once (`None`: half
     /// the pool, at least one).
@@ -216,6 +222,7 @@ impl Builder {
                     forget_after: DEFAULT_FORGET_AFTER,
                     // Filled in by `io_config`.
                     seeds: Vec::new(),
+                    membership: None,
                     events: false,
                     launch_id: 0,
                     journalled: false,
@@ -233,6 +240,9 @@ impl Builder {
             listen_given: false,
             peers: Vec::new(),
             seeds: Vec::new(),
+            membership: None,
+            membership_interval: Duration::from_secs(1),
+            advertise: None,
             pool_threads: std::thread::available_parallelism()
                 .map_or(MIN_POOL_THREADS, |n| n.get())
                 .max(MIN_POOL_THREADS),
@@ -350,6 +360,79 @@ impl Builder {
         };
         self.seeds.push((given, resolved));
         self
+    }
+
+    /// Membership: this node keeps a view of the cluster's members with the SWIM protocol
+    /// (failure detection by direct and indirect probes with suspicion, Lifeguard's
+    /// refinements, gossip) and makes its members its peers — no peer list needed. On when
+    /// [`seed`](Builder::seed)s are given (default: off without seeds; the first member of
+    /// a cluster switches it on to be joinable).
+    ///
+    /// - A member joins through any seed: it learns every member, and every member learns
+    ///   it ([`Event::MemberJoined`](crate::Event::MemberJoined)); each becomes a peer,
+    ///   dialled at the address the view gives.
+    /// - A member is declared failed only after its direct probe and indirect probes
+    ///   through other members fail and a suspicion period passes (one broken link or one
+    ///   busy process is not a dead member): it is then removed as
+    ///   [`Node::remove_peer`](crate::Node::remove_peer) does, its unacknowledged messages
+    ///   reported. A member that shuts down leaves cleanly. Peers configured by name
+    ///   ([`peer`](Builder::peer)) stay configured whatever the view says.
+    /// - The view: [`Node::members`](crate::Node::members); its changes reach
+    ///   [`on_event`](Builder::on_event).
+    /// - Packets travel as UDP datagrams on the listen address's port, MACed with the
+    ///   [`secret`](Builder::secret) when one is set (set one: without it anyone who can
+    ///   reach the port can join). Members it does not know may dial in
+    ///   ([`allow_unknown_members`](Builder::allow_unknown_members) is implied).
+    /// - It needs an address members can reach: the listen address, or
+    ///   [`advertise`](Builder::advertise) when listening on an unspecified one (`0.0.0.0`).
+    ///
+    /// Timing: [`membership_interval`](Builder::membership_interval).
+    pub fn membership(mut self, on: bool) -> Self {
+        self.membership = Some(on);
+        self
+    }
+
+    /// The membership protocol's probe interval (default 1 s): each member probes one other
+    /// this often; a probe waits half of it for an answer before asking others; gossip goes
+    /// out every fifth of it; suspicion lasts 4·max(1, log10 N) intervals, up to six times
+    /// that while nobody confirms it (so a failure is declared within roughly 5–30
+    /// intervals, sooner in larger clusters that confirm it). Other periods (view
+    /// exchanges, rejoining after a partition) scale with it.
+    pub fn membership_interval(mut self, interval: Duration) -> Self {
+        self.membership_interval = interval;
+        self
+    }
+
+    /// The address other members reach this node at, announced by membership (default:
+    /// the listen address; needed when listening on `0.0.0.0`).
+    pub fn advertise<A: ToSocketAddrs>(mut self, addr: A) -> Self {
+        self.advertise = Some(resolve(addr));
+        self
+    }
+
+    /// Whether membership runs (set, or implied by seeds).
+    pub(crate) fn membership_on(&self) -> bool {
+        self.membership.unwrap_or(!self.seeds.is_empty())
+    }
+
+    /// The membership protocol's settings: memberlist's LAN defaults scaled by
+    /// [`membership_interval`](Builder::membership_interval).
+    pub(crate) fn membership_config(&self) -> crate::membership::Config {
+        let d = crate::membership::Config::default();
+        let scale = |x: Duration| {
+            x.mul_f64(self.membership_interval.as_secs_f64() / d.probe_interval.as_secs_f64())
+        };
+        crate::membership::Config {
+            probe_interval: self.membership_interval,
+            probe_timeout: scale(d.probe_timeout),
+            gossip_interval: scale(d.gossip_interval),
+            gossip_to_the_dead: scale(d.gossip_to_the_dead),
+            sync_interval: scale(d.sync_interval),
+            rejoin_interval: scale(d.rejoin_interval),
+            reap_after: scale(d.reap_after),
+            remember_for: scale(d.remember_for),
+            ..d
+        }
     }
 
     /// Several seeds (see [`seed`](Builder::seed)).
@@ -1110,6 +1193,26 @@ impl Builder {
                 }
                 .into());
             }
+        }
+        if let Some(Err(problem)) = &self.advertise {
+            return Err(ConfigError::Address {
+                setting: "advertise",
+                peer: None,
+                problem: problem.clone(),
+            }
+            .into());
+        }
+        if self.membership_on()
+            && (self.membership_interval < Duration::from_millis(10)
+                || self.membership_interval > Duration::from_secs(3600))
+        {
+            return Err(ConfigError::OutOfRange {
+                setting: "membership_interval",
+                value: u64::try_from(self.membership_interval.as_millis()).unwrap_or(u64::MAX),
+                min: 10,
+                max: 3_600_000,
+            }
+            .into());
         }
         #[cfg(feature = "tls")]
         if self.io.tls.is_some() && !self.seeds.is_empty() {

@@ -402,10 +402,10 @@ impl std::fmt::Display for ConfigError {
                 min,
                 max,
             } => {
-                let unit = if *setting == "pool_threads" {
-                    "threads"
-                } else {
-                    "bytes"
+                let unit = match *setting {
+                    "pool_threads" => "threads",
+                    "membership_interval" => "ms",
+                    _ => "bytes",
                 };
                 if *max == u64::MAX {
                     write!(

@@ -59,6 +59,11 @@ impl Secret {
         Secret(Bytes::copy_from_slice(bytes))
     }
 
+    /// Its bytes (membership packets are MACed with them too).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
     /// Whether it is empty (the node builder refuses an empty secret).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()

@@ -51,10 +51,13 @@ mod identify;
 mod input;
 mod journal;
 mod links;
+mod members;
 mod seeds;
 mod time;
 
 pub(crate) use journal::{Durability, JournalLeft, LeftPeer};
+use members::Members;
+pub(crate) use members::MembershipSetup;
 use seeds::Seed;
 pub(crate) use seeds::Target;
 
@@ -107,6 +110,8 @@ pub(crate) struct Config {
     /// Addresses dialled without a member name: whoever answers there becomes a peer
     /// (`Builder::seeds`).
     pub(crate) seeds: Vec<SocketAddr>,
+    /// Membership (SWIM) is on: the view's members are the node's peers.
+    pub(crate) membership: Option<MembershipSetup>,
 }
 
 /// Node-wide connection counters, shared with the node's stats.
@@ -197,8 +202,12 @@ pub(crate) enum Output {
     Fact(Fact),
     /// A member admitted at run time stayed disconnected for `forget_after` and was
     /// retired, as `remove_peer` does: the node must forget it (if the shared state it
-    /// holds under that name is still this one).
+    /// holds under that name is still this one). Also a member the membership declared
+    /// failed or that left.
     Forget(Arc<PeerShared>),
+    /// Send a membership packet to `to` (a datagram: best effort, dropped when it cannot
+    /// be sent at once).
+    Datagram { to: SocketAddr, packet: Vec<u8> },
 }
 
 /// A transition of a peer the application hears of (the driver turns it into a public
@@ -228,6 +237,8 @@ pub(crate) enum Fact {
     Removed { peer: SharedStr },
     /// `peer`, admitted at run time, was forgotten after staying disconnected.
     Forgotten { peer: SharedStr },
+    /// A change of the membership view, as the application hears of it.
+    Membership(crate::events::Event),
 }
 
 /// Records `fact` for the driver if the application wants facts (one branch otherwise).
@@ -306,6 +317,8 @@ pub(crate) enum Input<'a> {
         reason: &'a str,
         from: Option<SocketAddr>,
     },
+    /// A membership packet arrived from `from` (on the driver's UDP socket).
+    Datagram { from: SocketAddr, data: &'a [u8] },
     // ---- from the journal's writer and the clock ----
     /// The journal's writer moved its marks.
     JournalMarks(WriterMarks),
@@ -389,6 +402,8 @@ pub(crate) struct Endpoint {
     syncs: VecDeque<Option<u64>>,
     /// The seeds, in [`Config::seeds`]' order.
     seeds: Vec<Seed>,
+    /// Membership, when configured.
+    members: Option<Members>,
     out: Out,
 }
 
@@ -438,6 +453,10 @@ impl Endpoint {
             shutdown: None,
             syncs: VecDeque::new(),
             seeds: cfg.seeds.iter().map(|&a| Seed::new(a)).collect(),
+            members: cfg
+                .membership
+                .as_ref()
+                .map(|setup| Members::new(&cfg, setup, now)),
             out: Out {
                 records: Vec::new(),
                 awaiting: Vec::new(),
@@ -496,7 +515,11 @@ impl Endpoint {
             Input::Failed { link, why } => self.link_failed(now, link, why),
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
             Input::JournalMarks(marks) => self.journal_progress(now, marks),
-            Input::Timeout => self.handle_timeout(now),
+            Input::Datagram { from, data } => self.member_packet(now, from, data),
+            Input::Timeout => {
+                self.handle_timeout(now);
+                self.member_timers(now);
+            }
         }
     }
 
@@ -518,6 +541,7 @@ impl Endpoint {
     /// instead (its buffer may hold messages the journal lacks).
     pub(crate) fn poll(&mut self, now: Instant) -> Option<Output> {
         loop {
+            self.pump_members(now);
             if let Some(t) = self.out.tasks.pop_front() {
                 return Some(Output::Task(t));
             }
@@ -552,7 +576,11 @@ impl Endpoint {
 
     /// When the endpoint next needs [`Input::Timeout`].
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.next_at()
+        let members = self.members.as_ref().and_then(Members::next_at);
+        match (self.timers.next_at(), members) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// A link, to move bytes between its buffers and its connection.

@@ -434,6 +434,7 @@ impl Member {
             events: true,
             forget_after: Duration::from_secs(60),
             seeds: spec.seeds.iter().map(|&s| addr(s)).collect(),
+            membership: None,
         };
         let ep = Endpoint::new(
             cfg,
@@ -729,6 +730,9 @@ impl Sim {
                         self.stats.journal_failures += 1;
                     }
                     Output::Forget(shared) => self.forget(side, &shared),
+                    // No member of the simulation runs membership (it has a simulation
+                    // of its own, `membership::sim`).
+                    Output::Datagram { .. } | Output::Fact(Fact::Membership(_)) => {}
                     Output::Fact(Fact::Forgotten { peer }) => {
                         let m = &self.m[side];
                         assert!(
