@@ -12,6 +12,7 @@
 use crate::addr::Addr;
 use std::collections::VecDeque;
 use std::fmt;
+use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -110,6 +111,41 @@ pub enum Event {
         /// The member's name.
         peer: String,
     },
+    /// Membership ([`Builder::membership`](crate::Builder::membership)): a member joined the
+    /// view — new to it, or back after it failed or left — listening at `addr`. It is a
+    /// peer from now on (dialled there).
+    MemberJoined {
+        /// The member's name.
+        peer: String,
+        /// Where it listens.
+        addr: SocketAddr,
+        /// Its membership incarnation (raised by the member to refute a suspicion).
+        incarnation: u64,
+    },
+    /// Membership: a probe of the member failed, directly and through others: it is
+    /// declared failed unless it answers within the suspicion timeout.
+    MemberSuspected {
+        /// The member's name.
+        peer: String,
+    },
+    /// Membership: a suspected member answered (it refuted the suspicion).
+    MemberAlive {
+        /// The member's name.
+        peer: String,
+    },
+    /// Membership: the member was declared failed (its probes failed and the suspicion
+    /// timed out): it is removed, as [`Node::remove_peer`](crate::Node::remove_peer) does —
+    /// its queued messages fail and what it never acknowledged is reported undelivered. A
+    /// restarted process of that name joins again ([`Event::MemberJoined`]).
+    MemberFailed {
+        /// The member's name.
+        peer: String,
+    },
+    /// Membership: the member left the cluster (it shut down cleanly): removed likewise.
+    MemberLeft {
+        /// The member's name.
+        peer: String,
+    },
 }
 
 impl Event {
@@ -120,7 +156,12 @@ impl Event {
             | Event::Disconnected { peer, .. }
             | Event::NewIncarnation { peer, .. }
             | Event::Removed { peer }
-            | Event::Forgotten { peer } => Some(peer),
+            | Event::Forgotten { peer }
+            | Event::MemberJoined { peer, .. }
+            | Event::MemberSuspected { peer }
+            | Event::MemberAlive { peer }
+            | Event::MemberFailed { peer }
+            | Event::MemberLeft { peer } => Some(peer),
             Event::Refused { peer, .. } => peer.as_deref(),
         }
     }
@@ -159,7 +200,56 @@ impl fmt::Display for Event {
             }
             Event::Removed { peer } => write!(f, "'{peer}' removed"),
             Event::Forgotten { peer } => write!(f, "'{peer}' forgotten"),
+            Event::MemberJoined {
+                peer,
+                addr,
+                incarnation,
+            } => write!(f, "member '{peer}' joined at {addr} (incarnation {incarnation})"),
+            Event::MemberSuspected { peer } => write!(f, "member '{peer}' suspected"),
+            Event::MemberAlive { peer } => write!(f, "member '{peer}' alive again"),
+            Event::MemberFailed { peer } => write!(f, "member '{peer}' failed: removed"),
+            Event::MemberLeft { peer } => write!(f, "member '{peer}' left: removed"),
         }
+    }
+}
+
+/// A member of the cluster as this node's membership view holds it
+/// ([`Node::members`](crate::Node::members)).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    /// Its name.
+    pub name: String,
+    /// Where it listens (and receives membership packets).
+    pub addr: SocketAddr,
+    /// Where the view has it.
+    pub state: MemberState,
+    /// Its membership incarnation: raised by the member itself to refute a suspicion, or
+    /// when it joins again.
+    pub incarnation: u64,
+}
+
+/// Where a member stands in the membership view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MemberState {
+    /// Answering probes.
+    Alive,
+    /// A probe failed; declared failed unless it answers within the suspicion timeout.
+    Suspect,
+    /// Declared failed: removed; kept in the view for a while, then forgotten.
+    Failed,
+    /// Left the cluster cleanly; kept in the view for a while, then forgotten.
+    Left,
+}
+
+impl fmt::Display for MemberState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            MemberState::Alive => "alive",
+            MemberState::Suspect => "suspect",
+            MemberState::Failed => "failed",
+            MemberState::Left => "left",
+        })
     }
 }
 

@@ -85,6 +85,10 @@ mod events;
 mod flow;
 mod handoff;
 mod journal;
+// The node drives the membership core; some of its surface (its counters, health, a plain
+// encoder) serves only the tests and, through `internals`, cohort's own tools.
+#[cfg_attr(not(cohort_internals), allow(dead_code))]
+mod membership;
 mod net;
 mod node;
 mod peer;
@@ -98,7 +102,7 @@ mod wire;
 pub use addr::{Addr, AddrParseError, ToAddr};
 pub use bytes::Bytes;
 pub use deliver::{Delivery, Inbox, InboxIter, InboxRecv, InboxTryIter, PoolStats, RecvError};
-pub use events::{DisconnectReason, Event, RefuseReason};
+pub use events::{DisconnectReason, Event, MemberInfo, MemberState, RefuseReason};
 pub use journal::{
     inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,
     RecordKind, SegmentInfo, SegmentState, SegmentStatus,
@@ -151,6 +155,10 @@ pub mod internals {
     /// The hand-off from application and pool threads to the IO thread.
     pub mod handoff {
         pub use crate::handoff::*;
+    }
+    /// The membership protocol (SWIM), sans-IO, and its packet encoding.
+    pub mod membership {
+        pub use crate::membership::*;
     }
     /// The journal's storage.
     pub mod journal {

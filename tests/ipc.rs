@@ -280,6 +280,20 @@ fn a_socket_path_too_long_is_a_configuration_error_naming_the_limit() {
 }
 
 #[test]
+fn membership_on_a_unix_socket_is_a_configuration_error() {
+    let dir = socket_dir("ipc-membership");
+    let path = sock(&dir, "m");
+    let err = Node::builder("m")
+        .listen(Addr::unix(&path))
+        .membership(true)
+        .start()
+        .expect_err("membership needs TCP");
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(err.to_string().contains("TCP listen address"), "{err}");
+    assert!(!path.exists(), "the socket file is removed again");
+}
+
+#[test]
 fn a_wrong_secret_is_refused_over_a_unix_socket() {
     let dir = socket_dir("ipc-secret");
     let events: Arc<Mutex<Vec<Event>>> = Arc::default();

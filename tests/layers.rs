@@ -21,7 +21,7 @@ const LAYERS: &[&[&str]] = &[
     &["proto"],
     &["peer"],
     &["deliver", "journal"],
-    &["events", "flow", "handoff"],
+    &["events", "flow", "handoff", "membership"],
     &["addr", "codec", "wire", "util"],
     &["sync"],
 ];

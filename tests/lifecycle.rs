@@ -737,6 +737,43 @@ fn configuration_errors_name_the_setting() {
         c.to_string(),
         "pool_threads of 0 threads is out of range: it must be at least 1"
     );
+    // A largest message of nothing could carry nothing.
+    let c = refused(Node::builder("cfg").max_message(0));
+    assert!(
+        matches!(
+            &c,
+            ConfigError::OutOfRange {
+                setting: "max_message",
+                value: 0,
+                min: 1,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    // A journal setting is a setting like the others.
+    let dir = TempDir::new("cfg-journal");
+    let c = refused(
+        Node::builder("cfg")
+            .journal(dir.path())
+            .journal_segment_size(10),
+    );
+    assert!(
+        matches!(
+            &c,
+            ConfigError::OutOfRange {
+                setting: "journal_segment_size",
+                value: 10,
+                ..
+            }
+        ),
+        "{c:?}"
+    );
+    // A name far too long is shown by its start, with its length.
+    let long = "n".repeat(300);
+    let c = refused(Node::builder(&long));
+    let text = c.to_string();
+    assert!(text.len() < 120 && text.contains("300 bytes"), "{text}");
 
     let node = Node::builder("cfg").start().expect("start");
     match node.add_peer("cfg", "127.0.0.1:1") {

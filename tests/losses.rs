@@ -423,6 +423,46 @@ fn a_request_given_up_before_it_left_is_never_run() {
     shutdown_all(&[a, b]);
 }
 
+/// A node shut down with requests its callers gave up (timed out, or a dropped
+/// `PendingReply`) still queued for a peer that is down: they are withdrawn, as at publish
+/// — their callers were told already — and neither failed nor reported; a plain message
+/// queued beside them fails and is reported.
+#[test]
+fn a_request_given_up_before_it_left_is_not_reported_at_shutdown() {
+    let held = HeldAddr::new();
+    let reports: Reports = Arc::default();
+    let r = reports.clone();
+    let a = Node::builder("a")
+        .cluster("t-losses-withdrawn-at-stop")
+        .peer("b", held.addr())
+        .on_undelivered(move |peer, msgs| r.lock().expect("reports").push((peer.to_owned(), msgs)))
+        .start()
+        .expect("a starts");
+    let r = a.request("b", payload(0, 32), Duration::ZERO);
+    assert!(
+        matches!(r.as_ref().map_err(|e| e.error()), Err(Error::NoReply(_))),
+        "{r:?}"
+    );
+    drop(a.send_request("b", payload(1, 32)).expect("queued"));
+    a.send("b", payload(2, 32)).expect("queued");
+    // At once: before the housekeeping tick would have withdrawn them.
+    let report = a.shutdown(SHUTDOWN).expect("a stops");
+    let reports = reports.lock().expect("reports").clone();
+    let reported: Vec<Bytes> = reports.into_iter().flat_map(|(_, m)| m).collect();
+    assert_eq!(
+        reported,
+        vec![Bytes::from(payload(2, 32))],
+        "only the plain message is reported\n{report:?}"
+    );
+    let s = peer_stats(&a, "b");
+    assert_eq!(
+        (s.accepted, s.failed, s.filtered, s.withdrawn),
+        (3, 1, 2, 2),
+        "{}",
+        a.stats()
+    );
+}
+
 /// The counters and the callback agree: of the messages accepted for a peer, each is
 /// delivered or reported (here: some expire while the peer is down, the rest are delivered
 /// once it is up), and `on_undelivered` got exactly `failed + undelivered` of them.

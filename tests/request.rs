@@ -364,7 +364,11 @@ fn reply_and_request_edges() {
             if d.is_request() {
                 // A reply one byte too long with its id fails; the right size goes.
                 let (back, e) = d.reply(vec![0u8; 993]).expect_err("too large").into_parts();
-                assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+                assert!(
+                    matches!(e, Error::ReplyTooLarge { len: 993, room: 992 }),
+                    "{e}"
+                );
+                assert!(e.to_string().contains("max_reply"), "{e}");
                 assert_eq!(back.len(), 993, "the refused reply is handed back");
                 d.reply(Bytes::from(vec![7u8; 992])).expect("reply");
                 let (back, e) = d.reply(&b"again"[..]).expect_err("replied").into_parts();

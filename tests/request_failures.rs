@@ -137,7 +137,7 @@ fn a_reply_too_large_for_its_room_fails_the_request_at_once() {
         |d| {
             let refused = d.reply(vec![0u8; ROOM + 1]).map_err(Error::from);
             assert!(
-                matches!(refused, Err(Error::TooLarge { len, max }) if len == ROOM + 1 && max == ROOM),
+                matches!(refused, Err(Error::ReplyTooLarge { len, room }) if len == ROOM + 1 && room == ROOM),
                 "{refused:?}"
             );
             if d.payload().starts_with(b"retry") {

@@ -10,6 +10,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
+use std::net::SocketAddr;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
@@ -20,14 +21,16 @@ use super::socket::{Listener, Stream};
 use super::IdleStrategy;
 use super::{
     Command, Completion, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN,
-    LISTENER, WAKER,
+    LISTENER, MEMBERS, WAKER,
 };
 use crate::addr::Addr;
 use crate::deliver::{Pool, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
 use crate::handoff::SpinGate;
 use crate::journal::{JournalWriter, WriterMarks};
-use crate::proto::{Endpoint, Fact, Input, JournalLeft, LinkId, NodeCounters, Output, Verdict};
+use crate::proto::{
+    Endpoint, Fact, Input, JournalLeft, LinkId, NodeCounters, Output, Target, Verdict,
+};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::Arc;
 use crate::util::IdHash;
@@ -35,6 +38,11 @@ use crate::wire::{self, Nonce};
 
 /// Bytes read from one connection per loop turn before others get their turn.
 const READ_BUDGET: usize = 512 * 1024;
+
+/// Membership packets read per loop turn at most.
+const DATAGRAM_BUDGET: usize = 256;
+/// The largest membership packet read (a longer one is cut, and fails its decoding).
+const MAX_DATAGRAM: usize = crate::membership::codec::MAX_PACKET + 1;
 
 /// Connections accepted per loop turn at most: the rest wait in the kernel's accept queue
 /// for the next turn, so a connect storm cannot keep the loop from the connections it
@@ -45,6 +53,8 @@ pub(crate) struct IoThread {
     cfg: IoConfig,
     poll: Poll,
     listener: Listener,
+    /// The membership socket (membership only).
+    udp: Option<mio::net::UdpSocket>,
     shared: Arc<IoShared>,
     peers_map: PeerMap,
     pool: Arc<Pool>,
@@ -218,6 +228,7 @@ impl IoThread {
             cfg: parts.config,
             poll: parts.poll,
             listener: parts.listener,
+            udp: parts.udp,
             shared: parts.shared,
             peers_map: parts.peers,
             pool: parts.pool,
@@ -291,6 +302,7 @@ impl IoThread {
                 match ev.token() {
                     LISTENER => self.accept_pending = true,
                     WAKER => {}
+                    MEMBERS => self.read_datagrams(polled_at),
                     t => {
                         let hup = ev.is_read_closed() || ev.is_error();
                         let readable = ev.is_readable() || hup;
@@ -356,15 +368,12 @@ impl IoThread {
                     }
                 }
                 Output::Transmit(id) => self.write_link(id, now),
-                Output::Dial { peer, name, addr } => self.dial(now, peer, &name, &addr),
+                Output::Dial { target, name, addr } => {
+                    self.dial(now, target, name.as_deref(), &addr)
+                }
                 Output::Close { link, last } => {
                     if let Some(mut c) = self.conns.remove(&link) {
-                        if !self.endpoint.journal_ok() {
-                            // The buffer may hold messages the journal could not take: they
-                            // must not reach the peer.
-                        } else {
-                            c.write_last(&last);
-                        }
+                        c.write_last(&last);
                         let _ = self.poll.registry().deregister(&mut c.stream);
                     }
                 }
@@ -385,6 +394,7 @@ impl IoThread {
                 Output::Forget(shared) => {
                     crate::peer::forget(&self.peers_map, &shared);
                 }
+                Output::Datagram { to, packet } => self.send_datagram(to, &packet),
             }
         }
     }
@@ -415,6 +425,53 @@ impl IoThread {
             }
             !met
         });
+    }
+
+    /// Reads every membership packet waiting on the UDP socket and hands each to the
+    /// endpoint (at most [`DATAGRAM_BUDGET`] per turn: a flood cannot hold the loop).
+    fn read_datagrams(&mut self, now: Instant) {
+        let Some(udp) = &self.udp else {
+            return;
+        };
+        let mut buf = [0u8; MAX_DATAGRAM];
+        for _ in 0..DATAGRAM_BUDGET {
+            match udp.recv_from(&mut buf) {
+                Ok((n, from)) => self.endpoint.handle(
+                    now,
+                    Input::Datagram {
+                        from,
+                        data: &buf[..n],
+                    },
+                ),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // An ICMP error of an earlier send (a member gone): nothing to read.
+                    log::debug!("{}: membership socket: {e}", self.cfg.proto.name);
+                }
+            }
+        }
+        // Budget spent: what is left raises no new edge; re-arming reports it next turn.
+        if let Some(udp) = self.udp.as_mut() {
+            let _ = self
+                .poll
+                .registry()
+                .reregister(udp, MEMBERS, Interest::READABLE);
+        }
+    }
+
+    /// Sends a membership packet: best effort, as the protocol expects of a datagram (a
+    /// full socket buffer drops it).
+    fn send_datagram(&mut self, to: SocketAddr, packet: &[u8]) {
+        let Some(udp) = &self.udp else {
+            return;
+        };
+        if let Err(e) = udp.send_to(packet, to) {
+            log::debug!(
+                "{}: membership packet to {to} not sent: {e}",
+                self.cfg.proto.name
+            );
+        }
     }
 
     /// Submits a pool task the endpoint produced.
@@ -468,6 +525,7 @@ impl IoThread {
             Fact::Forgotten { peer } => Public::Forgotten {
                 peer: peer.to_string(),
             },
+            Fact::Membership(event) => event,
         };
         if q.push(event) == Pushed::Schedule && !self.pool.submit(Task::Events(q.clone())) {
             log::debug!(
@@ -646,15 +704,28 @@ impl IoThread {
     }
 
     /// Opens a connection to `addr` for peer `peer`, named `name` (the endpoint asked).
-    fn dial(&mut self, now: Instant, peer: usize, name: &str, addr: &Addr) {
-        let transport = match Transport::new(self.cfg.tls.as_ref(), Some(name)) {
-            Ok(t) => t,
-            Err(e) => {
+    fn dial(&mut self, now: Instant, target: Target, name: Option<&str>, addr: &Addr) {
+        let peer = target;
+        // A TLS client verifies the server's certificate for the member it dials; a seed
+        // names none (the builder refuses seeds with TLS).
+        let transport = match name.map(|n| Transport::new(self.cfg.tls.as_ref(), Some(n))) {
+            Some(Ok(t)) => t,
+            None if self.cfg.tls.is_none() => Transport::Plain,
+            None => {
+                log::warn!(
+                    "{}: cannot dial seed {addr} over TLS: no member name to verify",
+                    self.cfg.proto.name
+                );
+                return self.endpoint.handle(now, Input::DialFailed(peer));
+            }
+            Some(Err(e)) => {
                 Counters::add(&self.counters.tls_failures, 1);
+                let name = name.unwrap_or("?");
                 log::warn!("{}: cannot dial '{name}': {e}", self.cfg.proto.name);
                 return self.endpoint.handle(now, Input::DialFailed(peer));
             }
         };
+        let name = name.unwrap_or("a seed");
         let Some(nonce) = self.fresh_nonce() else {
             return self.endpoint.handle(now, Input::DialFailed(peer)); // logged
         };
@@ -675,8 +746,14 @@ impl IoThread {
                 let conn = Conn::new(token, stream, addr.clone(), transport, true);
                 self.conns.insert(link(token), conn);
                 let link = link(token);
-                self.endpoint
-                    .handle(now, Input::Dialled { peer, link, nonce });
+                self.endpoint.handle(
+                    now,
+                    Input::Dialled {
+                        target: peer,
+                        link,
+                        nonce,
+                    },
+                );
             }
             Err(e) => {
                 log::debug!(

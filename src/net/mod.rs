@@ -30,8 +30,10 @@ use crate::sync::{Arc, Mutex, SharedStr};
 pub(crate) const LISTENER: mio::Token = mio::Token(0);
 /// Token of the waker.
 pub(crate) const WAKER: mio::Token = mio::Token(1);
+/// Token of the membership socket (UDP, at the listen address).
+pub(crate) const MEMBERS: mio::Token = mio::Token(2);
 /// First token handed to a connection.
-pub(crate) const FIRST_CONN: usize = 2;
+pub(crate) const FIRST_CONN: usize = 3;
 
 /// Settings the IO thread needs: the protocol's, and the sockets'.
 #[derive(Clone)]
@@ -195,6 +197,8 @@ pub(crate) struct IoParts {
     pub(crate) config: IoConfig,
     pub(crate) poll: mio::Poll,
     pub(crate) listener: Listener,
+    /// The membership socket, registered under [`MEMBERS`] (membership only).
+    pub(crate) udp: Option<mio::net::UdpSocket>,
     pub(crate) shared: Arc<IoShared>,
     pub(crate) peers: PeerMap,
     pub(crate) pool: Arc<Pool>,

@@ -1,7 +1,7 @@
 //! [`Builder`]: every setting of a node, checked at `start`.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 
 use crate::addr::{Addr, ToAddr};
 use std::path::PathBuf;
@@ -35,6 +35,13 @@ use crate::sync::Arc;
 /// requester gave them up (both counted `filtered`), and unreliable messages lost with a
 /// connection. A request reported here also fails its
 /// [`PendingReply`](crate::PendingReply).
+///
+/// "Delivered" means the receiving node took the message in: a receiver acknowledges on
+/// receipt, so without a journal a message it received and then lost in a crash before
+/// its handler ran is neither delivered nor reported (a peer that restarts is a new
+/// incarnation, and what it had acknowledged is not sent again). A journalling receiver
+/// ([`Builder::journal`]) acknowledges only what it recorded as handled, which closes
+/// that gap; docs/design.md, "What survives what", lists each case.
 pub type UndeliveredFn = dyn Fn(&str, Vec<Bytes>) + Send + Sync;
 
 /// Requests in flight to one peer, by default (`Builder::max_requests`).
@@ -80,6 +87,14 @@ pub struct Builder {
     /// `127.0.0.1:0`).
     pub(crate) listen_given: bool,
     pub(crate) peers: Vec<(String, Result<Addr, String>)>,
+    /// Each seed as given, resolved to its addresses (or why it did not resolve).
+    pub(crate) seeds: Vec<(String, Result<Vec<SocketAddr>, String>)>,
+    /// Membership on or off as set (`None`: on when there are seeds).
+    pub(crate) membership: Option<bool>,
+    /// The membership protocol's probe interval (its other periods follow).
+    pub(crate) membership_interval: Duration,
+    /// The address members reach this node at (`None`: the listen address).
+    pub(crate) advertise: Option<Result<SocketAddr, String>>,
     pub(crate) pool_threads: usize,
     /// Pool threads one sender's out-of-band messages may occupy at once (`None`: half
     /// the pool, at least one).
@@ -124,6 +139,7 @@ impl std::fmt::Debug for Builder {
             .field("cluster", &self.io.proto.cluster)
             .field("listen", &self.listen)
             .field("peers", &self.peers)
+            .field("seeds", &self.seeds)
             .field("pool_threads", &self.pool_threads)
             .field("window", &self.io.proto.window)
             .field("tls", &self.io.tls.is_some())
@@ -180,6 +196,16 @@ fn resolve<A: ToAddr>(addr: A) -> Result<Addr, String> {
     Ok(addr)
 }
 
+/// A TCP address (membership's: seeds and the advertised address).
+fn resolve_tcp<A: ToSocketAddrs>(addr: A) -> Result<SocketAddr, String> {
+    match addr.to_socket_addrs() {
+        Ok(mut it) => it
+            .next()
+            .ok_or_else(|| "address resolved to nothing".to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 impl Builder {
     pub(crate) fn new(name: &str) -> Builder {
         Builder {
@@ -206,6 +232,8 @@ impl Builder {
                     secret: None,
                     forget_after: DEFAULT_FORGET_AFTER,
                     // Filled in by `io_config`.
+                    seeds: Vec::new(),
+                    membership: None,
                     events: false,
                     launch_id: 0,
                     journalled: false,
@@ -222,6 +250,10 @@ impl Builder {
             listen: Ok(Addr::Tcp(SocketAddr::from(DEFAULT_LISTEN))),
             listen_given: false,
             peers: Vec::new(),
+            seeds: Vec::new(),
+            membership: None,
+            membership_interval: Duration::from_secs(1),
+            advertise: None,
             pool_threads: std::thread::available_parallelism()
                 .map_or(MIN_POOL_THREADS, |n| n.get())
                 .max(MIN_POOL_THREADS),
@@ -258,6 +290,13 @@ impl Builder {
         p.recv_window = self.recv_window.unwrap_or(p.window);
         p.max_message = self.effective_max_message();
         p.max_pending_per_source = self.effective_pending_per_source();
+        p.seeds = self
+            .seeds
+            .iter()
+            .filter_map(|(_, r)| r.as_ref().ok())
+            .flatten()
+            .copied()
+            .collect();
         // Housekeeping often enough for probes and heartbeats: half the shorter, 5 to 50 ms.
         p.tick = (p.probe_interval / 2)
             .min(p.heartbeat / 2)
@@ -283,7 +322,8 @@ impl Builder {
     /// taken: [`Error::Listen`](crate::Error::Listen)), and removed when the node stops.
     /// Over a Unix socket the handshake, [`secret`](Builder::secret), TLS, recovery,
     /// admission and liveness are TCP's; only the socket's file permissions decide who
-    /// may connect at all.
+    /// may connect at all. Membership (and seeds) need a TCP listen address: a node on a
+    /// Unix socket names its peers.
     ///
     /// The default is `127.0.0.1:0`: loopback only, on an ephemeral port, so **members on
     /// other machines cannot dial a node that never calls `listen`** (only its own dials
@@ -304,6 +344,130 @@ impl Builder {
     /// exponential backoff until it answers.
     pub fn peer<A: ToAddr>(mut self, name: &str, addr: A) -> Self {
         self.peers.push((name.to_owned(), resolve(addr)));
+        self
+    }
+
+    /// A seed: an address where some member of the cluster listens, whose name this node
+    /// need not know. It is dialled at start; whoever answers there (of this cluster,
+    /// authenticated when a [`secret`](Builder::secret) is set, not this node itself)
+    /// becomes a peer under the name it gives, dialled at that address again whenever its
+    /// connection is lost — as if it had been configured with [`peer`](Builder::peer). A
+    /// name that resolves to several addresses gives a seed for each; seeds that did not
+    /// answer are dialled again, with backoff, whenever the node has no connection at all.
+    /// Its own address among the seeds is skipped (so every member may be given one list).
+    ///
+    /// The member answering must accept members it does not know
+    /// ([`allow_unknown_members`](Builder::allow_unknown_members)); with a secret only
+    /// members holding it get in. Seeds cannot be combined with [`tls`](Builder::tls): a
+    /// TLS client verifies the certificate of the member it means to reach, and a seed
+    /// names none.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("newcomer")
+    ///     .secret(b"cluster secret")
+    ///     .seed("10.0.0.5:7000")
+    ///     .start()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn seed<A: ToSocketAddrs + std::fmt::Debug>(mut self, addr: A) -> Self {
+        let given = format!("{addr:?}");
+        let resolved = match addr.to_socket_addrs() {
+            Ok(it) => {
+                let all: Vec<SocketAddr> = it.collect();
+                if all.is_empty() {
+                    Err("address resolved to nothing".to_string())
+                } else {
+                    Ok(all)
+                }
+            }
+            Err(e) => Err(e.to_string()),
+        };
+        self.seeds.push((given, resolved));
+        self
+    }
+
+    /// Membership: this node keeps a view of the cluster's members with the SWIM protocol
+    /// (failure detection by direct and indirect probes with suspicion, Lifeguard's
+    /// refinements, gossip) and makes its members its peers — no peer list needed. On when
+    /// [`seed`](Builder::seed)s are given (default: off without seeds; the first member of
+    /// a cluster switches it on to be joinable).
+    ///
+    /// - A member joins through any seed: it learns every member, and every member learns
+    ///   it ([`Event::MemberJoined`](crate::Event::MemberJoined)); each becomes a peer,
+    ///   dialled at the address the view gives.
+    /// - A member is declared failed only after its direct probe and indirect probes
+    ///   through other members fail and a suspicion period passes (one broken link or one
+    ///   busy process is not a dead member): it is then removed as
+    ///   [`Node::remove_peer`](crate::Node::remove_peer) does, its unacknowledged messages
+    ///   reported. A member that shuts down leaves cleanly. Peers configured by name
+    ///   ([`peer`](Builder::peer)) stay configured whatever the view says.
+    /// - The view: [`Node::members`](crate::Node::members); its changes reach
+    ///   [`on_event`](Builder::on_event).
+    /// - Packets travel as UDP datagrams on the listen address's port, MACed with the
+    ///   [`secret`](Builder::secret) when one is set (set one: without it anyone who can
+    ///   reach the port can join). Members it does not know may dial in
+    ///   ([`allow_unknown_members`](Builder::allow_unknown_members) is implied).
+    /// - It needs an address members can reach: the listen address, or
+    ///   [`advertise`](Builder::advertise) when listening on an unspecified one (`0.0.0.0`).
+    ///
+    /// Timing: [`membership_interval`](Builder::membership_interval).
+    pub fn membership(mut self, on: bool) -> Self {
+        self.membership = Some(on);
+        self
+    }
+
+    /// The membership protocol's probe interval (default 1 s): each member probes one other
+    /// this often; a probe waits half of it for an answer before asking others; gossip goes
+    /// out every fifth of it; suspicion lasts 4·max(1, log10 N) intervals, up to six times
+    /// that while nobody confirms it (so a failure is declared within roughly 5–30
+    /// intervals, sooner in larger clusters that confirm it). Other periods (view
+    /// exchanges, rejoining after a partition) scale with it.
+    pub fn membership_interval(mut self, interval: Duration) -> Self {
+        self.membership_interval = interval;
+        self
+    }
+
+    /// The address other members reach this node at, announced by membership (default:
+    /// the listen address; needed when listening on `0.0.0.0`).
+    pub fn advertise<A: ToSocketAddrs>(mut self, addr: A) -> Self {
+        self.advertise = Some(resolve_tcp(addr));
+        self
+    }
+
+    /// Whether membership runs (set, or implied by seeds).
+    pub(crate) fn membership_on(&self) -> bool {
+        self.membership.unwrap_or(!self.seeds.is_empty())
+    }
+
+    /// The membership protocol's settings: memberlist's LAN defaults scaled by
+    /// [`membership_interval`](Builder::membership_interval).
+    pub(crate) fn membership_config(&self) -> crate::membership::Config {
+        let d = crate::membership::Config::default();
+        let scale = |x: Duration| {
+            x.mul_f64(self.membership_interval.as_secs_f64() / d.probe_interval.as_secs_f64())
+        };
+        crate::membership::Config {
+            probe_interval: self.membership_interval,
+            probe_timeout: scale(d.probe_timeout),
+            gossip_interval: scale(d.gossip_interval),
+            gossip_to_the_dead: scale(d.gossip_to_the_dead),
+            sync_interval: scale(d.sync_interval),
+            rejoin_interval: scale(d.rejoin_interval),
+            reap_after: scale(d.reap_after),
+            remember_for: scale(d.remember_for),
+            ..d
+        }
+    }
+
+    /// Several seeds (see [`seed`](Builder::seed)).
+    pub fn seeds<A: ToSocketAddrs + std::fmt::Debug>(
+        mut self,
+        addrs: impl IntoIterator<Item = A>,
+    ) -> Self {
+        for a in addrs {
+            self = self.seed(a);
+        }
         self
     }
 
@@ -517,7 +681,7 @@ impl Builder {
     /// back when the peer has consumed it). So a replier takes in no more requests than its
     /// receive window holds with their replies' room, a reply never waits for the window,
     /// and two members requesting each other cannot deadlock. A larger reply fails at the
-    /// replier with [`Error::TooLarge`]. Default: 64 KiB, or a quarter of the send window if that is
+    /// replier with [`Error::ReplyTooLarge`]. Default: 64 KiB, or a quarter of the send window if that is
     /// less, and at most `max_message` less the reply's 8-byte id.
     pub fn max_reply(mut self, bytes: usize) -> Self {
         self.max_reply = Some(bytes);
@@ -856,7 +1020,8 @@ impl Builder {
         self
     }
 
-    /// The size of the journal's preallocated segment files (default 16 MiB). Only with
+    /// The size of the journal's preallocated segment files (default 16 MiB; from 8 KiB to
+    /// 2 GiB, else `start` fails with [`ConfigError::OutOfRange`]). Only with
     /// [`journal`](Builder::journal).
     pub fn journal_segment_size(mut self, bytes: u64) -> Self {
         self.journal_settings().segment_size = bytes;
@@ -965,6 +1130,16 @@ impl Builder {
                 }
                 .into());
             }
+            let sizes = crate::journal::MIN_SEGMENT_SIZE..=crate::journal::MAX_SEGMENT_SIZE;
+            if !sizes.contains(&j.segment_size) {
+                return Err(ConfigError::OutOfRange {
+                    setting: "journal_segment_size",
+                    value: j.segment_size,
+                    min: *sizes.start(),
+                    max: *sizes.end(),
+                }
+                .into());
+            }
         }
         check_name("name", self.name())?;
         check_name("cluster", &self.io.proto.cluster)?;
@@ -1016,8 +1191,14 @@ impl Builder {
         let max_allowed = half
             .saturating_sub(MESSAGE_OVERHEAD)
             .min(u64::from(u32::MAX) - 64);
-        if max > max_allowed {
-            return Err(out_of_range("max_message", max, max_allowed).into());
+        if max == 0 || max > max_allowed {
+            return Err(ConfigError::OutOfRange {
+                setting: "max_message",
+                value: max,
+                min: 1,
+                max: max_allowed,
+            }
+            .into());
         }
         // A request (its header, overhead and room for its reply) fits in half the window.
         let reply = u64::from(self.effective_max_reply());
@@ -1028,6 +1209,40 @@ impl Builder {
         }
         #[cfg(feature = "tls")]
         self.validate_tls()?;
+        for (given, r) in &self.seeds {
+            if let Err(problem) = r {
+                return Err(ConfigError::Address {
+                    setting: "seed",
+                    peer: None,
+                    problem: format!("{given}: {problem}"),
+                }
+                .into());
+            }
+        }
+        if let Some(Err(problem)) = &self.advertise {
+            return Err(ConfigError::Address {
+                setting: "advertise",
+                peer: None,
+                problem: problem.clone(),
+            }
+            .into());
+        }
+        if self.membership_on()
+            && (self.membership_interval < Duration::from_millis(10)
+                || self.membership_interval > Duration::from_secs(3600))
+        {
+            return Err(ConfigError::OutOfRange {
+                setting: "membership_interval",
+                value: u64::try_from(self.membership_interval.as_millis()).unwrap_or(u64::MAX),
+                min: 10,
+                max: 3_600_000,
+            }
+            .into());
+        }
+        #[cfg(feature = "tls")]
+        if self.io.tls.is_some() && !self.seeds.is_empty() {
+            return Err(ConfigError::SeedsWithTls.into());
+        }
         let listen = self
             .listen
             .clone()

@@ -41,7 +41,7 @@ impl Delivery {
     /// survives reconnects.
     ///
     /// Fails with [`Error::NotARequest`] for a message that is not a request,
-    /// [`Error::TooLarge`] for a reply larger than the room its requester reserved (a
+    /// [`Error::ReplyTooLarge`] for a reply larger than the room its requester reserved (a
     /// smaller reply may follow; if none does, the requester fails with
     /// [`ReplyFailure::TooLarge`](crate::ReplyFailure::TooLarge)),
     /// [`Error::AlreadyReplied`] for a second reply, [`Error::UnknownPeer`] if the
@@ -74,9 +74,9 @@ impl Delivery {
         if payload.len() as u64 > room.bytes() {
             node.warn_reply_refused(self.from(), payload.len(), room.bytes());
             room.refuse_too_large(payload.len() as u64);
-            let error = Error::TooLarge {
+            let error = Error::ReplyTooLarge {
                 len: payload.len(),
-                max: room.bytes() as usize,
+                room: usize::try_from(room.bytes()).unwrap_or(usize::MAX),
             };
             return Err(SendError::new(error, payload));
         }

@@ -64,6 +64,18 @@ pub enum Error {
         /// smaller (less a request's header, for a request).
         max: usize,
     },
+    /// A reply ([`Delivery::reply`](crate::Delivery::reply)) is larger than the room its
+    /// request reserved for it: the requester's
+    /// [`Builder::max_reply`](crate::Builder::max_reply), as
+    /// [`Delivery::reply_room`](crate::Delivery::reply_room) tells. The requester's
+    /// `PendingReply` fails with [`ReplyFailure::TooLarge`] unless a smaller reply follows.
+    #[error("reply of {len} bytes exceeds the {room} bytes its request reserved for it (the requester's Builder::max_reply; Delivery::reply_room tells the room): send a smaller reply")]
+    ReplyTooLarge {
+        /// The reply's length.
+        len: usize,
+        /// The room its request reserved.
+        room: usize,
+    },
     /// The peer's send window has no room now (a `try_send` turned into an `Error`).
     #[error("send window full: the peer is not keeping up; retry later or use send/send_timeout")]
     Full,
@@ -311,8 +323,8 @@ pub enum ConfigError {
     /// A size or count out of the range that works (the range may follow from other
     /// settings: a message must fit in half the window).
     OutOfRange {
-        /// `"window_bytes"`, `"recv_window"`, `"max_message"`, `"max_reply"` (in bytes) or
-        /// `"pool_threads"` (in threads).
+        /// `"window_bytes"`, `"recv_window"`, `"max_message"`, `"max_reply"`,
+        /// `"journal_segment_size"` (in bytes) or `"pool_threads"` (in threads).
         setting: &'static str,
         /// The value in effect, in bytes (in threads for `"pool_threads"`).
         value: u64,
@@ -342,6 +354,9 @@ pub enum ConfigError {
     /// [`on_message`](crate::Builder::on_message) handler: the messages go to one or the
     /// other.
     InboxWithHandler,
+    /// [`Builder::seed`](crate::Builder::seed) with [`Builder::tls`](crate::Builder::tls):
+    /// a TLS client verifies the certificate of the member it dials, and a seed names none.
+    SeedsWithTls,
     /// With TLS, this member's own certificate is not valid for its name.
     Certificate {
         /// This member's name.
@@ -363,6 +378,7 @@ impl ConfigError {
             ConfigError::EmptySecret => "secret",
             ConfigError::InboxWithHandler => "on_message",
             ConfigError::Certificate { .. } => "tls",
+            ConfigError::SeedsWithTls => "seed",
         }
     }
 }
@@ -374,17 +390,24 @@ impl std::fmt::Display for ConfigError {
                 setting,
                 name,
                 problem,
-            } => write!(f, "{setting} {name:?}: {problem}"),
+            } => {
+                // A long name is shown by its start: the problem says how long it is.
+                const SHOWN: usize = 32;
+                match name.char_indices().nth(SHOWN) {
+                    Some((cut, _)) => write!(f, "{setting} {:?}…: {problem}", &name[..cut]),
+                    None => write!(f, "{setting} {name:?}: {problem}"),
+                }
+            }
             ConfigError::OutOfRange {
                 setting,
                 value,
                 min,
                 max,
             } => {
-                let unit = if *setting == "pool_threads" {
-                    "threads"
-                } else {
-                    "bytes"
+                let unit = match *setting {
+                    "pool_threads" => "threads",
+                    "membership_interval" => "ms",
+                    _ => "bytes",
                 };
                 if *max == u64::MAX {
                     write!(
@@ -434,6 +457,9 @@ impl std::fmt::Display for ConfigError {
             ConfigError::Certificate { member, problem } => write!(
                 f,
                 "tls: this member's own certificate must name it ('{member}'): {problem}"
+            ),
+            ConfigError::SeedsWithTls => f.write_str(
+                "seed: seeds cannot be used with tls (a TLS client verifies the certificate of the member it dials, and a seed names none); configure the members with `peer` instead",
             ),
         }
     }

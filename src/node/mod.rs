@@ -130,6 +130,8 @@ pub struct Node {
     /// Connections run TLS: peer names added later must be DNS names.
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls: bool,
+    /// The membership view, as the IO thread last wrote it (membership only).
+    members: Option<Arc<crate::sync::Mutex<Vec<crate::membership::Member>>>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -205,6 +207,18 @@ impl Node {
         let poll = mio::Poll::new()?;
         poll.registry()
             .register(&mut listener, crate::net::LISTENER, mio::Interest::READABLE)?;
+        let mut config = config;
+        let (udp, members) = if b.membership_on() {
+            let (mut udp, setup) = membership_setup(&b, &config, &local_addr)?;
+            poll.registry()
+                .register(&mut udp, crate::net::MEMBERS, mio::Interest::READABLE)?;
+            let view = setup.view.clone();
+            config.proto.membership = Some(setup);
+            config.proto.allow_unknown = true;
+            (Some(udp), Some(view))
+        } else {
+            (None, None)
+        };
         let waker = mio::Waker::new(poll.registry(), crate::net::WAKER)?;
         let io = Arc::new(IoShared::new(
             waker,
@@ -318,6 +332,7 @@ impl Node {
             config,
             poll,
             listener,
+            udp,
             shared: io.clone(),
             peers: peers.clone(),
             pool: pool.clone(),
@@ -382,6 +397,7 @@ impl Node {
             warned_loopback: AtomicBool::new(warning.is_some()),
             events,
             tls,
+            members,
         };
         Ok((node, pool))
     }
@@ -418,6 +434,40 @@ impl Node {
     /// A cloneable send handle, for other threads and for replies from inside a handler.
     pub fn sender(&self) -> Sender {
         self.sender.clone()
+    }
+
+    /// The cluster's members as this node's membership view holds them
+    /// ([`Builder::membership`]): this node first, then the others by name — failed and left
+    /// ones too, for a while after they were declared so. Empty without membership.
+    ///
+    /// ```
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("first").membership(true).start()?;
+    /// let view = node.members();
+    /// assert_eq!(view[0].name, "first");
+    /// assert_eq!(view[0].state, cohort::MemberState::Alive);
+    /// # node.shutdown(std::time::Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn members(&self) -> Vec<crate::MemberInfo> {
+        use crate::membership::State;
+        let Some(view) = &self.members else {
+            return Vec::new();
+        };
+        view.lock()
+            .iter()
+            .map(|m| crate::MemberInfo {
+                name: m.name.clone(),
+                addr: m.addr,
+                state: match m.state {
+                    State::Alive => crate::MemberState::Alive,
+                    State::Suspect => crate::MemberState::Suspect,
+                    State::Failed => crate::MemberState::Failed,
+                    State::Left => crate::MemberState::Left,
+                },
+                incarnation: m.incarnation,
+            })
+            .collect()
     }
 
     /// Names of the configured peers, sorted.
@@ -759,6 +809,54 @@ impl Node {
             elapsed: started.elapsed(),
         })
     }
+}
+
+/// Membership's socket and settings: a UDP socket on the listener's address and port, and
+/// the address members learn for this node (the advertised one, else the listen address,
+/// which must then be a specific one). Membership needs a TCP listener: its socket is UDP
+/// at the same address, and members gossip each other's IP addresses.
+fn membership_setup(
+    b: &Builder,
+    config: &crate::net::IoConfig,
+    local_addr: &Addr,
+) -> Result<(mio::net::UdpSocket, crate::proto::MembershipSetup), Error> {
+    let Some(local_addr) = local_addr.as_tcp() else {
+        return Err(ConfigError::Address {
+            setting: "membership",
+            peer: None,
+            problem: format!(
+                "membership (or seeds) needs a TCP listen address, and {local_addr} is a Unix-domain socket: listen on TCP, or name the peers with Builder::peer"
+            ),
+        }
+        .into());
+    };
+    let addr = match &b.advertise {
+        Some(Ok(a)) => *a,
+        _ if local_addr.ip().is_unspecified() => {
+            return Err(ConfigError::Address {
+                setting: "advertise",
+                peer: None,
+                problem: format!(
+                    "membership announces the address members reach this node at, and {local_addr} (the listen address) is not one: call Builder::advertise with this host's address"
+                ),
+            }
+            .into())
+        }
+        _ => local_addr,
+    };
+    let udp = std::net::UdpSocket::bind(local_addr)
+        .and_then(|s| s.set_nonblocking(true).map(|()| s))
+        .map_err(|source| Error::Listen {
+            addr: Addr::Tcp(local_addr),
+            source,
+        })?;
+    let setup = crate::proto::MembershipSetup {
+        config: b.membership_config(),
+        addr,
+        join: config.proto.seeds.clone(),
+        view: Arc::new(crate::sync::Mutex::new(Vec::new())),
+    };
+    Ok((mio::net::UdpSocket::from_std(udp), setup))
 }
 
 /// Waits (at most 10 s) until the IO thread has handled every command sent before.

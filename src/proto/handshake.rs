@@ -59,6 +59,11 @@ impl Secret {
         Secret(Bytes::copy_from_slice(bytes))
     }
 
+    /// Its bytes (membership packets are MACed with them too).
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
     /// Whether it is empty (the node builder refuses an empty secret).
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -165,10 +170,10 @@ pub struct PeerIdentity {
 pub enum Role {
     /// We accepted the connection; we speak first.
     Acceptor,
-    /// We dialled `expected`.
+    /// We dialled `expected`, or an address whoever answers there (a seed: `None`).
     Dialler {
         /// The member we meant to reach.
-        expected: String,
+        expected: Option<String>,
     },
 }
 
@@ -284,6 +289,17 @@ impl Handshake {
     /// Starts the dialler side; it waits for the acceptor's Hello. `nonce` as for
     /// [`acceptor`](Handshake::acceptor).
     pub fn dialler(local: LocalIdentity, expected: String, nonce: Nonce) -> Handshake {
+        Self::dialling(local, Some(expected), nonce)
+    }
+
+    /// Starts the dialler side of a connection to an address, not to a member: whoever
+    /// answers there (of our cluster, authenticated, not ourselves) is who the link speaks
+    /// for. A seed is dialled so.
+    pub fn dialler_any(local: LocalIdentity, nonce: Nonce) -> Handshake {
+        Self::dialling(local, None, nonce)
+    }
+
+    fn dialling(local: LocalIdentity, expected: Option<String>, nonce: Nonce) -> Handshake {
         Handshake {
             auth: Self::auth(&local, nonce),
             role: Role::Dialler { expected },
@@ -410,8 +426,11 @@ impl Handshake {
                 format!("peer uses our own member name '{}'", id.name),
             ));
         }
-        if let Role::Dialler { expected } = &self.role {
-            if id.name != expected {
+        if let Role::Dialler {
+            expected: Some(expected),
+        } = &self.role
+        {
+            if id.name != *expected {
                 return Err(refuse(
                     CloseCode::NameMismatch,
                     format!("dialled '{expected}' but '{}' answered", id.name),

@@ -28,6 +28,8 @@ pub(crate) struct Link {
     pub(crate) dialled: Option<usize>,
     /// The member this link speaks for once identified (a dialled link from the start).
     pub(crate) peer: Option<usize>,
+    /// The seed dialled (an address, no member yet), until a member takes the link.
+    pub(crate) seed: Option<usize>,
     /// Until the handshake completes.
     pub(crate) hs: Option<Handshake>,
     /// The transport is not connected yet (a dial in progress): nothing is read or written.
@@ -76,6 +78,7 @@ impl Link {
             id,
             dialled,
             peer: dialled,
+            seed: None,
             hs: Some(hs),
             connecting: dialled.is_some(),
             established: false,

@@ -529,16 +529,7 @@ impl Peer {
                 }
             }
         }
-        if w > 0 {
-            Counters::add(&shared.counters.filtered, w);
-            Counters::add(&shared.counters.filtered_bytes, w_bytes);
-            Counters::add(&shared.counters.withdrawn, w);
-            log::debug!(
-                "{}: {w} requests to '{}' withdrawn while queued: given up",
-                cfg.name,
-                shared.name
-            );
-        }
+        count_withdrawn(cfg, shared, w, w_bytes);
         if n > 0 {
             Counters::add(&shared.counters.expired, n);
             Counters::add(&shared.counters.failed, n);
@@ -557,17 +548,32 @@ impl Peer {
     /// its name. What was queued on it fails (reported through `out`, permits back), and its
     /// outbox and requests close, so a handle still holding it fails its sends. Returns how
     /// many messages failed.
-    pub(crate) fn discard(mut self, out: &mut Out) -> u64 {
+    pub(crate) fn discard(mut self, cfg: &Config, out: &mut Out) -> u64 {
         self.set_state(PeerState::Closed);
-        let failed = self.fail_queued(out);
+        let failed = self.fail_queued(cfg, out);
         self.shared.outbox.retire(&mut self.ledger);
         self.shared.requests.close();
         failed
     }
 
     /// Fails every message not yet published, giving back its permits; they are reported
-    /// to the application's hook through `out`. Returns how many.
-    fn fail_queued(&mut self, out: &mut Out) -> u64 {
+    /// to the application's hook through `out`. Returns how many. A request its requester
+    /// gave up (timed out, or dropped its handle) is withdrawn instead, as at publish: its
+    /// caller was told already, so it is neither failed nor reported.
+    fn fail_queued(&mut self, cfg: &Config, out: &mut Out) -> u64 {
+        self.shared.outbox.take_into(&mut self.pending);
+        let shared = &self.shared;
+        let (mut w, mut w_bytes) = (0u64, 0u64);
+        for m in std::mem::take(&mut self.pending) {
+            if request_of(&m).is_some_and(|id| !shared.requests.is_waiting(id)) {
+                w += 1;
+                w_bytes += m.payload.len() as u64;
+                shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+            } else {
+                self.pending.push_back(m);
+            }
+        }
+        count_withdrawn(cfg, shared, w, w_bytes);
         let queued = self.shared.outbox.fail_queued(&mut self.pending);
         let n = queued.len() as u64;
         let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
@@ -1245,7 +1251,7 @@ impl Peer {
     pub(crate) fn retire(&mut self, cfg: &Config, out: &mut Out, removed: bool) {
         self.set_state(PeerState::Closed);
         self.gen += 1;
-        let failed = self.fail_queued(out);
+        let failed = self.fail_queued(cfg, out);
         let mut unacked = self.desc.drain_unacked();
         self.shared.outbox.retire(&mut self.ledger);
         // Closed for good: requests waiting for its replies fail now, and no new ones go.
@@ -1450,4 +1456,20 @@ fn unsent(shared: &PeerShared, why: Return, m: Outgoing) -> Unacked {
         flags,
         payload,
     }
+}
+
+/// Counts `n` requests (`bytes` of payload) withdrawn while queued: given up by their
+/// requesters before they left, they count as filtered (the application decided).
+fn count_withdrawn(cfg: &Config, shared: &PeerShared, n: u64, bytes: u64) {
+    if n == 0 {
+        return;
+    }
+    Counters::add(&shared.counters.filtered, n);
+    Counters::add(&shared.counters.filtered_bytes, bytes);
+    Counters::add(&shared.counters.withdrawn, n);
+    log::debug!(
+        "{}: {n} requests to '{}' withdrawn while queued: given up",
+        cfg.name,
+        shared.name
+    );
 }

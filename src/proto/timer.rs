@@ -26,6 +26,8 @@ pub(crate) enum TimerKind {
     /// Forget peer `peer` (admitted at run time) if its generation is still `gen`: it
     /// stayed disconnected since.
     Forget { peer: usize, gen: u64 },
+    /// Dial seed `seed` again if its generation is still `gen` and the node reaches nobody.
+    Seed { seed: usize, gen: u64 },
 }
 
 #[derive(Debug, Default)]

@@ -35,7 +35,7 @@ impl Endpoint {
                     );
                 }
             }
-            let failed = Peer::new(shared, addr).discard(&mut self.out);
+            let failed = Peer::new(shared, addr).discard(&self.cfg, &mut self.out);
             if failed > 0 {
                 log::warn!(
                     "{}: {failed} messages sent to '{name}' as it was added failed: it was admitted meanwhile",
@@ -158,6 +158,7 @@ impl Endpoint {
         }
         self.shutdown = Some(deadline);
         self.timers.add(deadline, TimerKind::Deadline);
+        self.member_leave(now);
         let ids: Vec<usize> = self.peers.keys().copied().collect();
         for id in ids {
             let Some(p) = self.peers.get_mut(&id) else {

@@ -77,7 +77,7 @@ impl Endpoint {
     /// with our counts for the incarnation it names and adopt the link on Ready.
     pub(super) fn answer_hello(&mut self, now: Instant, id: LinkId, peer: &PeerIdentity) {
         let Some(pid) = self.links.get(&id).and_then(|l| l.dialled) else {
-            return;
+            return self.seed_hello(now, id, peer);
         };
         let Some(p) = self.peers.get(&pid) else {
             return self.refuse(now, id, CloseCode::Removed, "member removed");
@@ -119,7 +119,7 @@ impl Endpoint {
             link.dialled,
             link.hs.as_ref().and_then(|h| h.peer()).cloned(),
         ) else {
-            return;
+            return self.seed_ready(now, id, peer_received, peer_unreliable);
         };
         if self.adopt(now, id, pid, &peer, false, None).is_some() {
             self.establish(now, id, peer_received, peer_unreliable);

@@ -287,6 +287,9 @@ impl Endpoint {
                         self.count_refusal(e.code);
                         self.refused(id, e.code, true);
                         self.close_link(now, id, None, Why::PeerClosed);
+                    } else if e.code == CloseCode::NameMismatch && link.seed.is_some() {
+                        // Only our own name is refused to a seed's dial: it is our address.
+                        self.seed_is_own(now, id);
                     } else if e.code == CloseCode::Protocol {
                         // A frame the handshake cannot take (malformed, or not the one its
                         // step expects): a protocol error, not a refusal of who the peer is.

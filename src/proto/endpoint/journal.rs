@@ -157,6 +157,13 @@ impl Endpoint {
         self.out.records.clear();
         self.out.awaiting.clear();
         self.out.batches.clear();
+        // A close already queued carries bytes cut before the failure: none leaves now
+        // (the buffer may hold messages the journal could not take).
+        for e in &mut self.out.events {
+            if let Output::Close { last, .. } = e {
+                last.clear();
+            }
+        }
         self.out.events.push_back(Output::JournalFailed);
         self.begin_shutdown(now, now);
     }

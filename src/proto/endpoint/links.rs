@@ -187,8 +187,8 @@ impl Endpoint {
         let _ = now;
         let name = p.name().clone();
         self.out.events.push_back(Output::Dial {
-            peer: id,
-            name,
+            target: Target::Peer(id),
+            name: Some(name),
             addr,
         });
     }
@@ -314,6 +314,9 @@ impl Endpoint {
         self.update_gauges();
         self.timers
             .cancel(|k| *k == TimerKind::Handshake { link: id });
+        if let Some(s) = link.seed {
+            self.seed_link_closed(now, s, id);
+        }
         let Some(pid) = link.peer else { return };
         let Some(p) = self.peers.get_mut(&pid) else {
             return;
@@ -322,6 +325,12 @@ impl Endpoint {
             return;
         }
         p.link_lost(&self.cfg, link.established);
+        if link.established {
+            self.seeds_if_alone(now);
+        }
+        let Some(p) = self.peers.get_mut(&pid) else {
+            return;
+        };
         if std::mem::take(&mut p.up) {
             let peer = p.name().clone();
             note(&self.cfg, &mut self.out, || Fact::Disconnected {

@@ -22,8 +22,10 @@
 //!
 //! Besides the boundary, the driver reads a link's buffers ([`Endpoint::link_mut`],
 //! [`Endpoint::to_write`]) and asks a few questions: [`Endpoint::judge`] (whether to take an
-//! accepted connection at all, before anything is spent on it), [`Endpoint::shutdown_done`],
-//! [`Endpoint::journal_ok`].
+//! accepted connection at all, before anything is spent on it) and
+//! [`Endpoint::shutdown_done`].
+
+use std::net::SocketAddr;
 
 use crate::addr::Addr;
 use std::collections::{HashMap, VecDeque};
@@ -51,9 +53,15 @@ mod identify;
 mod input;
 mod journal;
 mod links;
+mod members;
+mod seeds;
 mod time;
 
 pub(crate) use journal::{Durability, JournalLeft, LeftPeer};
+use members::Members;
+pub(crate) use members::MembershipSetup;
+use seeds::Seed;
+pub(crate) use seeds::Target;
 
 /// The protocol's settings.
 #[derive(Clone)]
@@ -101,6 +109,11 @@ pub(crate) struct Config {
     /// A member admitted at run time (unknown, no address) that stays disconnected this
     /// long is removed ([`Output::Forget`]).
     pub(crate) forget_after: Duration,
+    /// Addresses dialled without a member name: whoever answers there becomes a peer
+    /// (`Builder::seeds`).
+    pub(crate) seeds: Vec<SocketAddr>,
+    /// Membership (SWIM) is on: the view's members are the node's peers.
+    pub(crate) membership: Option<MembershipSetup>,
 }
 
 /// Node-wide connection counters, shared with the node's stats.
@@ -165,15 +178,15 @@ pub(crate) enum Output {
     /// Write what [`Endpoint::to_write`] gives for the link, then report it with
     /// [`Input::Wrote`] (or [`Input::Failed`]).
     Transmit(LinkId),
-    /// Open a connection to `addr` for peer `peer`, then report [`Input::Dialled`] (or
-    /// [`Input::DialFailed`]).
+    /// Open a connection to `addr` for `target` (a peer, named `name`, or a seed), then
+    /// report [`Input::Dialled`] (or [`Input::DialFailed`]).
     Dial {
-        peer: usize,
-        name: SharedStr,
+        target: Target,
+        name: Option<SharedStr>,
         addr: Addr,
     },
     /// The link is gone from the endpoint: write `last` (best effort) and drop the
-    /// connection.
+    /// connection. `last` is empty after a journal failure: nothing more leaves then.
     Close { link: LinkId, last: Vec<u8> },
     /// A paused link may be read again (its bytes already in the kernel raise no event).
     Resume(LinkId),
@@ -191,8 +204,12 @@ pub(crate) enum Output {
     Fact(Fact),
     /// A member admitted at run time stayed disconnected for `forget_after` and was
     /// retired, as `remove_peer` does: the node must forget it (if the shared state it
-    /// holds under that name is still this one).
+    /// holds under that name is still this one). Also a member the membership declared
+    /// failed or that left.
     Forget(Arc<PeerShared>),
+    /// Send a membership packet to `to` (a datagram: best effort, dropped when it cannot
+    /// be sent at once).
+    Datagram { to: SocketAddr, packet: Vec<u8> },
 }
 
 /// A transition of a peer the application hears of (the driver turns it into a public
@@ -222,6 +239,8 @@ pub(crate) enum Fact {
     Removed { peer: SharedStr },
     /// `peer`, admitted at run time, was forgotten after staying disconnected.
     Forgotten { peer: SharedStr },
+    /// A change of the membership view, as the application hears of it.
+    Membership(crate::events::Event),
 }
 
 /// Records `fact` for the driver if the application wants facts (one branch otherwise).
@@ -267,14 +286,14 @@ pub(crate) enum Input<'a> {
     /// The pool asks that credit consumed from the member's stream go back.
     FlushCredit(usize),
     // ---- from the connections ----
-    /// The driver opened a connection for peer `peer` (after [`Output::Dial`]) as `link`.
+    /// The driver opened a connection for `target` (after [`Output::Dial`]) as `link`.
     Dialled {
-        peer: usize,
+        target: Target,
         link: LinkId,
         nonce: Nonce,
     },
-    /// The driver could not open a connection for peer `peer`.
-    DialFailed(usize),
+    /// The driver could not open a connection for `target`.
+    DialFailed(Target),
     /// A dialled link's connection completed.
     Connected(LinkId),
     /// A connection accepted from `from`, judged by [`Endpoint::judge`] (not refused),
@@ -300,6 +319,8 @@ pub(crate) enum Input<'a> {
         reason: &'a str,
         from: Option<Addr>,
     },
+    /// A membership packet arrived from `from` (on the driver's UDP socket).
+    Datagram { from: SocketAddr, data: &'a [u8] },
     // ---- from the journal's writer and the clock ----
     /// The journal's writer moved its marks.
     JournalMarks(WriterMarks),
@@ -381,6 +402,10 @@ pub(crate) struct Endpoint {
     journal: Option<Durability>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
+    /// The seeds, in [`Config::seeds`]' order.
+    seeds: Vec<Seed>,
+    /// Membership, when configured.
+    members: Option<Members>,
     out: Out,
 }
 
@@ -412,7 +437,7 @@ impl Endpoint {
         });
         let mut timers = Timers::default();
         timers.add(now + cfg.tick, TimerKind::Tick);
-        Endpoint {
+        let mut ep = Endpoint {
             max_len: wire::max_frame_len(cfg.max_message),
             backoff: Backoff::new(cfg.launch_id),
             admission: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
@@ -429,6 +454,11 @@ impl Endpoint {
             deferred: Vec::new(),
             shutdown: None,
             syncs: VecDeque::new(),
+            seeds: cfg.seeds.iter().map(|&a| Seed::new(a)).collect(),
+            members: cfg
+                .membership
+                .as_ref()
+                .map(|setup| Members::new(&cfg, setup, now)),
             out: Out {
                 records: Vec::new(),
                 awaiting: Vec::new(),
@@ -441,7 +471,11 @@ impl Endpoint {
             },
             journal,
             cfg,
+        };
+        for s in 0..ep.seeds.len() {
+            ep.dial_seed(s);
         }
+        ep
     }
 
     /// Takes what happened at `now`. Whatever it makes the endpoint ask of the driver
@@ -458,8 +492,18 @@ impl Endpoint {
             }
             Input::Publish(id) => self.publish(now, id),
             Input::FlushCredit(id) => self.flush_credit(now, id),
-            Input::Dialled { peer, link, nonce } => self.dialled(now, peer, link, nonce),
-            Input::DialFailed(peer) => self.dial_failed(now, peer),
+            Input::Dialled {
+                target: Target::Peer(peer),
+                link,
+                nonce,
+            } => self.dialled(now, peer, link, nonce),
+            Input::Dialled {
+                target: Target::Seed(s),
+                link,
+                nonce,
+            } => self.seed_dialled(now, s, link, nonce),
+            Input::DialFailed(Target::Peer(peer)) => self.dial_failed(now, peer),
+            Input::DialFailed(Target::Seed(s)) => self.seed_dial_failed(now, s),
             Input::Connected(link) => self.connected(link),
             Input::Accepted {
                 link,
@@ -473,7 +517,11 @@ impl Endpoint {
             Input::Failed { link, why } => self.link_failed(now, link, why),
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
             Input::JournalMarks(marks) => self.journal_progress(now, marks),
-            Input::Timeout => self.handle_timeout(now),
+            Input::Datagram { from, data } => self.member_packet(now, from, data),
+            Input::Timeout => {
+                self.handle_timeout(now);
+                self.member_timers(now);
+            }
         }
     }
 
@@ -495,6 +543,7 @@ impl Endpoint {
     /// instead (its buffer may hold messages the journal lacks).
     pub(crate) fn poll(&mut self, now: Instant) -> Option<Output> {
         loop {
+            self.pump_members(now);
             if let Some(t) = self.out.tasks.pop_front() {
                 return Some(Output::Task(t));
             }
@@ -529,7 +578,11 @@ impl Endpoint {
 
     /// When the endpoint next needs [`Input::Timeout`].
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
-        self.timers.next_at()
+        let members = self.members.as_ref().and_then(Members::next_at);
+        match (self.timers.next_at(), members) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// A link, to move bytes between its buffers and its connection.

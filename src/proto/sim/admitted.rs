@@ -26,12 +26,14 @@ fn specs() -> [Spec; 2] {
             launch: 0xA1,
             knows: vec![("beta", Some(BETA))],
             journal: false,
+            seeds: Vec::new(),
         },
         Spec {
             name: "beta",
             launch: 0xB1,
             knows: Vec::new(),
             journal: false,
+            seeds: Vec::new(),
         },
     ]
 }
@@ -109,4 +111,53 @@ fn a_member_added_while_it_is_admitted_stays_one_peer() {
     assert!(sim.m[BETA].ep.peer(admitted.id).is_some(), "not forgotten");
     assert_eq!(sim.m[BETA].delivered_len(), 5);
     assert_eq!(sim.m[ALPHA].delivered_len(), 5);
+}
+
+/// A member admitted as it dialled in, then gone for `forget_after`, is forgotten: the
+/// endpoint retires it as `remove_peer` does — what was sent to it and not acknowledged is
+/// reported undelivered, every permit comes back, the application is told — and when it
+/// comes back (a new process) it is admitted afresh as another peer and streams exactly
+/// once.
+#[test]
+fn a_member_away_for_forget_after_is_forgotten_and_admitted_afresh() {
+    let mut sim = Sim::with(settings(), &specs());
+    sim.pump();
+    for _ in 0..3 {
+        sim.send_to(ALPHA, 0, 5);
+        sim.send_to(BETA, 0, 5);
+    }
+    sim.pump();
+    // Two more from beta that alpha never acknowledges: alpha dies first.
+    sim.send_to(BETA, 0, 5);
+    sim.send_to(BETA, 0, 5);
+    sim.kill(ALPHA);
+    sim.pump();
+    let first = sim.m[BETA].peers[0].shared.clone();
+    sim.advance(30_000);
+    sim.pump();
+    assert_eq!(sim.stats.forgotten, 0, "not yet: {:#?}", sim.stats);
+    assert!(sim.m[BETA].ep.peer(first.id).is_some());
+    sim.advance(31_000);
+    sim.pump();
+    assert_eq!(sim.stats.forgotten, 1, "{:#?}", sim.stats);
+    assert!(sim.m[BETA].peers[0].forgotten);
+    assert!(sim.m[BETA].ep.peer(first.id).is_none());
+    assert_eq!(
+        sim.m[BETA].peers[0].undelivered.len(),
+        2,
+        "what alpha never acknowledged is reported"
+    );
+    // Alpha starts again and dials in: a new peer for the name.
+    sim.apply(&super::harness::Step::Restart { side: ALPHA });
+    let a2 = sim.m.len() - 1;
+    sim.pump();
+    assert_eq!(sim.m[BETA].peers.len(), 2, "admitted afresh");
+    let again = sim.m[BETA].known("alpha").expect("known again");
+    assert_eq!(again, 1);
+    sim.send_to(a2, 0, 5);
+    sim.send_to(BETA, again, 5);
+    sim.settle();
+    sim.check_complete();
+    assert_eq!(sim.m[a2].delivered_len(), 1);
+    assert_eq!(sim.m[BETA].delivered_len(), 4);
 }

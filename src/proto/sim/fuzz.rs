@@ -98,9 +98,10 @@ fn step(r: &mut Reader<'_>) -> Step {
         },
         29 => Step::Journal { side: r.side() },
         30 => Step::Pump,
-        _ => match r.u8() % 4 {
+        _ => match r.u8() % 8 {
             0 => Step::Kill { side: r.side() },
             1 => Step::Restart { side: r.side() },
+            2 => Step::JournalFail { side: r.side() },
             _ => Step::Advance {
                 ms: 100 + u64::from(r.u8()) * 20,
             },

@@ -16,7 +16,7 @@ use crate::handoff::{Handoff, Wake};
 use crate::peer::{Outgoing, PeerShared};
 use crate::proto::endpoint::Batch;
 use crate::proto::{
-    Config, Descriptor, Endpoint, Fact, Input, LinkId, NodeCounters, Output, Secret,
+    Config, Descriptor, Endpoint, Fact, Input, LinkId, NodeCounters, Output, Secret, Target,
 };
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
@@ -66,6 +66,8 @@ pub(super) struct Spec {
     pub(super) knows: Vec<(&'static str, Option<Side>)>,
     /// It journals.
     pub(super) journal: bool,
+    /// The members whose addresses it has as seeds (dialled without a name).
+    pub(super) seeds: Vec<Side>,
 }
 
 /// The IO thread's waker, in simulated time: the simulation's driver looks at the
@@ -97,6 +99,10 @@ pub(super) struct Known {
     pub(super) launches_told: Vec<u64>,
     /// Why the last `Disconnected` fact said the link was lost.
     pub(super) last_why: Option<Why>,
+    /// The endpoint forgot it (admitted at run time, it stayed away for `forget_after`):
+    /// the member's map no longer holds it; if it dials in again it is admitted afresh,
+    /// as another peer.
+    pub(super) forgotten: bool,
 }
 
 impl Known {
@@ -111,6 +117,7 @@ impl Known {
             connects_told: 0,
             launches_told: Vec::new(),
             last_why: None,
+            forgotten: false,
         }
     }
 }
@@ -128,8 +135,8 @@ pub(super) struct Member {
     /// What the pool hands this member's IO thread: the shipping `PeerCreditSink`s put the
     /// peer on its credit list when credit should go back.
     pub(super) handoff: Arc<Handoff>,
-    /// Connections the endpoint asked for and not made yet: (peer, address).
-    pub(super) dials: VecDeque<(usize, Addr)>,
+    /// Connections the endpoint asked for and not made yet: (for what, address).
+    pub(super) dials: VecDeque<(Target, Addr)>,
     /// Every message delivered to the application, in order (sequence number, bytes).
     pub(super) delivered: DeliveryLog,
     /// The process ended: it does nothing more.
@@ -140,6 +147,11 @@ pub(super) struct Member {
     spec: Spec,
     /// A `Refused` fact whose link's close has not come yet.
     refusal_open: bool,
+    /// The writer's last batch appended.
+    appended: u64,
+    /// Its journal failed (`Output::JournalFailed`): the node stops, and once its
+    /// endpoint's shutdown is done the process has ended.
+    pub(super) journal_failed: bool,
     /// Journal batches handed over and not yet "appended" (the writer lags until
     /// [`Sim::journal_catch_up`]), with the highest message sequence number each holds per
     /// peer.
@@ -234,6 +246,10 @@ pub(super) struct Stats {
     pub(super) takeovers: u64,
     /// Processes started again at an old one's address.
     pub(super) restarts: u64,
+    /// Journal failures (each stops its node).
+    pub(super) journal_failures: u64,
+    /// Members forgotten (admitted at run time, away for `forget_after`), all members.
+    pub(super) forgotten: u64,
     /// Messages delivered by one incarnation and reported undelivered when their sender
     /// went over to another.
     pub(super) delivered_then_dropped: u64,
@@ -257,6 +273,8 @@ impl Stats {
         self.deaths += o.deaths;
         self.restarts += o.restarts;
         self.takeovers += o.takeovers;
+        self.journal_failures += o.journal_failures;
+        self.forgotten += o.forgotten;
         self.delivered_then_dropped += o.delivered_then_dropped;
     }
 }
@@ -288,6 +306,9 @@ pub(super) enum Step {
     /// `side`'s journal writer appends everything handed to it
     /// ([`Sim::journal_catch_up`]).
     Journal { side: Side },
+    /// `side`'s journal writer fails (a write or a sync): what it appended stays, the
+    /// batches handed to it and not appended are lost, and the node stops.
+    JournalFail { side: Side },
     /// Every byte that can move moves, and the connections asked for are made, with no
     /// time passing ([`Sim::pump`]).
     Pump,
@@ -350,12 +371,14 @@ pub(super) fn pair(s: Settings) -> Vec<Spec> {
             launch: 0xA1,
             knows: vec![("beta", Some(B))],
             journal: s.journal,
+            seeds: Vec::new(),
         },
         Spec {
             name: "beta",
             launch: 0xA2,
             knows: vec![("alpha", s.both_dial.then_some(A))],
             journal: false,
+            seeds: Vec::new(),
         },
     ]
 }
@@ -413,6 +436,12 @@ impl Member {
             journalled: journal,
             events: true,
             forget_after: Duration::from_secs(60),
+            seeds: spec
+                .seeds
+                .iter()
+                .filter_map(|&s| addr(s).as_tcp())
+                .collect(),
+            membership: None,
         };
         let ep = Endpoint::new(
             cfg,
@@ -453,6 +482,8 @@ impl Member {
             refusals: Vec::new(),
             refusal_open: false,
             spec: spec.clone(),
+            appended: 0,
+            journal_failed: false,
             batches: Vec::new(),
             journalled: HashMap::new(),
         }
@@ -477,9 +508,11 @@ impl Member {
             .desc
     }
 
-    /// The index of the peer it knows by `name`.
+    /// The index of the peer it knows by `name` (not one it forgot).
     pub(super) fn known(&self, name: &str) -> Option<usize> {
-        self.peers.iter().position(|k| *k.name == *name)
+        self.peers
+            .iter()
+            .position(|k| !k.forgotten && *k.name == *name)
     }
 
     /// Messages delivered to its application so far.
@@ -533,6 +566,8 @@ impl Sim {
     }
 
     fn add_peers(&mut self, side: Side, spec: &Spec) {
+        // What the endpoint asked for as it started (its seeds' dials).
+        self.drain(side);
         let now = self.now();
         for (k, &(_, at)) in spec.knows.iter().enumerate() {
             let shared = self.m[side].peers[k].shared.clone();
@@ -587,10 +622,10 @@ impl Sim {
                     Output::JournalSync(_) => {}
                     // The schedule's `Write` steps move the bytes.
                     Output::Transmit(_) => {}
-                    Output::Dial { peer, addr, .. } => {
+                    Output::Dial { target, addr, .. } => {
                         let dials = &mut self.m[side].dials;
-                        if !dials.iter().any(|&(p, _)| p == peer) {
-                            dials.push_back((peer, addr));
+                        if !dials.iter().any(|&(t, _)| t == target) {
+                            dials.push_back((target, addr));
                         }
                     }
                     Output::Close { link, last } => {
@@ -611,7 +646,12 @@ impl Sim {
                     Output::Undelivered { peer, messages } => {
                         let m = &mut self.m[side];
                         let k = m.known(&peer).expect("a known peer");
-                        let bound = m.desc_of(k).remote_launch();
+                        // A peer being forgotten is out of the endpoint already: the
+                        // incarnation it was told of last is the one it was bound to.
+                        let bound = match m.ep.peer(k) {
+                            Some(p) => p.desc.remote_launch(),
+                            None => m.peers[k].launches_told.last().copied(),
+                        };
                         m.peers[k]
                             .undelivered
                             .extend(messages.into_iter().map(|u| (u.payload, bound)));
@@ -664,7 +704,6 @@ impl Sim {
                         m.refusals.push((reason, by_peer));
                         self.stats.refusals += 1;
                     }
-                    Output::Fact(f) => panic!("{who}: unexpected fact {f:?}"),
                     Output::Admitted(shared) => {
                         let m = &mut self.m[side];
                         // Said again for a peer it holds (a node's `add_peer` raced the
@@ -679,17 +718,46 @@ impl Sim {
                                 m.peers.len(),
                                 "{who}: admitted as the next peer"
                             );
-                            m.peers.push(Known::new(shared));
+                            // A name it forgot comes back: what it sent that name before
+                            // stays the start of the record (messages are numbered per
+                            // name), all delivered or reported already.
+                            let before = m
+                                .peers
+                                .iter()
+                                .rev()
+                                .find(|k| k.forgotten && k.name == shared.name)
+                                .map(|k| k.sent.clone());
+                            let mut known = Known::new(shared);
+                            known.sent = before.unwrap_or_default();
+                            m.peers.push(known);
                         }
                     }
-                    Output::JournalFailed | Output::Forget(_) => {
-                        unreachable!("no journal failure; nobody stays away for forget_after")
+                    Output::JournalFailed => {
+                        self.m[side].journal_failed = true;
+                        self.stats.journal_failures += 1;
+                    }
+                    Output::Forget(shared) => self.forget(side, &shared),
+                    // No member of the simulation runs membership (it has a simulation
+                    // of its own, `membership::sim`).
+                    Output::Datagram { .. } | Output::Fact(Fact::Membership(_)) => {}
+                    Output::Fact(Fact::Forgotten { peer }) => {
+                        let m = &self.m[side];
+                        assert!(
+                            m.known(&peer).is_none(),
+                            "{who}: told '{peer}' forgotten before the node forgot it"
+                        );
+                        self.stats.forgotten += 1;
                     }
                 }
             }
             // What the pool asked of the IO thread meanwhile is its next input.
             let credit = self.m[side].handoff.take_credit_flush();
             if credit.is_empty() {
+                // After a journal failure the IO thread ends once the endpoint's shutdown
+                // is done: the process has stopped.
+                if self.m[side].journal_failed && self.m[side].ep.shutdown_done(now) {
+                    self.kill(side);
+                }
                 return;
             }
             for id in credit {
@@ -731,6 +799,7 @@ impl Sim {
                     self.journal_catch_up(side);
                 }
             }
+            Step::JournalFail { side } => self.journal_fail(side),
             Step::Restart { side } => {
                 let restarted =
                     (side + 1..self.m.len()).any(|s| self.m[s].addr == self.m[side].addr);
@@ -834,7 +903,7 @@ impl Sim {
             sl.ends[1] = None;
             sl.closed[1] = true;
             let dialled = Input::Dialled {
-                peer,
+                target: peer,
                 link: d,
                 nonce: nd,
             };
@@ -849,7 +918,7 @@ impl Sim {
         }
         self.owner.insert((target, a), l);
         let dialled = Input::Dialled {
-            peer,
+            target: peer,
             link: d,
             nonce: nd,
         };
@@ -966,6 +1035,7 @@ impl Sim {
                 *top = (*top).max(seq);
             }
         }
+        m.appended = last;
         let now = self.now();
         let marks = crate::journal::WriterMarks {
             appended: last,
@@ -974,6 +1044,57 @@ impl Sim {
         };
         self.m[side].ep.handle(now, Input::JournalMarks(marks));
         self.drain(side);
+    }
+
+    /// `side`'s journal writer fails: what it appended stays appended, what it was handed
+    /// since is lost, and it says so (`WriterMarks::failed`). Nothing for a member that
+    /// does not journal, or has ended.
+    pub(super) fn journal_fail(&mut self, side: Side) {
+        let m = &mut self.m[side];
+        if m.dead || !m.spec.journal {
+            return;
+        }
+        m.batches.clear();
+        let marks = crate::journal::WriterMarks {
+            appended: m.appended,
+            synced: 0,
+            failed: true,
+        };
+        let now = self.now();
+        self.m[side].ep.handle(now, Input::JournalMarks(marks));
+        self.drain(side);
+    }
+
+    /// `side`'s endpoint forgot the member whose shared state is `shared` (admitted at run
+    /// time, away for `forget_after`): it holds no peer of that name any more, everything
+    /// sent to it was delivered or reported undelivered, and every permit is back.
+    fn forget(&mut self, side: Side, shared: &Arc<PeerShared>) {
+        let m = &mut self.m[side];
+        let who = m.name;
+        let k = m
+            .peers
+            .iter()
+            .position(|k| Arc::ptr_eq(&k.shared, shared))
+            .expect("forgets a peer it knows");
+        assert!(
+            m.ep.peer(shared.id).is_none(),
+            "{who}: '{}' forgotten, still in the endpoint",
+            shared.name
+        );
+        let known = &mut m.peers[k];
+        assert!(
+            !known.up,
+            "{who}: '{}' forgotten while connected",
+            known.name
+        );
+        assert!(!known.forgotten, "{who}: '{}' forgotten twice", known.name);
+        known.forgotten = true;
+        assert_eq!(
+            known.shared.outbox.window().available(),
+            WINDOW,
+            "{who}: the permits of '{}' are back once it is forgotten",
+            known.name
+        );
     }
 
     /// Simulated time passes: each live member's timers run, and the connections asked for
@@ -1113,6 +1234,7 @@ impl Sim {
         let acks = live
             .iter()
             .flat_map(|&s| (0..self.m[s].peers.len()).map(move |k| (s, k)))
+            .filter(|&(s, k)| !self.m[s].peers[k].forgotten)
             .map(|(s, k)| self.m[s].desc_of(k).acked())
             .sum();
         (piped, buffered, self.links.len(), delivered, acks)

@@ -35,6 +35,12 @@
 //! - **time**: `Step::Advance` moves the simulated clock: delayed acks, reconnects with
 //!   backoff, heartbeats, handshake and idle timeouts, the housekeeping tick.
 //! - **deaths**: `Step::Kill` ends a process at any point, handshakes included.
+//! - **journal failures**: `Step::JournalFail` fails a journalling member's writer (what it
+//!   appended stays, the batches handed to it since are lost); the endpoint stops the node
+//!   and, once its shutdown is done, the process has ended.
+//! - **forgetting**: a member admitted as it dialled in and away for `forget_after` is
+//!   forgotten (`Output::Forget`): its record stays in the simulation, marked, and a new
+//!   process of that name dialling in is admitted afresh as another peer.
 //! - **authentication**: all members have the same secret, or none.
 //!
 //! ## What is checked ([`oracle`])
@@ -63,6 +69,8 @@ mod harness;
 mod oracle;
 #[cfg(test)]
 mod pair;
+#[cfg(test)]
+mod seeds;
 #[cfg(test)]
 mod three;
 #[cfg(test)]

@@ -571,3 +571,53 @@ fn a_handshake_answered_before_acks_on_another_link_resets_nothing() {
     sim.settle();
     sim.check_complete();
 }
+
+/// A journalling member whose writer fails stops at once (fail-stop): what its journal
+/// appended may still have left, the rest never does — not in a write, not in the last
+/// bytes of a close — and the process ends. Its restart, without that journal, is a new
+/// incarnation: its peer reports what it had sent the failed one and goes on with the new
+/// one, exactly once.
+#[test]
+fn a_failed_journal_stops_the_member_and_nothing_unjournalled_leaves() {
+    let mut sim = Sim::new(Settings {
+        journal: true,
+        ..settings_with(1)
+    });
+    for _ in 0..4 {
+        sim.journal_catch_up(A); // the handshake's binding of beta's incarnation
+        sim.pump();
+    }
+    send_n(&mut sim, A, 3);
+    send_n(&mut sim, B, 2);
+    sim.journal_catch_up(A);
+    sim.pump();
+    assert_eq!(sim.m[B].delivered_len(), 3);
+    // Three more, published into the write buffer but not appended; the writer fails.
+    send_n(&mut sim, A, 3);
+    let l = current(&mut sim, A);
+    sim.write(A, l, usize::MAX);
+    sim.apply(&Step::JournalFail { side: A });
+    assert_eq!(sim.stats.journal_failures, 1);
+    assert!(sim.m[A].journal_failed);
+    assert!(sim.m[A].dead, "the node stopped once its shutdown was done");
+    sim.pump();
+    sim.check();
+    assert_eq!(
+        sim.m[B].delivered_len(),
+        3,
+        "a message the journal never held reached the peer"
+    );
+    // Its restart (the journal lost) binds beta anew.
+    sim.apply(&Step::Restart { side: A });
+    let a2 = sim.m.len() - 1;
+    send_n(&mut sim, a2, 2);
+    sim.send(B, 3);
+    for _ in 0..4 {
+        sim.journal_catch_up(a2);
+        sim.pump();
+    }
+    sim.settle();
+    sim.check_complete();
+    assert_eq!(sim.m[B].delivered_len(), 5, "the old three, the new two");
+    assert_eq!(sim.stats.new_incarnations, 1, "{:#?}", sim.stats);
+}

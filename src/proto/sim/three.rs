@@ -25,6 +25,7 @@ fn spec(i: Side, launch: u64) -> Spec {
             .map(|j| (NAMES[j], (j > i).then_some(j)))
             .collect(),
         journal: false,
+        seeds: Vec::new(),
     }
 }
 

@@ -1,0 +1,1139 @@
+//! Membership without a peer list: SWIM failure detection with suspicion and Lifeguard's
+//! refinements, gossip dissemination, join through seeds, one view of the members — as a
+//! sans-IO state machine, the same shape as `proto::Endpoint`: [`Membership::handle`] takes
+//! a received packet, the time or a command ([`Input`]), [`Membership::poll`] gives packets
+//! to send to an address and changes of the view ([`Output`]), and
+//! [`Membership::poll_timeout`] says when it next needs the time. No threads, no sockets, no
+//! clock of its own; every random choice comes from a generator seeded by the caller, so a
+//! run is a function of its inputs (the simulation, `sim.rs`, relies on it).
+//!
+//! The protocol, its parameters and what is wired: `docs/design.md`, "Membership (SWIM)".
+//! The packet encoding: [`codec`].
+//!
+//! Not wired yet: the IO thread does not drive it, and `Builder` / `Node` do not expose it.
+
+pub mod codec;
+#[cfg(test)]
+mod sim;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+pub use codec::{Body, Claim, DecodeError, PacketKey, State};
+use codec::{Encoder, Packet};
+
+/// Above this many members the anti-entropy interval grows in proportion, so that a full
+/// view exchange (its size grows with the cluster) costs each member the same per second.
+pub const SYNC_SCALE_MEMBERS: usize = 32;
+
+/// The protocol's parameters. The defaults are memberlist's LAN configuration (probe every
+/// second, three indirect probes, suspicion 4·log10(N) probe intervals, gossip every 200 ms
+/// to three members) and Lifeguard's (suspicion up to 6× that, shortened by independent
+/// confirmations; probe timing scaled by the local health, up to 8×).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// How often a member probes one other member (scaled by its local health).
+    pub probe_interval: Duration,
+    /// How long a direct probe waits for its `Ack` before asking others (scaled likewise).
+    pub probe_timeout: Duration,
+    /// How many members are asked to probe indirectly (k).
+    pub indirect_probes: usize,
+    /// Suspicion lasts at least `suspicion_mult · max(1, log10 N)` probe intervals.
+    pub suspicion_mult: u32,
+    /// ... and at most this many times the minimum, when nobody confirms it.
+    pub suspicion_max_mult: u32,
+    /// How often queued gossip is sent to [`Config::gossip_fanout`] members.
+    pub gossip_interval: Duration,
+    /// Members each gossip round goes to.
+    pub gossip_fanout: usize,
+    /// Each claim is sent `retransmit_mult · ⌈log10(N + 1)⌉` times.
+    pub retransmit_mult: u32,
+    /// Failed members keep getting gossip this long (so a wrongly failed one can refute).
+    pub gossip_to_the_dead: Duration,
+    /// Anti-entropy: how often the whole view is exchanged with one random live member
+    /// (times ⌈N / [`SYNC_SCALE_MEMBERS`]⌉ above that many members).
+    pub sync_interval: Duration,
+    /// How often a member exchanges views with one seed or remembered member it does not
+    /// see alive (healing partitions), and how often a member that knows nobody retries
+    /// its seeds.
+    pub rejoin_interval: Duration,
+    /// How long a failed or left member stays in the view before it is removed.
+    pub reap_after: Duration,
+    /// How long the address of a failed member is remembered (for healing) after that.
+    pub remember_for: Duration,
+    /// The largest packet sent (at most [`codec::MAX_PACKET`]).
+    pub max_packet: usize,
+    /// The local health multiplier's maximum (Lifeguard's awareness).
+    pub max_health: u32,
+}
+
+impl Default for Config {
+    fn default() -> Config {
+        Config {
+            probe_interval: Duration::from_secs(1),
+            probe_timeout: Duration::from_millis(500),
+            indirect_probes: 3,
+            suspicion_mult: 4,
+            suspicion_max_mult: 6,
+            gossip_interval: Duration::from_millis(200),
+            gossip_fanout: 3,
+            retransmit_mult: 4,
+            gossip_to_the_dead: Duration::from_secs(30),
+            sync_interval: Duration::from_secs(30),
+            rejoin_interval: Duration::from_secs(10),
+            reap_after: Duration::from_secs(60),
+            remember_for: Duration::from_secs(600),
+            max_packet: codec::MAX_PACKET,
+            max_health: 8,
+        }
+    }
+}
+
+/// Who this member is.
+#[derive(Debug, Clone)]
+pub struct Local {
+    /// The cluster's name (packets of another cluster are ignored).
+    pub cluster: String,
+    /// This member's name: unique per live process.
+    pub name: String,
+    /// Where it receives membership packets.
+    pub addr: SocketAddr,
+    /// This process's launch id.
+    pub launch: u64,
+    /// The cluster secret: with one, every packet is MACed and only MACed packets are read.
+    pub key: Option<PacketKey>,
+}
+
+/// One member as this member sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its name.
+    pub name: String,
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Its state.
+    pub state: State,
+    /// Its incarnation (raised by the member itself to refute a suspicion, or on rejoining).
+    pub incarnation: u64,
+    /// Its process's launch id.
+    pub launch: u64,
+}
+
+/// A change of the view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemberEvent {
+    /// A member was added, or its state, incarnation, launch or address changed.
+    Changed {
+        /// It now.
+        member: Member,
+        /// It before; `None` when it is new to the view.
+        previous: Option<Member>,
+    },
+    /// A failed or left member was removed from the view after [`Config::reap_after`].
+    Removed {
+        /// It as it was last.
+        member: Member,
+    },
+}
+
+/// What the caller hands in.
+#[derive(Debug)]
+pub enum Input<'a> {
+    /// A packet arrived from `from`.
+    Packet {
+        /// The sender's address.
+        from: SocketAddr,
+        /// The bytes.
+        data: &'a [u8],
+    },
+    /// The time [`Membership::poll_timeout`] asked for has come (or any later time).
+    Timer,
+    /// Join through these seeds (any member's address): exchange views with each until one
+    /// answers; later, rejoin through them after a partition.
+    Join(&'a [SocketAddr]),
+    /// Leave: gossip a clean leave, stop probing. [`Membership::leave_settled`] says when the
+    /// leave has been gossiped enough for the caller to stop.
+    Leave,
+}
+
+/// What the caller must do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send `packet` to `to`.
+    Send {
+        /// The address.
+        to: SocketAddr,
+        /// The bytes (at most [`Config::max_packet`]).
+        packet: Vec<u8>,
+    },
+    /// The view changed.
+    Event(MemberEvent),
+}
+
+/// Counters of one member's membership traffic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Packets sent.
+    pub packets_sent: u64,
+    /// Bytes sent.
+    pub bytes_sent: u64,
+    /// Packets received and accepted.
+    pub packets_received: u64,
+    /// Bytes of those.
+    pub bytes_received: u64,
+    /// Packets dropped: not decodable, of another cluster, or not authenticated.
+    pub dropped: u64,
+    /// Of those, the ones whose MAC was missing, unexpected or wrong.
+    pub auth_failures: u64,
+    /// Gossip ignored because its sender is not in the view and did not join.
+    pub ignored_strangers: u64,
+    /// Times this member raised its incarnation to refute a claim about itself.
+    pub refutations: u64,
+}
+
+/// A SplitMix64 generator: small, fast, and seeded by the caller, so runs repeat.
+#[derive(Debug, Clone)]
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    /// `k` distinct picks from `items`, in random order.
+    fn pick<T: Clone>(&mut self, items: &[T], k: usize) -> Vec<T> {
+        let mut v = items.to_vec();
+        let k = k.min(v.len());
+        for i in 0..k {
+            let j = i + self.below(v.len() - i);
+            v.swap(i, j);
+        }
+        v.truncate(k);
+        v
+    }
+}
+
+/// A suspicion of one member at one incarnation (Lifeguard's dynamic timeout).
+#[derive(Debug, Clone)]
+struct Suspicion {
+    incarnation: u64,
+    start: Instant,
+    min: Duration,
+    max: Duration,
+    /// Confirmations expected (k), 0 when the cluster is too small to expect any.
+    expected: u32,
+    /// Members that suspect it (the first, then the confirmations).
+    by: BTreeSet<String>,
+    deadline: Instant,
+}
+
+impl Suspicion {
+    fn update_deadline(&mut self) {
+        let confirmations = self.by.len().saturating_sub(1) as f64;
+        let timeout = if self.expected == 0 {
+            self.min
+        } else {
+            let frac = (confirmations + 1.0).ln() / (f64::from(self.expected) + 1.0).ln();
+            let span = self.max.saturating_sub(self.min).as_secs_f64();
+            let t = self.max.as_secs_f64() - span * frac.min(1.0);
+            Duration::from_secs_f64(t.max(self.min.as_secs_f64()))
+        };
+        self.deadline = self.start + timeout;
+    }
+}
+
+/// Another member, as this one sees it.
+#[derive(Debug, Clone)]
+struct Entry {
+    addr: SocketAddr,
+    launch: u64,
+    incarnation: u64,
+    state: State,
+    /// When the state last changed.
+    since: Instant,
+    suspicion: Option<Suspicion>,
+}
+
+/// The probe in progress.
+#[derive(Debug, Clone)]
+struct Probe {
+    target: String,
+    seq: u32,
+    /// When the direct probe gives up and indirect ones start.
+    direct_deadline: Option<Instant>,
+    /// When the probe fails.
+    round_end: Instant,
+    expected_nacks: u32,
+    nacks: u32,
+}
+
+/// A probe this member makes for another (`PingReq`).
+#[derive(Debug, Clone)]
+struct Relay {
+    seq: u32,
+    origin: SocketAddr,
+    origin_seq: u32,
+    deadline: Instant,
+}
+
+/// A claim being gossiped, and how many packets carried it.
+#[derive(Debug, Clone)]
+struct Broadcast {
+    claim: Claim,
+    sent: u32,
+    /// Order of queuing: among claims sent as often, the newest go first.
+    order: u64,
+}
+
+/// One member's membership protocol. See the module's documentation.
+#[derive(Debug)]
+pub struct Membership {
+    cfg: Config,
+    me: Local,
+    cluster: u32,
+    incarnation: u64,
+    left: bool,
+    members: BTreeMap<String, Entry>,
+    /// Probe order: shuffled names, walked round-robin, reshuffled at the end.
+    order: Vec<String>,
+    next_in_order: usize,
+    probe: Option<Probe>,
+    relays: Vec<Relay>,
+    broadcasts: BTreeMap<String, Broadcast>,
+    broadcast_order: u64,
+    out: VecDeque<Output>,
+    seq: u32,
+    rng: Rng,
+    /// Lifeguard's local health multiplier: 0 healthy, up to `max_health`.
+    health: u32,
+    seeds: Vec<SocketAddr>,
+    /// Failed members' addresses, kept after they leave the view (until when).
+    remembered: BTreeMap<String, (SocketAddr, Instant)>,
+    /// Senders not in the view this member exchanged views with, and when.
+    strangers_synced: BTreeMap<String, Instant>,
+    next_probe: Option<Instant>,
+    next_gossip: Instant,
+    next_sync: Instant,
+    next_rejoin: Option<Instant>,
+    stats: Stats,
+}
+
+impl Membership {
+    /// A member alone in its view, alive at incarnation 0; `seed` seeds its random choices.
+    /// Nothing is sent until it joins ([`Input::Join`]) or another member reaches it.
+    pub fn new(cfg: Config, me: Local, seed: u64, now: Instant) -> Membership {
+        let cluster = codec::cluster_hash(&me.cluster);
+        let cfg_rejoin = cfg.rejoin_interval;
+        Membership {
+            next_gossip: now + cfg.gossip_interval,
+            next_sync: now + cfg.sync_interval,
+            next_probe: Some(now + cfg.probe_interval),
+            cfg,
+            me,
+            cluster,
+            incarnation: 0,
+            left: false,
+            members: BTreeMap::new(),
+            order: Vec::new(),
+            next_in_order: 0,
+            probe: None,
+            relays: Vec::new(),
+            broadcasts: BTreeMap::new(),
+            broadcast_order: 0,
+            out: VecDeque::new(),
+            seq: 0,
+            rng: Rng(seed ^ 0x6A09_E667_F3BC_C908),
+            health: 0,
+            seeds: Vec::new(),
+            remembered: BTreeMap::new(),
+            next_rejoin: Some(now + cfg_rejoin),
+            strangers_synced: BTreeMap::new(),
+            stats: Stats::default(),
+        }
+    }
+
+    /// This member's name.
+    pub fn name(&self) -> &str {
+        &self.me.name
+    }
+
+    /// Its current incarnation.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The view: this member first, then the others by name, failed and left ones until they
+    /// are removed.
+    pub fn members(&self) -> Vec<Member> {
+        let mut v = Vec::with_capacity(self.members.len() + 1);
+        v.push(Member {
+            name: self.me.name.clone(),
+            addr: self.me.addr,
+            state: if self.left { State::Left } else { State::Alive },
+            incarnation: self.incarnation,
+            launch: self.me.launch,
+        });
+        v.extend(self.members.iter().map(|(n, e)| member(n, e)));
+        v
+    }
+
+    /// One member of the view (not this one).
+    pub fn member(&self, name: &str) -> Option<Member> {
+        self.members.get(name).map(|e| member(name, e))
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// Lifeguard's local health multiplier (0: healthy).
+    pub fn health(&self) -> u32 {
+        self.health
+    }
+
+    /// After [`Input::Leave`]: whether the leave has been sent as often as any claim is, so
+    /// the caller may stop driving this member.
+    pub fn leave_settled(&self) -> bool {
+        self.left && !self.broadcasts.contains_key(&self.me.name)
+    }
+
+    /// Members counted for the timing formulas: the live ones and this one.
+    fn live_count(&self) -> usize {
+        1 + self
+            .members
+            .values()
+            .filter(|e| matches!(e.state, State::Alive | State::Suspect))
+            .count()
+    }
+
+    fn scaled(&self, d: Duration) -> Duration {
+        d * (self.health + 1)
+    }
+
+    fn self_claim(&self) -> Claim {
+        Claim {
+            name: self.me.name.clone(),
+            addr: self.me.addr,
+            launch: self.me.launch,
+            incarnation: self.incarnation,
+            state: if self.left { State::Left } else { State::Alive },
+            by: None,
+        }
+    }
+
+    /// Takes in a packet, the time, or a command.
+    pub fn handle(&mut self, now: Instant, input: Input<'_>) {
+        match input {
+            Input::Packet { from, data } => self.on_packet(now, from, data),
+            Input::Timer => self.on_timer(now),
+            Input::Join(seeds) => {
+                for s in seeds {
+                    if *s != self.me.addr && !self.seeds.contains(s) {
+                        self.seeds.push(*s);
+                    }
+                }
+                self.queue_broadcast(self.self_claim());
+                for s in self.seeds.clone() {
+                    self.send_sync(now, s, true);
+                }
+                self.next_rejoin = Some(now + self.cfg.probe_interval);
+            }
+            Input::Leave => {
+                if self.left {
+                    return;
+                }
+                self.left = true;
+                self.probe = None;
+                self.next_probe = None;
+                self.queue_broadcast(self.self_claim());
+                // Tell some members at once; the gossip rounds do the rest.
+                let targets = self.gossip_targets(now);
+                for t in targets {
+                    self.send_gossip(now, t);
+                }
+            }
+        }
+    }
+
+    /// The next thing to do, if any.
+    pub fn poll(&mut self, _now: Instant) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// When [`Input::Timer`] is next needed.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let mut t = [
+            self.next_probe,
+            self.probe.as_ref().and_then(|p| p.direct_deadline),
+            self.probe.as_ref().map(|p| p.round_end),
+            self.relays.iter().map(|r| r.deadline).min(),
+            (!self.broadcasts.is_empty()).then_some(self.next_gossip),
+            (!self.left).then_some(self.next_sync),
+            if self.left { None } else { self.next_rejoin },
+            self.members
+                .values()
+                .filter(|_| !self.left)
+                .filter_map(|e| e.suspicion.as_ref().map(|s| s.deadline))
+                .min(),
+            self.members
+                .values()
+                .filter(|e| matches!(e.state, State::Failed | State::Left))
+                .map(|e| e.since + self.cfg.reap_after)
+                .min(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        if let Some(r) = self.remembered.values().map(|(_, until)| *until).min() {
+            t = Some(t.map_or(r, |t| t.min(r)));
+        }
+        t
+    }
+
+    // ---- sending ----
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        self.seq
+    }
+
+    fn encoder(&self, body: &Body) -> Encoder {
+        Encoder::new(
+            self.cluster,
+            &self.me.name,
+            self.me.launch,
+            body,
+            self.me.key.is_some(),
+            self.cfg.max_packet,
+        )
+    }
+
+    fn emit(&mut self, to: SocketAddr, e: Encoder) {
+        let packet = e.finish(self.me.key.as_ref());
+        self.stats.packets_sent += 1;
+        self.stats.bytes_sent += packet.len() as u64;
+        self.out.push_back(Output::Send { to, packet });
+    }
+
+    /// How many packets carry each claim.
+    fn retransmit_limit(&self) -> u32 {
+        let n = self.live_count() as f64;
+        self.cfg.retransmit_mult * ((n + 1.0).log10().ceil() as u32).max(1)
+    }
+
+    /// Adds queued claims (least sent first, newest first among equals) while they fit;
+    /// `first`, if any, goes in before them.
+    fn piggyback(&mut self, e: &mut Encoder, first: Option<&str>) {
+        let limit = self.retransmit_limit();
+        let mut queued: Vec<(u32, std::cmp::Reverse<u64>, String)> = self
+            .broadcasts
+            .iter()
+            .map(|(n, b)| (b.sent, std::cmp::Reverse(b.order), n.clone()))
+            .collect();
+        queued.sort();
+        if let Some(f) = first {
+            if let Some(pos) = queued.iter().position(|q| q.2 == f) {
+                let q = queued.remove(pos);
+                queued.insert(0, q);
+            }
+        }
+        for (_, _, name) in queued {
+            let Some(b) = self.broadcasts.get_mut(&name) else {
+                continue;
+            };
+            if !e.push(&b.claim) {
+                if e.count() >= usize::from(u8::MAX) {
+                    break;
+                }
+                continue;
+            }
+            b.sent += 1;
+            if b.sent >= limit {
+                self.broadcasts.remove(&name);
+            }
+        }
+    }
+
+    fn send_body(&mut self, to: SocketAddr, body: Body, first: Option<&str>) {
+        let mut e = self.encoder(&body);
+        self.piggyback(&mut e, first);
+        self.emit(to, e);
+    }
+
+    fn send_gossip(&mut self, _now: Instant, to: SocketAddr) {
+        self.send_body(to, Body::Gossip, None);
+    }
+
+    /// The whole view (this member's claim first) to `to`, over as many packets as it takes;
+    /// only the first asks for a reply.
+    fn send_sync(&mut self, _now: Instant, to: SocketAddr, reply: bool) {
+        let mut claims = vec![self.self_claim()];
+        claims.extend(self.members.iter().map(|(n, e)| Claim {
+            name: n.clone(),
+            addr: e.addr,
+            launch: e.launch,
+            incarnation: e.incarnation,
+            state: e.state,
+            by: None,
+        }));
+        let mut first = true;
+        let mut rest = claims.as_slice();
+        while !rest.is_empty() {
+            let mut e = self.encoder(&Body::Sync {
+                reply: reply && first,
+            });
+            let mut n = 0;
+            while n < rest.len() && e.push(&rest[n]) {
+                n += 1;
+            }
+            rest = &rest[n..];
+            first = false;
+            self.emit(to, e);
+        }
+    }
+
+    fn queue_broadcast(&mut self, claim: Claim) {
+        self.broadcast_order += 1;
+        let order = self.broadcast_order;
+        self.broadcasts.insert(
+            claim.name.clone(),
+            Broadcast {
+                claim,
+                sent: 0,
+                order,
+            },
+        );
+    }
+
+    /// Live members, and members failed within [`Config::gossip_to_the_dead`].
+    fn gossip_targets(&mut self, now: Instant) -> Vec<SocketAddr> {
+        let candidates: Vec<SocketAddr> = self
+            .members
+            .values()
+            .filter(|e| match e.state {
+                State::Alive | State::Suspect => true,
+                State::Failed => now < e.since + self.cfg.gossip_to_the_dead,
+                State::Left => false,
+            })
+            .map(|e| e.addr)
+            .collect();
+        self.rng.pick(&candidates, self.cfg.gossip_fanout)
+    }
+
+    // ---- receiving ----
+
+    fn on_packet(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
+        let p = match codec::decode(data, self.me.key.as_ref()) {
+            Ok(p) => p,
+            Err(e) => {
+                self.stats.dropped += 1;
+                if matches!(e, DecodeError::Tag | DecodeError::TagPresence(_)) {
+                    self.stats.auth_failures += 1;
+                }
+                log::debug!("membership packet from {from} dropped: {e}");
+                return;
+            }
+        };
+        if p.cluster != self.cluster || p.from == self.me.name || self.left {
+            self.stats.dropped += 1;
+            return;
+        }
+        self.stats.packets_received += 1;
+        self.stats.bytes_received += data.len() as u64;
+        let Packet {
+            from: sender,
+            body,
+            claims,
+            ..
+        } = p;
+        let known = self.members.contains_key(&sender);
+        let sync = matches!(body, Body::Sync { .. });
+        if !known && !sync {
+            // A member (it holds the secret) this one has not heard of: the gossip that
+            // would have told of it missed this member. Exchange views with it, at most once
+            // per sync interval each.
+            self.strangers_synced
+                .retain(|_, at| now < *at + self.cfg.sync_interval);
+            if !self.strangers_synced.contains_key(&sender) {
+                self.strangers_synced.insert(sender.clone(), now);
+                self.send_sync(now, from, true);
+            }
+        }
+        match body {
+            Body::Ping { seq, target } => {
+                if target == self.me.name {
+                    self.send_body(from, Body::Ack { seq }, None);
+                }
+            }
+            Body::Ack { seq } => self.on_ack(seq),
+            Body::Nack { seq } => {
+                if let Some(p) = self.probe.as_mut().filter(|p| p.seq == seq) {
+                    p.nacks += 1;
+                }
+            }
+            Body::PingReq { seq, target, addr } => {
+                // Only members ask for probes: a stranger cannot make this one probe for it.
+                if known && target != self.me.name {
+                    let my_seq = self.next_seq();
+                    self.relays.push(Relay {
+                        seq: my_seq,
+                        origin: from,
+                        origin_seq: seq,
+                        deadline: now + self.cfg.probe_timeout,
+                    });
+                    self.send_body(
+                        addr,
+                        Body::Ping {
+                            seq: my_seq,
+                            target,
+                        },
+                        None,
+                    );
+                }
+            }
+            Body::Sync { reply } => {
+                if reply {
+                    self.send_sync(now, from, false);
+                }
+            }
+            Body::Gossip => {}
+        }
+        // A member enters the view by joining (a view exchange) or through the gossip of
+        // others, never by its own say-so in other packets: a sender not in the view has its
+        // claims about itself ignored outside a `Sync` (a wrongly failed member is still in
+        // the view, so it can refute). What it says of others counts: it holds the secret.
+        for mut c in claims {
+            if !known && !sync && c.name == sender {
+                self.stats.ignored_strangers += 1;
+                continue;
+            }
+            if c.state == State::Suspect && c.by.is_none() {
+                c.by = Some(sender.clone());
+            }
+            self.apply(now, c);
+        }
+    }
+
+    fn on_ack(&mut self, seq: u32) {
+        if self.probe.as_ref().is_some_and(|p| p.seq == seq) {
+            self.probe = None;
+            self.health = self.health.saturating_sub(1);
+            return;
+        }
+        if let Some(i) = self.relays.iter().position(|r| r.seq == seq) {
+            let r = self.relays.swap_remove(i);
+            self.send_body(r.origin, Body::Ack { seq: r.origin_seq }, None);
+        }
+    }
+
+    /// Takes in one claim: newer news replaces older (incarnation first, then the state's
+    /// precedence), and is gossiped on; a claim about this member that is not the truth is
+    /// refuted.
+    fn apply(&mut self, now: Instant, c: Claim) {
+        if c.name == self.me.name {
+            self.about_me(c);
+            return;
+        }
+        let Some(e) = self.members.get_mut(&c.name) else {
+            // Only live members are added; news of the death of a stranger is not news.
+            if matches!(c.state, State::Alive | State::Suspect) {
+                let entry = Entry {
+                    addr: c.addr,
+                    launch: c.launch,
+                    incarnation: c.incarnation,
+                    state: c.state,
+                    since: now,
+                    suspicion: None,
+                };
+                self.members.insert(c.name.clone(), entry);
+                self.remembered.remove(&c.name);
+                let at = self.rng.below(self.order.len() + 1);
+                self.order.insert(at, c.name.clone());
+                if c.state == State::Suspect {
+                    self.start_suspicion(now, &c.name, c.incarnation, c.by.clone());
+                }
+                let m = self.member(&c.name);
+                if let Some(member) = m {
+                    self.out.push_back(Output::Event(MemberEvent::Changed {
+                        member,
+                        previous: None,
+                    }));
+                }
+                self.queue_broadcast(c);
+            }
+            return;
+        };
+        let news = (c.incarnation, c.state.rank()) > (e.incarnation, e.state.rank());
+        if !news {
+            // The same suspicion from another member confirms it (Lifeguard).
+            if c.state == State::Suspect
+                && e.state == State::Suspect
+                && c.incarnation == e.incarnation
+            {
+                if let (Some(s), Some(by)) = (e.suspicion.as_mut(), c.by.as_ref()) {
+                    if s.by.insert(by.clone()) {
+                        s.update_deadline();
+                        self.queue_broadcast(c);
+                    }
+                }
+            }
+            return;
+        }
+        let previous = member(&c.name, e);
+        e.addr = c.addr;
+        e.launch = c.launch;
+        e.incarnation = c.incarnation;
+        if e.state != c.state {
+            e.since = now;
+        }
+        e.state = c.state;
+        e.suspicion = None;
+        match c.state {
+            State::Suspect => self.start_suspicion(now, &c.name, c.incarnation, c.by.clone()),
+            State::Alive => {
+                if !self.order.contains(&c.name) {
+                    let at = self.rng.below(self.order.len() + 1);
+                    self.order.insert(at, c.name.clone());
+                }
+            }
+            State::Failed | State::Left => {}
+        }
+        if let Some(member) = self.member(&c.name) {
+            self.out.push_back(Output::Event(MemberEvent::Changed {
+                member,
+                previous: Some(previous),
+            }));
+        }
+        self.queue_broadcast(c);
+    }
+
+    /// A claim about this member: anything but the truth at its incarnation or later is
+    /// refuted by raising the incarnation above it (the standard SWIM refutation; also how a
+    /// restarted member takes its place back from what is said of its previous life).
+    fn about_me(&mut self, c: Claim) {
+        if self.left || c.incarnation < self.incarnation {
+            return;
+        }
+        let truth = c.state == State::Alive
+            && c.launch == self.me.launch
+            && c.addr == self.me.addr
+            && c.incarnation == self.incarnation;
+        if truth {
+            return;
+        }
+        self.incarnation = c.incarnation + 1;
+        self.stats.refutations += 1;
+        // Lifeguard: being suspected hints that this member is slow to answer.
+        self.health = (self.health + 1).min(self.cfg.max_health);
+        self.queue_broadcast(self.self_claim());
+    }
+
+    fn start_suspicion(&mut self, now: Instant, name: &str, incarnation: u64, by: Option<String>) {
+        let n = self.live_count() as f64;
+        let min = self
+            .cfg
+            .probe_interval
+            .mul_f64(f64::from(self.cfg.suspicion_mult) * n.log10().max(1.0));
+        let max = min * self.cfg.suspicion_max_mult;
+        // With fewer members than k + 2, no k independent confirmations can come.
+        let expected = if self.live_count() >= self.cfg.indirect_probes + 2 {
+            self.cfg.indirect_probes as u32
+        } else {
+            0
+        };
+        let Some(e) = self.members.get_mut(name) else {
+            return;
+        };
+        let mut s = Suspicion {
+            incarnation,
+            start: now,
+            min,
+            max,
+            expected,
+            by: by.into_iter().collect(),
+            deadline: now,
+        };
+        s.update_deadline();
+        e.suspicion = Some(s);
+    }
+
+    // ---- time ----
+
+    fn on_timer(&mut self, now: Instant) {
+        if !self.left {
+            self.probe_timers(now);
+            self.suspicion_timers(now);
+            if now >= self.next_sync {
+                // Scaled with the cluster so that its bytes per member per second stay flat.
+                let scale = self.live_count().div_ceil(SYNC_SCALE_MEMBERS).max(1) as u32;
+                self.next_sync = now + self.cfg.sync_interval * scale;
+                let live: Vec<SocketAddr> = self
+                    .members
+                    .values()
+                    .filter(|e| e.state == State::Alive)
+                    .map(|e| e.addr)
+                    .collect();
+                if let Some(to) = self.rng.pick(&live, 1).pop() {
+                    self.send_sync(now, to, true);
+                }
+            }
+            if self.next_rejoin.is_some_and(|t| now >= t) {
+                self.rejoin(now);
+            }
+        }
+        for r in std::mem::take(&mut self.relays) {
+            if now >= r.deadline {
+                self.send_body(r.origin, Body::Nack { seq: r.origin_seq }, None);
+            } else {
+                self.relays.push(r);
+            }
+        }
+        if now >= self.next_gossip {
+            self.next_gossip = now + self.cfg.gossip_interval;
+            if !self.broadcasts.is_empty() {
+                for t in self.gossip_targets(now) {
+                    self.send_gossip(now, t);
+                }
+            }
+        }
+        self.reap(now);
+    }
+
+    fn probe_timers(&mut self, now: Instant) {
+        // The probe in progress: direct timeout, then the end of the round.
+        if let Some(p) = self.probe.as_mut() {
+            if p.direct_deadline.is_some_and(|t| now >= t) {
+                p.direct_deadline = None;
+                let target = p.target.clone();
+                let seq = p.seq;
+                if let Some(addr) = self.members.get(&target).map(|e| e.addr) {
+                    let helpers: Vec<SocketAddr> = self
+                        .members
+                        .iter()
+                        .filter(|(n, e)| **n != target && e.state == State::Alive)
+                        .map(|(_, e)| e.addr)
+                        .collect();
+                    let helpers = self.rng.pick(&helpers, self.cfg.indirect_probes);
+                    if let Some(p) = self.probe.as_mut() {
+                        p.expected_nacks = helpers.len() as u32;
+                    }
+                    for h in helpers {
+                        let body = Body::PingReq {
+                            seq,
+                            target: target.clone(),
+                            addr,
+                        };
+                        self.send_body(h, body, None);
+                    }
+                }
+            }
+        }
+        if self.probe.as_ref().is_some_and(|p| now >= p.round_end) {
+            if let Some(p) = self.probe.take() {
+                self.probe_failed(now, p);
+            }
+        }
+        if self.next_probe.is_some_and(|t| now >= t) && self.probe.is_none() {
+            self.start_probe(now);
+        }
+    }
+
+    fn probe_failed(&mut self, now: Instant, p: Probe) {
+        // Lifeguard: each missing nack hints that this member is the slow one; with nacks
+        // from every helper, the target is the one not answering.
+        let delta = if p.expected_nacks > 0 {
+            p.expected_nacks.saturating_sub(p.nacks)
+        } else {
+            1
+        };
+        self.health = (self.health + delta).min(self.cfg.max_health);
+        let Some(e) = self.members.get(&p.target) else {
+            return;
+        };
+        let claim = Claim {
+            name: p.target.clone(),
+            addr: e.addr,
+            launch: e.launch,
+            incarnation: e.incarnation,
+            state: State::Suspect,
+            by: Some(self.me.name.clone()),
+        };
+        match e.state {
+            State::Alive | State::Suspect => self.apply(now, claim),
+            State::Failed | State::Left => {}
+        }
+    }
+
+    /// Probes the next live member in the shuffled order.
+    fn start_probe(&mut self, now: Instant) {
+        let interval = self.scaled(self.cfg.probe_interval);
+        self.next_probe = Some(now + interval);
+        let mut target = None;
+        for _ in 0..=self.order.len() {
+            if self.next_in_order >= self.order.len() {
+                let members = &self.members;
+                self.order.retain(|n| {
+                    members
+                        .get(n)
+                        .is_some_and(|e| matches!(e.state, State::Alive | State::Suspect))
+                });
+                let mut order = std::mem::take(&mut self.order);
+                let len = order.len();
+                order = self.rng.pick(&order, len);
+                self.order = order;
+                self.next_in_order = 0;
+                if self.order.is_empty() {
+                    break;
+                }
+            }
+            let name = self.order[self.next_in_order].clone();
+            self.next_in_order += 1;
+            if self
+                .members
+                .get(&name)
+                .is_some_and(|e| matches!(e.state, State::Alive | State::Suspect))
+            {
+                target = Some(name);
+                break;
+            }
+        }
+        let Some(target) = target else {
+            return;
+        };
+        let Some(addr) = self.members.get(&target).map(|e| e.addr) else {
+            return;
+        };
+        let seq = self.next_seq();
+        self.probe = Some(Probe {
+            target: target.clone(),
+            seq,
+            direct_deadline: Some(now + self.scaled(self.cfg.probe_timeout)),
+            round_end: now + interval,
+            expected_nacks: 0,
+            nacks: 0,
+        });
+        // A suspect hears of its suspicion first, so it can refute (Lifeguard's buddy system).
+        let first = Some(target.clone());
+        self.send_body(
+            addr,
+            Body::Ping {
+                seq,
+                target: target.clone(),
+            },
+            first.as_deref(),
+        );
+    }
+
+    fn suspicion_timers(&mut self, now: Instant) {
+        let due: Vec<(String, u64)> = self
+            .members
+            .iter()
+            .filter_map(|(n, e)| {
+                let s = e.suspicion.as_ref()?;
+                (now >= s.deadline && e.state == State::Suspect).then(|| (n.clone(), s.incarnation))
+            })
+            .collect();
+        for (name, incarnation) in due {
+            let Some(e) = self.members.get(&name) else {
+                continue;
+            };
+            let claim = Claim {
+                name: name.clone(),
+                addr: e.addr,
+                launch: e.launch,
+                incarnation,
+                state: State::Failed,
+                by: None,
+            };
+            self.apply(now, claim);
+        }
+    }
+
+    /// A member that knows nobody retries its seeds; one that knows some exchanges views
+    /// with one seed or remembered member it does not see alive (so partitions heal).
+    fn rejoin(&mut self, now: Instant) {
+        let alone = !self
+            .members
+            .values()
+            .any(|e| matches!(e.state, State::Alive | State::Suspect));
+        if alone {
+            self.next_rejoin = Some(now + self.cfg.probe_interval);
+            for s in self.seeds.clone() {
+                self.send_sync(now, s, true);
+            }
+            return;
+        }
+        self.next_rejoin = Some(now + self.cfg.rejoin_interval);
+        let live: BTreeSet<SocketAddr> = self
+            .members
+            .values()
+            .filter(|e| matches!(e.state, State::Alive | State::Suspect))
+            .map(|e| e.addr)
+            .collect();
+        let mut candidates: Vec<SocketAddr> = self
+            .seeds
+            .iter()
+            .filter(|s| !live.contains(s))
+            .copied()
+            .collect();
+        candidates.extend(
+            self.members
+                .values()
+                .filter(|e| e.state == State::Failed)
+                .map(|e| e.addr),
+        );
+        candidates.extend(self.remembered.values().map(|(a, _)| *a));
+        candidates.sort();
+        candidates.dedup();
+        candidates.retain(|a| !live.contains(a) && *a != self.me.addr);
+        if let Some(to) = self.rng.pick(&candidates, 1).pop() {
+            self.send_sync(now, to, true);
+        }
+    }
+
+    fn reap(&mut self, now: Instant) {
+        let due: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, e)| {
+                matches!(e.state, State::Failed | State::Left)
+                    && now >= e.since + self.cfg.reap_after
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        for name in due {
+            if let Some(e) = self.members.remove(&name) {
+                if e.state == State::Failed {
+                    self.remembered
+                        .insert(name.clone(), (e.addr, now + self.cfg.remember_for));
+                }
+                self.order.retain(|n| *n != name);
+                self.out.push_back(Output::Event(MemberEvent::Removed {
+                    member: member(&name, &e),
+                }));
+            }
+        }
+        self.remembered.retain(|_, (_, until)| now < *until);
+    }
+}
+
+fn member(name: &str, e: &Entry) -> Member {
+    Member {
+        name: name.to_owned(),
+        addr: e.addr,
+        state: e.state,
+        incarnation: e.incarnation,
+        launch: e.launch,
+    }
+}

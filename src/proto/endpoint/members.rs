@@ -1,0 +1,254 @@
+//! Membership (`Builder::membership`, `Builder::seed`): the endpoint drives the SWIM core
+//! (`crate::membership`) and makes its view the node's peers. A member the view holds alive
+//! or suspect is a peer, dialled at the address the view gives; one it declares failed or
+//! left is retired for good, as `remove_peer` does (its queued messages fail, what it never
+//! acknowledged is reported undelivered), and the node forgets it. The core's packets
+//! travel as datagrams ([`Output::Datagram`], [`Input::Datagram`]) on the driver's UDP
+//! socket at the listen address; its timers are the endpoint's.
+
+use std::collections::HashSet;
+
+use super::*;
+use crate::events::Event;
+use crate::membership::{self, MemberEvent, State};
+use crate::sync::Mutex;
+
+/// Membership as configured for a node.
+#[derive(Clone)]
+pub(crate) struct MembershipSetup {
+    /// The protocol's parameters.
+    pub(crate) config: membership::Config,
+    /// Where this member receives membership packets and listens: the address members
+    /// learn for it.
+    pub(crate) addr: SocketAddr,
+    /// Addresses to join through.
+    pub(crate) join: Vec<SocketAddr>,
+    /// The view, as `Node::members` reads it (the endpoint writes it at each change).
+    pub(crate) view: Arc<Mutex<Vec<membership::Member>>>,
+}
+
+/// The endpoint's membership state.
+pub(super) struct Members {
+    swim: membership::Membership,
+    view: Arc<Mutex<Vec<membership::Member>>>,
+    /// Names of the peers the view governs (added by it, or confirmed by it after they
+    /// dialled in): retired when the view declares them failed or left. Peers configured
+    /// by name are left to the application.
+    governed: HashSet<SharedStr>,
+}
+
+impl Members {
+    pub(super) fn new(cfg: &Config, setup: &MembershipSetup, now: Instant) -> Members {
+        let local = membership::Local {
+            cluster: cfg.cluster.clone(),
+            name: cfg.name.to_string(),
+            addr: setup.addr,
+            launch: cfg.launch_id,
+            key: cfg
+                .secret
+                .as_ref()
+                .map(|s| membership::PacketKey::new(s.bytes())),
+        };
+        let mut swim = membership::Membership::new(setup.config.clone(), local, cfg.launch_id, now);
+        if !setup.join.is_empty() {
+            swim.handle(now, membership::Input::Join(&setup.join));
+        }
+        *setup.view.lock() = swim.members();
+        Members {
+            swim,
+            view: setup.view.clone(),
+            governed: HashSet::new(),
+        }
+    }
+
+    /// When the core next needs the time.
+    pub(super) fn next_at(&self) -> Option<Instant> {
+        self.swim.poll_timeout()
+    }
+}
+
+impl Endpoint {
+    /// A membership packet arrived from `from`.
+    pub(super) fn member_packet(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
+        if let Some(m) = self.members.as_mut() {
+            m.swim.handle(now, membership::Input::Packet { from, data });
+        }
+    }
+
+    /// The core's timers, if due.
+    pub(super) fn member_timers(&mut self, now: Instant) {
+        if let Some(m) = self.members.as_mut() {
+            if m.next_at().is_some_and(|at| at <= now) {
+                m.swim.handle(now, membership::Input::Timer);
+            }
+        }
+    }
+
+    /// Leaving on shutdown: the core tells some members at once (the datagrams go out in
+    /// this drain), so the others need not wait for the failure detector.
+    pub(super) fn member_leave(&mut self, now: Instant) {
+        if let Some(m) = self.members.as_mut() {
+            m.swim.handle(now, membership::Input::Leave);
+        }
+    }
+
+    /// Takes what the core asks: datagrams to send, changes of the view to act on.
+    pub(super) fn pump_members(&mut self, now: Instant) {
+        loop {
+            let Some(m) = self.members.as_mut() else {
+                return;
+            };
+            let Some(out) = m.swim.poll(now) else {
+                return;
+            };
+            match out {
+                membership::Output::Send { to, packet } => {
+                    self.out.events.push_back(Output::Datagram { to, packet });
+                }
+                membership::Output::Event(e) => {
+                    *m.view.lock() = m.swim.members();
+                    self.member_event(now, e);
+                }
+            }
+        }
+    }
+
+    fn member_event(&mut self, now: Instant, e: MemberEvent) {
+        let MemberEvent::Changed { member, previous } = e else {
+            return; // a failed or left member reaped from the view: retired already
+        };
+        if member.name == *self.cfg.name {
+            return;
+        }
+        let before = previous.as_ref().map(|p| p.state);
+        let name = member.name.clone();
+        match member.state {
+            State::Alive | State::Suspect => {
+                self.member_live(now, &member.name, member.addr);
+                let back = matches!(before, None | Some(State::Failed | State::Left));
+                let fact = match (before, member.state) {
+                    _ if back => Event::MemberJoined {
+                        peer: name,
+                        addr: member.addr,
+                        incarnation: member.incarnation,
+                    },
+                    (Some(State::Suspect), State::Alive) => Event::MemberAlive { peer: name },
+                    (_, State::Suspect) if before != Some(State::Suspect) => {
+                        Event::MemberSuspected { peer: name }
+                    }
+                    _ => return,
+                };
+                note(&self.cfg, &mut self.out, || Fact::Membership(fact));
+            }
+            State::Failed | State::Left => {
+                if matches!(before, Some(State::Failed | State::Left)) {
+                    return;
+                }
+                let failed = member.state == State::Failed;
+                self.member_gone(now, &member.name, failed);
+                let fact = if failed {
+                    Event::MemberFailed { peer: name }
+                } else {
+                    Event::MemberLeft { peer: name }
+                };
+                note(&self.cfg, &mut self.out, || Fact::Membership(fact));
+            }
+        }
+    }
+
+    /// The view holds `name` live at `addr`: it is a peer with that address (added if the
+    /// node does not know it), governed by the view, and dialled if it has no link.
+    fn member_live(&mut self, now: Instant, name: &str, addr: SocketAddr) {
+        if self.shutdown.is_some() {
+            return;
+        }
+        let id = match self.by_name.get(name).copied() {
+            Some(id) => {
+                let Some(p) = self.peers.get_mut(&id) else {
+                    return;
+                };
+                if p.state == PeerState::Closed {
+                    return;
+                }
+                if p.dynamic {
+                    // Admitted as it dialled in: the view vouches for it now.
+                    p.dynamic = false;
+                    p.gen += 1; // cancels its forget timer
+                }
+                if p.addr != Some(Addr::Tcp(addr)) {
+                    p.addr = Some(Addr::Tcp(addr));
+                }
+                id
+            }
+            None => {
+                let shared = (self.new_peer)(name.into());
+                log::info!("{}: member '{name}' joined at {addr}", self.cfg.name);
+                self.out.events.push_back(Output::Admitted(shared.clone()));
+                let id = shared.id;
+                self.add_peer(now, shared, Some(Addr::Tcp(addr)));
+                id
+            }
+        };
+        if let Some(m) = self.members.as_mut() {
+            m.governed.insert(name.into());
+        }
+        if self.peers.get(&id).is_some_and(|p| p.link.is_none()) {
+            self.dial(now, id);
+        }
+    }
+
+    /// The view declared `name` failed (or it left): a peer the view governs is retired for
+    /// good, as `remove_peer` does (its link closed, the application told it disconnected),
+    /// and the node forgets it.
+    fn member_gone(&mut self, now: Instant, name: &str, failed: bool) {
+        let governed = self
+            .members
+            .as_mut()
+            .is_some_and(|m| m.governed.remove(name));
+        let Some(&id) = self.by_name.get(name) else {
+            return;
+        };
+        if !governed {
+            log::info!(
+                "{}: member '{name}' {}; it is a configured peer, kept",
+                self.cfg.name,
+                if failed { "failed" } else { "left" }
+            );
+            return;
+        }
+        let Some((shared, link, up)) = self
+            .peers
+            .get(&id)
+            .map(|p| (p.shared.clone(), p.link, p.up))
+        else {
+            return;
+        };
+        log::info!(
+            "{}: member '{name}' {}: removed",
+            self.cfg.name,
+            if failed {
+                "declared failed"
+            } else {
+                "left the cluster"
+            }
+        );
+        self.retire_peer(id, true);
+        let why = Why::Removed;
+        if let Some(link) = link {
+            let reason = if failed {
+                "declared failed by the cluster's membership"
+            } else {
+                "left the cluster"
+            };
+            self.close_link(now, link, Some((CloseCode::Removed, reason)), why);
+        }
+        if up {
+            let peer: SharedStr = name.into();
+            note(&self.cfg, &mut self.out, || Fact::Disconnected {
+                peer,
+                why,
+            });
+        }
+        self.out.events.push_back(Output::Forget(shared));
+    }
+}

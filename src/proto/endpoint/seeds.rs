@@ -1,0 +1,301 @@
+//! Seeds: addresses dialled without knowing who answers there (`Builder::seeds`). Whoever
+//! answers — of our cluster, authenticated when a secret is set, not ourselves — becomes
+//! (or is found to be) a peer, with the seed's address to dial it again. Seeds are dialled
+//! at start, and again with backoff whenever the node has no established link at all; a
+//! seed that turns out to be this member's own address is never dialled again.
+
+use super::*;
+
+/// What dialling an address is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Target {
+    /// A configured or admitted peer, by id.
+    Peer(usize),
+    /// A seed, by its index in [`Config::seeds`].
+    Seed(usize),
+}
+
+/// One seed's state.
+#[derive(Debug)]
+pub(super) struct Seed {
+    pub(super) addr: SocketAddr,
+    /// A dial asked of the driver and not reported yet.
+    dialling: bool,
+    /// Its link, while it has not said who it is for sure (authenticated).
+    pub(super) link: Option<LinkId>,
+    /// The handshake there named us: our own address, never dialled again.
+    own: bool,
+    attempt: u32,
+    /// Bumped by each dial: a retry timer of an older generation does nothing.
+    gen: u64,
+}
+
+impl Seed {
+    pub(super) fn new(addr: SocketAddr) -> Seed {
+        Seed {
+            addr,
+            dialling: false,
+            link: None,
+            own: false,
+            attempt: 0,
+            gen: 0,
+        }
+    }
+}
+
+impl Endpoint {
+    /// Whether any link is established (the node reaches at least one member).
+    fn reaches_anyone(&self) -> bool {
+        self.links.values().any(|l| l.established)
+    }
+
+    /// Dials seed `s` if it is idle, not our own address, and the node is not stopping.
+    pub(super) fn dial_seed(&mut self, s: usize) {
+        let Some(seed) = self.seeds.get_mut(s) else {
+            return;
+        };
+        if seed.own || seed.dialling || seed.link.is_some() || self.shutdown.is_some() {
+            return;
+        }
+        seed.dialling = true;
+        seed.gen += 1;
+        self.out.events.push_back(Output::Dial {
+            target: Target::Seed(s),
+            name: None,
+            addr: Addr::Tcp(seed.addr),
+        });
+    }
+
+    /// Seed `s`'s retry timer (generation `gen`) fired: it is dialled again if the node
+    /// still reaches nobody.
+    pub(super) fn seed_due(&mut self, s: usize, gen: u64) {
+        if self.seeds.get(s).is_some_and(|seed| seed.gen == gen) && !self.reaches_anyone() {
+            self.dial_seed(s);
+        }
+    }
+
+    /// The node may reach nobody now: every idle seed is dialled again after its backoff.
+    pub(super) fn seeds_if_alone(&mut self, now: Instant) {
+        if self.seeds.is_empty() || self.shutdown.is_some() || self.reaches_anyone() {
+            return;
+        }
+        for s in 0..self.seeds.len() {
+            let seed = &mut self.seeds[s];
+            if seed.own || seed.dialling || seed.link.is_some() {
+                continue;
+            }
+            let delay =
+                self.backoff
+                    .delay(seed.attempt, self.cfg.backoff_min, self.cfg.backoff_max);
+            seed.attempt = seed.attempt.saturating_add(1);
+            seed.gen += 1;
+            let gen = seed.gen;
+            self.timers
+                .add(now + delay, TimerKind::Seed { seed: s, gen });
+        }
+    }
+
+    /// The driver opened a connection to seed `s` as link `id`: a dialler's handshake that
+    /// takes whoever answers.
+    pub(super) fn seed_dialled(&mut self, now: Instant, s: usize, id: LinkId, nonce: Nonce) {
+        let Some(seed) = self.seeds.get_mut(s) else {
+            return self.out.events.push_back(Output::Close {
+                link: id,
+                last: Vec::new(),
+            });
+        };
+        seed.dialling = false;
+        if self.shutdown.is_some() {
+            return self.out.events.push_back(Output::Close {
+                link: id,
+                last: Vec::new(),
+            });
+        }
+        seed.link = Some(id);
+        let addr = seed.addr;
+        let hs = Handshake::dialler_any(self.local.clone(), nonce);
+        let mut link = Link::new(id, None, hs, Vec::new(), now);
+        link.connecting = true;
+        link.seed = Some(s);
+        link.remote = Some(Addr::Tcp(addr));
+        self.links.insert(id, link);
+        self.update_gauges();
+        Counters::add(&self.counters.dialled, 1);
+        self.timers.add(
+            now + self.cfg.handshake_timeout,
+            TimerKind::Handshake { link: id },
+        );
+    }
+
+    /// No connection to seed `s` could be opened: tried again with backoff while the node
+    /// reaches nobody.
+    pub(super) fn seed_dial_failed(&mut self, now: Instant, s: usize) {
+        Counters::add(&self.counters.dial_failures, 1);
+        if let Some(seed) = self.seeds.get_mut(s) {
+            seed.dialling = false;
+            log::debug!("{}: seed {} did not answer", self.cfg.name, seed.addr);
+        }
+        self.seeds_if_alone(now);
+    }
+
+    /// Seed link `id` (seed `s`) closed: the seed is idle again.
+    pub(super) fn seed_link_closed(&mut self, now: Instant, s: usize, id: LinkId) {
+        if let Some(seed) = self.seeds.get_mut(s) {
+            if seed.link == Some(id) {
+                seed.link = None;
+            }
+        }
+        self.seeds_if_alone(now);
+    }
+
+    /// The handshake on seed link `id` named us: the seed is our own address.
+    pub(super) fn seed_is_own(&mut self, now: Instant, id: LinkId) {
+        let Some(s) = self.links.get(&id).and_then(|l| l.seed) else {
+            return;
+        };
+        if let Some(seed) = self.seeds.get_mut(s) {
+            log::debug!(
+                "{}: seed {} is this member's own address; not dialled again",
+                self.cfg.name,
+                seed.addr
+            );
+            seed.own = true;
+        }
+        self.close_link(now, id, None, Why::Shutdown);
+    }
+
+    /// Dialler on seed link `id`: the Hello of whoever answers arrived (not authenticated
+    /// yet, with a secret). A member we know (or whose stream the journal recovered) that
+    /// has no link of its own takes this one, as a dial of its own would; one that has a
+    /// link keeps it, and this one closes. For a member we do not know we answer as a
+    /// stranger (nothing received from it) and make it a peer only once Ready proves who it
+    /// is.
+    pub(super) fn seed_hello(&mut self, now: Instant, id: LinkId, peer: &PeerIdentity) {
+        let Some(s) = self.links.get(&id).and_then(|l| l.seed) else {
+            return;
+        };
+        let known = self.by_name.get(peer.name.as_str()).copied();
+        let recovered = self
+            .journal
+            .as_ref()
+            .is_some_and(|j| j.recovered.contains_key(peer.name.as_str()));
+        let pid = match known {
+            Some(pid) => Some(pid),
+            None if recovered && self.shutdown.is_none() => {
+                Some(self.admit_seeded(now, &peer.name, s))
+            }
+            None => None,
+        };
+        let Some(pid) = pid else {
+            // A stranger so far: nothing received from it, no connection with it.
+            let Some(link) = self.links.get_mut(&id) else {
+                return;
+            };
+            let Some(hs) = link.hs.as_mut() else { return };
+            hs.accept(0, 0, 0, &mut link.wbuf);
+            link.asked_at = now;
+            self.dirty.push_back(id);
+            return;
+        };
+        if !self.seed_takes(now, id, pid) {
+            return;
+        }
+        self.answer_hello(now, id, peer);
+    }
+
+    /// Dialler on seed link `id`: Ready arrived (and authenticated whoever answered, with a
+    /// secret). A member we answered as a stranger becomes a peer now, with the seed's
+    /// address — unless a link of its own came meanwhile, which it keeps.
+    pub(super) fn seed_ready(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        peer_received: u64,
+        peer_unreliable: u64,
+    ) {
+        let Some(link) = self.links.get(&id) else {
+            return;
+        };
+        let (Some(s), Some(peer)) = (link.seed, link.hs.as_ref().and_then(|h| h.peer()).cloned())
+        else {
+            return;
+        };
+        if self.by_name.contains_key(peer.name.as_str()) || self.shutdown.is_some() {
+            // Known meanwhile: our answer said we hold nothing of it, which may not be
+            // true now. This link goes; the member's own comes or stays.
+            return self.close_link(
+                now,
+                id,
+                Some((CloseCode::Superseded, "connected otherwise meanwhile")),
+                Why::Replaced,
+            );
+        }
+        let pid = self.admit_seeded(now, &peer.name, s);
+        if !self.seed_takes(now, id, pid) {
+            return;
+        }
+        if self.adopt(now, id, pid, &peer, false, None).is_some() {
+            self.establish(now, id, peer_received, peer_unreliable);
+        }
+    }
+
+    /// Peer `pid` takes seed link `id` if it has no link of its own (the seed's job is
+    /// done then); otherwise the seed link closes. Returns whether it took it.
+    fn seed_takes(&mut self, now: Instant, id: LinkId, pid: usize) -> bool {
+        let Some(p) = self.peers.get_mut(&pid) else {
+            self.close_link(now, id, None, Why::Removed);
+            return false;
+        };
+        if p.state == PeerState::Closed || p.link.is_some_and(|l| l != id) {
+            log::debug!(
+                "{}: seed link to '{}' closed: connected otherwise",
+                self.cfg.name,
+                p.name()
+            );
+            self.close_link(
+                now,
+                id,
+                Some((CloseCode::Superseded, "connected otherwise")),
+                Why::Replaced,
+            );
+            return false;
+        }
+        p.gen += 1; // a reconnect timer of its own does nothing now
+        p.link = Some(id);
+        p.set_state(PeerState::Handshaking);
+        let Some(link) = self.links.get_mut(&id) else {
+            return false;
+        };
+        link.dialled = Some(pid);
+        link.peer = Some(pid);
+        if let Some(s) = link.seed.take() {
+            if let Some(seed) = self.seeds.get_mut(s) {
+                seed.link = None;
+                seed.attempt = 0;
+            }
+        }
+        true
+    }
+
+    /// A member found at seed `s` becomes a peer: the node's map learns it
+    /// ([`Output::Admitted`]), it is dialled at the seed's address when its link is lost,
+    /// and it is never forgotten. Its stream is the journal's, if the journal has one.
+    fn admit_seeded(&mut self, _now: Instant, name: &str, s: usize) -> usize {
+        let shared = (self.new_peer)(name.into());
+        let id = shared.id;
+        let addr = self.seeds.get(s).map(|seed| seed.addr);
+        log::info!(
+            "{}: found '{name}' at seed {}",
+            self.cfg.name,
+            addr.map_or_else(|| "?".to_string(), |a| a.to_string())
+        );
+        self.out.events.push_back(Output::Admitted(shared.clone()));
+        self.by_name.insert(shared.name.clone(), id);
+        let mut peer = Peer::new(shared, addr.map(Addr::Tcp));
+        if let Some(r) = self.journal.as_mut().and_then(|j| j.recovered.remove(name)) {
+            peer.restore(&self.cfg, &mut self.out, r);
+        }
+        self.peers.insert(id, peer);
+        id
+    }
+}

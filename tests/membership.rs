@@ -1,0 +1,322 @@
+//! Membership (SWIM) over real sockets on 127.0.0.1: members given one seed each converge
+//! to one view and to a full mesh of peers; a member that shuts down is seen leaving; one
+//! killed with SIGKILL (a child process) is declared failed by all the others and removed,
+//! and its restart joins again; a member without the cluster's secret never gets in.
+//!
+//! A killed member is this test binary re-executed with `--exact member_child` (an ignored
+//! test that does nothing unless `COHORT_MEMBER_SEED` is set).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cohort::{Event, MemberState, Node};
+use support::*;
+
+const CLUSTER: &str = "members";
+const SECRET: &[u8] = b"membership secret";
+/// Fast probing for the tests: failure detection within about 5-30 intervals.
+const INTERVAL: Duration = Duration::from_millis(100);
+const ENV_SEED: &str = "COHORT_MEMBER_SEED";
+const MARK: &str = "member-child:";
+
+/// Every membership event a node was told, in order.
+type Seen = Arc<Mutex<Vec<Event>>>;
+
+fn member(name: &str, seed: Option<SocketAddr>, seen: &Seen) -> Node {
+    let s = seen.clone();
+    let mut b = Node::builder(name)
+        .cluster(CLUSTER)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .membership(true)
+        .membership_interval(INTERVAL)
+        .on_event(move |e| s.lock().expect("events").push(e.clone()));
+    if let Some(seed) = seed {
+        b = b.seed(seed);
+    }
+    b.start().expect("start a member")
+}
+
+/// The names `node`'s view holds in `state`.
+fn in_state(node: &Node, state: MemberState) -> BTreeSet<String> {
+    node.members()
+        .into_iter()
+        .filter(|m| m.state == state)
+        .map(|m| m.name)
+        .collect()
+}
+
+fn names(all: &[&str]) -> BTreeSet<String> {
+    all.iter().map(|s| s.to_string()).collect()
+}
+
+/// Eight members, each given the address of the one started before it (a chain: the first
+/// knows nobody): every view holds all eight alive, every member is a connected peer of
+/// every other, and a message from each to each is delivered.
+#[test]
+fn members_given_one_seed_each_converge_to_one_view_and_a_mesh() {
+    const N: usize = 8;
+    let orders: Vec<_> = (0..N).map(|_| OrderCheck::new()).collect();
+    let mut nodes: Vec<Node> = Vec::new();
+    let all: Vec<String> = (0..N).map(|i| format!("m{i}")).collect();
+    for (i, name) in all.iter().enumerate() {
+        let seed = nodes.last().map(Node::local_addr);
+        let mut b = Node::builder(name)
+            .cluster(CLUSTER)
+            .secret(SECRET)
+            .listen("127.0.0.1:0")
+            .membership(true)
+            .membership_interval(INTERVAL)
+            .on_message(orders[i].handler());
+        if let Some(seed) = seed {
+            b = b.seed(seed);
+        }
+        nodes.push(b.start().expect("start"));
+    }
+    let everyone: BTreeSet<String> = all.iter().cloned().collect();
+    let started = Instant::now();
+    wait_until_or(
+        PATIENCE,
+        || {
+            nodes
+                .iter()
+                .all(|n| in_state(n, MemberState::Alive) == everyone)
+        },
+        || {
+            nodes
+                .iter()
+                .map(|n| format!("{}: {:?}", n.name(), n.members()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
+    println!("{N} members converged in {:?}", started.elapsed());
+    wait_until_or(
+        PATIENCE,
+        || {
+            nodes.iter().all(|n| {
+                all.iter()
+                    .filter(|p| **p != n.name())
+                    .all(|p| is_connected(n, p))
+            })
+        },
+        || {
+            nodes
+                .iter()
+                .map(|n| n.stats().to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
+    for n in &nodes {
+        for p in all.iter().filter(|p| **p != n.name()) {
+            n.send(p, payload(0, 16)).expect("send to a member");
+        }
+    }
+    wait_until("every member's message delivered", PATIENCE, || {
+        orders.iter().all(|o| o.total() == (N - 1) as u64)
+    });
+    for o in &orders {
+        o.assert_ok();
+    }
+    shutdown_all(&nodes);
+}
+
+/// A member that shuts down leaves: the others see it left (sooner than a failure would
+/// be declared) and remove it from their peers.
+#[test]
+fn a_member_that_shuts_down_is_seen_leaving() {
+    let (sa, sb, sc) = (Seen::default(), Seen::default(), Seen::default());
+    let a = member("la", None, &sa);
+    let b = member("lb", Some(a.local_addr()), &sb);
+    let c = member("lc", Some(a.local_addr()), &sc);
+    let everyone = names(&["la", "lb", "lc"]);
+    wait_until("the view converges", PATIENCE, || {
+        [&a, &b, &c]
+            .iter()
+            .all(|n| in_state(n, MemberState::Alive) == everyone)
+    });
+    let t = Instant::now();
+    c.shutdown(SHUTDOWN).expect("c stops");
+    wait_until("a and b see c leave", PATIENCE, || {
+        [&a, &b]
+            .iter()
+            .all(|n| in_state(n, MemberState::Left).contains("lc"))
+    });
+    println!("left seen after {:?}", t.elapsed());
+    for (n, seen) in [(&a, &sa), (&b, &sb)] {
+        wait_until("c removed from the peers", PATIENCE, || {
+            !n.peers().contains(&"lc".to_string())
+        });
+        let events = seen.lock().expect("events").clone();
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Event::MemberLeft { peer } if peer == "lc")),
+            "{events:?}"
+        );
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, Event::MemberFailed { .. })),
+            "{events:?}"
+        );
+    }
+    shutdown_all(&[a, b]);
+}
+
+/// A process killed with SIGKILL is declared failed by every other member and removed from
+/// their peers; started again (a new process, same name and address), it joins again.
+#[test]
+fn a_killed_member_is_declared_failed_and_its_restart_joins_again() {
+    let (sa, sb) = (Seen::default(), Seen::default());
+    let a = member("ka", None, &sa);
+    let b = member("kb", Some(a.local_addr()), &sb);
+    let held = HeldAddr::new();
+    let mut child = spawn_member(a.local_addr(), held.addr());
+    let everyone = names(&["ka", "kb", "kchild"]);
+    wait_until("the view converges with the child", PATIENCE, || {
+        [&a, &b]
+            .iter()
+            .all(|n| in_state(n, MemberState::Alive) == everyone)
+    });
+    let t = Instant::now();
+    child.kill().expect("SIGKILL the child");
+    let _ = child.wait();
+    wait_until_or(
+        PATIENCE,
+        || {
+            [&a, &b]
+                .iter()
+                .all(|n| in_state(n, MemberState::Failed).contains("kchild"))
+        },
+        || format!("{:?}\n{:?}", a.members(), b.members()),
+    );
+    println!("failure declared by both after {:?}", t.elapsed());
+    for (n, seen) in [(&a, &sa), (&b, &sb)] {
+        wait_until("the child removed from the peers", PATIENCE, || {
+            !n.peers().contains(&"kchild".to_string())
+        });
+        let events = seen.lock().expect("events").clone();
+        assert!(
+            events
+                .iter()
+                .any(|e| matches!(e, Event::MemberFailed { peer } if peer == "kchild")),
+            "{events:?}"
+        );
+        // Neither a nor b was ever suspected by the other meanwhile.
+        assert!(
+            !events.iter().any(
+                |e| matches!(e, Event::MemberFailed { peer } | Event::MemberSuspected { peer } if peer != "kchild")
+            ),
+            "{events:?}"
+        );
+    }
+    let mut again = spawn_member(a.local_addr(), held.addr());
+    wait_until_or(
+        PATIENCE,
+        || {
+            [&a, &b]
+                .iter()
+                .all(|n| in_state(n, MemberState::Alive) == everyone && is_connected(n, "kchild"))
+        },
+        || format!("{:?}\n{:?}", a.members(), b.members()),
+    );
+    let _ = again.kill();
+    let _ = again.wait();
+    shutdown_all(&[a, b]);
+}
+
+/// A member without the cluster's secret, seeded with a member's address, never enters a
+/// view, while a member with it, started after, does.
+#[test]
+fn a_member_without_the_secret_cannot_join() {
+    let sa = Seen::default();
+    let a = member("sa", None, &sa);
+    let stranger = Node::builder("intruder")
+        .cluster(CLUSTER)
+        .secret(b"not the secret")
+        .listen("127.0.0.1:0")
+        .membership_interval(INTERVAL)
+        .seed(a.local_addr())
+        .start()
+        .expect("start the stranger");
+    // A genuine member joining later proves the stranger's packets had their time.
+    let late = member("sb", Some(a.local_addr()), &Seen::default());
+    wait_until("the genuine member joins", PATIENCE, || {
+        in_state(&a, MemberState::Alive) == names(&["sa", "sb"])
+    });
+    wait_until("the genuine member sees the view", PATIENCE, || {
+        in_state(&late, MemberState::Alive) == names(&["sa", "sb"])
+    });
+    assert!(
+        !a.members().iter().any(|m| m.name == "intruder"),
+        "{:?}",
+        a.members()
+    );
+    assert!(!a.peers().contains(&"intruder".to_string()));
+    assert_eq!(
+        in_state(&stranger, MemberState::Alive),
+        names(&["intruder"]),
+        "the stranger learnt nobody"
+    );
+    shutdown_all(&[stranger, late, a]);
+}
+
+/// Starts this test binary again as the member `kchild`, listening at `listen`, seeded
+/// with `seed`.
+fn spawn_member(seed: SocketAddr, listen: SocketAddr) -> Child {
+    let exe = std::env::current_exe().expect("the test binary");
+    let mut child = Command::new(exe)
+        .args([
+            "--exact",
+            "member_child",
+            "--nocapture",
+            "--include-ignored",
+            "--test-threads=1",
+        ])
+        .env(ENV_SEED, format!("{seed} {listen}"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn a member");
+    let out = child::output(&mut child, MARK);
+    let line = out
+        .lines
+        .recv_timeout(PATIENCE)
+        .unwrap_or_else(|_| panic!("the child started: {}", out.stderr.lock().unwrap()));
+    assert_eq!(line, "started");
+    child
+}
+
+/// The member a kill test starts as a child process: runs until its stdin closes (or it is
+/// killed).
+#[test]
+#[ignore = "run by the membership tests as a child process"]
+fn member_child() {
+    let Ok(spec) = std::env::var(ENV_SEED) else {
+        eprintln!("member_child runs only under the membership tests");
+        return;
+    };
+    let mut parts = spec.split(' ');
+    let seed: SocketAddr = parts.next().and_then(|s| s.parse().ok()).expect("seed");
+    let listen: SocketAddr = parts.next().and_then(|s| s.parse().ok()).expect("listen");
+    let node = Node::builder("kchild")
+        .cluster(CLUSTER)
+        .secret(SECRET)
+        .listen(listen)
+        .membership_interval(INTERVAL)
+        .seed(seed)
+        .start()
+        .expect("start the child member");
+    println!("{MARK} started");
+    let mut buf = [0u8; 1];
+    let _ = std::io::Read::read(&mut std::io::stdin(), &mut buf);
+    node.shutdown(SHUTDOWN).expect("the child stops");
+}
