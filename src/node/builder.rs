@@ -331,6 +331,10 @@ impl Builder {
     /// answer are dialled again, with backoff, whenever the node has no connection at all.
     /// Its own address among the seeds is skipped (so every member may be given one list).
     ///
+    /// Seeds switch [`membership`](Builder::membership) on (unless it is set off): through
+    /// the member at any seed this node learns every member of the cluster, and they learn
+    /// it. Set off, a seed only makes the member answering there a peer.
+    ///
     /// The member answering must accept members it does not know
     /// ([`allow_unknown_members`](Builder::allow_unknown_members)); with a secret only
     /// members holding it get in. Seeds cannot be combined with [`tls`](Builder::tls): a
@@ -343,6 +347,7 @@ impl Builder {
     ///     .secret(b"cluster secret")
     ///     .seed("10.0.0.5:7000")
     ///     .start()?;
+    /// println!("{:?}", node.members());
     /// # Ok(()) }
     /// ```
     pub fn seed<A: ToSocketAddrs + std::fmt::Debug>(mut self, addr: A) -> Self {
