@@ -202,13 +202,14 @@ fn a_killed_member_is_declared_failed_and_its_restart_joins_again() {
         wait_until("the child removed from the peers", PATIENCE, || {
             !n.peers().contains(&"kchild".to_string())
         });
-        let events = seen.lock().expect("events").clone();
-        assert!(
-            events
+        // Events reach the callback on the pool, after the view changed.
+        wait_until("told the child failed", PATIENCE, || {
+            seen.lock()
+                .expect("events")
                 .iter()
-                .any(|e| matches!(e, Event::MemberFailed { peer } if peer == "kchild")),
-            "{events:?}"
-        );
+                .any(|e| matches!(e, Event::MemberFailed { peer } if peer == "kchild"))
+        });
+        let events = seen.lock().expect("events").clone();
         // Neither a nor b was ever suspected by the other meanwhile.
         assert!(
             !events.iter().any(
@@ -266,6 +267,174 @@ fn a_member_without_the_secret_cannot_join() {
         "the stranger learnt nobody"
     );
     shutdown_all(&[stranger, late, a]);
+}
+
+/// A member listening at a held address, with a network fault: membership datagrams to or
+/// from an address `cut` returns `true` for are dropped.
+fn member_at(
+    name: &str,
+    listen: SocketAddr,
+    seed: Option<SocketAddr>,
+    seen: &Seen,
+    cut: impl Fn(SocketAddr) -> bool + Send + Sync + 'static,
+) -> Node {
+    let s = seen.clone();
+    let mut b = Node::builder(name)
+        .cluster(CLUSTER)
+        .secret(SECRET)
+        .listen(listen)
+        .membership(true)
+        .membership_interval(INTERVAL)
+        .drop_membership_datagrams(cut)
+        .on_event(move |e| s.lock().expect("events").push(e.clone()));
+    if let Some(seed) = seed {
+        b = b.seed(seed);
+    }
+    b.start().expect("start a member")
+}
+
+/// Waits until `node` has sent `more` membership packets beyond what it had sent: protocol
+/// time passing (probe rounds), not wall-clock time.
+fn wait_rounds(node: &Node, more: u64) {
+    let sent = |n: &Node| n.membership_stats().map_or(0, |s| s.packets_sent);
+    let target = sent(node) + more;
+    wait_until("membership rounds pass", PATIENCE, || sent(node) >= target);
+}
+
+/// Two members that cannot reach each other (every membership datagram between them is
+/// dropped) while both reach the others: each one's direct probes of the other fail, the
+/// indirect ones through the others succeed, and nobody is declared failed.
+#[test]
+fn a_member_cut_off_from_one_other_is_not_declared_failed() {
+    let addrs: Vec<HeldAddr> = (0..4).map(|_| HeldAddr::new()).collect();
+    let (a, b) = (addrs[0].addr(), addrs[1].addr());
+    let seen: Vec<Seen> = (0..4).map(|_| Seen::default()).collect();
+    let names = ["ca", "cb", "cc", "cd"];
+    let nodes: Vec<Node> = (0..4)
+        .map(|i| {
+            let seed = (i != 2).then(|| addrs[2].addr());
+            let cut = move |x: SocketAddr| (i == 0 && x == b) || (i == 1 && x == a);
+            member_at(names[i], addrs[i].addr(), seed, &seen[i], cut)
+        })
+        .collect();
+    let everyone = super_names(&names);
+    wait_until_or(
+        PATIENCE,
+        || {
+            nodes
+                .iter()
+                .all(|n| in_state(n, MemberState::Alive) == everyone)
+        },
+        || {
+            nodes
+                .iter()
+                .map(|n| format!("{}: {:?} {:?}", n.name(), n.members(), n.membership_stats()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
+    // Forty probe rounds or so of the cut members.
+    wait_rounds(&nodes[0], 200);
+    wait_rounds(&nodes[1], 200);
+    for (n, seen) in nodes.iter().zip(&seen) {
+        assert_eq!(in_state(n, MemberState::Alive), everyone, "{}", n.name());
+        let events = seen.lock().expect("events").clone();
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, Event::MemberFailed { .. })),
+            "{}: {events:?}",
+            n.name()
+        );
+    }
+    shutdown_all(&nodes);
+}
+
+/// Four members against four: while every membership datagram between the halves is
+/// dropped, each half declares the other failed; once the partition heals, the two
+/// halves find each other again (through the members they remember) and every view holds
+/// all eight alive, every member a connected peer of every other.
+#[test]
+fn a_partition_of_four_against_four_heals_into_one_view() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let addrs: Vec<HeldAddr> = (0..8).map(|_| HeldAddr::new()).collect();
+    let left: Vec<SocketAddr> = addrs[..4].iter().map(HeldAddr::addr).collect();
+    let parted = Arc::new(AtomicBool::new(false));
+    let names: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
+    let nodes: Vec<Node> = (0..8)
+        .map(|i| {
+            let (left, parted) = (left.clone(), parted.clone());
+            let mine = i < 4;
+            // SeqCst: a test's switch, read rarely.
+            let cut =
+                move |x: SocketAddr| parted.load(Ordering::SeqCst) && left.contains(&x) != mine;
+            let seed = (i > 0).then(|| addrs[i - 1].addr());
+            member_at(&names[i], addrs[i].addr(), seed, &Seen::default(), cut)
+        })
+        .collect();
+    let all: BTreeSet<String> = names.iter().cloned().collect();
+    wait_until("the view converges", PATIENCE, || {
+        nodes.iter().all(|n| in_state(n, MemberState::Alive) == all)
+    });
+    parted.store(true, Ordering::SeqCst);
+    let t = Instant::now();
+    let (l, r): (BTreeSet<String>, BTreeSet<String>) = (
+        names[..4].iter().cloned().collect(),
+        names[4..].iter().cloned().collect(),
+    );
+    wait_until_or(
+        PATIENCE,
+        || {
+            nodes.iter().enumerate().all(|(i, n)| {
+                let other = if i < 4 { &r } else { &l };
+                let gone: BTreeSet<String> = n
+                    .members()
+                    .into_iter()
+                    .filter(|m| m.state == MemberState::Failed)
+                    .map(|m| m.name)
+                    .collect();
+                other.is_subset(&gone)
+            })
+        },
+        || {
+            nodes
+                .iter()
+                .map(|n| format!("{}: {:?}", n.name(), n.members()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
+    println!(
+        "each half declared the other failed after {:?}",
+        t.elapsed()
+    );
+    parted.store(false, Ordering::SeqCst);
+    let t = Instant::now();
+    wait_until_or(
+        PATIENCE,
+        || {
+            nodes.iter().all(|n| {
+                in_state(n, MemberState::Alive) == all
+                    && names
+                        .iter()
+                        .filter(|p| **p != n.name())
+                        .all(|p| is_connected(n, p))
+            })
+        },
+        || {
+            nodes
+                .iter()
+                .map(|n| format!("{}: {:?}", n.name(), n.members()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
+    println!("healed into one view after {:?}", t.elapsed());
+    shutdown_all(&nodes);
+}
+
+fn super_names(all: &[&str]) -> BTreeSet<String> {
+    names(all)
 }
 
 /// Starts this test binary again as the member `kchild`, listening at `listen`, seeded

@@ -235,6 +235,7 @@ impl Builder {
                 recv_buffer: None,
                 idle: IdleStrategy::default(),
                 tls: None,
+                drop_datagrams: None,
             },
             listen: Ok(SocketAddr::from(DEFAULT_LISTEN)),
             listen_given: false,
@@ -412,6 +413,19 @@ impl Builder {
     /// the listen address; needed when listening on `0.0.0.0`).
     pub fn advertise<A: ToSocketAddrs>(mut self, addr: A) -> Self {
         self.advertise = Some(resolve(addr));
+        self
+    }
+
+    /// Not API: a network fault for cohort's own tests — membership datagrams to or from
+    /// an address `drop` returns `true` for are dropped (a cut between two members, a
+    /// partition). Built only with `--cfg cohort_internals`.
+    #[cfg(cohort_internals)]
+    #[doc(hidden)]
+    pub fn drop_membership_datagrams(
+        mut self,
+        drop: impl Fn(SocketAddr) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.io.drop_datagrams = Some(Arc::new(drop));
         self
     }
 
