@@ -153,13 +153,14 @@ fn a_member_that_shuts_down_is_seen_leaving() {
         wait_until("c removed from the peers", PATIENCE, || {
             !n.peers().contains(&"lc".to_string())
         });
-        let events = seen.lock().expect("events").clone();
-        assert!(
-            events
+        // Events reach the callback on the pool, after the view changed.
+        wait_until("told c left", PATIENCE, || {
+            seen.lock()
+                .expect("events")
                 .iter()
-                .any(|e| matches!(e, Event::MemberLeft { peer } if peer == "lc")),
-            "{events:?}"
-        );
+                .any(|e| matches!(e, Event::MemberLeft { peer } if peer == "lc"))
+        });
+        let events = seen.lock().expect("events").clone();
         assert!(
             !events
                 .iter()
