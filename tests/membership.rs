@@ -234,6 +234,76 @@ fn a_killed_member_is_declared_failed_and_its_restart_joins_again() {
     shutdown_all(&[a, b]);
 }
 
+/// Sixteen processes, each given one seed (the process started before it; the first, this
+/// test's own member): every view converges to all seventeen members alive. Then one
+/// process is killed with SIGKILL and every other member declares it failed — and nothing
+/// else.
+#[test]
+fn sixteen_processes_each_given_one_seed_converge_and_see_a_kill() {
+    const N: usize = 16;
+    let seen = Seen::default();
+    let hub = member("hub", None, &seen);
+    let addrs: Vec<HeldAddr> = (0..N).map(|_| HeldAddr::new()).collect();
+    let started = Instant::now();
+    let mut children: Vec<(Child, std::sync::mpsc::Receiver<String>)> = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let seed = if i == 0 {
+            hub.local_addr()
+        } else {
+            addrs[i - 1].addr()
+        };
+        children.push(spawn_named(seed, addr.addr(), &format!("p{i:02}"), N + 1));
+    }
+    for (i, (_, lines)) in children.iter().enumerate() {
+        let line = lines
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("child {i} did not converge"));
+        assert_eq!(line, "converged");
+    }
+    wait_until("the hub's view is whole", PATIENCE, || {
+        in_state(&hub, MemberState::Alive).len() == N + 1
+    });
+    println!(
+        "{N} processes and the hub converged in {:?}",
+        started.elapsed()
+    );
+    let (victim, _) = &mut children[N / 2];
+    let t = Instant::now();
+    victim.kill().expect("SIGKILL");
+    let _ = victim.wait();
+    let name = format!("p{:02}", N / 2);
+    wait_until("the hub declares it failed", PATIENCE, || {
+        in_state(&hub, MemberState::Failed).contains(&name)
+    });
+    for (i, (_, lines)) in children.iter().enumerate().filter(|(i, _)| *i != N / 2) {
+        let line = lines
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("child {i} never declared {name} failed"));
+        assert_eq!(
+            line,
+            format!("failed {name}"),
+            "child {i}: no other failure"
+        );
+    }
+    println!(
+        "the kill declared failed by all {N} others after {:?}",
+        t.elapsed()
+    );
+    let s = hub.membership_stats().expect("stats");
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "hub: {:.1} packets/s and {:.0} bytes/s out, {:.1} packets/s in, over {secs:.1} s",
+        s.packets_sent as f64 / secs,
+        s.bytes_sent as f64 / secs,
+        s.packets_received as f64 / secs
+    );
+    for (mut c, _) in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    hub.shutdown(SHUTDOWN).expect("the hub stops");
+}
+
 /// A member without the cluster's secret, seeded with a member's address, never enters a
 /// view, while a member with it, started after, does.
 #[test]
@@ -441,6 +511,18 @@ fn super_names(all: &[&str]) -> BTreeSet<String> {
 /// Starts this test binary again as the member `kchild`, listening at `listen`, seeded
 /// with `seed`.
 fn spawn_member(seed: SocketAddr, listen: SocketAddr) -> Child {
+    spawn_named(seed, listen, "kchild", 0).0
+}
+
+/// Starts this test binary again as the member `name`, listening at `listen`, seeded with
+/// `seed`; with `expect` > 0 it says `converged` (read from the returned lines) once its
+/// view holds that many members alive.
+fn spawn_named(
+    seed: SocketAddr,
+    listen: SocketAddr,
+    name: &str,
+    expect: usize,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
     let exe = std::env::current_exe().expect("the test binary");
     let mut child = Command::new(exe)
         .args([
@@ -450,7 +532,7 @@ fn spawn_member(seed: SocketAddr, listen: SocketAddr) -> Child {
             "--include-ignored",
             "--test-threads=1",
         ])
-        .env(ENV_SEED, format!("{seed} {listen}"))
+        .env(ENV_SEED, format!("{seed} {listen} {name} {expect}"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -462,7 +544,7 @@ fn spawn_member(seed: SocketAddr, listen: SocketAddr) -> Child {
         .recv_timeout(PATIENCE)
         .unwrap_or_else(|_| panic!("the child started: {}", out.stderr.lock().unwrap()));
     assert_eq!(line, "started");
-    child
+    (child, out.lines)
 }
 
 /// The member a kill test starts as a child process: runs until its stdin closes (or it is
@@ -477,15 +559,32 @@ fn member_child() {
     let mut parts = spec.split(' ');
     let seed: SocketAddr = parts.next().and_then(|s| s.parse().ok()).expect("seed");
     let listen: SocketAddr = parts.next().and_then(|s| s.parse().ok()).expect("listen");
-    let node = Node::builder("kchild")
+    let name = parts.next().expect("name").to_string();
+    let expect: usize = parts.next().and_then(|s| s.parse().ok()).expect("expect");
+    let node = Node::builder(&name)
         .cluster(CLUSTER)
         .secret(SECRET)
         .listen(listen)
         .membership_interval(INTERVAL)
         .seed(seed)
+        .on_event(|e| {
+            if let Event::MemberFailed { peer } = e {
+                println!("{MARK} failed {peer}");
+            }
+        })
         .start()
         .expect("start the child member");
     println!("{MARK} started");
+    if expect > 0 {
+        wait_until("the child's view is whole", PATIENCE, || {
+            node.members()
+                .iter()
+                .filter(|m| m.state == MemberState::Alive)
+                .count()
+                == expect
+        });
+        println!("{MARK} converged");
+    }
     let mut buf = [0u8; 1];
     let _ = std::io::Read::read(&mut std::io::stdin(), &mut buf);
     node.shutdown(SHUTDOWN).expect("the child stops");
