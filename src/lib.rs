@@ -102,7 +102,7 @@ mod wire;
 pub use addr::{Addr, AddrParseError, ToAddr};
 pub use bytes::Bytes;
 pub use deliver::{Delivery, Inbox, InboxIter, InboxRecv, InboxTryIter, PoolStats, RecvError};
-pub use events::{DisconnectReason, Event, MemberInfo, MemberState, RefuseReason};
+pub use events::{DisconnectReason, Event, MemberInfo, MemberState, MembershipStats, RefuseReason};
 pub use journal::{
     inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,
     RecordKind, SegmentInfo, SegmentState, SegmentStatus,

@@ -153,13 +153,14 @@ fn a_member_that_shuts_down_is_seen_leaving() {
         wait_until("c removed from the peers", PATIENCE, || {
             !n.peers().contains(&"lc".to_string())
         });
-        let events = seen.lock().expect("events").clone();
-        assert!(
-            events
+        // Events reach the callback on the pool, after the view changed.
+        wait_until("told c left", PATIENCE, || {
+            seen.lock()
+                .expect("events")
                 .iter()
-                .any(|e| matches!(e, Event::MemberLeft { peer } if peer == "lc")),
-            "{events:?}"
-        );
+                .any(|e| matches!(e, Event::MemberLeft { peer } if peer == "lc"))
+        });
+        let events = seen.lock().expect("events").clone();
         assert!(
             !events
                 .iter()
@@ -202,13 +203,14 @@ fn a_killed_member_is_declared_failed_and_its_restart_joins_again() {
         wait_until("the child removed from the peers", PATIENCE, || {
             !n.peers().contains(&"kchild".to_string())
         });
-        let events = seen.lock().expect("events").clone();
-        assert!(
-            events
+        // Events reach the callback on the pool, after the view changed.
+        wait_until("told the child failed", PATIENCE, || {
+            seen.lock()
+                .expect("events")
                 .iter()
-                .any(|e| matches!(e, Event::MemberFailed { peer } if peer == "kchild")),
-            "{events:?}"
-        );
+                .any(|e| matches!(e, Event::MemberFailed { peer } if peer == "kchild"))
+        });
+        let events = seen.lock().expect("events").clone();
         // Neither a nor b was ever suspected by the other meanwhile.
         assert!(
             !events.iter().any(
@@ -230,6 +232,76 @@ fn a_killed_member_is_declared_failed_and_its_restart_joins_again() {
     let _ = again.kill();
     let _ = again.wait();
     shutdown_all(&[a, b]);
+}
+
+/// Sixteen processes, each given one seed (the process started before it; the first, this
+/// test's own member): every view converges to all seventeen members alive. Then one
+/// process is killed with SIGKILL and every other member declares it failed — and nothing
+/// else.
+#[test]
+fn sixteen_processes_each_given_one_seed_converge_and_see_a_kill() {
+    const N: usize = 16;
+    let seen = Seen::default();
+    let hub = member("hub", None, &seen);
+    let addrs: Vec<HeldAddr> = (0..N).map(|_| HeldAddr::new()).collect();
+    let started = Instant::now();
+    let mut children: Vec<(Child, std::sync::mpsc::Receiver<String>)> = Vec::new();
+    for (i, addr) in addrs.iter().enumerate() {
+        let seed = if i == 0 {
+            hub.local_addr()
+        } else {
+            addrs[i - 1].addr()
+        };
+        children.push(spawn_named(seed, addr.addr(), &format!("p{i:02}"), N + 1));
+    }
+    for (i, (_, lines)) in children.iter().enumerate() {
+        let line = lines
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("child {i} did not converge"));
+        assert_eq!(line, "converged");
+    }
+    wait_until("the hub's view is whole", PATIENCE, || {
+        in_state(&hub, MemberState::Alive).len() == N + 1
+    });
+    println!(
+        "{N} processes and the hub converged in {:?}",
+        started.elapsed()
+    );
+    let (victim, _) = &mut children[N / 2];
+    let t = Instant::now();
+    victim.kill().expect("SIGKILL");
+    let _ = victim.wait();
+    let name = format!("p{:02}", N / 2);
+    wait_until("the hub declares it failed", PATIENCE, || {
+        in_state(&hub, MemberState::Failed).contains(&name)
+    });
+    for (i, (_, lines)) in children.iter().enumerate().filter(|(i, _)| *i != N / 2) {
+        let line = lines
+            .recv_timeout(PATIENCE)
+            .unwrap_or_else(|_| panic!("child {i} never declared {name} failed"));
+        assert_eq!(
+            line,
+            format!("failed {name}"),
+            "child {i}: no other failure"
+        );
+    }
+    println!(
+        "the kill declared failed by all {N} others after {:?}",
+        t.elapsed()
+    );
+    let s = hub.membership_stats().expect("stats");
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "hub: {:.1} packets/s and {:.0} bytes/s out, {:.1} packets/s in, over {secs:.1} s",
+        s.packets_sent as f64 / secs,
+        s.bytes_sent as f64 / secs,
+        s.packets_received as f64 / secs
+    );
+    for (mut c, _) in children {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    hub.shutdown(SHUTDOWN).expect("the hub stops");
 }
 
 /// A member without the cluster's secret, seeded with a member's address, never enters a
@@ -268,9 +340,189 @@ fn a_member_without_the_secret_cannot_join() {
     shutdown_all(&[stranger, late, a]);
 }
 
+/// A member listening at a held address, with a network fault: membership datagrams to or
+/// from an address `cut` returns `true` for are dropped.
+fn member_at(
+    name: &str,
+    listen: SocketAddr,
+    seed: Option<SocketAddr>,
+    seen: &Seen,
+    cut: impl Fn(SocketAddr) -> bool + Send + Sync + 'static,
+) -> Node {
+    let s = seen.clone();
+    let mut b = Node::builder(name)
+        .cluster(CLUSTER)
+        .secret(SECRET)
+        .listen(listen)
+        .membership(true)
+        .membership_interval(INTERVAL)
+        .drop_membership_datagrams(cut)
+        .on_event(move |e| s.lock().expect("events").push(e.clone()));
+    if let Some(seed) = seed {
+        b = b.seed(seed);
+    }
+    b.start().expect("start a member")
+}
+
+/// Waits until `node` has sent `more` membership packets beyond what it had sent: protocol
+/// time passing (probe rounds), not wall-clock time.
+fn wait_rounds(node: &Node, more: u64) {
+    let sent = |n: &Node| n.membership_stats().map_or(0, |s| s.packets_sent);
+    let target = sent(node) + more;
+    wait_until("membership rounds pass", PATIENCE, || sent(node) >= target);
+}
+
+/// Two members that cannot reach each other (every membership datagram between them is
+/// dropped) while both reach the others: each one's direct probes of the other fail, the
+/// indirect ones through the others succeed, and nobody is declared failed.
+#[test]
+fn a_member_cut_off_from_one_other_is_not_declared_failed() {
+    let addrs: Vec<HeldAddr> = (0..4).map(|_| HeldAddr::new()).collect();
+    let (a, b) = (addrs[0].addr(), addrs[1].addr());
+    let seen: Vec<Seen> = (0..4).map(|_| Seen::default()).collect();
+    let names = ["ca", "cb", "cc", "cd"];
+    let nodes: Vec<Node> = (0..4)
+        .map(|i| {
+            let seed = (i != 2).then(|| addrs[2].addr());
+            let cut = move |x: SocketAddr| (i == 0 && x == b) || (i == 1 && x == a);
+            member_at(names[i], addrs[i].addr(), seed, &seen[i], cut)
+        })
+        .collect();
+    let everyone = super_names(&names);
+    wait_until_or(
+        PATIENCE,
+        || {
+            nodes
+                .iter()
+                .all(|n| in_state(n, MemberState::Alive) == everyone)
+        },
+        || {
+            nodes
+                .iter()
+                .map(|n| format!("{}: {:?} {:?}", n.name(), n.members(), n.membership_stats()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
+    // Forty probe rounds or so of the cut members.
+    wait_rounds(&nodes[0], 200);
+    wait_rounds(&nodes[1], 200);
+    for (n, seen) in nodes.iter().zip(&seen) {
+        assert_eq!(in_state(n, MemberState::Alive), everyone, "{}", n.name());
+        let events = seen.lock().expect("events").clone();
+        assert!(
+            !events
+                .iter()
+                .any(|e| matches!(e, Event::MemberFailed { .. })),
+            "{}: {events:?}",
+            n.name()
+        );
+    }
+    shutdown_all(&nodes);
+}
+
+/// Four members against four: while every membership datagram between the halves is
+/// dropped, each half declares the other failed; once the partition heals, the two
+/// halves find each other again (through the members they remember) and every view holds
+/// all eight alive, every member a connected peer of every other.
+#[test]
+fn a_partition_of_four_against_four_heals_into_one_view() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let addrs: Vec<HeldAddr> = (0..8).map(|_| HeldAddr::new()).collect();
+    let left: Vec<SocketAddr> = addrs[..4].iter().map(HeldAddr::addr).collect();
+    let parted = Arc::new(AtomicBool::new(false));
+    let names: Vec<String> = (0..8).map(|i| format!("p{i}")).collect();
+    let nodes: Vec<Node> = (0..8)
+        .map(|i| {
+            let (left, parted) = (left.clone(), parted.clone());
+            let mine = i < 4;
+            // SeqCst: a test's switch, read rarely.
+            let cut =
+                move |x: SocketAddr| parted.load(Ordering::SeqCst) && left.contains(&x) != mine;
+            let seed = (i > 0).then(|| addrs[i - 1].addr());
+            member_at(&names[i], addrs[i].addr(), seed, &Seen::default(), cut)
+        })
+        .collect();
+    let all: BTreeSet<String> = names.iter().cloned().collect();
+    wait_until("the view converges", PATIENCE, || {
+        nodes.iter().all(|n| in_state(n, MemberState::Alive) == all)
+    });
+    parted.store(true, Ordering::SeqCst);
+    let t = Instant::now();
+    let (l, r): (BTreeSet<String>, BTreeSet<String>) = (
+        names[..4].iter().cloned().collect(),
+        names[4..].iter().cloned().collect(),
+    );
+    wait_until_or(
+        PATIENCE,
+        || {
+            nodes.iter().enumerate().all(|(i, n)| {
+                let other = if i < 4 { &r } else { &l };
+                let gone: BTreeSet<String> = n
+                    .members()
+                    .into_iter()
+                    .filter(|m| m.state == MemberState::Failed)
+                    .map(|m| m.name)
+                    .collect();
+                other.is_subset(&gone)
+            })
+        },
+        || {
+            nodes
+                .iter()
+                .map(|n| format!("{}: {:?}", n.name(), n.members()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
+    println!(
+        "each half declared the other failed after {:?}",
+        t.elapsed()
+    );
+    parted.store(false, Ordering::SeqCst);
+    let t = Instant::now();
+    wait_until_or(
+        PATIENCE,
+        || {
+            nodes.iter().all(|n| {
+                in_state(n, MemberState::Alive) == all
+                    && names
+                        .iter()
+                        .filter(|p| **p != n.name())
+                        .all(|p| is_connected(n, p))
+            })
+        },
+        || {
+            nodes
+                .iter()
+                .map(|n| format!("{}: {:?}", n.name(), n.members()))
+                .collect::<Vec<_>>()
+                .join("\n")
+        },
+    );
+    println!("healed into one view after {:?}", t.elapsed());
+    shutdown_all(&nodes);
+}
+
+fn super_names(all: &[&str]) -> BTreeSet<String> {
+    names(all)
+}
+
 /// Starts this test binary again as the member `kchild`, listening at `listen`, seeded
 /// with `seed`.
 fn spawn_member(seed: SocketAddr, listen: SocketAddr) -> Child {
+    spawn_named(seed, listen, "kchild", 0).0
+}
+
+/// Starts this test binary again as the member `name`, listening at `listen`, seeded with
+/// `seed`; with `expect` > 0 it says `converged` (read from the returned lines) once its
+/// view holds that many members alive.
+fn spawn_named(
+    seed: SocketAddr,
+    listen: SocketAddr,
+    name: &str,
+    expect: usize,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
     let exe = std::env::current_exe().expect("the test binary");
     let mut child = Command::new(exe)
         .args([
@@ -280,7 +532,7 @@ fn spawn_member(seed: SocketAddr, listen: SocketAddr) -> Child {
             "--include-ignored",
             "--test-threads=1",
         ])
-        .env(ENV_SEED, format!("{seed} {listen}"))
+        .env(ENV_SEED, format!("{seed} {listen} {name} {expect}"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -292,7 +544,7 @@ fn spawn_member(seed: SocketAddr, listen: SocketAddr) -> Child {
         .recv_timeout(PATIENCE)
         .unwrap_or_else(|_| panic!("the child started: {}", out.stderr.lock().unwrap()));
     assert_eq!(line, "started");
-    child
+    (child, out.lines)
 }
 
 /// The member a kill test starts as a child process: runs until its stdin closes (or it is
@@ -307,15 +559,32 @@ fn member_child() {
     let mut parts = spec.split(' ');
     let seed: SocketAddr = parts.next().and_then(|s| s.parse().ok()).expect("seed");
     let listen: SocketAddr = parts.next().and_then(|s| s.parse().ok()).expect("listen");
-    let node = Node::builder("kchild")
+    let name = parts.next().expect("name").to_string();
+    let expect: usize = parts.next().and_then(|s| s.parse().ok()).expect("expect");
+    let node = Node::builder(&name)
         .cluster(CLUSTER)
         .secret(SECRET)
         .listen(listen)
         .membership_interval(INTERVAL)
         .seed(seed)
+        .on_event(|e| {
+            if let Event::MemberFailed { peer } = e {
+                println!("{MARK} failed {peer}");
+            }
+        })
         .start()
         .expect("start the child member");
     println!("{MARK} started");
+    if expect > 0 {
+        wait_until("the child's view is whole", PATIENCE, || {
+            node.members()
+                .iter()
+                .filter(|m| m.state == MemberState::Alive)
+                .count()
+                == expect
+        });
+        println!("{MARK} converged");
+    }
     let mut buf = [0u8; 1];
     let _ = std::io::Read::read(&mut std::io::stdin(), &mut buf);
     node.shutdown(SHUTDOWN).expect("the child stops");

@@ -436,13 +436,18 @@ impl IoThread {
         let mut buf = [0u8; MAX_DATAGRAM];
         for _ in 0..DATAGRAM_BUDGET {
             match udp.recv_from(&mut buf) {
-                Ok((n, from)) => self.endpoint.handle(
-                    now,
-                    Input::Datagram {
-                        from,
-                        data: &buf[..n],
-                    },
-                ),
+                Ok((n, from)) => {
+                    if self.cfg.drop_datagrams.as_ref().is_some_and(|f| f(from)) {
+                        continue;
+                    }
+                    self.endpoint.handle(
+                        now,
+                        Input::Datagram {
+                            from,
+                            data: &buf[..n],
+                        },
+                    )
+                }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => {
@@ -466,6 +471,9 @@ impl IoThread {
         let Some(udp) = &self.udp else {
             return;
         };
+        if self.cfg.drop_datagrams.as_ref().is_some_and(|f| f(to)) {
+            return;
+        }
         if let Err(e) = udp.send_to(packet, to) {
             log::debug!(
                 "{}: membership packet to {to} not sent: {e}",

@@ -8,8 +8,10 @@ mod idle;
 mod io;
 mod socket;
 
-use crate::addr::Addr;
+use std::net::SocketAddr;
 use std::time::Instant;
+
+use crate::addr::Addr;
 
 pub(crate) use conn::TlsSetup;
 pub use idle::IdleStrategy;
@@ -45,7 +47,13 @@ pub(crate) struct IoConfig {
     pub(crate) idle: IdleStrategy,
     /// TLS for every connection (feature `tls`); always `None` without the feature.
     pub(crate) tls: Option<TlsSetup>,
+    /// A network fault a test makes: membership datagrams to or from an address it
+    /// returns `true` for are dropped (set only with `--cfg cohort_internals`).
+    pub(crate) drop_datagrams: Option<DatagramFilter>,
 }
+
+/// Which membership datagrams a test's network fault drops, by the other end's address.
+pub(crate) type DatagramFilter = Arc<dyn Fn(SocketAddr) -> bool + Send + Sync>;
 
 /// Requests from the node handle to the IO thread.
 #[derive(Debug)]

@@ -246,6 +246,7 @@ impl Builder {
                 recv_buffer: None,
                 idle: IdleStrategy::default(),
                 tls: None,
+                drop_datagrams: None,
             },
             listen: Ok(Addr::Tcp(SocketAddr::from(DEFAULT_LISTEN))),
             listen_given: false,
@@ -356,6 +357,10 @@ impl Builder {
     /// answer are dialled again, with backoff, whenever the node has no connection at all.
     /// Its own address among the seeds is skipped (so every member may be given one list).
     ///
+    /// Seeds switch [`membership`](Builder::membership) on (unless it is set off): through
+    /// the member at any seed this node learns every member of the cluster, and they learn
+    /// it. Set off, a seed only makes the member answering there a peer.
+    ///
     /// The member answering must accept members it does not know
     /// ([`allow_unknown_members`](Builder::allow_unknown_members)); with a secret only
     /// members holding it get in. Seeds cannot be combined with [`tls`](Builder::tls): a
@@ -368,6 +373,7 @@ impl Builder {
     ///     .secret(b"cluster secret")
     ///     .seed("10.0.0.5:7000")
     ///     .start()?;
+    /// println!("{:?}", node.members());
     /// # Ok(()) }
     /// ```
     pub fn seed<A: ToSocketAddrs + std::fmt::Debug>(mut self, addr: A) -> Self {
@@ -432,6 +438,19 @@ impl Builder {
     /// the listen address; needed when listening on `0.0.0.0`).
     pub fn advertise<A: ToSocketAddrs>(mut self, addr: A) -> Self {
         self.advertise = Some(resolve_tcp(addr));
+        self
+    }
+
+    /// Not API: a network fault for cohort's own tests — membership datagrams to or from
+    /// an address `drop` returns `true` for are dropped (a cut between two members, a
+    /// partition). Built only with `--cfg cohort_internals`.
+    #[cfg(cohort_internals)]
+    #[doc(hidden)]
+    pub fn drop_membership_datagrams(
+        mut self,
+        drop: impl Fn(SocketAddr) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.io.drop_datagrams = Some(Arc::new(drop));
         self
     }
 

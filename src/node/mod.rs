@@ -131,7 +131,7 @@ pub struct Node {
     #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     tls: bool,
     /// The membership view, as the IO thread last wrote it (membership only).
-    members: Option<Arc<crate::sync::Mutex<Vec<crate::membership::Member>>>>,
+    members: Option<Arc<crate::sync::Mutex<crate::proto::MembersView>>>,
 }
 
 impl std::fmt::Debug for Node {
@@ -455,6 +455,7 @@ impl Node {
             return Vec::new();
         };
         view.lock()
+            .members
             .iter()
             .map(|m| crate::MemberInfo {
                 name: m.name.clone(),
@@ -468,6 +469,22 @@ impl Node {
                 incarnation: m.incarnation,
             })
             .collect()
+    }
+
+    /// Membership's traffic counters ([`Builder::membership`]); `None` without membership.
+    pub fn membership_stats(&self) -> Option<crate::MembershipStats> {
+        let view = self.members.as_ref()?;
+        let s = view.lock().stats.clone();
+        Some(crate::MembershipStats {
+            packets_sent: s.packets_sent,
+            bytes_sent: s.bytes_sent,
+            packets_received: s.packets_received,
+            bytes_received: s.bytes_received,
+            dropped: s.dropped,
+            auth_failures: s.auth_failures,
+            ignored_strangers: s.ignored_strangers,
+            refutations: s.refutations,
+        })
     }
 
     /// Names of the configured peers, sorted.
@@ -854,7 +871,7 @@ fn membership_setup(
         config: b.membership_config(),
         addr,
         join: config.proto.seeds.clone(),
-        view: Arc::new(crate::sync::Mutex::new(Vec::new())),
+        view: Arc::new(crate::sync::Mutex::new(crate::proto::MembersView::default())),
     };
     Ok((mio::net::UdpSocket::from_std(udp), setup))
 }

@@ -19,8 +19,8 @@ pub(crate) mod timer;
 
 pub(crate) use admission::Verdict;
 pub(crate) use endpoint::{
-    Config, Endpoint, Fact, Input, JournalLeft, MembershipSetup, NewPeer, NodeCounters, Output,
-    Target,
+    Config, Endpoint, Fact, Input, JournalLeft, MembersView, MembershipSetup, NewPeer,
+    NodeCounters, Output, Target,
 };
 pub use handshake::{
     resolve, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Resolution, Role, Secret,

@@ -23,14 +23,22 @@ pub(crate) struct MembershipSetup {
     pub(crate) addr: SocketAddr,
     /// Addresses to join through.
     pub(crate) join: Vec<SocketAddr>,
-    /// The view, as `Node::members` reads it (the endpoint writes it at each change).
-    pub(crate) view: Arc<Mutex<Vec<membership::Member>>>,
+    /// The view and the counters, as `Node::members` and `Node::membership_stats` read
+    /// them (the endpoint writes them as they change).
+    pub(crate) view: Arc<Mutex<MembersView>>,
+}
+
+/// What the node reads of membership.
+#[derive(Default)]
+pub(crate) struct MembersView {
+    pub(crate) members: Vec<membership::Member>,
+    pub(crate) stats: membership::Stats,
 }
 
 /// The endpoint's membership state.
 pub(super) struct Members {
     swim: membership::Membership,
-    view: Arc<Mutex<Vec<membership::Member>>>,
+    view: Arc<Mutex<MembersView>>,
     /// Names of the peers the view governs (added by it, or confirmed by it after they
     /// dialled in): retired when the view declares them failed or left. Peers configured
     /// by name are left to the application.
@@ -53,7 +61,7 @@ impl Members {
         if !setup.join.is_empty() {
             swim.handle(now, membership::Input::Join(&setup.join));
         }
-        *setup.view.lock() = swim.members();
+        setup.view.lock().members = swim.members();
         Members {
             swim,
             view: setup.view.clone(),
@@ -65,6 +73,12 @@ impl Members {
     pub(super) fn next_at(&self) -> Option<Instant> {
         self.swim.poll_timeout()
     }
+
+    /// Publishes the counters (after a packet or a timer: never on a message's path).
+    fn publish_stats(&self) {
+        // One short lock per membership packet or timer, against `Node::membership_stats`.
+        self.view.lock().stats = self.swim.stats().clone();
+    }
 }
 
 impl Endpoint {
@@ -72,6 +86,7 @@ impl Endpoint {
     pub(super) fn member_packet(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
         if let Some(m) = self.members.as_mut() {
             m.swim.handle(now, membership::Input::Packet { from, data });
+            m.publish_stats();
         }
     }
 
@@ -80,6 +95,7 @@ impl Endpoint {
         if let Some(m) = self.members.as_mut() {
             if m.next_at().is_some_and(|at| at <= now) {
                 m.swim.handle(now, membership::Input::Timer);
+                m.publish_stats();
             }
         }
     }
@@ -106,7 +122,7 @@ impl Endpoint {
                     self.out.events.push_back(Output::Datagram { to, packet });
                 }
                 membership::Output::Event(e) => {
-                    *m.view.lock() = m.swim.members();
+                    m.view.lock().members = m.swim.members();
                     self.member_event(now, e);
                 }
             }

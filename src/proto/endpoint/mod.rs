@@ -59,7 +59,7 @@ mod time;
 
 pub(crate) use journal::{Durability, JournalLeft, LeftPeer};
 use members::Members;
-pub(crate) use members::MembershipSetup;
+pub(crate) use members::{MembersView, MembershipSetup};
 use seeds::Seed;
 pub(crate) use seeds::Target;
 
