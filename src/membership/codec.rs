@@ -381,7 +381,14 @@ impl Encoder {
 
 /// Encodes `p` whole (its claims must fit: for tests and tools).
 pub fn encode(p: &Packet, key: Option<&PacketKey>) -> Vec<u8> {
-    let mut e = Encoder::new(p.cluster, &p.from, p.launch, &p.body, key.is_some(), MAX_PACKET);
+    let mut e = Encoder::new(
+        p.cluster,
+        &p.from,
+        p.launch,
+        &p.body,
+        key.is_some(),
+        MAX_PACKET,
+    );
     for c in &p.claims {
         let fitted = e.push(c);
         debug_assert!(fitted, "claims beyond one packet");
@@ -599,8 +606,11 @@ mod tests {
         prop_oneof![
             (any::<u32>(), name()).prop_map(|(seq, target)| Body::Ping { seq, target }),
             any::<u32>().prop_map(|seq| Body::Ack { seq }),
-            (any::<u32>(), name(), addr())
-                .prop_map(|(seq, target, addr)| Body::PingReq { seq, target, addr }),
+            (any::<u32>(), name(), addr()).prop_map(|(seq, target, addr)| Body::PingReq {
+                seq,
+                target,
+                addr
+            }),
             any::<u32>().prop_map(|seq| Body::Nack { seq }),
             any::<bool>().prop_map(|reply| Body::Sync { reply }),
             Just(Body::Gossip),

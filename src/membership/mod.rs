@@ -606,8 +606,14 @@ impl Membership {
     fn queue_broadcast(&mut self, claim: Claim) {
         self.broadcast_order += 1;
         let order = self.broadcast_order;
-        self.broadcasts
-            .insert(claim.name.clone(), Broadcast { claim, sent: 0, order });
+        self.broadcasts.insert(
+            claim.name.clone(),
+            Broadcast {
+                claim,
+                sent: 0,
+                order,
+            },
+        );
     }
 
     /// Live members, and members failed within [`Config::gossip_to_the_dead`].
@@ -686,7 +692,14 @@ impl Membership {
                         origin_seq: seq,
                         deadline: now + self.cfg.probe_timeout,
                     });
-                    self.send_body(addr, Body::Ping { seq: my_seq, target }, None);
+                    self.send_body(
+                        addr,
+                        Body::Ping {
+                            seq: my_seq,
+                            target,
+                        },
+                        None,
+                    );
                 }
             }
             Body::Sync { reply } => {
@@ -1094,7 +1107,8 @@ impl Membership {
             .members
             .iter()
             .filter(|(_, e)| {
-                matches!(e.state, State::Failed | State::Left) && now >= e.since + self.cfg.reap_after
+                matches!(e.state, State::Failed | State::Left)
+                    && now >= e.since + self.cfg.reap_after
             })
             .map(|(n, _)| n.clone())
             .collect();

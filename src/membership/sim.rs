@@ -32,6 +32,20 @@ struct Slot {
     m: Option<Membership>,
     timeout: Option<Instant>,
     launches: u64,
+    /// A busy process: until then it runs nothing, and what reaches it waits.
+    paused_until: Option<Instant>,
+}
+
+impl Slot {
+    /// When its timer is next due, a pause taken into account.
+    fn due(&self) -> Option<Instant> {
+        let t = self.timeout?;
+        Some(self.paused_until.map_or(t, |p| t.max(p)))
+    }
+
+    fn paused(&self, now: Instant) -> bool {
+        self.paused_until.is_some_and(|p| now < p)
+    }
 }
 
 /// What one run records.
@@ -79,6 +93,7 @@ impl Sim {
                 m: None,
                 timeout: None,
                 launches: 0,
+                paused_until: None,
             })
             .collect();
         let by_addr = slots.iter().enumerate().map(|(i, s)| (s.addr, i)).collect();
@@ -144,6 +159,12 @@ impl Sim {
         self.slots[i].m.as_ref().expect("a running member")
     }
 
+    /// Member `i`'s process is busy for `d` from now: it handles nothing, its timers wait,
+    /// packets to it wait (as in a socket's buffer).
+    pub(super) fn pause(&mut self, i: usize, d: Duration) {
+        self.slots[i].paused_until = Some(self.now + d);
+    }
+
     /// Member `i` leaves cleanly.
     pub(super) fn leave(&mut self, i: usize) {
         self.with(i, |m, now| m.handle(now, Input::Leave));
@@ -172,13 +193,7 @@ impl Sim {
     /// Hands `bytes` to member `to` as if from `from` (an injected packet).
     pub(super) fn inject(&mut self, to: usize, from: SocketAddr, bytes: Vec<u8>) {
         self.with(to, |m, now| {
-            m.handle(
-                now,
-                Input::Packet {
-                    from,
-                    data: &bytes,
-                },
-            )
+            m.handle(now, Input::Packet { from, data: &bytes })
         });
     }
 
@@ -206,7 +221,8 @@ impl Sim {
                     let jitter = if self.jitter.is_zero() {
                         Duration::ZERO
                     } else {
-                        self.jitter.mul_f64((self.rng.next() % 1000) as f64 / 1000.0)
+                        self.jitter
+                            .mul_f64((self.rng.next() % 1000) as f64 / 1000.0)
                     };
                     self.seq += 1;
                     self.queue.push(Reverse(InFlight {
@@ -228,7 +244,7 @@ impl Sim {
         let end = self.start + d;
         loop {
             let next_packet = self.queue.peek().map(|p| p.0.at);
-            let next_timer = self.slots.iter().filter_map(|s| s.timeout).min();
+            let next_timer = self.slots.iter().filter_map(Slot::due).min();
             let next = match (next_packet, next_timer) {
                 (Some(a), Some(b)) => a.min(b),
                 (a, b) => match a.or(b) {
@@ -241,9 +257,17 @@ impl Sim {
             }
             self.now = self.now.max(next);
             while self.queue.peek().is_some_and(|p| p.0.at <= self.now) {
-                let Some(Reverse(p)) = self.queue.pop() else {
+                let Some(Reverse(mut p)) = self.queue.pop() else {
                     break;
                 };
+                if self.slots[p.to].paused(self.now) {
+                    // It waits in the socket's buffer until the process runs again.
+                    p.at = self.slots[p.to].paused_until.unwrap_or(self.now);
+                    self.seq += 1;
+                    p.seq = self.seq;
+                    self.queue.push(Reverse(p));
+                    continue;
+                }
                 self.with(p.to, |m, now| {
                     m.handle(
                         now,
@@ -255,7 +279,7 @@ impl Sim {
                 });
             }
             for i in 0..self.slots.len() {
-                if self.slots[i].timeout.is_some_and(|t| t <= self.now) {
+                if self.slots[i].due().is_some_and(|t| t <= self.now) {
                     self.with(i, |m, now| m.handle(now, Input::Timer));
                 }
             }
@@ -367,7 +391,11 @@ fn converged_cluster(n: usize, seed: u64) -> (Sim, Duration) {
     let mut sim = Sim::new(n, Config::default(), seed);
     all_start(&mut sim, seed);
     let t = sim
-        .run_until_cond(Duration::from_secs(60), Duration::from_millis(100), Sim::converged)
+        .run_until_cond(
+            Duration::from_secs(60),
+            Duration::from_millis(100),
+            Sim::converged,
+        )
         .unwrap_or_else(|| panic!("{n} members did not converge within 60 s"));
     (sim, t)
 }
@@ -441,17 +469,25 @@ fn a_restarted_member_rejoins_as_a_new_incarnation() {
     let old = sim.member(0).member(sim.name(victim)).expect("in the view");
     let t = sim.elapsed();
     sim.kill(victim);
-    sim.run_until_cond(t + detection_bound(&sim.cfg, 16), Duration::from_millis(100), |s| {
-        (0..s.len())
-            .filter(|i| s.is_running(*i))
-            .all(|i| s.state_of(i, victim) == Some(State::Failed))
-    })
+    sim.run_until_cond(
+        t + detection_bound(&sim.cfg, 16),
+        Duration::from_millis(100),
+        |s| {
+            (0..s.len())
+                .filter(|i| s.is_running(*i))
+                .all(|i| s.state_of(i, victim) == Some(State::Failed))
+        },
+    )
     .expect("failed by all");
     // Same name, same address, a new process; its seed is member 0.
     sim.start(victim, &[0]);
     let t = sim.elapsed();
-    sim.run_until_cond(t + Duration::from_secs(30), Duration::from_millis(100), Sim::converged)
-        .expect("converged again");
+    sim.run_until_cond(
+        t + Duration::from_secs(30),
+        Duration::from_millis(100),
+        Sim::converged,
+    )
+    .expect("converged again");
     for i in (0..sim.len()).filter(|i| *i != victim) {
         let now = sim.member(i).member(sim.name(victim)).expect("in the view");
         assert_eq!(now.state, State::Alive);
@@ -476,6 +512,29 @@ fn a_cut_link_is_not_a_dead_member() {
 }
 
 #[test]
+fn a_busy_process_is_not_a_dead_member() {
+    let (mut sim, _) = converged_cluster(16, 12);
+    // Three seconds without running (a long pause of the process): probes of it fail,
+    // members suspect it; when it runs again it reads their pings, hears of the suspicion
+    // and refutes it before the suspicion times out (4.8 s at 16 members at the least).
+    for (k, i) in [3, 8, 11].into_iter().enumerate() {
+        let t = sim.elapsed();
+        sim.pause(i, Duration::from_secs(3));
+        sim.run_until(t + Duration::from_secs(20 + k as u64));
+    }
+    let t = sim.elapsed();
+    sim.run_until(t + Duration::from_secs(60));
+    assert_eq!(sim.failures(), vec![], "a busy process was declared failed");
+    assert!(sim.converged());
+    assert!(
+        [3, 8, 11]
+            .iter()
+            .any(|&i| sim.member(i).stats().refutations > 0),
+        "no suspicion to refute: the pause tested nothing"
+    );
+}
+
+#[test]
 fn a_partition_fails_each_side_and_heals_into_one_view() {
     let mut sim = Sim::new(8, Config::default(), 6);
     // Every member is given member 0 as its seed.
@@ -483,16 +542,26 @@ fn a_partition_fails_each_side_and_heals_into_one_view() {
     for i in 1..8 {
         sim.start(i, &[0]);
     }
-    sim.run_until_cond(Duration::from_secs(30), Duration::from_millis(100), Sim::converged)
-        .expect("converged");
+    sim.run_until_cond(
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        Sim::converged,
+    )
+    .expect("converged");
     let (a, b) = ([0, 1, 2, 3], [4, 5, 6, 7]);
     sim.partition(&a, &b, true);
     let t = sim.elapsed();
     let split = sim
-        .run_until_cond(t + detection_bound(&sim.cfg, 8), Duration::from_millis(100), |s| {
-            a.iter().all(|&i| b.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
-                && b.iter().all(|&i| a.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
-        })
+        .run_until_cond(
+            t + detection_bound(&sim.cfg, 8),
+            Duration::from_millis(100),
+            |s| {
+                a.iter()
+                    .all(|&i| b.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
+                    && b.iter()
+                        .all(|&i| a.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
+            },
+        )
         .expect("each side fails the other");
     // Long enough that the failed members leave the views: the heal goes through the seed
     // and remembered addresses.
@@ -500,7 +569,11 @@ fn a_partition_fails_each_side_and_heals_into_one_view() {
     sim.partition(&a, &b, false);
     let healed_at = sim.elapsed();
     let healed = sim
-        .run_until_cond(healed_at + Duration::from_secs(120), Duration::from_millis(100), Sim::converged)
+        .run_until_cond(
+            healed_at + Duration::from_secs(120),
+            Duration::from_millis(100),
+            Sim::converged,
+        )
         .expect("one view after the heal");
     println!(
         "4 v 4: sides failed each other {:?} after the cut; one view {:?} after the heal",
@@ -525,16 +598,22 @@ fn a_member_that_leaves_is_left_not_failed() {
     let (mut sim, _) = converged_cluster(16, 9);
     sim.leave(4);
     let t = sim.elapsed();
-    sim.run_until_cond(t + Duration::from_secs(10), Duration::from_millis(50), |s| {
-        s.member(4).leave_settled()
-    })
+    sim.run_until_cond(
+        t + Duration::from_secs(10),
+        Duration::from_millis(50),
+        |s| s.member(4).leave_settled(),
+    )
     .expect("the leave is gossiped");
     sim.kill(4);
-    sim.run_until_cond(t + Duration::from_secs(20), Duration::from_millis(100), |s| {
-        (0..s.len())
-            .filter(|i| *i != 4)
-            .all(|i| s.state_of(i, 4) == Some(State::Left))
-    })
+    sim.run_until_cond(
+        t + Duration::from_secs(20),
+        Duration::from_millis(100),
+        |s| {
+            (0..s.len())
+                .filter(|i| *i != 4)
+                .all(|i| s.state_of(i, 4) == Some(State::Left))
+        },
+    )
     .expect("every member sees it left");
     sim.run_until(t + Duration::from_secs(50));
     assert_eq!(sim.failures(), vec![], "a left member was declared failed");
@@ -545,7 +624,13 @@ fn a_member_that_leaves_is_left_not_failed() {
         .all(|i| sim.state_of(i, 4).is_none()));
 }
 
-fn packet(from: &str, launch: u64, body: Body, claims: &[Claim], key: Option<&PacketKey>) -> Vec<u8> {
+fn packet(
+    from: &str,
+    launch: u64,
+    body: Body,
+    claims: &[Claim],
+    key: Option<&PacketKey>,
+) -> Vec<u8> {
     let mut e = Encoder::new(
         codec::cluster_hash(CLUSTER),
         from,
@@ -584,13 +669,25 @@ fn strangers_cannot_add_themselves_or_evict_a_member() {
     // Without the secret: a join, gossip of itself, an eviction. All dropped.
     for body in [Body::Sync { reply: true }, Body::Gossip] {
         for key in [None, Some(&wrong)] {
-            let bytes = packet("stranger", 1, body.clone(), &[me(State::Alive, 0), victim.clone()], key);
+            let bytes = packet(
+                "stranger",
+                1,
+                body.clone(),
+                &[me(State::Alive, 0), victim.clone()],
+                key,
+            );
             sim.inject(0, stranger, bytes);
         }
     }
     // With the secret but never joined: its gossip about itself is not a join.
     let right = PacketKey::new(SECRET);
-    let bytes = packet("stranger", 1, Body::Gossip, &[me(State::Alive, 0)], Some(&right));
+    let bytes = packet(
+        "stranger",
+        1,
+        Body::Gossip,
+        &[me(State::Alive, 0)],
+        Some(&right),
+    );
     sim.inject(1, stranger, bytes);
     let t = sim.elapsed();
     sim.run_until(t + Duration::from_secs(30));
@@ -598,7 +695,10 @@ fn strangers_cannot_add_themselves_or_evict_a_member() {
     assert_eq!(m0.auth_failures, 4, "{m0:?}");
     assert_eq!(sim.member(1).stats().ignored_strangers, 1);
     for i in 0..sim.len() {
-        assert!(sim.member(i).member("stranger").is_none(), "member {i} added the stranger");
+        assert!(
+            sim.member(i).member("stranger").is_none(),
+            "member {i} added the stranger"
+        );
     }
     assert!(sim.converged());
     assert_eq!(sim.failures(), vec![]);
@@ -623,19 +723,58 @@ fn forged_failed_gossip_about_a_live_member_is_refuted() {
     let from = sim.name(1).to_owned();
     let launch = sim.member(1).members()[0].launch;
     for i in [0, 5, 9, 12] {
-        let bytes = packet(&from, launch, Body::Gossip, std::slice::from_ref(&forged), Some(&key));
+        let bytes = packet(
+            &from,
+            launch,
+            Body::Gossip,
+            std::slice::from_ref(&forged),
+            Some(&key),
+        );
         sim.inject(i, sim.addr(1), bytes);
     }
     assert_eq!(sim.state_of(0, target), Some(State::Failed));
     let t = sim.elapsed();
-    sim.run_until_cond(t + Duration::from_secs(30), Duration::from_millis(100), Sim::converged)
-        .expect("refuted: every member sees it alive again");
+    sim.run_until_cond(
+        t + Duration::from_secs(30),
+        Duration::from_millis(100),
+        Sim::converged,
+    )
+    .expect("refuted: every member sees it alive again");
     assert!(sim.member(target).incarnation() > before);
     assert!(sim.member(target).stats().refutations >= 1);
 }
 
-/// How the figures in docs/benchmarks.md are made: `cargo test --release --lib
-/// membership::sim::figures_table -- --ignored --nocapture`.
+/// Under 5% loss each way and up to 50 ms of jitter, `secs` simulated seconds: (false
+/// failures, suspicions raised, refutations, packets and bytes sent per member per second).
+fn loss_figures(n: usize, seed: u64, secs: u64) -> (usize, usize, u64, f64, f64) {
+    let (mut sim, _) = converged_cluster(n, seed);
+    sim.loss = 0.05;
+    sim.jitter = Duration::from_millis(50);
+    let (p0, b0) = sim.traffic();
+    let events0 = sim.log.events.len();
+    let t = sim.elapsed();
+    sim.run_until(t + Duration::from_secs(secs));
+    let (p1, b1) = sim.traffic();
+    let suspicions = sim.log.events[events0..]
+        .iter()
+        .filter(|(_, _, e)| {
+            matches!(e, MemberEvent::Changed { member, .. } if member.state == State::Suspect)
+        })
+        .count();
+    let refutations = (0..n).map(|i| sim.member(i).stats().refutations).sum();
+    let per = |x: u64| x as f64 / n as f64 / secs as f64;
+    (
+        sim.failures().len(),
+        suspicions,
+        refutations,
+        per(p1 - p0),
+        per(b1 - b0),
+    )
+}
+
+/// How the figures in docs/benchmarks.md are made: `cargo test --lib
+/// membership::sim::figures_table -- --ignored --nocapture` (simulated time: the figures do
+/// not depend on the machine).
 #[test]
 #[ignore]
 fn figures_table() {
@@ -649,5 +788,11 @@ fn figures_table() {
             d.as_secs_f64()
         );
     }
+    println!();
+    println!("| members | false failures | suspicions raised | refutations | packets/s/member | bytes/s/member |");
+    println!("|---|---|---|---|---|---|");
+    for (n, seed) in [(16, 1), (32, 2), (64, 3)] {
+        let (f, s, r, p, b) = loss_figures(n, seed, 1800);
+        println!("| {n} | {f} | {s} | {r} | {p:.2} | {b:.0} |");
+    }
 }
-
