@@ -402,10 +402,14 @@ impl Membership {
         self.health
     }
 
-    /// After [`Input::Leave`]: whether the leave has been sent as often as any claim is, so
-    /// the caller may stop driving this member.
+    /// After [`Input::Leave`]: whether the leave has been sent as often as any claim is (or
+    /// there is nobody to tell), so the caller may stop driving this member.
     pub fn leave_settled(&self) -> bool {
-        self.left && !self.broadcasts.contains_key(&self.me.name)
+        let nobody = !self
+            .members
+            .values()
+            .any(|e| matches!(e.state, State::Alive | State::Suspect));
+        self.left && (nobody || !self.broadcasts.contains_key(&self.me.name))
     }
 
     /// Members counted for the timing formulas: the live ones and this one.
@@ -1135,5 +1139,161 @@ fn member(name: &str, e: &Entry) -> Member {
         state: e.state,
         incarnation: e.incarnation,
         launch: e.launch,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::codec::{Encoder, MAX_PACKET};
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 6] = ["me", "a", "b", "c", "d", "e"];
+
+    fn addr(i: u8) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, i], 7000))
+    }
+
+    /// One step: a packet from member `from` (any body, any claims about the six names),
+    /// or time passing.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Packet {
+            from: usize,
+            kind: u8,
+            seq: u32,
+            claims: Vec<(usize, u8, u64, u8, Option<usize>)>,
+        },
+        Garbage(Vec<u8>),
+        Wait(u16),
+        Leave,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (
+                1..NAMES.len(),
+                0u8..6,
+                0u32..8,
+                proptest::collection::vec(
+                    (
+                        0..NAMES.len(),
+                        1u8..4,
+                        0u64..4,
+                        0u8..4,
+                        proptest::option::of(0..NAMES.len())
+                    ),
+                    0..6
+                )
+            )
+                .prop_map(|(from, kind, seq, claims)| Step::Packet { from, kind, seq, claims }),
+            1 => proptest::collection::vec(any::<u8>(), 0..64).prop_map(Step::Garbage),
+            3 => any::<u16>().prop_map(Step::Wait),
+            1 => Just(Step::Leave),
+        ]
+    }
+
+    fn encode(
+        from: usize,
+        kind: u8,
+        seq: u32,
+        claims: &[(usize, u8, u64, u8, Option<usize>)],
+    ) -> Vec<u8> {
+        let target = NAMES[usize::from(kind) % NAMES.len()].to_owned();
+        let body = match kind {
+            0 => Body::Ping {
+                seq,
+                target: "me".into(),
+            },
+            1 => Body::Ack { seq },
+            2 => Body::PingReq {
+                seq,
+                target,
+                addr: addr(9),
+            },
+            3 => Body::Nack { seq },
+            4 => Body::Sync {
+                reply: seq % 2 == 0,
+            },
+            _ => Body::Gossip,
+        };
+        let key = PacketKey::new(b"k");
+        let mut e = Encoder::new(
+            codec::cluster_hash("c"),
+            NAMES[from],
+            1,
+            &body,
+            true,
+            MAX_PACKET,
+        );
+        for &(who, a, incarnation, state, by) in claims {
+            e.push(&Claim {
+                name: NAMES[who].into(),
+                addr: addr(a),
+                launch: u64::from(a),
+                incarnation,
+                state: [State::Alive, State::Suspect, State::Failed, State::Left]
+                    [usize::from(state)],
+                by: by.map(|b| NAMES[b].to_owned()),
+            });
+        }
+        e.finish(Some(&key))
+    }
+
+    proptest! {
+        /// Whatever authenticated members say, in whatever order and timing: no panic, every
+        /// packet within the bound, this member never in its own view of the others, and
+        /// after the time it asked for is handed over, it never asks for a time already
+        /// past (no busy loop).
+        #[test]
+        fn any_input_keeps_the_machine_sound(steps in proptest::collection::vec(step(), 1..80)) {
+            let start = Instant::now();
+            let mut now = start;
+            let me = Local {
+                cluster: "c".into(),
+                name: "me".into(),
+                addr: addr(0),
+                launch: 1,
+                key: Some(PacketKey::new(b"k")),
+            };
+            let mut m = Membership::new(Config::default(), me, 5, now);
+            m.handle(now, Input::Join(&[addr(1)]));
+            for s in steps {
+                match s {
+                    Step::Packet { from, kind, seq, claims } => {
+                        let bytes = encode(from, kind, seq, &claims);
+                        m.handle(now, Input::Packet { from: addr(from as u8), data: &bytes });
+                    }
+                    Step::Garbage(bytes) => m.handle(now, Input::Packet { from: addr(7), data: &bytes }),
+                    Step::Wait(ms) => {
+                        now += Duration::from_millis(u64::from(ms));
+                        // Hand over every timer due by then, as a driver does.
+                        let mut rounds = 0;
+                        while m.poll_timeout().is_some_and(|t| t <= now) {
+                            m.handle(now, Input::Timer);
+                            let after = m.poll_timeout();
+                            prop_assert!(
+                                after.is_none_or(|a| a > now),
+                                "asked for {:?} at {:?}",
+                                after.map(|a| a.saturating_duration_since(start)),
+                                now - start
+                            );
+                            rounds += 1;
+                            prop_assert!(rounds < 10_000);
+                        }
+                    }
+                    Step::Leave => m.handle(now, Input::Leave),
+                }
+                while let Some(o) = m.poll(now) {
+                    if let Output::Send { packet, .. } = o {
+                        prop_assert!(packet.len() <= MAX_PACKET);
+                        prop_assert!(codec::decode(&packet, Some(&PacketKey::new(b"k"))).is_ok());
+                    }
+                }
+                prop_assert!(m.member("me").is_none());
+                let view = m.members();
+                prop_assert_eq!(view[0].name.as_str(), "me");
+            }
+        }
     }
 }

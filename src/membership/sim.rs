@@ -425,6 +425,15 @@ fn figures(n: usize, seed: u64) -> (Duration, Duration, f64, f64) {
     // Nobody else was declared failed.
     let wrong: Vec<_> = sim.failures().into_iter().filter(|f| f.2 != name).collect();
     assert!(wrong.is_empty(), "false failures: {wrong:?}");
+    // Removed for good: out of every view after `reap_after`, and never back.
+    let gone = detected + sim.cfg.reap_after + Duration::from_secs(1);
+    sim.run_until(gone);
+    for until in [gone, gone + Duration::from_secs(120)] {
+        sim.run_until(until);
+        for i in (0..n).filter(|i| *i != victim) {
+            assert_eq!(sim.state_of(i, victim), None, "member {i} still has {name}");
+        }
+    }
     (converge, detected - killed_at, pps, bps)
 }
 
@@ -549,37 +558,44 @@ fn a_partition_fails_each_side_and_heals_into_one_view() {
     )
     .expect("converged");
     let (a, b) = ([0, 1, 2, 3], [4, 5, 6, 7]);
-    sim.partition(&a, &b, true);
-    let t = sim.elapsed();
-    let split = sim
-        .run_until_cond(
-            t + detection_bound(&sim.cfg, 8),
-            Duration::from_millis(100),
-            |s| {
-                a.iter()
-                    .all(|&i| b.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
-                    && b.iter()
-                        .all(|&i| a.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
-            },
-        )
-        .expect("each side fails the other");
-    // Long enough that the failed members leave the views: the heal goes through the seed
-    // and remembered addresses.
-    sim.run_until(split + Duration::from_secs(90));
-    sim.partition(&a, &b, false);
-    let healed_at = sim.elapsed();
-    let healed = sim
-        .run_until_cond(
-            healed_at + Duration::from_secs(120),
-            Duration::from_millis(100),
-            Sim::converged,
-        )
-        .expect("one view after the heal");
-    println!(
-        "4 v 4: sides failed each other {:?} after the cut; one view {:?} after the heal",
-        split - t,
-        healed - healed_at
-    );
+    // Twice: healed while the failed members are still in the views (each side hears it
+    // was failed and refutes), then healed after they were removed (they join again). Side
+    // b can reach side a through its seed, member 0; side a has no seed on the other side,
+    // only failed and remembered members.
+    for (round, wait) in [(1, 5), (2, 90)] {
+        sim.partition(&a, &b, true);
+        let t = sim.elapsed();
+        let split = sim
+            .run_until_cond(
+                t + detection_bound(&sim.cfg, 8),
+                Duration::from_millis(100),
+                |s| {
+                    a.iter()
+                        .all(|&i| b.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
+                        && b.iter()
+                            .all(|&i| a.iter().all(|&j| s.state_of(i, j) == Some(State::Failed)))
+                },
+            )
+            .expect("each side fails the other");
+        sim.run_until(split + Duration::from_secs(wait));
+        let removed = sim.state_of(0, 4).is_none();
+        assert_eq!(removed, wait > sim.cfg.reap_after.as_secs());
+        sim.partition(&a, &b, false);
+        let healed_at = sim.elapsed();
+        let healed = sim
+            .run_until_cond(
+                healed_at + Duration::from_secs(120),
+                Duration::from_millis(100),
+                Sim::converged,
+            )
+            .expect("one view after the heal");
+        println!(
+            "4 v 4, round {round}: sides failed each other {:?} after the cut; healed {wait} s \
+             later, one view {:?} after the heal",
+            split - t,
+            healed - healed_at
+        );
+    }
 }
 
 #[test]
