@@ -234,6 +234,8 @@ struct Suspicion {
     expected: u32,
     /// Members that suspect it (the first, then the confirmations).
     by: BTreeSet<String>,
+    /// Whether this member has probed it since (a suspect is probed out of turn, once).
+    probed: bool,
     deadline: Instant,
 }
 
@@ -334,9 +336,15 @@ impl Membership {
     pub fn new(cfg: Config, me: Local, seed: u64, now: Instant) -> Membership {
         let cluster = codec::cluster_hash(&me.cluster);
         let cfg_rejoin = cfg.rejoin_interval;
+        let mut rng = Rng(seed ^ 0x6A09_E667_F3BC_C908);
+        // The first view exchange at a random point of the interval: members started
+        // together do not all exchange at once, and a gap the gossip left is found sooner.
+        let first_sync = cfg
+            .sync_interval
+            .mul_f64((rng.next() % 1000) as f64 / 1000.0);
         Membership {
             next_gossip: now + cfg.gossip_interval,
-            next_sync: now + cfg.sync_interval,
+            next_sync: now + first_sync,
             next_probe: Some(now + cfg.probe_interval),
             cfg,
             me,
@@ -352,7 +360,7 @@ impl Membership {
             broadcast_order: 0,
             out: VecDeque::new(),
             seq: 0,
-            rng: Rng(seed ^ 0x6A09_E667_F3BC_C908),
+            rng,
             health: 0,
             seeds: Vec::new(),
             remembered: BTreeMap::new(),
@@ -517,6 +525,7 @@ impl Membership {
             self.cluster,
             &self.me.name,
             self.me.launch,
+            self.incarnation,
             body,
             self.me.key.is_some(),
             self.cfg.max_packet,
@@ -657,6 +666,8 @@ impl Membership {
         self.stats.bytes_received += data.len() as u64;
         let Packet {
             from: sender,
+            launch,
+            incarnation,
             body,
             claims,
             ..
@@ -726,6 +737,23 @@ impl Membership {
                 c.by = Some(sender.clone());
             }
             self.apply(now, c);
+        }
+        // A packet from a member of the view is its word that it is alive at the incarnation
+        // it sends: a refutation reaches whoever it talks to, not only through the gossip.
+        if known {
+            if let Some(e) = self.members.get(&sender) {
+                if incarnation > e.incarnation {
+                    let claim = Claim {
+                        name: sender,
+                        addr: e.addr,
+                        launch,
+                        incarnation,
+                        state: State::Alive,
+                        by: None,
+                    };
+                    self.apply(now, claim);
+                }
+            }
         }
     }
 
@@ -866,6 +894,7 @@ impl Membership {
             max,
             expected,
             by: by.into_iter().collect(),
+            probed: false,
             deadline: now,
         };
         s.update_deadline();
@@ -983,8 +1012,29 @@ impl Membership {
     fn start_probe(&mut self, now: Instant) {
         let interval = self.scaled(self.cfg.probe_interval);
         self.next_probe = Some(now + interval);
-        let mut target = None;
+        // A suspect first, out of turn, once per suspicion: its probe carries the suspicion
+        // (so it can refute), its answer carries its incarnation (so a refutation the gossip
+        // missed still arrives), and a dead one gets its confirmations sooner.
+        let suspects: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, e)| {
+                e.state == State::Suspect && e.suspicion.as_ref().is_some_and(|s| !s.probed)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut target = self.rng.pick(&suspects, 1).pop();
+        if let Some(s) = target
+            .as_ref()
+            .and_then(|t| self.members.get_mut(t))
+            .and_then(|e| e.suspicion.as_mut())
+        {
+            s.probed = true;
+        }
         for _ in 0..=self.order.len() {
+            if target.is_some() {
+                break;
+            }
             if self.next_in_order >= self.order.len() {
                 let members = &self.members;
                 self.order.retain(|n| {
@@ -1222,6 +1272,7 @@ mod tests {
             codec::cluster_hash("c"),
             NAMES[from],
             1,
+            u64::from(seq % 3),
             &body,
             true,
             MAX_PACKET,

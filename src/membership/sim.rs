@@ -514,6 +514,8 @@ fn a_restarted_member_rejoins_as_a_new_incarnation() {
 fn a_cut_link_is_not_a_dead_member() {
     let (mut sim, _) = converged_cluster(16, 5);
     sim.set_cut(2, 9, true);
+    // And one way only: 4 hears 11, 11 does not hear 4.
+    sim.cut.insert((4, 11));
     let t = sim.elapsed();
     sim.run_until(t + Duration::from_secs(600));
     assert!(sim.converged());
@@ -651,6 +653,7 @@ fn packet(
         codec::cluster_hash(CLUSTER),
         from,
         launch,
+        0,
         &body,
         key.is_some(),
         codec::MAX_PACKET,
@@ -704,12 +707,14 @@ fn strangers_cannot_add_themselves_or_evict_a_member() {
         &[me(State::Alive, 0)],
         Some(&right),
     );
+    // (A joining member's own gossip may have reached it before it was known: count anew.)
+    let before = sim.member(1).stats().ignored_strangers;
     sim.inject(1, stranger, bytes);
+    assert_eq!(sim.member(1).stats().ignored_strangers, before + 1);
     let t = sim.elapsed();
     sim.run_until(t + Duration::from_secs(30));
     let m0 = sim.member(0).stats().clone();
     assert_eq!(m0.auth_failures, 4, "{m0:?}");
-    assert_eq!(sim.member(1).stats().ignored_strangers, 1);
     for i in 0..sim.len() {
         assert!(
             sim.member(i).member("stranger").is_none(),
@@ -810,5 +815,22 @@ fn figures_table() {
     for (n, seed) in [(16, 1), (32, 2), (64, 3)] {
         let (f, s, r, p, b) = loss_figures(n, seed, 1800);
         println!("| {n} | {f} | {s} | {r} | {p:.2} | {b:.0} |");
+    }
+}
+
+/// More seeds than the tests run: `cargo test --lib membership::sim::loss_sweep --
+/// --ignored --nocapture` (false failures under 5% loss, 30 simulated minutes per seed).
+#[test]
+#[ignore]
+fn loss_sweep() {
+    for n in [16, 32, 64] {
+        let mut failures = 0;
+        let mut refutations = 0;
+        for seed in 100..108 {
+            let (f, _, r, _, _) = loss_figures(n, seed, 1800);
+            failures += f;
+            refutations += r;
+        }
+        println!("{n} members, 8 seeds × 30 min at 5% loss: {failures} false failures, {refutations} refutations");
     }
 }
