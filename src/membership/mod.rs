@@ -190,6 +190,9 @@ pub struct Stats {
     pub ignored_strangers: u64,
     /// Times this member raised its incarnation to refute a claim about itself.
     pub refutations: u64,
+    /// Claims that a member failed, taken as a suspicion because this member had heard
+    /// from it more recently than a suspicion lasts.
+    pub doubted_failures: u64,
 }
 
 /// A SplitMix64 generator: small, fast, and seeded by the caller, so runs repeat.
@@ -221,6 +224,17 @@ impl Rng {
         v.truncate(k);
         v
     }
+}
+
+/// Where a claim comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// This member's own verdict (its suspicion ran out).
+    Own,
+    /// Gossip: news.
+    Gossip,
+    /// A view exchange: the sender's standing beliefs.
+    Sync,
 }
 
 /// A suspicion of one member at one incarnation (Lifeguard's dynamic timeout).
@@ -264,6 +278,8 @@ struct Entry {
     /// When the state last changed.
     since: Instant,
     suspicion: Option<Suspicion>,
+    /// When a packet from it last arrived.
+    heard: Option<Instant>,
 }
 
 /// The probe in progress.
@@ -736,12 +752,14 @@ impl Membership {
             if c.state == State::Suspect && c.by.is_none() {
                 c.by = Some(sender.clone());
             }
-            self.apply(now, c);
+            let source = if sync { Source::Sync } else { Source::Gossip };
+            self.apply_claim(now, c, source);
         }
         // A packet from a member of the view is its word that it is alive at the incarnation
         // it sends: a refutation reaches whoever it talks to, not only through the gossip.
         if known {
-            if let Some(e) = self.members.get(&sender) {
+            if let Some(e) = self.members.get_mut(&sender) {
+                e.heard = Some(now);
                 if incarnation > e.incarnation {
                     let claim = Claim {
                         name: sender,
@@ -773,10 +791,16 @@ impl Membership {
     /// precedence), and is gossiped on; a claim about this member that is not the truth is
     /// refuted.
     fn apply(&mut self, now: Instant, c: Claim) {
+        self.apply_claim(now, c, Source::Gossip);
+    }
+
+    /// [`Membership::apply`], for a claim from `source`.
+    fn apply_claim(&mut self, now: Instant, mut c: Claim, source: Source) {
         if c.name == self.me.name {
             self.about_me(c);
             return;
         }
+        let doubt = self.suspicion_min();
         let Some(e) = self.members.get_mut(&c.name) else {
             // Only live members are added; news of the death of a stranger is not news.
             if matches!(c.state, State::Alive | State::Suspect) {
@@ -787,6 +811,7 @@ impl Membership {
                     state: c.state,
                     since: now,
                     suspicion: None,
+                    heard: None,
                 };
                 self.members.insert(c.name.clone(), entry);
                 self.remembered.remove(&c.name);
@@ -806,6 +831,22 @@ impl Membership {
             }
             return;
         };
+        // A verdict of failure is doubted — taken as a suspicion, which the member refutes
+        // when this one probes it, or which fails it if it is indeed gone — when it comes in
+        // a view exchange (a member's standing beliefs, maybe formed across a partition that
+        // has healed since), or about a member this one heard from more recently than any
+        // suspicion lasts (the one declaring it waited at least that long since it last heard
+        // of it: the two were cut off from each other, not the member from everyone).
+        let doubted = match source {
+            Source::Own => false,
+            Source::Sync => true,
+            Source::Gossip => e.heard.is_some_and(|h| now < h + doubt),
+        };
+        if doubted && c.state == State::Failed && matches!(e.state, State::Alive | State::Suspect) {
+            self.stats.doubted_failures += 1;
+            c.state = State::Suspect;
+            c.by = None;
+        }
         let news = (c.incarnation, c.state.rank()) > (e.incarnation, e.state.rank());
         if !news {
             // The same suspicion from another member confirms it (Lifeguard).
@@ -871,12 +912,16 @@ impl Membership {
         self.queue_broadcast(self.self_claim());
     }
 
-    fn start_suspicion(&mut self, now: Instant, name: &str, incarnation: u64, by: Option<String>) {
+    /// The shortest a suspicion lasts: `suspicion_mult · max(1, log10 N)` probe intervals.
+    fn suspicion_min(&self) -> Duration {
         let n = self.live_count() as f64;
-        let min = self
-            .cfg
+        self.cfg
             .probe_interval
-            .mul_f64(f64::from(self.cfg.suspicion_mult) * n.log10().max(1.0));
+            .mul_f64(f64::from(self.cfg.suspicion_mult) * n.log10().max(1.0))
+    }
+
+    fn start_suspicion(&mut self, now: Instant, name: &str, incarnation: u64, by: Option<String>) {
+        let min = self.suspicion_min();
         let max = min * self.cfg.suspicion_max_mult;
         // With fewer members than k + 2, no k independent confirmations can come.
         let expected = if self.live_count() >= self.cfg.indirect_probes + 2 {
@@ -1112,7 +1157,7 @@ impl Membership {
                 state: State::Failed,
                 by: None,
             };
-            self.apply(now, claim);
+            self.apply_claim(now, claim, Source::Own);
         }
     }
 
