@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! packet  = magic:u8 (0xC5) version:u8 (1) flags:u8 cluster:u32 from:name launch:u64
-//!           kind:u8 body count:u8 claim{count} [tag:16]
+//!           incarnation:u64 kind:u8 body count:u8 claim{count} [tag:16]
 //! flags   = bit 0: a tag follows (the sender has a secret); other bits zero
 //! name    = len:u8 (1..=255) utf-8{len}
 //! addr    = family:u8 (4 | 6) ip:4|16 port:u16
@@ -47,8 +47,8 @@ const FLAG_TAG: u8 = 1;
 const NAME_MAX: usize = 1 + MAX_NAME;
 /// Bytes of an encoded address at most.
 const ADDR_MAX: usize = 1 + 16 + 2;
-/// Header (magic, version, flags, cluster, from, launch, kind) at most.
-const HEADER_MAX: usize = 3 + 4 + NAME_MAX + 8 + 1;
+/// Header (magic, version, flags, cluster, from, launch, incarnation, kind) at most.
+const HEADER_MAX: usize = 3 + 4 + NAME_MAX + 8 + 8 + 1;
 /// The largest body (`PingReq`).
 const BODY_MAX: usize = 4 + NAME_MAX + ADDR_MAX;
 /// The largest claim.
@@ -171,6 +171,9 @@ pub struct Packet {
     pub from: String,
     /// The sender's launch id.
     pub launch: u64,
+    /// The sender's incarnation: a packet from a member is its word that it is alive at
+    /// that incarnation (a refutation reaches whoever it talks to).
+    pub incarnation: u64,
     /// The message.
     pub body: Body,
     /// Gossip carried along.
@@ -306,13 +309,15 @@ pub struct Encoder {
 }
 
 impl Encoder {
-    /// A packet from `from` (launch `launch`) of the cluster hashed as `cluster`, at most
+    /// A packet from `from` (launch `launch`, at `incarnation`) of the cluster hashed as
+    /// `cluster`, at most
     /// `max` bytes (at least [`MAX_ONE_CLAIM`] is used, at most [`MAX_PACKET`]); `tagged`:
     /// whether [`Encoder::finish`] will be given a key.
     pub fn new(
         cluster: u32,
         from: &str,
         launch: u64,
+        incarnation: u64,
         body: &Body,
         tagged: bool,
         max: usize,
@@ -324,6 +329,7 @@ impl Encoder {
         buf.extend_from_slice(&cluster.to_le_bytes());
         put_name(&mut buf, from);
         buf.extend_from_slice(&launch.to_le_bytes());
+        buf.extend_from_slice(&incarnation.to_le_bytes());
         buf.push(body.kind());
         match body {
             Body::Ping { seq, target } => {
@@ -385,6 +391,7 @@ pub fn encode(p: &Packet, key: Option<&PacketKey>) -> Vec<u8> {
         p.cluster,
         &p.from,
         p.launch,
+        p.incarnation,
         &p.body,
         key.is_some(),
         MAX_PACKET,
@@ -504,6 +511,7 @@ pub fn decode(bytes: &[u8], key: Option<&PacketKey>) -> Result<Packet, DecodeErr
     let cluster = r.u32()?;
     let from = r.name()?;
     let launch = r.u64()?;
+    let incarnation = r.u64()?;
     let body = match r.u8()? {
         1 => Body::Ping {
             seq: r.u32()?,
@@ -541,6 +549,7 @@ pub fn decode(bytes: &[u8], key: Option<&PacketKey>) -> Result<Packet, DecodeErr
         cluster,
         from,
         launch,
+        incarnation,
         body,
         claims,
     })
@@ -632,7 +641,7 @@ mod tests {
             flip in any::<(usize, u8)>(),
         ) {
             let key = keyed.then(|| PacketKey::new(b"cluster secret"));
-            let mut e = Encoder::new(cluster, &from, launch, &body, keyed, MAX_PACKET);
+            let mut e = Encoder::new(cluster, &from, launch, launch ^ 1, &body, keyed, MAX_PACKET);
             let mut fitted = Vec::new();
             for c in &claims {
                 if e.push(c) {
@@ -644,7 +653,8 @@ mod tests {
             let bytes = e.finish(key.as_ref());
             prop_assert!(bytes.len() <= MAX_PACKET, "{} bytes", bytes.len());
             let p = decode(&bytes, key.as_ref()).expect("decodes");
-            prop_assert_eq!(p, Packet { cluster, from, launch, body, claims: fitted });
+            let incarnation = launch ^ 1;
+            prop_assert_eq!(p, Packet { cluster, from, launch, incarnation, body, claims: fitted });
             for cut in 0..bytes.len() {
                 prop_assert!(decode(&bytes[..cut], key.as_ref()).is_err());
             }
@@ -677,7 +687,7 @@ mod tests {
             target: long.clone(),
             addr,
         };
-        let mut e = Encoder::new(1, &long, 1, &body, true, MAX_PACKET);
+        let mut e = Encoder::new(1, &long, 1, 1, &body, true, MAX_PACKET);
         let c = Claim {
             name: long.clone(),
             addr,
@@ -699,6 +709,7 @@ mod tests {
             cluster: cluster_hash("c"),
             from: "a".into(),
             launch: 1,
+            incarnation: 0,
             body: Body::Gossip,
             claims: vec![],
         };

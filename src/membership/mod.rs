@@ -190,6 +190,9 @@ pub struct Stats {
     pub ignored_strangers: u64,
     /// Times this member raised its incarnation to refute a claim about itself.
     pub refutations: u64,
+    /// Claims that a member failed, taken as a suspicion because this member had heard
+    /// from it more recently than a suspicion lasts.
+    pub doubted_failures: u64,
 }
 
 /// A SplitMix64 generator: small, fast, and seeded by the caller, so runs repeat.
@@ -223,6 +226,17 @@ impl Rng {
     }
 }
 
+/// Where a claim comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Source {
+    /// This member's own verdict (its suspicion ran out).
+    Own,
+    /// Gossip: news.
+    Gossip,
+    /// A view exchange: the sender's standing beliefs.
+    Sync,
+}
+
 /// A suspicion of one member at one incarnation (Lifeguard's dynamic timeout).
 #[derive(Debug, Clone)]
 struct Suspicion {
@@ -234,6 +248,8 @@ struct Suspicion {
     expected: u32,
     /// Members that suspect it (the first, then the confirmations).
     by: BTreeSet<String>,
+    /// Whether this member has probed it since (a suspect is probed out of turn, once).
+    probed: bool,
     deadline: Instant,
 }
 
@@ -262,6 +278,8 @@ struct Entry {
     /// When the state last changed.
     since: Instant,
     suspicion: Option<Suspicion>,
+    /// When a packet from it last arrived.
+    heard: Option<Instant>,
 }
 
 /// The probe in progress.
@@ -334,9 +352,15 @@ impl Membership {
     pub fn new(cfg: Config, me: Local, seed: u64, now: Instant) -> Membership {
         let cluster = codec::cluster_hash(&me.cluster);
         let cfg_rejoin = cfg.rejoin_interval;
+        let mut rng = Rng(seed ^ 0x6A09_E667_F3BC_C908);
+        // The first view exchange at a random point of the interval: members started
+        // together do not all exchange at once, and a gap the gossip left is found sooner.
+        let first_sync = cfg
+            .sync_interval
+            .mul_f64((rng.next() % 1000) as f64 / 1000.0);
         Membership {
             next_gossip: now + cfg.gossip_interval,
-            next_sync: now + cfg.sync_interval,
+            next_sync: now + first_sync,
             next_probe: Some(now + cfg.probe_interval),
             cfg,
             me,
@@ -352,7 +376,7 @@ impl Membership {
             broadcast_order: 0,
             out: VecDeque::new(),
             seq: 0,
-            rng: Rng(seed ^ 0x6A09_E667_F3BC_C908),
+            rng,
             health: 0,
             seeds: Vec::new(),
             remembered: BTreeMap::new(),
@@ -402,10 +426,14 @@ impl Membership {
         self.health
     }
 
-    /// After [`Input::Leave`]: whether the leave has been sent as often as any claim is, so
-    /// the caller may stop driving this member.
+    /// After [`Input::Leave`]: whether the leave has been sent as often as any claim is (or
+    /// there is nobody to tell), so the caller may stop driving this member.
     pub fn leave_settled(&self) -> bool {
-        self.left && !self.broadcasts.contains_key(&self.me.name)
+        let nobody = !self
+            .members
+            .values()
+            .any(|e| matches!(e.state, State::Alive | State::Suspect));
+        self.left && (nobody || !self.broadcasts.contains_key(&self.me.name))
     }
 
     /// Members counted for the timing formulas: the live ones and this one.
@@ -513,6 +541,7 @@ impl Membership {
             self.cluster,
             &self.me.name,
             self.me.launch,
+            self.incarnation,
             body,
             self.me.key.is_some(),
             self.cfg.max_packet,
@@ -653,6 +682,8 @@ impl Membership {
         self.stats.bytes_received += data.len() as u64;
         let Packet {
             from: sender,
+            launch,
+            incarnation,
             body,
             claims,
             ..
@@ -721,7 +752,26 @@ impl Membership {
             if c.state == State::Suspect && c.by.is_none() {
                 c.by = Some(sender.clone());
             }
-            self.apply(now, c);
+            let source = if sync { Source::Sync } else { Source::Gossip };
+            self.apply_claim(now, c, source);
+        }
+        // A packet from a member of the view is its word that it is alive at the incarnation
+        // it sends: a refutation reaches whoever it talks to, not only through the gossip.
+        if known {
+            if let Some(e) = self.members.get_mut(&sender) {
+                e.heard = Some(now);
+                if incarnation > e.incarnation {
+                    let claim = Claim {
+                        name: sender,
+                        addr: e.addr,
+                        launch,
+                        incarnation,
+                        state: State::Alive,
+                        by: None,
+                    };
+                    self.apply(now, claim);
+                }
+            }
         }
     }
 
@@ -741,10 +791,16 @@ impl Membership {
     /// precedence), and is gossiped on; a claim about this member that is not the truth is
     /// refuted.
     fn apply(&mut self, now: Instant, c: Claim) {
+        self.apply_claim(now, c, Source::Gossip);
+    }
+
+    /// [`Membership::apply`], for a claim from `source`.
+    fn apply_claim(&mut self, now: Instant, mut c: Claim, source: Source) {
         if c.name == self.me.name {
             self.about_me(c);
             return;
         }
+        let doubt = self.suspicion_min();
         let Some(e) = self.members.get_mut(&c.name) else {
             // Only live members are added; news of the death of a stranger is not news.
             if matches!(c.state, State::Alive | State::Suspect) {
@@ -755,6 +811,7 @@ impl Membership {
                     state: c.state,
                     since: now,
                     suspicion: None,
+                    heard: None,
                 };
                 self.members.insert(c.name.clone(), entry);
                 self.remembered.remove(&c.name);
@@ -774,6 +831,22 @@ impl Membership {
             }
             return;
         };
+        // A verdict of failure is doubted — taken as a suspicion, which the member refutes
+        // when this one probes it, or which fails it if it is indeed gone — when it comes in
+        // a view exchange (a member's standing beliefs, maybe formed across a partition that
+        // has healed since), or about a member this one heard from more recently than any
+        // suspicion lasts (the one declaring it waited at least that long since it last heard
+        // of it: the two were cut off from each other, not the member from everyone).
+        let doubted = match source {
+            Source::Own => false,
+            Source::Sync => true,
+            Source::Gossip => e.heard.is_some_and(|h| now < h + doubt),
+        };
+        if doubted && c.state == State::Failed && matches!(e.state, State::Alive | State::Suspect) {
+            self.stats.doubted_failures += 1;
+            c.state = State::Suspect;
+            c.by = None;
+        }
         let news = (c.incarnation, c.state.rank()) > (e.incarnation, e.state.rank());
         if !news {
             // The same suspicion from another member confirms it (Lifeguard).
@@ -839,12 +912,16 @@ impl Membership {
         self.queue_broadcast(self.self_claim());
     }
 
-    fn start_suspicion(&mut self, now: Instant, name: &str, incarnation: u64, by: Option<String>) {
+    /// The shortest a suspicion lasts: `suspicion_mult · max(1, log10 N)` probe intervals.
+    fn suspicion_min(&self) -> Duration {
         let n = self.live_count() as f64;
-        let min = self
-            .cfg
+        self.cfg
             .probe_interval
-            .mul_f64(f64::from(self.cfg.suspicion_mult) * n.log10().max(1.0));
+            .mul_f64(f64::from(self.cfg.suspicion_mult) * n.log10().max(1.0))
+    }
+
+    fn start_suspicion(&mut self, now: Instant, name: &str, incarnation: u64, by: Option<String>) {
+        let min = self.suspicion_min();
         let max = min * self.cfg.suspicion_max_mult;
         // With fewer members than k + 2, no k independent confirmations can come.
         let expected = if self.live_count() >= self.cfg.indirect_probes + 2 {
@@ -862,6 +939,7 @@ impl Membership {
             max,
             expected,
             by: by.into_iter().collect(),
+            probed: false,
             deadline: now,
         };
         s.update_deadline();
@@ -950,10 +1028,12 @@ impl Membership {
     }
 
     fn probe_failed(&mut self, now: Instant, p: Probe) {
-        // Lifeguard: each missing nack hints that this member is the slow one; with nacks
-        // from every helper, the target is the one not answering.
+        // Lifeguard: a missing nack hints that this member is the slow one; with nacks from
+        // every helper, the target is the one not answering. One step per probe, not one per
+        // missing nack (memberlist's count): helpers cut off by a partition send none either,
+        // and probing every 9 s there would slow detection on both sides of the cut.
         let delta = if p.expected_nacks > 0 {
-            p.expected_nacks.saturating_sub(p.nacks)
+            u32::from(p.nacks < p.expected_nacks)
         } else {
             1
         };
@@ -979,8 +1059,29 @@ impl Membership {
     fn start_probe(&mut self, now: Instant) {
         let interval = self.scaled(self.cfg.probe_interval);
         self.next_probe = Some(now + interval);
-        let mut target = None;
+        // A suspect first, out of turn, once per suspicion: its probe carries the suspicion
+        // (so it can refute), its answer carries its incarnation (so a refutation the gossip
+        // missed still arrives), and a dead one gets its confirmations sooner.
+        let suspects: Vec<String> = self
+            .members
+            .iter()
+            .filter(|(_, e)| {
+                e.state == State::Suspect && e.suspicion.as_ref().is_some_and(|s| !s.probed)
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+        let mut target = self.rng.pick(&suspects, 1).pop();
+        if let Some(s) = target
+            .as_ref()
+            .and_then(|t| self.members.get_mut(t))
+            .and_then(|e| e.suspicion.as_mut())
+        {
+            s.probed = true;
+        }
         for _ in 0..=self.order.len() {
+            if target.is_some() {
+                break;
+            }
             if self.next_in_order >= self.order.len() {
                 let members = &self.members;
                 self.order.retain(|n| {
@@ -1056,7 +1157,7 @@ impl Membership {
                 state: State::Failed,
                 by: None,
             };
-            self.apply(now, claim);
+            self.apply_claim(now, claim, Source::Own);
         }
     }
 
@@ -1135,5 +1236,162 @@ fn member(name: &str, e: &Entry) -> Member {
         state: e.state,
         incarnation: e.incarnation,
         launch: e.launch,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::codec::{Encoder, MAX_PACKET};
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 6] = ["me", "a", "b", "c", "d", "e"];
+
+    fn addr(i: u8) -> SocketAddr {
+        SocketAddr::from(([10, 0, 0, i], 7000))
+    }
+
+    /// One step: a packet from member `from` (any body, any claims about the six names),
+    /// or time passing.
+    #[derive(Debug, Clone)]
+    enum Step {
+        Packet {
+            from: usize,
+            kind: u8,
+            seq: u32,
+            claims: Vec<(usize, u8, u64, u8, Option<usize>)>,
+        },
+        Garbage(Vec<u8>),
+        Wait(u16),
+        Leave,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (
+                1..NAMES.len(),
+                0u8..6,
+                0u32..8,
+                proptest::collection::vec(
+                    (
+                        0..NAMES.len(),
+                        1u8..4,
+                        0u64..4,
+                        0u8..4,
+                        proptest::option::of(0..NAMES.len())
+                    ),
+                    0..6
+                )
+            )
+                .prop_map(|(from, kind, seq, claims)| Step::Packet { from, kind, seq, claims }),
+            1 => proptest::collection::vec(any::<u8>(), 0..64).prop_map(Step::Garbage),
+            3 => any::<u16>().prop_map(Step::Wait),
+            1 => Just(Step::Leave),
+        ]
+    }
+
+    fn encode(
+        from: usize,
+        kind: u8,
+        seq: u32,
+        claims: &[(usize, u8, u64, u8, Option<usize>)],
+    ) -> Vec<u8> {
+        let target = NAMES[usize::from(kind) % NAMES.len()].to_owned();
+        let body = match kind {
+            0 => Body::Ping {
+                seq,
+                target: "me".into(),
+            },
+            1 => Body::Ack { seq },
+            2 => Body::PingReq {
+                seq,
+                target,
+                addr: addr(9),
+            },
+            3 => Body::Nack { seq },
+            4 => Body::Sync {
+                reply: seq % 2 == 0,
+            },
+            _ => Body::Gossip,
+        };
+        let key = PacketKey::new(b"k");
+        let mut e = Encoder::new(
+            codec::cluster_hash("c"),
+            NAMES[from],
+            1,
+            u64::from(seq % 3),
+            &body,
+            true,
+            MAX_PACKET,
+        );
+        for &(who, a, incarnation, state, by) in claims {
+            e.push(&Claim {
+                name: NAMES[who].into(),
+                addr: addr(a),
+                launch: u64::from(a),
+                incarnation,
+                state: [State::Alive, State::Suspect, State::Failed, State::Left]
+                    [usize::from(state)],
+                by: by.map(|b| NAMES[b].to_owned()),
+            });
+        }
+        e.finish(Some(&key))
+    }
+
+    proptest! {
+        /// Whatever authenticated members say, in whatever order and timing: no panic, every
+        /// packet within the bound, this member never in its own view of the others, and
+        /// after the time it asked for is handed over, it never asks for a time already
+        /// past (no busy loop).
+        #[test]
+        fn any_input_keeps_the_machine_sound(steps in proptest::collection::vec(step(), 1..80)) {
+            let start = Instant::now();
+            let mut now = start;
+            let me = Local {
+                cluster: "c".into(),
+                name: "me".into(),
+                addr: addr(0),
+                launch: 1,
+                key: Some(PacketKey::new(b"k")),
+            };
+            let mut m = Membership::new(Config::default(), me, 5, now);
+            m.handle(now, Input::Join(&[addr(1)]));
+            for s in steps {
+                match s {
+                    Step::Packet { from, kind, seq, claims } => {
+                        let bytes = encode(from, kind, seq, &claims);
+                        m.handle(now, Input::Packet { from: addr(from as u8), data: &bytes });
+                    }
+                    Step::Garbage(bytes) => m.handle(now, Input::Packet { from: addr(7), data: &bytes }),
+                    Step::Wait(ms) => {
+                        now += Duration::from_millis(u64::from(ms));
+                        // Hand over every timer due by then, as a driver does.
+                        let mut rounds = 0;
+                        while m.poll_timeout().is_some_and(|t| t <= now) {
+                            m.handle(now, Input::Timer);
+                            let after = m.poll_timeout();
+                            prop_assert!(
+                                after.is_none_or(|a| a > now),
+                                "asked for {:?} at {:?}",
+                                after.map(|a| a.saturating_duration_since(start)),
+                                now - start
+                            );
+                            rounds += 1;
+                            prop_assert!(rounds < 10_000);
+                        }
+                    }
+                    Step::Leave => m.handle(now, Input::Leave),
+                }
+                while let Some(o) = m.poll(now) {
+                    if let Output::Send { packet, .. } = o {
+                        prop_assert!(packet.len() <= MAX_PACKET);
+                        prop_assert!(codec::decode(&packet, Some(&PacketKey::new(b"k"))).is_ok());
+                    }
+                }
+                prop_assert!(m.member("me").is_none());
+                let view = m.members();
+                prop_assert_eq!(view[0].name.as_str(), "me");
+            }
+        }
     }
 }
