@@ -18,7 +18,7 @@ pub(crate) use pool::on_pool_thread;
 pub use pool::{Handler, Next, Pool, PoolStats, Task, TaskQueue};
 pub use progress::Progress;
 pub(crate) use room::ReplyRoom;
-pub use sender::{CreditSink, RunOutcome, SenderQueue};
+pub use sender::{CreditSink, Queued, Run, RunFrame, RunOutcome, SenderQueue};
 
 use std::any::Any;
 use std::fmt;
