@@ -722,6 +722,41 @@ impl Peer {
         Ok(Inflow::Go)
     }
 
+    /// Admits the regular messages that follow one another in `rbuf` (the link's read
+    /// buffer, bound by `max` as the link's state says) from `*pending` on into the turn's
+    /// run ([`on_run_data`]), moving `*pending` past each. Stops at the first frame that is
+    /// not one (another kind, a request, reply or out-of-band message, or a malformed or
+    /// incomplete frame: the caller splits it off on its own) with `Go`, or after the
+    /// message that took the peer past its receive window with `Pause`, or at a message
+    /// the peer had no right to send (`Err`, not admitted).
+    ///
+    /// [`on_run_data`]: Peer::on_run_data
+    pub(crate) fn admit_run(
+        &mut self,
+        out: &mut Out,
+        rbuf: &[u8],
+        max: usize,
+        pending: &mut usize,
+    ) -> Result<Inflow, RecoveryError> {
+        while let Ok(Some(wire::Peek::Data {
+            flags,
+            seq,
+            header,
+            total,
+        })) = wire::peek_frame(&rbuf[*pending..], max)
+        {
+            if flags & (wire::FLAG_REQUEST | wire::FLAG_REPLY | wire::FLAG_OOB) != 0 {
+                break;
+            }
+            let inflow = self.on_run_data(out, seq, *pending + header, total - header)?;
+            *pending += total;
+            if inflow == Inflow::Pause {
+                return Ok(Inflow::Pause);
+            }
+        }
+        Ok(Inflow::Go)
+    }
+
     /// Cuts the turn's run: its messages, found in `buf` (the front of the read buffer,
     /// just taken off), are counted received and held, and queued for this peer's one
     /// push at the end of the turn (after any message queued before them).

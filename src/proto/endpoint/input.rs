@@ -30,16 +30,9 @@ impl Endpoint {
             }
             let (established, peer) = (link.established, link.peer);
             let max = link.frame_limit(self.max_len);
-            // The hot path: a regular message on an established link joins the run.
-            if let (
-                Ok(Some(wire::Peek::Data {
-                    flags,
-                    seq,
-                    header,
-                    total,
-                })),
-                Some(pid),
-            ) = (
+            // The hot path: regular messages on an established link join the run, as many
+            // as follow one another (one look-up of the link and the peer for them all).
+            if let (Ok(Some(wire::Peek::Data { flags, total, .. })), Some(pid)) = (
                 wire::peek_frame(&link.rbuf[pending..], max),
                 peer.filter(|_| established),
             ) {
@@ -49,10 +42,10 @@ impl Endpoint {
                         pending += total;
                         continue;
                     };
-                    match p.on_run_data(&mut self.out, seq, pending + header, total - header) {
-                        Ok(Inflow::Go) => pending += total,
+                    match p.admit_run(&mut self.out, &link.rbuf, max, &mut pending) {
+                        // The frame after the run is another kind, or incomplete.
+                        Ok(Inflow::Go) => {}
                         Ok(Inflow::Pause) => {
-                            pending += total;
                             if self.pause(id, pid) {
                                 break;
                             }
