@@ -113,6 +113,8 @@ pub struct Run {
     buf: Bytes,
     epoch: u32,
     frames: Vec<RunFrame>,
+    /// Frames before this one were taken off by a deliverer that split the run.
+    next: usize,
 }
 
 impl Run {
@@ -123,31 +125,41 @@ impl Run {
     /// delivered).
     pub fn new(buf: Bytes, epoch: u32, frames: Vec<RunFrame>) -> Run {
         debug_assert!(frames.iter().all(|f| f.start + f.len <= buf.len()));
-        Run { buf, epoch, frames }
+        Run {
+            buf,
+            epoch,
+            frames,
+            next: 0,
+        }
     }
 
     /// Messages in the run.
     pub fn len(&self) -> usize {
-        self.frames.len()
+        self.frames.len() - self.next
     }
 
     /// Whether the run holds no message.
     pub fn is_empty(&self) -> bool {
-        self.frames.is_empty()
+        self.len() == 0
     }
 
     /// Payload bytes of its messages.
     pub fn payload_bytes(&self) -> u64 {
-        self.frames.iter().map(|f| f.len as u64).sum()
+        self.frames[self.next..].iter().map(|f| f.len as u64).sum()
     }
 
-    /// Splits the run after its first `n` messages: the rest, sharing the bytes.
-    fn split_off(&mut self, n: usize) -> Run {
-        Run {
+    /// Takes the run's first `n` messages off as a run of their own, sharing the bytes
+    /// (copying only their places: a long run split by many budgets is copied once).
+    fn take_front(&mut self, n: usize) -> Run {
+        let end = self.next + n;
+        let front = Run {
             buf: self.buf.clone(),
             epoch: self.epoch,
-            frames: self.frames.split_off(n),
-        }
+            frames: self.frames[self.next..end].to_vec(),
+            next: 0,
+        };
+        self.next = end;
+        front
     }
 }
 
@@ -179,11 +191,17 @@ impl Queued {
     fn into_deliveries(self) -> Deliveries {
         match self {
             Queued::One(d) => Deliveries::One(Some(d)),
-            Queued::Run(r) => Deliveries::Run {
-                buf: r.buf,
-                epoch: r.epoch,
-                frames: r.frames.into_iter(),
-            },
+            Queued::Run(r) => {
+                let mut frames = r.frames.into_iter();
+                if r.next > 0 {
+                    frames.nth(r.next - 1);
+                }
+                Deliveries::Run {
+                    buf: r.buf,
+                    epoch: r.epoch,
+                    frames,
+                }
+            }
         }
     }
 }
@@ -361,15 +379,18 @@ impl SenderQueue {
                     // rest left at the front.
                     let mut taken = 0;
                     while taken < room {
-                        let Some(mut item) = q.items.pop_front() else {
+                        let Some(front) = q.items.front_mut() else {
                             break;
                         };
-                        if let Queued::Run(run) = &mut item {
-                            if run.len() > room - taken {
-                                let rest = run.split_off(room - taken);
-                                q.items.push_front(Queued::Run(rest));
+                        let item = match front {
+                            Queued::Run(run) if run.len() > room - taken => {
+                                Queued::Run(run.take_front(room - taken))
                             }
-                        }
+                            _ => match q.items.pop_front() {
+                                Some(item) => item,
+                                None => break,
+                            },
+                        };
                         taken += item.len();
                         batch.push_back(item);
                     }
