@@ -400,11 +400,18 @@ fn put_header(out: &mut Vec<u8>, body_len: usize, kind: u8, flags: u8) {
 pub fn encode_data(out: &mut Vec<u8>, flags: u8, seq: Option<u64>, payload: &[u8]) {
     debug_assert_eq!(seq.is_some(), flags & FLAG_RELIABLE != 0);
     let seq_len = if seq.is_some() { 8 } else { 0 };
-    out.reserve(HEADER_BYTES + seq_len + payload.len());
-    put_header(out, seq_len + payload.len(), kind::DATA, flags);
+    // The header in one piece (length, kind, flags, sequence number): two copies per
+    // message, not five.
+    let mut header = [0u8; HEADER_BYTES + 8];
+    let len = (2 + seq_len + payload.len()) as u32;
+    header[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
+    header[LEN_BYTES] = kind::DATA;
+    header[LEN_BYTES + 1] = flags;
     if let Some(s) = seq {
-        out.extend_from_slice(&s.to_le_bytes());
+        header[HEADER_BYTES..].copy_from_slice(&s.to_le_bytes());
     }
+    out.reserve(HEADER_BYTES + seq_len + payload.len());
+    out.extend_from_slice(&header[..HEADER_BYTES + seq_len]);
     out.extend_from_slice(payload);
 }
 
