@@ -186,24 +186,6 @@ impl Queued {
             Queued::Run(r) => r.payload_bytes(),
         }
     }
-
-    /// Its messages as deliveries, in order (a run's payloads sliced out of its bytes).
-    fn into_deliveries(self) -> Deliveries {
-        match self {
-            Queued::One(d) => Deliveries::One(Some(d)),
-            Queued::Run(r) => {
-                let mut frames = r.frames.into_iter();
-                if r.next > 0 {
-                    frames.nth(r.next - 1);
-                }
-                Deliveries::Run {
-                    buf: r.buf,
-                    epoch: r.epoch,
-                    frames,
-                }
-            }
-        }
-    }
 }
 
 impl From<Delivery> for Queued {
@@ -215,28 +197,6 @@ impl From<Delivery> for Queued {
 impl From<Run> for Queued {
     fn from(r: Run) -> Queued {
         Queued::Run(r)
-    }
-}
-
-/// The deliveries of one [`Queued`] item.
-enum Deliveries {
-    One(Option<Delivery>),
-    Run {
-        buf: Bytes,
-        epoch: u32,
-        frames: std::vec::IntoIter<RunFrame>,
-    },
-}
-
-impl Iterator for Deliveries {
-    type Item = Delivery;
-    fn next(&mut self) -> Option<Delivery> {
-        match self {
-            Deliveries::One(d) => d.take(),
-            Deliveries::Run { buf, epoch, frames } => frames.next().map(|f| {
-                Delivery::unnamed(buf.slice(f.start..f.start + f.len), f.seq).in_epoch(*epoch)
-            }),
-        }
     }
 }
 
@@ -403,7 +363,7 @@ impl SenderQueue {
             // What the batch consumed, reported per stream epoch (a batch spans two epochs
             // only right after the sender's stream restarted).
             let mut seg = Segment::default();
-            for mut d in batch.drain(..).flat_map(Queued::into_deliveries) {
+            let mut deliver = |mut d: Delivery| {
                 if !d.is_named() {
                     d.name_as(&self.name);
                 }
@@ -428,6 +388,18 @@ impl SenderQueue {
                 }
                 if let Some(seq) = seq.filter(|_| track) {
                     seqs.push(seq);
+                }
+            };
+            for item in batch.drain(..) {
+                match item {
+                    Queued::One(d) => deliver(d),
+                    // Each payload sliced out of the run's bytes as it is delivered.
+                    Queued::Run(run) => {
+                        for f in &run.frames[run.next..] {
+                            let payload = run.buf.slice(f.start..f.start + f.len);
+                            deliver(Delivery::unnamed(payload, f.seq).in_epoch(run.epoch));
+                        }
+                    }
                 }
             }
             if n > 0 {
