@@ -24,9 +24,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use bytes::Bytes;
 
-use super::Delivery;
+use super::{Delivery, NodeRef, Origin};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::sync::{Mutex, SharedStr};
+use crate::sync::{Arc, Mutex, SharedStr};
 
 const RUNNING: usize = 0b01;
 const NOTIFIED: usize = 0b10;
@@ -315,7 +315,20 @@ impl SenderQueue {
     /// Delivers up to `budget` messages to `handler`, in order. Must be called only by the
     /// holder of `RUNNING` (the task a `push` returning `true` scheduled, or a re-submission
     /// after [`RunOutcome::Yield`]).
-    pub fn run(&self, budget: usize, mut handler: impl FnMut(Delivery)) -> RunOutcome {
+    pub fn run(&self, budget: usize, handler: impl FnMut(Delivery)) -> RunOutcome {
+        self.run_with_node(budget, None, handler)
+    }
+
+    /// [`run`](SenderQueue::run), the messages of runs handed over with `node` (the
+    /// receiving node's send handle; the pool's handler gives it to the others).
+    pub fn run_with_node(
+        &self,
+        budget: usize,
+        node: Option<&NodeRef>,
+        mut handler: impl FnMut(Delivery),
+    ) -> RunOutcome {
+        // Made at the first run of two messages or more in this call, for all of them.
+        let mut origin: Option<Arc<Origin>> = None;
         let now_active = self.active.fetch_add(1, Ordering::AcqRel) + 1;
         self.max_active.fetch_max(now_active, Ordering::AcqRel);
         let budget = budget.max(1);
@@ -395,9 +408,17 @@ impl SenderQueue {
                     Queued::One(d) => deliver(d),
                     // Each payload sliced out of the run's bytes as it is delivered.
                     Queued::Run(run) => {
+                        let shared = (run.len() > 1).then(|| {
+                            &*origin.get_or_insert_with(|| {
+                                Arc::new(Origin::new(self.name.clone(), node.cloned()))
+                            })
+                        });
                         for f in &run.frames[run.next..] {
                             let payload = run.buf.slice(f.start..f.start + f.len);
-                            deliver(Delivery::unnamed(payload, f.seq).in_epoch(run.epoch));
+                            deliver(match shared {
+                                Some(o) => Delivery::of_run(o, payload, f.seq, run.epoch),
+                                None => Delivery::unnamed(payload, f.seq).in_epoch(run.epoch),
+                            });
                         }
                     }
                 }
