@@ -28,7 +28,7 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::internals::deliver::{CreditSink, RunOutcome, SenderQueue};
+use cohort::internals::deliver::{CreditSink, Run, RunFrame, RunOutcome, SenderQueue};
 use cohort::internals::flow::cost;
 use cohort::Delivery;
 use loom::cell::UnsafeCell;
@@ -383,6 +383,73 @@ fn producers_push_batches_budget_3() {
         }
         check_quiescent(&q, &rec, &credit, 2);
     });
+}
+
+/// Producer `p`'s messages as one [`Run`], as the IO thread queues the regular messages of
+/// one read: one buffer holding them behind frame headers, and where each lies.
+fn run_of(mode: Mode, p: u8) -> Run {
+    let mut buf = Vec::new();
+    let mut frames = Vec::new();
+    for i in 0..PER_PRODUCER {
+        buf.extend_from_slice(&[0xFF; 3]); // a frame header, not part of any payload
+        let start = buf.len();
+        buf.extend_from_slice(message(mode, p, i).payload());
+        frames.push(RunFrame {
+            start,
+            len: payload_len(p, i),
+            seq: seq(mode, p, i),
+        });
+    }
+    Run::new(Bytes::from(buf), 0, frames)
+}
+
+/// Each producer pushes its messages as one run (the IO thread's item for the messages of
+/// one read); the deliverer slices them out one by one. Budget 1 splits every run, leaving
+/// its rest at the front of the queue for the next run of the deliverer; budget 3 splits
+/// the second producer's run when the first's is in the same drain.
+fn producers_push_runs(budget: usize, mode: Mode) {
+    let (q, credit, rec) = new_queue(mode);
+    let threads: Vec<_> = (0..2u8)
+        .map(|p| {
+            let q = q.clone();
+            let h = handler(rec.clone());
+            thread::spawn(move || {
+                if q.push([run_of(mode, p)]) {
+                    drive(&q, budget, &*h);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    check_quiescent(&q, &rec, &credit, 2);
+}
+
+#[test]
+fn producers_push_runs_budget_1() {
+    loom_tests::model("sender_queue/producers_push_runs_budget_1", || {
+        producers_push_runs(1, Mode::Plain);
+    });
+}
+
+#[test]
+fn producers_push_runs_budget_3() {
+    loom_tests::model("sender_queue/producers_push_runs_budget_3", || {
+        producers_push_runs(3, Mode::Plain);
+    });
+}
+
+/// Runs with a journalling sink: sequence numbers of a run's messages, one unreliable,
+/// reported handled in order across split runs.
+#[test]
+fn journalling_producers_push_runs_budget_1() {
+    loom_tests::model(
+        "sender_queue/journalling_producers_push_runs_budget_1",
+        || {
+            producers_push_runs(1, Mode::Journalling);
+        },
+    );
 }
 
 /// The pool's run queue, reduced to one sender: how many tasks for it are queued.

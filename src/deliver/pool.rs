@@ -542,7 +542,7 @@ fn run_task(s: &Shared, task: Task, node: Option<&NodeRef>, mut handler: impl Fn
     let again = match task {
         Task::Sender(m) => {
             let before = m.panics();
-            let outcome = m.run(s.budget, &mut give);
+            let outcome = m.run_with_node(s.budget, node, &mut give);
             // One deliverer at a time runs a sender's queue: what its count gained since
             // `before` was caught in this run. Two loads per task, none per message.
             let caught = m.panics().saturating_sub(before);

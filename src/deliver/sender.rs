@@ -13,13 +13,20 @@
 //! Invariant: a message pushed to the queue is either seen by the deliverer's next drain,
 //! or its producer sets `NOTIFIED` after the deliverer cleared it, which makes the
 //! deliverer's `RUNNING → idle` transition fail. Nothing is stranded.
+//!
+//! The queue holds [`Queued`] items: a message, or a [`Run`] of the regular messages one
+//! read brought, which shares the read's bytes and is made into deliveries one by one by
+//! the deliverer (so the IO thread touches the read's reference count once, not once per
+//! message).
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use super::Delivery;
+use bytes::Bytes;
+
+use super::{Delivery, NodeRef, Origin};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::sync::{Mutex, SharedStr};
+use crate::sync::{Arc, Mutex, SharedStr};
 
 const RUNNING: usize = 0b01;
 const NOTIFIED: usize = 0b10;
@@ -87,10 +94,123 @@ impl Segment {
     }
 }
 
+/// Where one message of a [`Run`] lies in the run's bytes, and its sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunFrame {
+    /// Offset of the payload in the run's bytes.
+    pub start: usize,
+    /// Payload length.
+    pub len: usize,
+    /// Sequence number (reliable messages).
+    pub seq: Option<u64>,
+}
+
+/// Regular messages of one sender, of one stream epoch, in order, that one read brought:
+/// the read's bytes, taken off the read buffer once, and where each message lies in them.
+/// The deliverer slices each message's payload out as it delivers it.
+#[derive(Debug)]
+pub struct Run {
+    buf: Bytes,
+    epoch: u32,
+    frames: Vec<RunFrame>,
+    /// Frames before this one were taken off by a deliverer that split the run.
+    next: usize,
+}
+
+impl Run {
+    /// The messages at `frames` of `buf`, of stream epoch `epoch`.
+    ///
+    /// # Panics
+    /// If a frame lies outside `buf` (in debug builds, at once; otherwise when it is
+    /// delivered).
+    pub fn new(buf: Bytes, epoch: u32, frames: Vec<RunFrame>) -> Run {
+        debug_assert!(frames.iter().all(|f| f.start + f.len <= buf.len()));
+        Run {
+            buf,
+            epoch,
+            frames,
+            next: 0,
+        }
+    }
+
+    /// Messages in the run.
+    pub fn len(&self) -> usize {
+        self.frames.len() - self.next
+    }
+
+    /// Whether the run holds no message.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Payload bytes of its messages.
+    pub fn payload_bytes(&self) -> u64 {
+        self.frames[self.next..].iter().map(|f| f.len as u64).sum()
+    }
+
+    /// Takes the run's first `n` messages off as a run of their own, sharing the bytes
+    /// (copying only their places: a long run split by many budgets is copied once).
+    fn take_front(&mut self, n: usize) -> Run {
+        let end = self.next + n;
+        let front = Run {
+            buf: self.buf.clone(),
+            epoch: self.epoch,
+            frames: self.frames[self.next..end].to_vec(),
+            next: 0,
+        };
+        self.next = end;
+        front
+    }
+}
+
+/// One item of a sender queue: a message, or a run of messages from one read.
+#[derive(Debug)]
+pub enum Queued {
+    /// One message.
+    One(Delivery),
+    /// Messages from one read.
+    Run(Run),
+}
+
+impl Queued {
+    fn len(&self) -> usize {
+        match self {
+            Queued::One(_) => 1,
+            Queued::Run(r) => r.len(),
+        }
+    }
+
+    fn payload_bytes(&self) -> u64 {
+        match self {
+            Queued::One(d) => d.payload().len() as u64,
+            Queued::Run(r) => r.payload_bytes(),
+        }
+    }
+}
+
+impl From<Delivery> for Queued {
+    fn from(d: Delivery) -> Queued {
+        Queued::One(d)
+    }
+}
+
+impl From<Run> for Queued {
+    fn from(r: Run) -> Queued {
+        Queued::Run(r)
+    }
+}
+
+/// The queue behind a sender queue's lock: its items and how many messages they hold.
+#[derive(Default)]
+struct Items {
+    items: VecDeque<Queued>,
+    messages: usize,
+}
+
 /// A sender's batch queue plus its delivering state word.
 pub struct SenderQueue {
     name: SharedStr,
-    queue: Mutex<VecDeque<Delivery>>,
+    queue: Mutex<Items>,
     state: AtomicUsize,
     credit: Box<dyn CreditSink>,
     queued_bytes: AtomicU64,
@@ -119,7 +239,7 @@ impl SenderQueue {
     pub fn new(name: SharedStr, credit: Box<dyn CreditSink>) -> SenderQueue {
         SenderQueue {
             name,
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Items::default()),
             state: AtomicUsize::new(0),
             credit,
             queued_bytes: AtomicU64::new(0),
@@ -136,15 +256,22 @@ impl SenderQueue {
         &self.name
     }
 
-    /// Appends messages in order. Returns `true` when the caller must schedule a deliverer
-    /// (the state went from idle to `RUNNING`); `false` when one is already on it.
-    pub fn push<I: IntoIterator<Item = Delivery>>(&self, batch: I) -> bool {
+    /// Appends messages (or runs of them) in order. Returns `true` when the caller must
+    /// schedule a deliverer (the state went from idle to `RUNNING`); `false` when one is
+    /// already on it.
+    pub fn push<I>(&self, batch: I) -> bool
+    where
+        I: IntoIterator,
+        I::Item: Into<Queued>,
+    {
         let mut bytes = 0u64;
         {
             let mut q = self.queue.lock();
-            for d in batch {
-                bytes += d.payload().len() as u64;
-                q.push_back(d);
+            for item in batch {
+                let item = item.into();
+                bytes += item.payload_bytes();
+                q.messages += item.len();
+                q.items.push_back(item);
             }
         }
         self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -188,7 +315,20 @@ impl SenderQueue {
     /// Delivers up to `budget` messages to `handler`, in order. Must be called only by the
     /// holder of `RUNNING` (the task a `push` returning `true` scheduled, or a re-submission
     /// after [`RunOutcome::Yield`]).
-    pub fn run(&self, budget: usize, mut handler: impl FnMut(Delivery)) -> RunOutcome {
+    pub fn run(&self, budget: usize, handler: impl FnMut(Delivery)) -> RunOutcome {
+        self.run_with_node(budget, None, handler)
+    }
+
+    /// [`run`](SenderQueue::run), the messages of runs handed over with `node` (the
+    /// receiving node's send handle; the pool's handler gives it to the others).
+    pub fn run_with_node(
+        &self,
+        budget: usize,
+        node: Option<&NodeRef>,
+        mut handler: impl FnMut(Delivery),
+    ) -> RunOutcome {
+        // Made at the first run of two messages or more in this call, for all of them.
+        let mut origin: Option<Arc<Origin>> = None;
         let now_active = self.active.fetch_add(1, Ordering::AcqRel) + 1;
         self.max_active.fetch_max(now_active, Ordering::AcqRel);
         let budget = budget.max(1);
@@ -201,22 +341,42 @@ impl SenderQueue {
             // afterwards, and the idle transition below fails. Acquire pairs with the
             // producers' Release.
             self.state.fetch_and(!NOTIFIED, Ordering::AcqRel);
-            {
+            let n = {
                 let mut q = self.queue.lock();
                 let room = budget - done;
-                if q.len() <= room {
-                    std::mem::swap(&mut *q, &mut batch);
+                if q.messages <= room {
+                    std::mem::swap(&mut q.items, &mut batch);
+                    std::mem::take(&mut q.messages)
                 } else {
-                    batch.extend(q.drain(..room));
+                    // Whole items up to the budget; a run that crosses it is split, its
+                    // rest left at the front.
+                    let mut taken = 0;
+                    while taken < room {
+                        let Some(front) = q.items.front_mut() else {
+                            break;
+                        };
+                        let item = match front {
+                            Queued::Run(run) if run.len() > room - taken => {
+                                Queued::Run(run.take_front(room - taken))
+                            }
+                            _ => match q.items.pop_front() {
+                                Some(item) => item,
+                                None => break,
+                            },
+                        };
+                        taken += item.len();
+                        batch.push_back(item);
+                    }
+                    q.messages -= taken;
+                    taken
                 }
-            }
+            };
             let mut bytes = 0u64;
-            let n = batch.len();
             let track = n > 0 && self.credit.tracks_progress();
             // What the batch consumed, reported per stream epoch (a batch spans two epochs
             // only right after the sender's stream restarted).
             let mut seg = Segment::default();
-            for mut d in batch.drain(..) {
+            let mut deliver = |mut d: Delivery| {
                 if !d.is_named() {
                     d.name_as(&self.name);
                 }
@@ -241,6 +401,26 @@ impl SenderQueue {
                 }
                 if let Some(seq) = seq.filter(|_| track) {
                     seqs.push(seq);
+                }
+            };
+            for item in batch.drain(..) {
+                match item {
+                    Queued::One(d) => deliver(d),
+                    // Each payload sliced out of the run's bytes as it is delivered.
+                    Queued::Run(run) => {
+                        let shared = (run.len() > 1).then(|| {
+                            &*origin.get_or_insert_with(|| {
+                                Arc::new(Origin::new(self.name.clone(), node.cloned()))
+                            })
+                        });
+                        for f in &run.frames[run.next..] {
+                            let payload = run.buf.slice(f.start..f.start + f.len);
+                            deliver(match shared {
+                                Some(o) => Delivery::of_run(o, payload, f.seq, run.epoch),
+                                None => Delivery::unnamed(payload, f.seq).in_epoch(run.epoch),
+                            });
+                        }
+                    }
                 }
             }
             if n > 0 {
@@ -281,7 +461,7 @@ impl SenderQueue {
     /// Messages queued and not yet delivered.
     #[cfg(any(test, cohort_internals))]
     pub fn queued(&self) -> usize {
-        self.queue.lock().len()
+        self.queue.lock().messages
     }
     /// Messages delivered (handler returned or panicked).
     pub fn delivered(&self) -> u64 {
@@ -303,5 +483,94 @@ impl SenderQueue {
     /// Whether a deliverer is scheduled or running.
     pub fn is_running(&self) -> bool {
         self.state.load(Ordering::Acquire) & RUNNING != 0
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::sync::Arc;
+
+    /// Adds up the credit reported, per epoch.
+    #[derive(Default)]
+    struct Tally(Mutex<Vec<(u32, u64)>>);
+
+    impl CreditSink for Arc<Tally> {
+        fn consumed(&self, epoch: u32, cost: u64) {
+            self.0.lock().push((epoch, cost));
+        }
+        fn idle(&self) {}
+    }
+
+    /// `n` payloads of 1..=n bytes, each holding its index, behind 6-byte headers in one
+    /// buffer, as a run of epoch `epoch` with sequence numbers from `first`.
+    fn run(n: usize, first: u64, epoch: u32) -> Run {
+        let mut buf = Vec::new();
+        let mut frames = Vec::new();
+        for i in 0..n {
+            buf.extend_from_slice(&[0xEE; 6]);
+            let start = buf.len();
+            buf.extend(std::iter::repeat_n((first as usize + i) as u8, i + 1));
+            frames.push(RunFrame {
+                start,
+                len: i + 1,
+                seq: Some(first + i as u64),
+            });
+        }
+        Run::new(Bytes::from(buf), epoch, frames)
+    }
+
+    /// Runs, split by the budget wherever it falls, and single messages between them come
+    /// out in the order they were queued, each payload sliced from its run's bytes, and
+    /// the credit adds up per epoch.
+    #[test]
+    fn runs_and_messages_are_delivered_in_order_across_budgets() {
+        for budget in [1, 2, 3, 5, 64] {
+            let tally = Arc::new(Tally::default());
+            let q = SenderQueue::new("a".into(), Box::new(tally.clone()));
+            let single = Delivery::unnamed(Bytes::from_static(&[4; 4]), Some(4)).into();
+            assert!(q.push([Queued::Run(run(3, 1, 7)), single]));
+            assert!(!q.push([run(4, 5, 8)]));
+            assert_eq!(q.queued(), 8);
+            assert_eq!(q.queued_bytes(), (1 + 2 + 3) + 4 + (1 + 2 + 3 + 4));
+            let mut seen = Vec::new();
+            let mut runs = 0;
+            loop {
+                runs += 1;
+                let outcome = q.run(budget, |d| {
+                    assert_eq!(d.from(), "a");
+                    let seq = d.seq().expect("reliable");
+                    assert!(d.payload().iter().all(|&b| u64::from(b) == seq));
+                    seen.push((seq, d.payload().len(), d.epoch()));
+                });
+                if outcome == RunOutcome::Idle {
+                    break;
+                }
+            }
+            let want = vec![
+                (1, 1, 7),
+                (2, 2, 7),
+                (3, 3, 7),
+                (4, 4, 0),
+                (5, 1, 8),
+                (6, 2, 8),
+                (7, 3, 8),
+                (8, 4, 8),
+            ];
+            assert_eq!(seen, want, "budget {budget}");
+            assert_eq!(runs, 8usize.div_ceil(budget) + usize::from(8 % budget == 0));
+            assert_eq!((q.queued(), q.queued_bytes(), q.delivered()), (0, 0, 8));
+            let mut per_epoch = std::collections::BTreeMap::new();
+            for (epoch, cost) in tally.0.lock().iter() {
+                *per_epoch.entry(*epoch).or_insert(0) += cost;
+            }
+            let cost = crate::flow::cost;
+            let want = [
+                (0, cost(4)),
+                (7, cost(1) + cost(2) + cost(3)),
+                (8, cost(1) + cost(2) + cost(3) + cost(4)),
+            ];
+            assert_eq!(per_epoch.into_iter().collect::<Vec<_>>(), want);
+        }
     }
 }

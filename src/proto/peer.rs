@@ -668,7 +668,8 @@ impl Peer {
             out.batch.push(
                 Delivery::unnamed(payload, seq)
                     .in_epoch(self.epoch)
-                    .with_request(request),
+                    .with_request(request)
+                    .into(),
             );
         }
         Ok(if held > self.shared.credit.window() {
@@ -676,6 +677,114 @@ impl Peer {
         } else {
             Inflow::Go
         })
+    }
+
+    /// A regular data frame (no request, reply or out-of-band flag) whose payload lies at
+    /// `start..start + len` of the link's read buffer: admitted as [`on_data`] admits it,
+    /// and added to the turn's run (`out.run`) instead of split off the buffer, so a read's
+    /// messages take its bytes once ([`cut_run`]). The held count is added to once per
+    /// run, or when the run may cross the receive window: then a pause is decided on the
+    /// count itself, as for a single message.
+    ///
+    /// [`on_data`]: Peer::on_data
+    /// [`cut_run`]: Peer::cut_run
+    pub(crate) fn on_run_data(
+        &mut self,
+        out: &mut Out,
+        seq: Option<u64>,
+        start: usize,
+        len: usize,
+    ) -> Result<Inflow, RecoveryError> {
+        let cost = crate::flow::cost(len);
+        match self.desc.accept_data(seq, cost, self.peer_window)? {
+            Receive::Deliver => {}
+            Receive::Duplicate => {
+                Counters::add(&self.shared.counters.duplicates, 1);
+                // Still acked: the sender resent it because it lacks our ack.
+                self.ack_forced = true;
+                return Ok(Inflow::Go);
+            }
+        }
+        let run = &mut out.run;
+        if run.frames.is_empty() && run.unflushed == 0 {
+            run.epoch = self.epoch;
+            run.held = self.shared.credit.held();
+        }
+        run.frames
+            .push(crate::deliver::RunFrame { start, len, seq });
+        run.bytes += len as u64;
+        run.unflushed += cost;
+        let window = self.shared.credit.window();
+        if run.held + run.unflushed > window {
+            run.held = self
+                .shared
+                .credit
+                .received(std::mem::take(&mut run.unflushed));
+            self.shared.counters.note_held(run.held);
+            if run.held > window {
+                return Ok(Inflow::Pause);
+            }
+        }
+        Ok(Inflow::Go)
+    }
+
+    /// Admits the regular messages that follow one another in `rbuf` (the link's read
+    /// buffer, bound by `max` as the link's state says) from `*pending` on into the turn's
+    /// run ([`on_run_data`]), moving `*pending` past each. Stops at the first frame that is
+    /// not one (another kind, a request, reply or out-of-band message, or a malformed or
+    /// incomplete frame: the caller splits it off on its own) with `Go`, or after the
+    /// message that took the peer past its receive window with `Pause`, or at a message
+    /// the peer had no right to send (`Err`, not admitted).
+    ///
+    /// [`on_run_data`]: Peer::on_run_data
+    pub(crate) fn admit_run(
+        &mut self,
+        out: &mut Out,
+        rbuf: &[u8],
+        max: usize,
+        pending: &mut usize,
+    ) -> Result<Inflow, RecoveryError> {
+        while let Ok(Some(wire::Peek::Data {
+            flags,
+            seq,
+            header,
+            total,
+        })) = wire::peek_frame(&rbuf[*pending..], max)
+        {
+            if flags & (wire::FLAG_REQUEST | wire::FLAG_REPLY | wire::FLAG_OOB) != 0 {
+                break;
+            }
+            let inflow = self.on_run_data(out, seq, *pending + header, total - header)?;
+            *pending += total;
+            if inflow == Inflow::Pause {
+                return Ok(Inflow::Pause);
+            }
+        }
+        Ok(Inflow::Go)
+    }
+
+    /// Cuts the turn's run: its messages, found in `buf` (the front of the read buffer,
+    /// just taken off), are counted received and held, and queued for this peer's one
+    /// push at the end of the turn (after any message queued before them).
+    pub(crate) fn cut_run(&self, out: &mut Out, buf: Bytes) {
+        let run = &mut out.run;
+        if run.unflushed > 0 {
+            run.held = self
+                .shared
+                .credit
+                .received(std::mem::take(&mut run.unflushed));
+            self.shared.counters.note_held(run.held);
+        }
+        if run.frames.is_empty() {
+            return; // duplicates only
+        }
+        Counters::add(&self.shared.counters.received, run.frames.len() as u64);
+        Counters::add(&self.shared.counters.received_bytes, run.bytes);
+        run.bytes = 0;
+        let n = run.frames.len();
+        let frames = std::mem::replace(&mut run.frames, Vec::with_capacity(n));
+        out.batch
+            .push(crate::deliver::Run::new(buf, run.epoch, frames).into());
     }
 
     /// Hands the messages split from one read to this peer's queues: regular ones to its

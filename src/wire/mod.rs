@@ -400,11 +400,18 @@ fn put_header(out: &mut Vec<u8>, body_len: usize, kind: u8, flags: u8) {
 pub fn encode_data(out: &mut Vec<u8>, flags: u8, seq: Option<u64>, payload: &[u8]) {
     debug_assert_eq!(seq.is_some(), flags & FLAG_RELIABLE != 0);
     let seq_len = if seq.is_some() { 8 } else { 0 };
-    out.reserve(HEADER_BYTES + seq_len + payload.len());
-    put_header(out, seq_len + payload.len(), kind::DATA, flags);
+    // The header in one piece (length, kind, flags, sequence number): two copies per
+    // message, not five.
+    let mut header = [0u8; HEADER_BYTES + 8];
+    let len = (2 + seq_len + payload.len()) as u32;
+    header[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
+    header[LEN_BYTES] = kind::DATA;
+    header[LEN_BYTES + 1] = flags;
     if let Some(s) = seq {
-        out.extend_from_slice(&s.to_le_bytes());
+        header[HEADER_BYTES..].copy_from_slice(&s.to_le_bytes());
     }
+    out.reserve(HEADER_BYTES + seq_len + payload.len());
+    out.extend_from_slice(&header[..HEADER_BYTES + seq_len]);
     out.extend_from_slice(payload);
 }
 
@@ -701,6 +708,55 @@ pub enum Split {
 /// assert!(buf.is_empty());
 /// ```
 pub fn split_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Split>, WireError> {
+    match peek_frame(buf, max_len)? {
+        None => Ok(None),
+        Some(Peek::Control { total }) => Ok(Some(Split::Control(buf.split_to(total).freeze()))),
+        Some(Peek::Data {
+            flags,
+            seq,
+            header,
+            total,
+        }) => {
+            let mut frame = buf.split_to(total);
+            frame.advance(header);
+            Ok(Some(Split::Data {
+                flags,
+                seq,
+                payload: frame.freeze(),
+            }))
+        }
+    }
+}
+
+/// The first complete frame at the front of a read buffer, found by [`peek_frame`]
+/// without taking it off: where it ends, and for a data frame its header, checked as
+/// [`split_frame`] checks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peek {
+    /// An application message: its payload is `buf[header..total]`.
+    Data {
+        /// [`FLAG_OOB`] | [`FLAG_RELIABLE`] | [`FLAG_REQUEST`] | [`FLAG_REPLY`] |
+        /// [`FLAG_STATUS`].
+        flags: u8,
+        /// Sequence number, present iff reliable.
+        seq: Option<u64>,
+        /// Bytes before the payload: length prefix, kind, flags, sequence number.
+        header: usize,
+        /// Bytes of the whole frame, length prefix included.
+        total: usize,
+    },
+    /// Any other frame, `buf[..total]` whole: decode it with [`decode`].
+    Control {
+        /// Bytes of the whole frame, length prefix included.
+        total: usize,
+    },
+}
+
+/// Finds the first complete frame at the front of `buf` (its length prefix checked against
+/// `max_len`, a data frame's header exactly as [`split_frame`] checks it) without taking
+/// it off: a reader can find every frame of a read first and take them off together.
+/// Returns `Ok(None)` while `buf` holds only part of a frame.
+pub fn peek_frame(buf: &[u8], max_len: usize) -> Result<Option<Peek>, WireError> {
     let Some(len) = peek_len(buf, max_len)? else {
         return Ok(None);
     };
@@ -710,7 +766,7 @@ pub fn split_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Split>, 
     }
     let (kind, flags) = (buf[LEN_BYTES], buf[LEN_BYTES + 1]);
     if kind != kind::DATA {
-        return Ok(Some(Split::Control(buf.split_to(total).freeze())));
+        return Ok(Some(Peek::Control { total }));
     }
     let seq_bytes = if flags & FLAG_RELIABLE != 0 { 8 } else { 0 };
     check_data_flags(
@@ -731,12 +787,11 @@ pub fn split_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Split>, 
     } else {
         None
     };
-    let mut frame = buf.split_to(total);
-    frame.advance(HEADER_BYTES + if seq.is_some() { 8 } else { 0 });
-    Ok(Some(Split::Data {
+    Ok(Some(Peek::Data {
         flags,
         seq,
-        payload: frame.freeze(),
+        header: HEADER_BYTES + seq_bytes,
+        total,
     }))
 }
 

@@ -20,6 +20,9 @@ impl Endpoint {
             }
         }
         let mut peer_of_batch = None;
+        // Bytes at the front of the read buffer holding the frames of the turn's run
+        // (regular messages found and admitted, taken off together when the run is cut).
+        let mut pending = 0usize;
         // Until the link is closed by a frame, paused, or no complete frame is left.
         while let Some(link) = self.links.get_mut(&id) {
             if link.paused {
@@ -27,6 +30,46 @@ impl Endpoint {
             }
             let (established, peer) = (link.established, link.peer);
             let max = link.frame_limit(self.max_len);
+            // The hot path: regular messages on an established link join the run, as many
+            // as follow one another (one look-up of the link and the peer for them all).
+            if let (Ok(Some(wire::Peek::Data { flags, total, .. })), Some(pid)) = (
+                wire::peek_frame(&link.rbuf[pending..], max),
+                peer.filter(|_| established),
+            ) {
+                if flags & (wire::FLAG_REQUEST | wire::FLAG_REPLY | wire::FLAG_OOB) == 0 {
+                    peer_of_batch = Some(pid);
+                    let Some(p) = self.peers.get_mut(&pid) else {
+                        pending += total;
+                        continue;
+                    };
+                    match p.admit_run(&mut self.out, &link.rbuf, max, &mut pending) {
+                        // The frame after the run is another kind, or incomplete.
+                        Ok(Inflow::Go) => {}
+                        Ok(Inflow::Pause) => {
+                            if self.pause(id, pid) {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            if matches!(e, RecoveryError::WindowExceeded { .. }) {
+                                Counters::add(&self.counters.window_violations, 1);
+                            }
+                            self.cut_run(id, Some(pid), std::mem::take(&mut pending));
+                            self.push_batch(pid);
+                            self.protocol_error(now, id, e.to_string());
+                            break;
+                        }
+                    }
+                    continue;
+                }
+            }
+            // Anything else is split off on its own, after the run before it.
+            if pending > 0 {
+                self.cut_run(id, peer_of_batch, std::mem::take(&mut pending));
+            }
+            let Some(link) = self.links.get_mut(&id) else {
+                break;
+            };
             match wire::split_frame(&mut link.rbuf, max) {
                 Ok(None) => break,
                 Ok(Some(wire::Split::Data {
@@ -69,9 +112,26 @@ impl Endpoint {
                 }
             }
         }
+        if pending > 0 {
+            self.cut_run(id, peer_of_batch, pending);
+        }
         if let Some(pid) = peer_of_batch {
             self.push_batch(pid);
             self.after_data(now, pid);
+        }
+    }
+
+    /// Takes the first `upto` bytes off link `id`'s read buffer, where the turn's run (of
+    /// peer `pid`) lies, and cuts the run (see `Peer::cut_run`).
+    pub(super) fn cut_run(&mut self, id: LinkId, pid: Option<usize>, upto: usize) {
+        let Some(link) = self.links.get_mut(&id) else {
+            self.out.run.clear();
+            return;
+        };
+        let buf = link.rbuf.split_to(upto).freeze();
+        match pid.and_then(|p| self.peers.get(&p)) {
+            Some(p) => p.cut_run(&mut self.out, buf),
+            None => self.out.run.clear(),
         }
     }
 
@@ -81,6 +141,7 @@ impl Endpoint {
             None => {
                 self.out.batch.clear();
                 self.out.oob_batch.clear();
+                self.out.run.clear();
             }
         }
     }

@@ -354,11 +354,40 @@ pub(crate) struct Out {
     /// Pool tasks to submit.
     pub(crate) tasks: VecDeque<Task>,
     pub(crate) events: VecDeque<Output>,
-    /// Messages split from one read, for one push to their sender's queues.
-    pub(crate) batch: Vec<crate::deliver::Delivery>,
+    /// Messages split from one read, for one push to their sender's queues: runs of
+    /// regular messages and the messages between them that are not in a run (requests).
+    pub(crate) batch: Vec<crate::deliver::Queued>,
     pub(crate) oob_batch: Vec<crate::deliver::Delivery>,
+    /// The run of regular messages being found in the read buffer, not yet cut off it.
+    pub(crate) run: RunBuilder,
     /// The node journals, and no journal write has failed.
     journal_open: bool,
+}
+
+/// The regular messages of one sender found in a read buffer and admitted, not yet taken
+/// off it: where each lies, what they cost the receive window, and how much of that is not
+/// yet counted as held (`RecvCredit::received`, done once per run, and before the run is
+/// queued, so the pool never subtracts what was not added).
+#[derive(Debug, Default)]
+pub(crate) struct RunBuilder {
+    pub(crate) frames: Vec<crate::deliver::RunFrame>,
+    /// The stream epoch of its messages.
+    pub(crate) epoch: u32,
+    /// Payload bytes.
+    pub(crate) bytes: u64,
+    /// Window cost not yet added to the held count.
+    pub(crate) unflushed: u64,
+    /// The held count as last read or added to: with `unflushed`, at least what the
+    /// sender holds now (consumption only lowers it).
+    pub(crate) held: u64,
+}
+
+impl RunBuilder {
+    pub(crate) fn clear(&mut self) {
+        self.frames.clear();
+        self.bytes = 0;
+        self.unflushed = 0;
+    }
 }
 
 impl Out {
@@ -466,6 +495,7 @@ impl Endpoint {
                 events: VecDeque::new(),
                 batch: Vec::new(),
                 oob_batch: Vec::new(),
+                run: RunBuilder::default(),
                 batches: Vec::new(),
                 journal_open: journal.is_some(),
             },

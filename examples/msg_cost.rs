@@ -1,0 +1,189 @@
+//! The cost of a message, for profilers: `senders` source nodes send `count` messages of
+//! `size` bytes to one sink node in this process (as `benches/throughput.rs` does), or, with
+//! `--raw`, the same over raw TCP connections (u32-length frames, 64 KiB buffers). Prints
+//! the process's CPU time (every thread, from `/proc/self/stat`) per message.
+//!
+//! ```text
+//! cargo run --release --example msg_cost -- [--senders N] [--size B] [--count C] [--block] [--raw]
+//! valgrind --tool=callgrind target/release/examples/msg_cost --block --count 20000
+//! ```
+//!
+//! Under a profiler that counts instructions, run two counts and divide the difference of
+//! the totals by the difference of the counts: set-up and shut-down cancel. `--block` makes
+//! both nodes block instead of spinning when idle (`IdleStrategy::Block`), so a count is
+//! repeatable: a spin's polls depend on timing.
+
+use std::error::Error;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use cohort::{Bytes, IdleStrategy, Node};
+
+/// The process's CPU time so far (user + system, every thread), from `/proc/self/stat`.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
+/// Waits until `count` reaches `target`, yielding (no condition variable: nothing extra
+/// on the measured path but this thread's polls).
+fn wait_for(count: &AtomicU64, target: u64) -> Result<(), Box<dyn Error>> {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while count.load(Ordering::Acquire) < target {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} of {target} messages counted",
+                count.load(Ordering::Acquire)
+            )
+            .into());
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
+}
+
+fn cohort(senders: usize, size: usize, count: u64, block: bool) -> Result<(), Box<dyn Error>> {
+    let received = Arc::new(AtomicU64::new(0));
+    let counter = received.clone();
+    let idle = |b: cohort::Builder| {
+        if block {
+            b.idle_strategy(IdleStrategy::Block)
+        } else {
+            b
+        }
+    };
+    let sink = idle(Node::builder("sink"))
+        .cluster("cost")
+        .on_message(move |_| {
+            counter.fetch_add(1, Ordering::Release);
+        })
+        .start()?;
+    let mut sources = Vec::new();
+    for i in 0..senders {
+        let name = format!("source-{i}");
+        let source = idle(Node::builder(&name))
+            .cluster("cost")
+            .peer("sink", sink.local_addr())
+            .start()?;
+        sink.add_peer(source.name(), source.local_addr())?;
+        sources.push(source);
+    }
+    for s in &sources {
+        s.send("sink", Bytes::from_static(b"hello"))?;
+    }
+    wait_for(&received, senders as u64)?;
+    let payload = Bytes::from(vec![0xA5; size]);
+    let per = count / senders as u64;
+    let cpu = process_cpu();
+    let started = Instant::now();
+    thread::scope(|s| {
+        for source in &sources {
+            let payload = &payload;
+            s.spawn(move || {
+                for _ in 0..per {
+                    source
+                        .send("sink", payload.clone())
+                        .expect("send to the sink");
+                }
+            });
+        }
+    });
+    wait_for(&received, senders as u64 + per * senders as u64)?;
+    report(per * senders as u64, started, cpu);
+    for n in sources.iter().chain([&sink]) {
+        n.shutdown(Duration::from_secs(5))?;
+    }
+    Ok(())
+}
+
+fn raw(senders: usize, size: usize, count: u64) -> Result<(), Box<dyn Error>> {
+    let received = Arc::new(AtomicU64::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let mut writers = Vec::new();
+    let mut readers = Vec::new();
+    for _ in 0..senders {
+        let client = TcpStream::connect(listener.local_addr()?)?;
+        let (server, _) = listener.accept()?;
+        client.set_nodelay(true)?;
+        server.set_nodelay(true)?;
+        let counter = received.clone();
+        readers.push(thread::spawn(move || {
+            let mut r = BufReader::with_capacity(64 * 1024, server);
+            let mut buf = vec![0u8; 1 << 20];
+            let mut head = [0u8; 4];
+            while r.read_exact(&mut head).is_ok() {
+                let len = u32::from_le_bytes(head) as usize;
+                if r.read_exact(&mut buf[..len]).is_err() {
+                    break;
+                }
+                counter.fetch_add(1, Ordering::Release);
+            }
+        }));
+        writers.push(BufWriter::with_capacity(64 * 1024, client));
+    }
+    let payload = vec![0xA5u8; size];
+    let per = count / senders as u64;
+    let cpu = process_cpu();
+    let started = Instant::now();
+    thread::scope(|s| {
+        for w in writers.iter_mut() {
+            let payload = &payload;
+            s.spawn(move || {
+                for _ in 0..per {
+                    w.write_all(&(payload.len() as u32).to_le_bytes())
+                        .expect("write");
+                    w.write_all(payload).expect("write");
+                }
+                w.flush().expect("flush");
+            });
+        }
+    });
+    wait_for(&received, per * senders as u64)?;
+    report(per * senders as u64, started, cpu);
+    drop(writers);
+    for r in readers {
+        let _ = r.join();
+    }
+    Ok(())
+}
+
+fn report(n: u64, started: Instant, cpu: Option<Duration>) {
+    let elapsed = started.elapsed();
+    let per_msg = match (cpu, process_cpu()) {
+        (Some(a), Some(b)) => format!("{} ns CPU/msg", (b - a).as_nanos() / u128::from(n.max(1))),
+        _ => "CPU unknown".to_owned(),
+    };
+    println!(
+        "{n} messages in {elapsed:.2?}: {:.2} M/s, {per_msg}",
+        n as f64 / elapsed.as_secs_f64() / 1e6
+    );
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let (mut senders, mut size, mut count, mut block, mut raw_tcp) =
+        (1usize, 64usize, 1_000_000u64, false, false);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--senders" => senders = args.next().ok_or("--senders N")?.parse()?,
+            "--size" => size = args.next().ok_or("--size B")?.parse()?,
+            "--count" => count = args.next().ok_or("--count C")?.parse()?,
+            "--block" => block = true,
+            "--raw" => raw_tcp = true,
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    if raw_tcp {
+        raw(senders.max(1), size, count)
+    } else {
+        cohort(senders.max(1), size, count, block)
+    }
+}
