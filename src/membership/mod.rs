@@ -10,7 +10,8 @@
 //! The protocol, its parameters and what is wired: `docs/design.md`, "Membership (SWIM)".
 //! The packet encoding: [`codec`].
 //!
-//! Not wired yet: the IO thread does not drive it, and `Builder` / `Node` do not expose it.
+//! The node runs it inside its endpoint (`proto/endpoint/members.rs`): `Builder::membership`,
+//! `Builder::seed`, `Node::members`.
 
 pub mod codec;
 #[cfg(test)]
