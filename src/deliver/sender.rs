@@ -139,6 +139,7 @@ impl Run {
     }
 
     /// Whether the run holds no message.
+    #[cfg(any(test, cohort_internals))]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -315,6 +316,7 @@ impl SenderQueue {
     /// Delivers up to `budget` messages to `handler`, in order. Must be called only by the
     /// holder of `RUNNING` (the task a `push` returning `true` scheduled, or a re-submission
     /// after [`RunOutcome::Yield`]).
+    #[cfg(any(test, cohort_internals))]
     pub fn run(&self, budget: usize, handler: impl FnMut(Delivery)) -> RunOutcome {
         self.run_with_node(budget, None, handler)
     }
