@@ -2,7 +2,7 @@
 //! `cohort::internals::deliver::Pool` (4 threads), two ways.
 //!
 //! - `sender_queue`: one-deliverer-per-sender, as the IO thread does it: each sender's batch
-//!   is pushed to that sender's `SenderQueue`, and `Task::Sender` is submitted only when the
+//!   is pushed to that sender's `MemberQueue`, and `Task::Member` is submitted only when the
 //!   push reports the queue idle. At most one pool thread runs a sender's messages at once.
 //! - `oob_queue`: the out-of-band path: each sender's batch is pushed to that sender's
 //!   `OobQueue`, drained by at most its fair share of the pool (half of it, here 2 threads)
@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use cohort::internals::deliver::{CreditSink, OobQueue, Pool, SenderQueue, Task};
+use cohort::internals::deliver::{CreditSink, MemberQueue, OobQueue, Pool, Task};
 use cohort::{Bytes, Delivery};
 use common::{Progress, Samples};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -115,8 +115,8 @@ impl ThreadTally {
 /// How each message reaches the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
-    /// Push to the sender's `SenderQueue`; submit `Task::Sender` when it was idle.
-    SenderQueue,
+    /// Push to the sender's `MemberQueue`; submit `Task::Member` when it was idle.
+    MemberQueue,
     /// Push to the sender's `OobQueue`; submit the `Task::Oob` drainers it asks for.
     OobQueue,
 }
@@ -124,7 +124,7 @@ enum Mode {
 /// A pool of [`POOL_THREADS`] whose handler counts deliveries and the threads running them.
 struct Rig {
     pool: Pool,
-    queues: Vec<Arc<SenderQueue>>,
+    queues: Vec<Arc<MemberQueue>>,
     oob: Vec<Arc<OobQueue>>,
     names: Vec<Arc<str>>,
     delivered: Arc<Progress>,
@@ -150,7 +150,7 @@ impl Rig {
         let names: Vec<Arc<str>> = (0..SENDERS).map(|i| format!("sender-{i}").into()).collect();
         let queues = names
             .iter()
-            .map(|name| Arc::new(SenderQueue::new(name.clone(), Box::new(NoCredit))))
+            .map(|name| Arc::new(MemberQueue::new(name.clone(), Box::new(NoCredit))))
             .collect();
         let oob = names
             .iter()
@@ -183,12 +183,12 @@ impl Rig {
         self.threads.begin_batch();
         for ((queue, oob), name) in self.queues.iter().zip(&self.oob).zip(&self.names) {
             match mode {
-                Mode::SenderQueue => {
+                Mode::MemberQueue => {
                     let batch = (1..=per_sender).map(|seq| {
                         Delivery::new(name.clone(), self.payload.clone(), Some(seq), false)
                     });
                     if queue.push(batch) {
-                        self.submit(Task::Sender(queue.clone()));
+                        self.submit(Task::Member(queue.clone()));
                     }
                 }
                 Mode::OobQueue => {
@@ -233,7 +233,7 @@ fn delivery(c: &mut Criterion) {
         group.throughput(Throughput::Elements(per_sender * SENDERS as u64));
         let mut medians = Vec::new();
         for (mode, label) in [
-            (Mode::SenderQueue, "sender_queue"),
+            (Mode::MemberQueue, "sender_queue"),
             (Mode::OobQueue, "oob_queue"),
         ] {
             let samples = Samples::new(per_sender * SENDERS as u64);

@@ -229,7 +229,7 @@ pub mod internals {
         /// A peer's shared state as the IO thread makes it (`IoShared::new_peer`), without
         /// a receive side to report to: its deliveries return no credit.
         pub fn shared(id: usize, name: &str, window: u64) -> crate::sync::Arc<PeerShared> {
-            use crate::deliver::{CreditSink, OobQueue, SenderQueue};
+            use crate::deliver::{CreditSink, MemberQueue, OobQueue};
             use crate::sync::Arc;
             struct NoCredit;
             impl CreditSink for NoCredit {
@@ -237,7 +237,7 @@ pub mod internals {
                 fn idle(&self) {}
             }
             let name: crate::sync::SharedStr = name.into();
-            let member = Arc::new(SenderQueue::new(name.clone(), Box::new(NoCredit)));
+            let member = Arc::new(MemberQueue::new(name.clone(), Box::new(NoCredit)));
             let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(NoCredit)));
             let credit = Arc::new(crate::flow::RecvCredit::new());
             Arc::new(PeerShared::new(

@@ -13,7 +13,7 @@
 //!
 //! | model | shipping code |
 //! |---|---|
-//! | `sender_queue.rs` | `deliver::SenderQueue`, with a plain and a journalling sink |
+//! | `sender_queue.rs` | `deliver::MemberQueue`, with a plain and a journalling sink |
 //! | `oob_queue.rs` | `deliver::OobQueue` |
 //! | `pool.rs` | `deliver::TaskQueue`, `deliver::Pool` |
 //! | `handoff.rs` | `handoff::{Handoff, Scheduled, SpinGate}`, `peer::Outbox` |
@@ -24,7 +24,7 @@
 //! | `commands.rs` | `handoff::{Commands, Completion}` |
 //! | `requests.rs` | `peer::Requests` |
 //! | `journal_writer.rs` | `journal::JournalWriter` (on a model `Store`) |
-//! | `inbox.rs` | `deliver::{Inbox, Pool, SenderQueue}` |
+//! | `inbox.rs` | `deliver::{Inbox, Pool, MemberQueue}` |
 //! | `peer_map.rs` | `peer::{admit, forget}` (through `internals::peer::Map`), `peer::Outbox` |
 //!
 //! Shared here: `model` (runs a model and prints its iteration count), and the IO thread

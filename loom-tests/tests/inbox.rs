@@ -1,8 +1,8 @@
 //! Pull-style receive racing shutdown: loom models of `cohort::Inbox` on a pool without
-//! workers (`cohort::internals::deliver::{inbox, Pool, SenderQueue, Task}`), the code that
+//! workers (`cohort::internals::deliver::{inbox, Pool, MemberQueue, Task}`), the code that
 //! ships.
 //!
-//! The IO thread queues a sender's messages (`SenderQueue::push`) and, when the push says so,
+//! The IO thread queues a sender's messages (`MemberQueue::push`) and, when the push says so,
 //! submits the sender's task (`IoThread::submit_tasks` → `Pool::submit`; a refused task is
 //! reported there, logged as dropped). `Node::shutdown` stops the pool (`Pool::stop`) once
 //! the IO thread has stopped, or at its deadline if it has not. The application takes the
@@ -18,7 +18,7 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::internals::deliver::{self, CreditSink, SenderQueue, Task};
+use cohort::internals::deliver::{self, CreditSink, MemberQueue, Task};
 use cohort::{Delivery, RecvError};
 use loom::thread;
 use std::sync::Arc;
@@ -39,13 +39,13 @@ fn message(i: u8) -> Delivery {
 /// so) while the node stops the pool; the inbox takes until `Closed`.
 fn model(count: u8, budget: usize, stop_early: bool) {
     let (pool, inbox) = deliver::inbox(budget).expect("inbox");
-    let queue = Arc::new(SenderQueue::new("a".into(), Box::new(NoCredit)));
+    let queue = Arc::new(MemberQueue::new("a".into(), Box::new(NoCredit)));
     let io = {
         let (pool, queue) = (pool.clone(), queue.clone());
         thread::spawn(move || {
             let mut refused = 0;
             for i in 0..count {
-                if queue.push([message(i)]) && !pool.submit(Task::Sender(queue.clone())) {
+                if queue.push([message(i)]) && !pool.submit(Task::Member(queue.clone())) {
                     refused += 1;
                 }
             }

@@ -17,7 +17,7 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::internals::deliver::{CreditSink, Pool, SenderQueue, Task, TaskQueue};
+use cohort::internals::deliver::{CreditSink, MemberQueue, Pool, Task, TaskQueue};
 use cohort::Delivery;
 use loom::sync::{Condvar, Mutex};
 use loom::thread;
@@ -162,7 +162,7 @@ impl CreditSink for NoCredit {
 }
 
 /// The pool itself: one worker thread (`Pool::start`, threads through the `sync` facade),
-/// one `SenderQueue` with two messages and a batch budget of one, so the worker runs the
+/// one `MemberQueue` with two messages and a batch budget of one, so the worker runs the
 /// task, it yields, the worker re-submits it and runs it again (three runs in all); the
 /// main thread waits for both messages, then stops and joins the pool. (No spin here: the
 /// pool's spin runs on the wall clock; the queue models above cover it.)
@@ -175,11 +175,11 @@ fn the_pool_runs_a_yielding_sender_task() {
             Arc::new(move |d: Delivery| ran.ran(usize::from(d.payload()[0])))
         };
         let pool = Pool::start("model", 1, 1, handler, None).expect("pool started");
-        let member = Arc::new(SenderQueue::new(Arc::from("sender"), Box::new(NoCredit)));
+        let member = Arc::new(MemberQueue::new(Arc::from("sender"), Box::new(NoCredit)));
         let batch =
             (0..2u8).map(|i| Delivery::new(Arc::from("sender"), Bytes::from(vec![i]), None, false));
         if member.push(batch) {
-            assert!(pool.submit(Task::Sender(member.clone())));
+            assert!(pool.submit(Task::Member(member.clone())));
         }
         ran.wait_for(&[1, 1]);
         pool.stop();

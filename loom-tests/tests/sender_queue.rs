@@ -1,4 +1,4 @@
-//! Invariant 1, one deliverer per sender: loom models of `cohort::internals::deliver::SenderQueue` and
+//! Invariant 1, one deliverer per sender: loom models of `cohort::internals::deliver::MemberQueue` and
 //! its RUNNING | NOTIFIED state word, with the code that ships.
 //!
 //! The pool is modelled by its contract: whichever thread's `push` returns `true` owns the
@@ -28,7 +28,7 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::internals::deliver::{CreditSink, Run, RunFrame, RunOutcome, SenderQueue};
+use cohort::internals::deliver::{CreditSink, MemberQueue, Run, RunFrame, RunOutcome};
 use cohort::internals::flow::cost;
 use cohort::Delivery;
 use loom::cell::UnsafeCell;
@@ -230,19 +230,19 @@ fn message(mode: Mode, p: u8, i: u8) -> Delivery {
     )
 }
 
-fn new_queue(mode: Mode) -> (Arc<SenderQueue>, Arc<Credit>, Arc<Record>) {
+fn new_queue(mode: Mode) -> (Arc<MemberQueue>, Arc<Credit>, Arc<Record>) {
     let credit = Arc::new(Credit::default());
     let rec = Arc::new(Record::new(mode));
     let sink = Sink {
         credit: credit.clone(),
         rec: rec.clone(),
     };
-    let q = SenderQueue::new(std::sync::Arc::from("sender"), Box::new(sink));
+    let q = MemberQueue::new(std::sync::Arc::from("sender"), Box::new(sink));
     (Arc::new(q), credit, rec)
 }
 
 /// The owner's duty: run the queue until it goes idle. Returns the number of `run` calls.
-fn drive(q: &SenderQueue, budget: usize, h: &(dyn Fn(Delivery) + Send + Sync)) -> usize {
+fn drive(q: &MemberQueue, budget: usize, h: &(dyn Fn(Delivery) + Send + Sync)) -> usize {
     let mut runs = 0;
     loop {
         runs += 1;
@@ -254,7 +254,7 @@ fn drive(q: &SenderQueue, budget: usize, h: &(dyn Fn(Delivery) + Send + Sync)) -
 }
 
 /// The end-of-model checks, after every thread has been joined.
-fn check_quiescent(q: &SenderQueue, rec: &Record, credit: &Credit, producers: u8) {
+fn check_quiescent(q: &MemberQueue, rec: &Record, credit: &Credit, producers: u8) {
     let log = rec.log.with(|log| unsafe { (*log).clone() });
     for p in 0..producers {
         let mine: Vec<u8> = log.iter().filter(|e| e.0 == p).map(|e| e.1).collect();
@@ -318,7 +318,7 @@ fn check_quiescent(q: &SenderQueue, rec: &Record, credit: &Credit, producers: u8
 /// Two producers, each pushing its messages one at a time and running the queue itself
 /// whenever its `push` says so (the deliverer is whichever producer won the idle → RUNNING
 /// transition).
-fn producers_deliver_themselves(budget: usize, mode: Mode) -> Arc<SenderQueue> {
+fn producers_deliver_themselves(budget: usize, mode: Mode) -> Arc<MemberQueue> {
     let (q, credit, rec) = new_queue(mode);
     let threads: Vec<_> = (0..2u8)
         .map(|p| {
@@ -499,7 +499,7 @@ fn dedicated_deliverer(mode: Mode) {
             }
         })
     };
-    let produce = move |p: u8, q: &SenderQueue, sched: &Sched| {
+    let produce = move |p: u8, q: &MemberQueue, sched: &Sched| {
         for i in 0..PER_PRODUCER {
             if q.push([message(mode, p, i)]) {
                 sched.submit();
@@ -526,7 +526,7 @@ fn dedicated_deliverer_budget_1() {
     });
 }
 
-/// `SenderQueue::max_concurrent()` (what `stats()` reports as the most concurrent
+/// `MemberQueue::max_concurrent()` (what `stats()` reports as the most concurrent
 /// deliverers for one sender, and what `tests/delivery.rs` and the cluster example assert
 /// is 1) must stay 1 under the same protocol.
 ///

@@ -5,20 +5,20 @@
 
 mod credit;
 mod inbox;
+mod member;
 mod oob;
 mod pool;
 mod progress;
 mod room;
-mod sender;
 
 pub use credit::PeerCreditSink;
 pub use inbox::{Inbox, InboxIter, InboxRecv, InboxTryIter, RecvError};
+pub use member::{CreditSink, MemberQueue, Queued, Run, RunFrame, RunOutcome};
 pub use oob::{OobQueue, OobRun};
 pub(crate) use pool::on_pool_thread;
 pub use pool::{Handler, Next, Pool, PoolStats, Task, TaskQueue};
 pub use progress::Progress;
 pub(crate) use room::ReplyRoom;
-pub use sender::{CreditSink, Queued, Run, RunFrame, RunOutcome, SenderQueue};
 
 use std::any::Any;
 use std::fmt;
@@ -102,7 +102,7 @@ impl Delivery {
             request: None,
         }
     }
-    /// A regular message whose sender the [`SenderQueue`] fills in when it delivers it.
+    /// A regular message whose sender the [`MemberQueue`] fills in when it delivers it.
     pub(crate) fn unnamed(payload: Bytes, seq: Option<u64>) -> Delivery {
         Delivery {
             from: None,

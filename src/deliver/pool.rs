@@ -1,7 +1,7 @@
 //! The delivery pool: a fixed number of threads fed by one task queue.
 //!
 //! The queue needs no bound of its own: every task is a sender's queue, never a message.
-//! A sender has at most one [`Task::Sender`] (its regular messages, one deliverer at a
+//! A sender has at most one [`Task::Member`] (its regular messages, one deliverer at a
 //! time) and at most its out-of-band limit of [`Task::Oob`] drainers in the pool at once,
 //! so the queue holds at most `senders × (1 + limit)` tasks, whatever they send; what they
 //! send is bounded by their windows. A full pool therefore never makes the IO thread stop
@@ -12,8 +12,8 @@ use std::collections::VecDeque;
 use std::task::Waker;
 use std::time::{Duration, Instant};
 
+use super::member::{MemberQueue, RunOutcome};
 use super::oob::OobQueue;
-use super::sender::{RunOutcome, SenderQueue};
 use super::{Delivery, NodeRef};
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{thread, wait_timeout, wait_until, Arc, Condvar, Mutex};
@@ -24,7 +24,7 @@ pub type Handler = Arc<dyn Fn(Delivery) + Send + Sync>;
 /// A unit of work for the pool.
 pub enum Task {
     /// Run a sender's queue (the holder of its `RUNNING` bit).
-    Sender(Arc<SenderQueue>),
+    Member(Arc<MemberQueue>),
     /// Drain a sender's out-of-band queue (one of its at most `limit` drainers).
     Oob(Arc<OobQueue>),
     /// Hand the node's membership events to the application (the one deliverer of the
@@ -35,7 +35,7 @@ pub enum Task {
 impl std::fmt::Debug for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Task::Sender(m) => f.debug_tuple("Sender").field(&m.name()).finish(),
+            Task::Member(m) => f.debug_tuple("Sender").field(&m.name()).finish(),
             Task::Oob(q) => f.debug_tuple("Oob").field(&q.name()).finish(),
             Task::Events(_) => f.write_str("Events"),
         }
@@ -540,7 +540,7 @@ fn run_task(s: &Shared, task: Task, node: Option<&NodeRef>, mut handler: impl Fn
     s.busy.fetch_add(1, Ordering::Relaxed);
     let mut give = |d: Delivery| handler(d.with_node(node));
     let again = match task {
-        Task::Sender(m) => {
+        Task::Member(m) => {
             let before = m.panics();
             let outcome = m.run_with_node(s.budget, node, &mut give);
             // One deliverer at a time runs a sender's queue: what its count gained since
@@ -550,7 +550,7 @@ fn run_task(s: &Shared, task: Task, node: Option<&NodeRef>, mut handler: impl Fn
                 s.panics.fetch_add(caught, Ordering::Relaxed);
             }
             match outcome {
-                RunOutcome::Yield => Some(Task::Sender(m)),
+                RunOutcome::Yield => Some(Task::Member(m)),
                 RunOutcome::Idle => None,
             }
         }

@@ -107,7 +107,7 @@
 //! from [`Journal::append`] or a sync, the in-memory state may be ahead of the disk: drop the
 //! journal and open it again, which recovers what is actually there.
 //!
-//! # Durability
+//! # JournalGate
 //!
 //! With [`FsyncPolicy::EveryBatch`] a batch is on disk when [`Journal::append`] returns;
 //! with [`FsyncPolicy::Interval`] at most that long after (the journal writer thread syncs

@@ -29,7 +29,7 @@ use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed
 use crate::handoff::SpinGate;
 use crate::journal::{JournalWriter, WriterMarks};
 use crate::proto::{
-    Endpoint, Fact, Input, JournalLeft, LinkId, NodeCounters, Output, Target, Verdict,
+    Endpoint, Input, LinkId, NodeCounters, Output, StoppedJournal, Target, Verdict,
 };
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::Arc;
@@ -390,7 +390,7 @@ impl IoThread {
                 }
                 Output::Admitted(shared) => crate::peer::admit(&self.peers_map, shared),
                 Output::JournalFailed => {}
-                Output::Fact(fact) => self.tell(fact),
+                Output::Event(event) => self.tell(event),
                 Output::Forget(shared) => {
                     crate::peer::forget(&self.peers_map, &shared);
                 }
@@ -492,48 +492,11 @@ impl IoThread {
         }
     }
 
-    /// Queues a membership fact for the application's callback, delivered on the pool (one
-    /// task at a time, in order); never runs the callback here.
-    fn tell(&mut self, fact: Fact) {
+    /// Queues an event for the application's callback, delivered on the pool (one task at
+    /// a time, in order); never runs the callback here.
+    fn tell(&mut self, event: Public) {
         let Some(q) = &self.events else {
             return;
-        };
-        let event = match fact {
-            Fact::Connected { peer, launch } => Public::Connected {
-                peer: peer.to_string(),
-                incarnation: launch,
-            },
-            Fact::Disconnected { peer, why } => Public::Disconnected {
-                peer: peer.to_string(),
-                reason: why,
-            },
-            Fact::NewIncarnation {
-                peer,
-                launch,
-                undelivered,
-            } => Public::NewIncarnation {
-                peer: peer.to_string(),
-                incarnation: launch,
-                undelivered,
-            },
-            Fact::Refused {
-                peer,
-                addr,
-                reason,
-                by_peer,
-            } => Public::Refused {
-                peer,
-                addr,
-                reason,
-                by_peer,
-            },
-            Fact::Removed { peer } => Public::Removed {
-                peer: peer.to_string(),
-            },
-            Fact::Forgotten { peer } => Public::Forgotten {
-                peer: peer.to_string(),
-            },
-            Fact::Membership(event) => event,
         };
         if q.push(event) == Pushed::Schedule && !self.pool.submit(Task::Events(q.clone())) {
             log::debug!(
@@ -621,7 +584,7 @@ impl IoThread {
             done.abandon();
         }
         if let (Some(journal), Some(peers)) = (journal, peers) {
-            *self.shared.journal_left.lock() = Some(JournalLeft::new(journal, peers));
+            *self.shared.stopped_journal.lock() = Some(StoppedJournal::new(journal, peers));
         }
         // Once more, so what is published ends with the node's last counts.
         if let Some((p, _)) = &mut self.periodic {
@@ -645,14 +608,14 @@ impl IoThread {
         for _ in 0..ACCEPT_BUDGET {
             match self.listener.accept() {
                 Ok((mut stream, from)) => {
-                    if self.endpoint.refuses_all() {
+                    if self.endpoint.is_shutting_down() {
                         continue; // dropped: we are closing
                     }
                     if closed_by_dialler(&stream) {
                         continue; // dropped before it is judged: it takes no slot
                     }
-                    let verdict = self.endpoint.judge(now, from.clone());
-                    if matches!(verdict, Verdict::SourceFull | Verdict::Full) {
+                    let verdict = self.endpoint.verdict_on_accept(now, from.clone());
+                    if matches!(verdict, Verdict::SourceBurst | Verdict::Full) {
                         continue; // dropped at once: the stream closes here
                     }
                     let transport = match Transport::new(self.cfg.tls.as_ref(), None) {

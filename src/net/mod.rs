@@ -18,13 +18,13 @@ pub use idle::IdleStrategy;
 pub(crate) use io::IoThread;
 pub(crate) use socket::{check_unix_path, Listener};
 
-use crate::deliver::{OobQueue, PeerCreditSink, Pool, Progress, SenderQueue};
+use crate::deliver::{MemberQueue, OobQueue, PeerCreditSink, Pool, Progress};
 use crate::flow::RecvCredit;
 use crate::handoff::{Abandon, Commands, Handoff};
 pub(crate) use crate::handoff::{Completion, Outcome};
 use crate::journal::{Journal, Recovered};
 use crate::peer::PeerShared;
-use crate::proto::{JournalLeft, NodeCounters, Unacked};
+use crate::proto::{NodeCounters, StoppedJournal, Unacked};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::{Arc, Mutex, SharedStr};
 
@@ -111,7 +111,7 @@ pub(crate) struct IoShared {
     /// The journal's counters as of its last write (journalling nodes only).
     pub(crate) journal_stats: Mutex<Option<crate::journal::JournalStats>>,
     /// The journal, handed over by the IO thread when it exits.
-    pub(crate) journal_left: Mutex<Option<JournalLeft>>,
+    pub(crate) stopped_journal: Mutex<Option<StoppedJournal>>,
 }
 
 impl std::fmt::Debug for IoShared {
@@ -135,7 +135,7 @@ impl IoShared {
             max_requests,
             journalled,
             journal_stats: Mutex::new(None),
-            journal_left: Mutex::new(None),
+            stopped_journal: Mutex::new(None),
         }
     }
 
@@ -185,7 +185,7 @@ impl IoShared {
             progress.clone(),
             self.handoff.clone(),
         ));
-        let member = Arc::new(SenderQueue::new(name.clone(), Box::new(sink)));
+        let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink)));
         let oob = Arc::new(OobQueue::new(name.clone(), self.oob_limit, oob_sink));
         Arc::new(PeerShared::new(
             id,

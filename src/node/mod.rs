@@ -797,7 +797,7 @@ impl Node {
             .join_until(deadline.max(Instant::now() + Duration::from_millis(10)));
         if left > 0 {
             stuck.push(format!("{left} delivery thread(s)"));
-        } else if let Some(journal) = self.io.journal_left.lock().take() {
+        } else if let Some(journal) = self.io.stopped_journal.lock().take() {
             // The pool has drained: record how far it got, so a restart delivers none of
             // it again.
             if let Err(e) = journal.close() {

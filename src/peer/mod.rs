@@ -24,7 +24,7 @@ pub(crate) use outbox::Owed;
 pub use outbox::{Ledger, Outbox, Outgoing, Return};
 pub use requests::{Failure, Requests, Slot};
 
-use crate::deliver::{OobQueue, Progress, SenderQueue};
+use crate::deliver::{MemberQueue, OobQueue, Progress};
 use crate::flow::RecvCredit;
 use crate::handoff::Scheduled;
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
@@ -296,7 +296,7 @@ pub struct PeerShared {
     state_lock: Mutex<()>,
     state_changed: Condvar,
     pub(crate) credit: Arc<RecvCredit>,
-    pub(crate) member: Arc<SenderQueue>,
+    pub(crate) member: Arc<MemberQueue>,
     /// Out-of-band messages from this peer, drained by at most its share of the pool.
     pub(crate) oob: Arc<OobQueue>,
     /// How far the application has handled this peer's reliable stream (journalling
@@ -325,7 +325,7 @@ impl PeerShared {
         name: SharedStr,
         window: u64,
         credit: Arc<RecvCredit>,
-        member: Arc<SenderQueue>,
+        member: Arc<MemberQueue>,
         oob: Arc<OobQueue>,
         progress: Option<Arc<Progress>>,
         max_requests: usize,

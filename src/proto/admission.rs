@@ -1,6 +1,6 @@
 //! Admission of accepted connections that have not completed their handshake (with a
 //! secret: not yet authenticated), the *pending* ones: what strangers who can reach the
-//! listening port can make us hold. The IO thread asks [`Admission::judge`] about every
+//! listening port can make us hold. The IO thread asks [`Admission::verdict`] about every
 //! accepted connection and keeps the table up to date; the rules (OpenSSH's `MaxStartups`
 //! and `PerSourceMaxStartups` are the model) are:
 //!
@@ -53,7 +53,7 @@ pub(crate) enum Verdict {
     Full,
     /// Its source address holds its share of pending connections already, every one of
     /// them accepted at the same instant as it (one burst): refuse it.
-    SourceFull,
+    SourceBurst,
 }
 
 #[derive(Debug)]
@@ -131,7 +131,7 @@ impl Admission {
     /// The verdict on a connection just accepted from `source` at `now`; `node_full` says
     /// the node is at its limit of open connections. Changes nothing: the caller acts on
     /// it, then [`insert`](Admission::insert)s an admitted connection.
-    pub(crate) fn judge(&self, source: IpAddr, now: Instant, node_full: bool) -> Verdict {
+    pub(crate) fn verdict(&self, source: IpAddr, now: Instant, node_full: bool) -> Verdict {
         if let Some(q) = self
             .sources
             .get(&source)
@@ -142,7 +142,7 @@ impl Admission {
             let oldest = q.front().map(|&(_, t)| t);
             return match oldest.filter(|t| self.since(*t).is_some_and(|s| s < now)) {
                 Some(t) => Verdict::DisplaceOwn(t),
-                None => Verdict::SourceFull,
+                None => Verdict::SourceBurst,
             };
         }
         if !node_full && self.len() < self.max_pending {
@@ -301,24 +301,24 @@ mod tests {
         let t0 = Instant::now();
         let later = t0 + Duration::from_millis(1);
         a.insert(LinkId(1), ip(1), t0);
-        assert_eq!(a.judge(ip(1), later, false), Verdict::Admit);
+        assert_eq!(a.verdict(ip(1), later, false), Verdict::Admit);
         a.insert(LinkId(2), ip(1), later);
         // .1 holds its share: a newcomer from it takes the place of its oldest, whichever
         // address holds the most, with free slots in the table.
         let t1 = later + Duration::from_millis(1);
-        assert_eq!(a.judge(ip(1), t1, false), Verdict::DisplaceOwn(LinkId(1)));
-        assert_eq!(a.judge(ip(1), t1, true), Verdict::DisplaceOwn(LinkId(1)));
-        assert_eq!(a.judge(ip(2), t1, false), Verdict::Admit);
+        assert_eq!(a.verdict(ip(1), t1, false), Verdict::DisplaceOwn(LinkId(1)));
+        assert_eq!(a.verdict(ip(1), t1, true), Verdict::DisplaceOwn(LinkId(1)));
+        assert_eq!(a.verdict(ip(2), t1, false), Verdict::Admit);
         a.remove(LinkId(1));
         a.insert(LinkId(3), ip(1), t1);
         assert_eq!(a.held_by(ip(1)), 2, "never more than its share");
         assert_eq!(
-            a.judge(ip(1), t1 + Duration::from_millis(1), false),
+            a.verdict(ip(1), t1 + Duration::from_millis(1), false),
             Verdict::DisplaceOwn(LinkId(2)),
             "oldest first"
         );
         a.remove(LinkId(2));
-        assert_eq!(a.judge(ip(1), t1, false), Verdict::Admit);
+        assert_eq!(a.verdict(ip(1), t1, false), Verdict::Admit);
         assert_eq!(default_per_source(128), 32);
         assert_eq!(default_per_source(2), 1);
         assert_eq!(Admission::new(4, 100).per_source(), 4);
@@ -333,22 +333,22 @@ mod tests {
         a.insert(LinkId(2), ip(1), t1);
         a.insert(LinkId(3), ip(1), t1);
         // At t1 only the one from t0 may go: it had its chance to answer.
-        assert_eq!(a.judge(ip(1), t1, false), Verdict::DisplaceOwn(LinkId(1)));
+        assert_eq!(a.verdict(ip(1), t1, false), Verdict::DisplaceOwn(LinkId(1)));
         a.remove(LinkId(1));
         a.insert(LinkId(4), ip(1), t1);
         // The share is all from t1: more of that burst are refused, none displaced.
-        assert_eq!(a.judge(ip(1), t1, false), Verdict::SourceFull);
-        assert_eq!(a.judge(ip(1), t1, true), Verdict::SourceFull);
+        assert_eq!(a.verdict(ip(1), t1, false), Verdict::SourceBurst);
+        assert_eq!(a.verdict(ip(1), t1, true), Verdict::SourceBurst);
         // Another address is not held back by it.
-        assert_eq!(a.judge(ip(2), t1, false), Verdict::Admit);
+        assert_eq!(a.verdict(ip(2), t1, false), Verdict::Admit);
         // A later instant displaces the burst's oldest.
         let t2 = t1 + Duration::from_nanos(1);
-        assert_eq!(a.judge(ip(1), t2, false), Verdict::DisplaceOwn(LinkId(2)));
+        assert_eq!(a.verdict(ip(1), t2, false), Verdict::DisplaceOwn(LinkId(2)));
         // A share of one.
         let mut b = Admission::new(8, 1);
         b.insert(LinkId(1), ip(1), t0);
-        assert_eq!(b.judge(ip(1), t0, false), Verdict::SourceFull);
-        assert_eq!(b.judge(ip(1), t1, false), Verdict::DisplaceOwn(LinkId(1)));
+        assert_eq!(b.verdict(ip(1), t0, false), Verdict::SourceBurst);
+        assert_eq!(b.verdict(ip(1), t1, false), Verdict::DisplaceOwn(LinkId(1)));
     }
 
     #[test]
@@ -364,7 +364,7 @@ mod tests {
             a.insert(LinkId(t), ip(1), at(t as u64));
         }
         let member = LinkId(100);
-        match a.judge(ip(1), at(10), false) {
+        match a.verdict(ip(1), at(10), false) {
             Verdict::DisplaceOwn(v) => {
                 assert_eq!(v, LinkId(0));
                 a.remove(v);
@@ -373,20 +373,20 @@ mod tests {
         }
         a.insert(member, ip(1), at(10));
         for t in 1..per_source {
-            let v = a.judge(ip(1), at(10 + t as u64), false);
+            let v = a.verdict(ip(1), at(10 + t as u64), false);
             assert_eq!(v, Verdict::DisplaceOwn(LinkId(t)), "strangers go first");
             a.remove(LinkId(t));
             a.insert(LinkId(200 + t), ip(1), at(10 + t as u64));
         }
         assert!(a.since(member).is_some(), "the member's handshake survives");
         assert_eq!(
-            a.judge(ip(1), at(20), false),
+            a.verdict(ip(1), at(20), false),
             Verdict::DisplaceOwn(member),
             "... until `per_source` newer ones came from its address"
         );
         // Other addresses never lose a connection to .1's flood.
         a.insert(LinkId(300), ip(2), at(0));
-        assert_eq!(a.judge(ip(1), at(21), true), Verdict::DisplaceOwn(member));
+        assert_eq!(a.verdict(ip(1), at(21), true), Verdict::DisplaceOwn(member));
     }
 
     #[test]
@@ -402,28 +402,28 @@ mod tests {
         assert_eq!(a.biggest(), Some((ip(9), 4)));
         // The flood's own oldest goes, whoever arrives (a newcomer from .9 at this same
         // instant is refused; later, it displaces its own oldest).
-        assert_eq!(a.judge(ip(9), now, false), Verdict::SourceFull);
+        assert_eq!(a.verdict(ip(9), now, false), Verdict::SourceBurst);
         let later = now + Duration::from_millis(1);
         assert_eq!(
-            a.judge(ip(9), later, false),
+            a.verdict(ip(9), later, false),
             Verdict::DisplaceOwn(LinkId(2))
         );
-        assert_eq!(a.judge(ip(7), now, false), Verdict::Displace(LinkId(2)));
+        assert_eq!(a.verdict(ip(7), now, false), Verdict::Displace(LinkId(2)));
         a.remove(LinkId(2));
         a.insert(LinkId(7), ip(7), now);
-        assert_eq!(a.judge(ip(1), now, false), Verdict::Displace(LinkId(3)));
+        assert_eq!(a.verdict(ip(1), now, false), Verdict::Displace(LinkId(3)));
         a.remove(LinkId(3));
         a.insert(LinkId(8), ip(1), now);
         // .9 and .1 now hold two each: .1's oldest (token 1) is older than .9's (token 4).
-        assert_eq!(a.judge(ip(3), now, false), Verdict::Displace(LinkId(1)));
+        assert_eq!(a.verdict(ip(3), now, false), Verdict::Displace(LinkId(1)));
         a.remove(LinkId(1));
         a.insert(LinkId(9), ip(3), now);
-        assert_eq!(a.judge(ip(3), now, false), Verdict::Displace(LinkId(4)));
+        assert_eq!(a.verdict(ip(3), now, false), Verdict::Displace(LinkId(4)));
         // The node at its connection limit displaces as well, even with free slots.
         let mut b = Admission::new(6, 4);
-        assert_eq!(b.judge(ip(1), now, true), Verdict::Full);
+        assert_eq!(b.verdict(ip(1), now, true), Verdict::Full);
         b.insert(LinkId(1), ip(1), now);
-        assert_eq!(b.judge(ip(2), now, true), Verdict::Displace(LinkId(1)));
+        assert_eq!(b.verdict(ip(2), now, true), Verdict::Displace(LinkId(1)));
     }
 
     #[test]

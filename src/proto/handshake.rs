@@ -223,7 +223,7 @@ pub enum HsEvent {
 
 /// Why a handshake failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HsError {
+pub struct HandshakeError {
     /// The close code (sent to the peer when we are the one refusing).
     pub code: CloseCode,
     /// What went wrong, for the log.
@@ -232,7 +232,7 @@ pub struct HsError {
     pub by_peer: bool,
 }
 
-impl std::fmt::Display for HsError {
+impl std::fmt::Display for HandshakeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         if self.by_peer {
             write!(
@@ -246,10 +246,10 @@ impl std::fmt::Display for HsError {
     }
 }
 
-impl std::error::Error for HsError {}
+impl std::error::Error for HandshakeError {}
 
-fn refuse(code: CloseCode, reason: String) -> HsError {
-    HsError {
+fn refuse(code: CloseCode, reason: String) -> HandshakeError {
+    HandshakeError {
         code,
         reason,
         by_peer: false,
@@ -342,7 +342,7 @@ impl Handshake {
 
     /// The checks that come before authentication: the version, and whether both sides
     /// agree on authenticating at all.
-    fn check_auth_mode(&self, id: &Identity<'_>) -> Result<(), HsError> {
+    fn check_auth_mode(&self, id: &Identity<'_>) -> Result<(), HandshakeError> {
         if id.version != wire::VERSION {
             return Err(refuse(
                 CloseCode::Version,
@@ -380,7 +380,7 @@ impl Handshake {
         mac: Option<&Mac>,
         label: &[u8],
         who: &str,
-    ) -> Result<(), HsError> {
+    ) -> Result<(), HandshakeError> {
         let Some(auth) = self.auth.as_mut() else {
             return match mac {
                 None => Ok(()),
@@ -410,7 +410,7 @@ impl Handshake {
         Ok(())
     }
 
-    fn check(&self, id: &Identity<'_>) -> Result<PeerIdentity, HsError> {
+    fn check(&self, id: &Identity<'_>) -> Result<PeerIdentity, HandshakeError> {
         if id.cluster != self.local.cluster {
             return Err(refuse(
                 CloseCode::Cluster,
@@ -452,7 +452,7 @@ impl Handshake {
     }
 
     /// Feeds one frame received before the handshake completed.
-    pub fn on_frame(&mut self, frame: &Frame<'_>) -> Result<HsEvent, HsError> {
+    pub fn on_frame(&mut self, frame: &Frame<'_>) -> Result<HsEvent, HandshakeError> {
         let r = self.on_frame_inner(frame);
         if r.is_err() {
             self.step = Step::Failed;
@@ -461,9 +461,9 @@ impl Handshake {
         r
     }
 
-    fn on_frame_inner(&mut self, frame: &Frame<'_>) -> Result<HsEvent, HsError> {
+    fn on_frame_inner(&mut self, frame: &Frame<'_>) -> Result<HsEvent, HandshakeError> {
         if let Frame::Close { code, reason } = frame {
-            return Err(HsError {
+            return Err(HandshakeError {
                 code: *code,
                 reason: (*reason).to_owned(),
                 by_peer: true,
@@ -765,7 +765,7 @@ mod tests {
     }
 
     /// Feeds every complete frame in `buf` to `hs`, returning the events.
-    fn feed(hs: &mut Handshake, buf: &mut Vec<u8>) -> Vec<Result<HsEvent, HsError>> {
+    fn feed(hs: &mut Handshake, buf: &mut Vec<u8>) -> Vec<Result<HsEvent, HandshakeError>> {
         let mut evs = Vec::new();
         let mut at = 0;
         while let Some((f, n)) = wire::decode(&buf[at..], 4096).unwrap() {
@@ -822,7 +822,7 @@ mod tests {
         let ev = feed(&mut d, &mut a_out);
         assert!(matches!(
             &ev[..],
-            [Err(HsError {
+            [Err(HandshakeError {
                 code: CloseCode::Cluster,
                 by_peer: false,
                 ..
@@ -835,7 +835,7 @@ mod tests {
         let ev = feed(&mut d, &mut a_out);
         assert!(matches!(
             &ev[..],
-            [Err(HsError {
+            [Err(HandshakeError {
                 code: CloseCode::NameMismatch,
                 ..
             })]
@@ -851,7 +851,7 @@ mod tests {
         let ev = feed(&mut a, &mut b);
         assert!(matches!(
             &ev[..],
-            [Err(HsError {
+            [Err(HandshakeError {
                 code: CloseCode::Protocol,
                 ..
             })]
@@ -866,7 +866,7 @@ mod tests {
         let ev = feed(&mut d, &mut b);
         assert!(matches!(
             &ev[..],
-            [Err(HsError {
+            [Err(HandshakeError {
                 code: CloseCode::UnknownMember,
                 by_peer: true,
                 ..
@@ -876,7 +876,7 @@ mod tests {
 
     /// Runs a handshake between an acceptor and a dialler; returns the error each side
     /// hit, if any (`None` for both: established on both sides).
-    fn run(a: LocalIdentity, d: LocalIdentity) -> (Option<HsError>, Option<HsError>) {
+    fn run(a: LocalIdentity, d: LocalIdentity) -> (Option<HandshakeError>, Option<HandshakeError>) {
         let mut a_out = Vec::new();
         let mut d_out = Vec::new();
         let mut a = Handshake::acceptor(a, [0xaa; 32], &mut a_out);
@@ -954,7 +954,7 @@ mod tests {
         assert!(
             matches!(
                 &ev[..],
-                [Err(HsError {
+                [Err(HandshakeError {
                     code: CloseCode::Auth,
                     by_peer: false,
                     ..
@@ -973,7 +973,7 @@ mod tests {
         assert!(
             matches!(
                 &ev[..],
-                [Err(HsError {
+                [Err(HandshakeError {
                     code: CloseCode::Auth,
                     ..
                 })]

@@ -19,12 +19,12 @@ pub(crate) mod timer;
 
 pub(crate) use admission::Verdict;
 pub(crate) use endpoint::{
-    Config, Endpoint, Fact, Input, JournalLeft, MembersView, MembershipSetup, NewPeer,
-    NodeCounters, Output, Target,
+    Config, Endpoint, Input, MembersView, MembershipSetup, NewPeer, NodeCounters, Output,
+    StoppedJournal, Target,
 };
 pub use handshake::{
-    resolve, Handshake, HsError, HsEvent, LocalIdentity, PeerIdentity, Resolution, Role, Secret,
-    TieBreak,
+    resolve, Handshake, HandshakeError, HsEvent, LocalIdentity, PeerIdentity, Resolution, Role,
+    Secret, TieBreak,
 };
 pub(crate) use link::LinkId;
 pub use recovery::{Descriptor, Receive, RecoveryError, Retired, Unacked};

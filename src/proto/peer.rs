@@ -2,7 +2,7 @@
 //! accepted and not yet published, the ledger of published bytes not yet credited, the ack
 //! policy, receive credit, the journal's view of its stream, and its place in the
 //! lifecycle. Sans-IO: it is handed the link that speaks for the member (or none), the time,
-//! and a place for what it produces ([`Out`]: journal records, pool tasks, events); it never
+//! and a place for what it produces ([`Produced`]: journal records, pool tasks, events); it never
 //! touches a socket, a clock or a thread. The [`Endpoint`](super::Endpoint) routes frames
 //! and timers to it.
 //!
@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use bytes::{Buf, Bytes};
 
-use super::endpoint::{Config, Out, Output};
+use super::endpoint::{Config, Output, Produced};
 use super::link::Link;
 use super::recovery::{Descriptor, Receive, RecoveryError, Unacked};
 use super::PeerIdentity;
@@ -32,7 +32,7 @@ use crate::wire;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Inflow {
     /// Go on reading.
-    Go,
+    Continue,
     /// Stop reading until the peer's held bytes are back within its receive window.
     Pause,
 }
@@ -83,7 +83,7 @@ pub(crate) struct Peer {
     pub(crate) attempt: u32,
     /// Reconnect timers carry this; bumping it cancels them.
     pub(crate) gen: u64,
-    /// The application was told it is connected (`Fact::Connected`) and not yet that it
+    /// The application was told it is connected (`Event::Connected`) and not yet that it
     /// is not.
     pub(crate) up: bool,
     /// Admitted at run time (an unknown member that dialled in): forgotten after
@@ -277,7 +277,7 @@ impl Peer {
     pub(crate) fn publish(
         &mut self,
         cfg: &Config,
-        out: &mut Out,
+        out: &mut Produced,
         mut link: Option<&mut Link>,
         high: usize,
         now: Instant,
@@ -477,7 +477,7 @@ impl Peer {
     /// expired, too large for the peer, unreliable without a connection, or still queued
     /// when the peer was retired) to the application's hook through `out`. They are counted
     /// `failed` where they failed, not `undelivered` (never published).
-    fn report_unsent(&self, out: &mut Out, msgs: Vec<Unacked>) {
+    fn report_unsent(&self, out: &mut Produced, msgs: Vec<Unacked>) {
         if !msgs.is_empty() {
             out.events.push_back(Output::Undelivered {
                 peer: self.shared.name.clone(),
@@ -500,7 +500,7 @@ impl Peer {
     /// withdraws the requests their requesters gave up, so their permits come back before
     /// the peer does. Returns whether it looked (a message with a ttl was ever queued, or a
     /// request was given up since the last sweep).
-    pub(crate) fn sweep_queued(&mut self, cfg: &Config, out: &mut Out, now: Instant) -> bool {
+    pub(crate) fn sweep_queued(&mut self, cfg: &Config, out: &mut Produced, now: Instant) -> bool {
         let withdrawals = self.shared.take_withdrawals();
         if !withdrawals && !self.shared.ttl_queued() {
             return false;
@@ -548,7 +548,7 @@ impl Peer {
     /// its name. What was queued on it fails (reported through `out`, permits back), and its
     /// outbox and requests close, so a handle still holding it fails its sends. Returns how
     /// many messages failed.
-    pub(crate) fn discard(mut self, cfg: &Config, out: &mut Out) -> u64 {
+    pub(crate) fn discard(mut self, cfg: &Config, out: &mut Produced) -> u64 {
         self.set_state(PeerState::Closed);
         let failed = self.fail_queued(cfg, out);
         self.shared.outbox.retire(&mut self.ledger);
@@ -560,7 +560,7 @@ impl Peer {
     /// to the application's hook through `out`. Returns how many. A request its requester
     /// gave up (timed out, or dropped its handle) is withdrawn instead, as at publish: its
     /// caller was told already, so it is neither failed nor reported.
-    fn fail_queued(&mut self, cfg: &Config, out: &mut Out) -> u64 {
+    fn fail_queued(&mut self, cfg: &Config, out: &mut Produced) -> u64 {
         self.shared.outbox.take_into(&mut self.pending);
         let shared = &self.shared;
         let (mut w, mut w_bytes) = (0u64, 0u64);
@@ -600,7 +600,7 @@ impl Peer {
     /// receive window.
     pub(crate) fn on_data(
         &mut self,
-        out: &mut Out,
+        out: &mut Produced,
         flags: u8,
         seq: Option<u64>,
         mut payload: Bytes,
@@ -612,7 +612,7 @@ impl Peer {
                 Counters::add(&self.shared.counters.duplicates, 1);
                 // Still acked: the sender resent it because it lacks our ack.
                 self.ack_forced = true;
-                return Ok(Inflow::Go);
+                return Ok(Inflow::Continue);
             }
         }
         Counters::add(&self.shared.counters.received, 1);
@@ -648,7 +648,7 @@ impl Peer {
                     self.shared.name
                 );
             }
-            return Ok(Inflow::Go);
+            return Ok(Inflow::Continue);
         }
         // What this sender makes us hold: the message, with a request's reply room, until
         // it is consumed.
@@ -675,7 +675,7 @@ impl Peer {
         Ok(if held > self.shared.credit.window() {
             Inflow::Pause
         } else {
-            Inflow::Go
+            Inflow::Continue
         })
     }
 
@@ -690,7 +690,7 @@ impl Peer {
     /// [`cut_run`]: Peer::cut_run
     pub(crate) fn on_run_data(
         &mut self,
-        out: &mut Out,
+        out: &mut Produced,
         seq: Option<u64>,
         start: usize,
         len: usize,
@@ -702,7 +702,7 @@ impl Peer {
                 Counters::add(&self.shared.counters.duplicates, 1);
                 // Still acked: the sender resent it because it lacks our ack.
                 self.ack_forced = true;
-                return Ok(Inflow::Go);
+                return Ok(Inflow::Continue);
             }
         }
         let run = &mut out.run;
@@ -725,21 +725,21 @@ impl Peer {
                 return Ok(Inflow::Pause);
             }
         }
-        Ok(Inflow::Go)
+        Ok(Inflow::Continue)
     }
 
     /// Admits the regular messages that follow one another in `rbuf` (the link's read
     /// buffer, bound by `max` as the link's state says) from `*pending` on into the turn's
     /// run ([`on_run_data`]), moving `*pending` past each. Stops at the first frame that is
     /// not one (another kind, a request, reply or out-of-band message, or a malformed or
-    /// incomplete frame: the caller splits it off on its own) with `Go`, or after the
+    /// incomplete frame: the caller splits it off on its own) with `Continue`, or after the
     /// message that took the peer past its receive window with `Pause`, or at a message
     /// the peer had no right to send (`Err`, not admitted).
     ///
     /// [`on_run_data`]: Peer::on_run_data
     pub(crate) fn admit_run(
         &mut self,
-        out: &mut Out,
+        out: &mut Produced,
         rbuf: &[u8],
         max: usize,
         pending: &mut usize,
@@ -760,13 +760,13 @@ impl Peer {
                 return Ok(Inflow::Pause);
             }
         }
-        Ok(Inflow::Go)
+        Ok(Inflow::Continue)
     }
 
     /// Cuts the turn's run: its messages, found in `buf` (the front of the read buffer,
     /// just taken off), are counted received and held, and queued for this peer's one
     /// push at the end of the turn (after any message queued before them).
-    pub(crate) fn cut_run(&self, out: &mut Out, buf: Bytes) {
+    pub(crate) fn cut_run(&self, out: &mut Produced, buf: Bytes) {
         let run = &mut out.run;
         if run.unflushed > 0 {
             run.held = self
@@ -790,10 +790,10 @@ impl Peer {
     /// Hands the messages split from one read to this peer's queues: regular ones to its
     /// sender queue (one deliverer at a time), out-of-band ones to its OOB queue (at most
     /// its share of the pool's threads); the pool tasks to run them go to `out`.
-    pub(crate) fn push_batch(&self, out: &mut Out) {
+    pub(crate) fn push_batch(&self, out: &mut Produced) {
         let (member, oob) = (&self.shared.member, &self.shared.oob);
         if !out.batch.is_empty() && member.push(out.batch.drain(..)) {
-            out.tasks.push_back(Task::Sender(member.clone()));
+            out.tasks.push_back(Task::Member(member.clone()));
         }
         if !out.oob_batch.is_empty() {
             for _ in 0..oob.push(out.oob_batch.drain(..)) {
@@ -804,7 +804,7 @@ impl Peer {
 
     /// After data: an ack now if enough is owed (`Some(true)`: written to `link`), else
     /// returns whether a delayed ack must be armed.
-    pub(crate) fn after_data(&mut self, cfg: &Config, out: &mut Out, link: &mut Link) -> bool {
+    pub(crate) fn after_data(&mut self, cfg: &Config, out: &mut Produced, link: &mut Link) -> bool {
         self.attempt = 0; // the peer took the connection: backoff starts over
         if self.desc.received() - self.ack_covered() >= cfg.ack_threshold {
             self.ack(out, Some(link), false);
@@ -819,7 +819,7 @@ impl Peer {
     /// is owed (or always, with `force`: after a reconnect, in case the last one was lost
     /// with the old link). With a journal, the progress is recorded first and acknowledged
     /// only once on disk. Returns whether bytes were written to `link`.
-    pub(crate) fn ack(&mut self, out: &mut Out, link: Option<&mut Link>, force: bool) -> bool {
+    pub(crate) fn ack(&mut self, out: &mut Produced, link: Option<&mut Link>, force: bool) -> bool {
         self.record_progress(out);
         self.write_ack(link, force)
     }
@@ -857,7 +857,7 @@ impl Peer {
     /// Journals how far the application has handled the peer's stream and the credit that
     /// may go back to it; the ack carrying them is written once they are durable (the
     /// endpoint learns which peers wait from `out.awaiting`).
-    pub(crate) fn record_progress(&mut self, out: &mut Out) {
+    pub(crate) fn record_progress(&mut self, out: &mut Produced) {
         let Some(progress) = &self.shared.progress else {
             return;
         };
@@ -908,7 +908,7 @@ impl Peer {
     /// nothing was pending would swallow the pool's next request.
     /// The ack is written even when nothing is owed: the prober may be measuring the round
     /// trip (see [`Peer::rtt_probe`]).
-    pub(crate) fn on_probe(&mut self, out: &mut Out, link: &mut Link) -> bool {
+    pub(crate) fn on_probe(&mut self, out: &mut Produced, link: &mut Link) -> bool {
         self.ack(out, Some(link), true)
     }
 
@@ -961,7 +961,7 @@ impl Peer {
     pub(crate) fn on_ack(
         &mut self,
         cfg: &Config,
-        out: &mut Out,
+        out: &mut Produced,
         received: u64,
         credit: u64,
         now: Instant,
@@ -1042,7 +1042,7 @@ impl Peer {
     /// Binds the recovery descriptor to the incarnation that identified (and, with a
     /// secret, authenticated); a changed launch id retires the old one: its unacked
     /// messages are undelivered, but those that never left go to the new one, renumbered.
-    pub(crate) fn bind(&mut self, cfg: &Config, out: &mut Out, peer: &PeerIdentity) {
+    pub(crate) fn bind(&mut self, cfg: &Config, out: &mut Produced, peer: &PeerIdentity) {
         // What the peer may send is its own window (enforced); what we hold for it, and
         // return credit in halves of, is the smaller of that and our receive window.
         self.peer_window = peer.window;
@@ -1126,9 +1126,9 @@ impl Peer {
             }
         }
         let (peer, launch, undelivered) = (self.shared.name.clone(), peer.launch_id, old.len());
-        super::endpoint::note(cfg, out, || super::endpoint::Fact::NewIncarnation {
-            peer,
-            launch,
+        super::endpoint::emit(cfg, out, || crate::events::Event::NewIncarnation {
+            peer: peer.to_string(),
+            incarnation: launch,
             undelivered: undelivered as u64,
         });
         self.undelivered(out, old);
@@ -1151,7 +1151,7 @@ impl Peer {
 
     /// Reports messages that will never be delivered (counted, and handed to the
     /// application's hook through `out`).
-    fn undelivered(&self, out: &mut Out, msgs: Vec<Unacked>) {
+    fn undelivered(&self, out: &mut Produced, msgs: Vec<Unacked>) {
         Counters::add(&self.shared.counters.undelivered, msgs.len() as u64);
         if !msgs.is_empty() {
             out.events.push_back(Output::Undelivered {
@@ -1164,7 +1164,7 @@ impl Peer {
     /// Retires everything of the current relationship (unacked messages are undelivered,
     /// their credit given back) while keeping what is queued: the peer lost its state for
     /// us without restarting.
-    pub(crate) fn forget(&mut self, out: &mut Out) {
+    pub(crate) fn forget(&mut self, out: &mut Produced) {
         let old = self.desc.reset();
         if out.journal_open() {
             // Unbind (retiring the journalled stream), then bind afresh.
@@ -1192,7 +1192,7 @@ impl Peer {
     pub(crate) fn establish(
         &mut self,
         cfg: &Config,
-        out: &mut Out,
+        out: &mut Produced,
         link: &mut Link,
         peer_received: u64,
         peer_unreliable: u64,
@@ -1357,7 +1357,7 @@ impl Peer {
     /// Terminal transition: `Closed`, outbox closed and failed, permits back, unacked
     /// messages undelivered (with a journal and a shutdown, they stay journalled instead).
     /// `removed`: the member was removed (for good) rather than the node shutting down.
-    pub(crate) fn retire(&mut self, cfg: &Config, out: &mut Out, removed: bool) {
+    pub(crate) fn retire(&mut self, cfg: &Config, out: &mut Produced, removed: bool) {
         self.set_state(PeerState::Closed);
         self.gen += 1;
         let failed = self.fail_queued(cfg, out);
@@ -1399,7 +1399,7 @@ impl Peer {
     /// its messages is what we tell it we received. The restored messages are charged to
     /// the window (as far as it has room), so what a member keeps for a peer stays bounded
     /// by the window however often it restarts.
-    pub(crate) fn restore(&mut self, cfg: &Config, out: &mut Out, r: RecoveredPeer) {
+    pub(crate) fn restore(&mut self, cfg: &Config, out: &mut Produced, r: RecoveredPeer) {
         let mut unacked: Vec<Unacked> = Vec::with_capacity(r.unacked.len());
         let mut lost = Vec::new();
         for m in r.unacked {
@@ -1484,7 +1484,7 @@ impl Peer {
     pub(crate) fn tick(
         &mut self,
         cfg: &Config,
-        out: &mut Out,
+        out: &mut Produced,
         mut link: Option<&mut Link>,
         now: Instant,
     ) -> bool {

@@ -381,7 +381,10 @@ fn frames_of(out: &[u8]) -> Vec<Frame<'_>> {
 }
 
 /// Feeds one frame to `hs` with the tracker armed.
-fn feed(hs: &mut Handshake, f: &Frame<'_>) -> Result<HsEvent, cohort::internals::proto::HsError> {
+fn feed(
+    hs: &mut Handshake,
+    f: &Frame<'_>,
+) -> Result<HsEvent, cohort::internals::proto::HandshakeError> {
     let (r, _, largest) = tracked(|| hs.on_frame(f));
     assert!(largest <= HS_ALLOC_BOUND, "on_frame allocated {largest} B");
     r

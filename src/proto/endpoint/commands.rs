@@ -82,12 +82,14 @@ impl Endpoint {
         }
         if up {
             let peer = name.clone();
-            note(&self.cfg, &mut self.out, || Fact::Disconnected {
-                peer,
-                why: Why::Removed,
+            emit(&self.cfg, &mut self.out, || Event::Disconnected {
+                peer: peer.to_string(),
+                reason: Why::Removed,
             });
         }
-        note(&self.cfg, &mut self.out, || Fact::Removed { peer: name });
+        emit(&self.cfg, &mut self.out, || Event::Removed {
+            peer: name.to_string(),
+        });
     }
 
     /// Drops the peer's link; recovery brings it back.
@@ -198,7 +200,7 @@ impl Endpoint {
     /// The final step of a shutdown: every peer retired, every link closed, the last records
     /// cut into a batch. Returns, with a journal, what the node needs to record the pool's
     /// last progress once the writer has given the journal back.
-    pub(crate) fn finish(&mut self, now: Instant) -> Option<Vec<LeftPeer>> {
+    pub(crate) fn finish(&mut self, now: Instant) -> Option<Vec<StoppedPeer>> {
         let links: Vec<LinkId> = self.links.keys().copied().collect();
         let ids: Vec<usize> = self.peers.keys().copied().collect();
         for id in ids {
@@ -223,7 +225,7 @@ impl Endpoint {
                 .filter_map(|p| {
                     let progress = p.shared.progress.clone()?;
                     let (recorded, unreliable) = p.recorded();
-                    Some(LeftPeer {
+                    Some(StoppedPeer {
                         name: p.name().to_string(),
                         progress,
                         credit: p.shared.credit.clone(),

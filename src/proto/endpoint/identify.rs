@@ -31,7 +31,7 @@ impl Endpoint {
                 peer.name
             );
             let addr = self.links.get(&id).and_then(|l| l.remote.clone());
-            note(&self.cfg, &mut self.out, || Fact::Refused {
+            emit(&self.cfg, &mut self.out, || Event::Refused {
                 peer: Some(peer.name.clone()),
                 addr,
                 reason: RefuseReason::NameMismatch,
@@ -343,16 +343,16 @@ impl Endpoint {
                     // Never two `Connected` in a row: a link established while another was
                     // announced replaced it (the old one is closed by now).
                     let peer = p.name().clone();
-                    note(&self.cfg, &mut self.out, || Fact::Disconnected {
-                        peer,
-                        why: Why::Replaced,
+                    emit(&self.cfg, &mut self.out, || Event::Disconnected {
+                        peer: peer.to_string(),
+                        reason: Why::Replaced,
                     });
                 }
                 p.up = true;
                 let peer = p.name().clone();
-                note(&self.cfg, &mut self.out, || Fact::Connected {
-                    peer,
-                    launch,
+                emit(&self.cfg, &mut self.out, || Event::Connected {
+                    peer: peer.to_string(),
+                    incarnation: launch,
                 });
                 Counters::add(&self.counters.handshakes, 1);
                 self.update_gauges();

@@ -44,7 +44,7 @@ impl Endpoint {
                     };
                     match p.admit_run(&mut self.out, &link.rbuf, max, &mut pending) {
                         // The frame after the run is another kind, or incomplete.
-                        Ok(Inflow::Go) => {}
+                        Ok(Inflow::Continue) => {}
                         Ok(Inflow::Pause) => {
                             if self.pause(id, pid) {
                                 break;
@@ -86,7 +86,7 @@ impl Endpoint {
                         continue;
                     };
                     match p.on_data(&mut self.out, flags, seq, payload) {
-                        Ok(Inflow::Go) => {}
+                        Ok(Inflow::Continue) => {}
                         Ok(Inflow::Pause) => {
                             if self.pause(id, pid) {
                                 break;
@@ -269,7 +269,7 @@ impl Endpoint {
                 .and_then(|h| h.peer())
                 .map(|p| p.name.clone()),
         };
-        note(&self.cfg, &mut self.out, || Fact::Refused {
+        emit(&self.cfg, &mut self.out, || Event::Refused {
             peer,
             addr,
             reason,

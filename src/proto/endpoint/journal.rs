@@ -6,7 +6,7 @@ use super::*;
 /// What the endpoint knows of the journal: it never touches it (a writer thread does, see
 /// `journal::JournalWriter`); it cuts the turn's records into numbered batches, and lets
 /// bytes leave and acks carry progress as the writer's marks say their batch is durable.
-pub(crate) struct Durability {
+pub(crate) struct JournalGate {
     pub(super) policy: FsyncPolicy,
     /// What recovery found for peers not added yet, by name.
     pub(super) recovered: HashMap<String, RecoveredPeer>,
@@ -18,7 +18,7 @@ pub(crate) struct Durability {
     pub(super) awaiting: VecDeque<(u64, usize)>,
 }
 
-impl Durability {
+impl JournalGate {
     /// The last batch whose delivery progress may be acknowledged: appended (the page
     /// cache survives a crash of the process) — or, with an interval policy, synced.
     fn ack_mark(&self) -> u64 {
@@ -32,13 +32,13 @@ impl Durability {
 /// The journal after the IO thread has stopped, with what is needed to record how far the
 /// pool got: the node records it once the pool has drained, so a clean shutdown leaves
 /// nothing to deliver again.
-pub(crate) struct JournalLeft {
+pub(crate) struct StoppedJournal {
     pub(super) journal: Journal,
-    pub(super) peers: Vec<LeftPeer>,
+    pub(super) peers: Vec<StoppedPeer>,
 }
 
-/// A peer's share of [`JournalLeft`].
-pub(crate) struct LeftPeer {
+/// A peer's share of [`StoppedJournal`].
+pub(crate) struct StoppedPeer {
     pub(super) name: String,
     /// Its handled watermark and receive credit, still moving while the pool drains.
     pub(super) progress: Arc<crate::deliver::Progress>,
@@ -49,10 +49,10 @@ pub(crate) struct LeftPeer {
     pub(super) received: u64,
 }
 
-impl JournalLeft {
+impl StoppedJournal {
     /// The journal, back from its writer, and the peers' progress as the endpoint left it.
-    pub(crate) fn new(journal: Journal, peers: Vec<LeftPeer>) -> JournalLeft {
-        JournalLeft { journal, peers }
+    pub(crate) fn new(journal: Journal, peers: Vec<StoppedPeer>) -> StoppedJournal {
+        StoppedJournal { journal, peers }
     }
 
     /// Records each peer's final delivery progress and syncs the journal.

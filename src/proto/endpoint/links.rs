@@ -7,17 +7,17 @@ use super::*;
 impl Endpoint {
     /// Judges a connection just accepted from `from` at `now` (before anything is spent on
     /// it).
-    pub(crate) fn judge(&mut self, now: Instant, from: Addr) -> Verdict {
+    pub(crate) fn verdict_on_accept(&mut self, now: Instant, from: Addr) -> Verdict {
         let source = admission::source_of(from.source_ip());
         let node_full = self.links.len() >= self.cfg.max_connections;
-        let v = self.admission.judge(source, now, node_full);
-        if matches!(v, Verdict::SourceFull | Verdict::Full) {
+        let v = self.admission.verdict(source, now, node_full);
+        if matches!(v, Verdict::SourceBurst | Verdict::Full) {
             self.refuse_stranger(&from, v);
         }
         v
     }
 
-    /// A connection accepted from `from` (admitted by [`judge`](Endpoint::judge), which
+    /// A connection accepted from `from` (admitted by [`judge`](Endpoint::verdict_on_accept), which
     /// may have named a pending link to displace) becomes link `id`: the acceptor's
     /// handshake starts (its Hello is written), with the deadline of the pending table as it
     /// is now.
@@ -32,7 +32,7 @@ impl Endpoint {
         match verdict {
             Verdict::Displace(victim) => self.displace(now, victim, &from, false),
             Verdict::DisplaceOwn(victim) => self.displace(now, victim, &from, true),
-            Verdict::Admit | Verdict::Full | Verdict::SourceFull => {}
+            Verdict::Admit | Verdict::Full | Verdict::SourceBurst => {}
         }
         Counters::add(&self.counters.accepted, 1);
         log::debug!("{}: accepted connection from {from}", self.cfg.name);
@@ -60,7 +60,7 @@ impl Endpoint {
     }
 
     /// Whether connections accepted now are refused outright (shutting down).
-    pub(crate) fn refuses_all(&self) -> bool {
+    pub(crate) fn is_shutting_down(&self) -> bool {
         self.shutdown.is_some()
     }
 
@@ -84,7 +84,7 @@ impl Endpoint {
 
     pub(super) fn refuse_stranger(&mut self, from: &Addr, why: Verdict) {
         Counters::add(&self.counters.refused_limit, 1);
-        if why == Verdict::SourceFull {
+        if why == Verdict::SourceBurst {
             Counters::add(&self.counters.refused_per_source, 1);
             self.shedding.over_source += 1;
             log::debug!(
@@ -333,9 +333,9 @@ impl Endpoint {
         };
         if std::mem::take(&mut p.up) {
             let peer = p.name().clone();
-            note(&self.cfg, &mut self.out, || Fact::Disconnected {
-                peer,
-                why,
+            emit(&self.cfg, &mut self.out, || Event::Disconnected {
+                peer: peer.to_string(),
+                reason: why,
             });
         }
         if p.state != PeerState::Closed {
@@ -429,6 +429,8 @@ impl Endpoint {
         );
         self.retire_peer(id, true);
         self.out.events.push_back(Output::Forget(shared));
-        note(&self.cfg, &mut self.out, || Fact::Forgotten { peer: name });
+        emit(&self.cfg, &mut self.out, || Event::Forgotten {
+            peer: name.to_string(),
+        });
     }
 }

@@ -154,7 +154,7 @@ impl Endpoint {
                     }
                     _ => return,
                 };
-                note(&self.cfg, &mut self.out, || Fact::Membership(fact));
+                emit(&self.cfg, &mut self.out, || fact);
             }
             State::Failed | State::Left => {
                 if matches!(before, Some(State::Failed | State::Left)) {
@@ -167,7 +167,7 @@ impl Endpoint {
                 } else {
                     Event::MemberLeft { peer: name }
                 };
-                note(&self.cfg, &mut self.out, || Fact::Membership(fact));
+                emit(&self.cfg, &mut self.out, || fact);
             }
         }
     }
@@ -260,9 +260,9 @@ impl Endpoint {
         }
         if up {
             let peer: SharedStr = name.into();
-            note(&self.cfg, &mut self.out, || Fact::Disconnected {
-                peer,
-                why,
+            emit(&self.cfg, &mut self.out, || Event::Disconnected {
+                peer: peer.to_string(),
+                reason: why,
             });
         }
         self.out.events.push_back(Output::Forget(shared));

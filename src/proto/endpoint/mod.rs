@@ -11,7 +11,7 @@
 //! - **In**: [`Endpoint::handle`]`(now, `[`Input`]`)` — what happened: a command or a
 //!   hand-off from another thread, a connection opened, read, writable, written, failed,
 //!   the journal writer's marks, the time passing ([`Input::Timeout`]).
-//! - **Out**: [`Endpoint::poll`]`(now)` until it returns `None` — what to do, as
+//! - **Produced**: [`Endpoint::poll`]`(now)` until it returns `None` — what to do, as
 //!   [`Output`]s, in the order the endpoint decides (its rustdoc): pool tasks and events
 //!   (dial, close, resume reading, report undelivered messages, tell a membership fact),
 //!   journal batches and syncs, then one [`Output::Transmit`] per link with bytes to write.
@@ -21,7 +21,7 @@
 //!   wakes it.
 //!
 //! Besides the boundary, the driver reads a link's buffers ([`Endpoint::link_mut`],
-//! [`Endpoint::to_write`]) and asks a few questions: [`Endpoint::judge`] (whether to take an
+//! [`Endpoint::to_write`]) and asks a few questions: [`Endpoint::verdict_on_accept`] (whether to take an
 //! accepted connection at all, before anything is spent on it) and
 //! [`Endpoint::shutdown_done`].
 
@@ -39,7 +39,7 @@ use super::{
     resolve, Handshake, HsEvent, LocalIdentity, PeerIdentity, RecoveryError, Resolution, TieBreak,
 };
 use crate::deliver::Task;
-use crate::events::{DisconnectReason as Why, RefuseReason};
+use crate::events::{DisconnectReason as Why, Event, RefuseReason};
 use crate::journal::{FsyncPolicy, Journal, JournalError, Record, RecoveredPeer, WriterMarks};
 use crate::peer::{Counters, OutboundFilter, PeerShared, PeerState};
 use crate::proto::Unacked;
@@ -57,7 +57,7 @@ mod members;
 mod seeds;
 mod time;
 
-pub(crate) use journal::{Durability, JournalLeft, LeftPeer};
+pub(crate) use journal::{JournalGate, StoppedJournal, StoppedPeer};
 use members::Members;
 pub(crate) use members::{MembersView, MembershipSetup};
 use seeds::Seed;
@@ -104,7 +104,7 @@ pub(crate) struct Config {
     pub(crate) secret: Option<super::Secret>,
     /// The node journals (its reliable messages and delivery progress).
     pub(crate) journalled: bool,
-    /// The application wants membership facts ([`Output::Fact`]); without it none is made.
+    /// The application wants events ([`Output::Event`]); without it none is made.
     pub(crate) events: bool,
     /// A member admitted at run time (unknown, no address) that stays disconnected this
     /// long is removed ([`Output::Forget`]).
@@ -200,8 +200,9 @@ pub(crate) enum Output {
     Admitted(Arc<PeerShared>),
     /// A journal write or sync failed: the node stops.
     JournalFailed,
-    /// A membership fact for the application (only when [`Config::events`] is set).
-    Fact(Fact),
+    /// An event for the application's `on_event` (only when [`Config::events`] is set).
+    /// Per peer, `Connected` and `Disconnected` alternate, starting with `Connected`.
+    Event(Event),
     /// A member admitted at run time stayed disconnected for `forget_after` and was
     /// retired, as `remove_peer` does: the node must forget it (if the shared state it
     /// holds under that name is still this one). Also a member the membership declared
@@ -212,41 +213,11 @@ pub(crate) enum Output {
     Datagram { to: SocketAddr, packet: Vec<u8> },
 }
 
-/// A transition of a peer the application hears of (the driver turns it into a public
-/// [`crate::Event`]). Per peer, `Connected` and `Disconnected` alternate, starting with
-/// `Connected`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Fact {
-    /// A link to `peer` was established; `launch` is the peer's launch id.
-    Connected { peer: SharedStr, launch: u64 },
-    /// The established link to `peer` is gone.
-    Disconnected { peer: SharedStr, why: Why },
-    /// `peer` turned out to be a new incarnation; `undelivered` messages to the old one
-    /// were reported undelivered.
-    NewIncarnation {
-        peer: SharedStr,
-        launch: u64,
-        undelivered: u64,
-    },
-    /// A handshake was refused (by us, or by the other side: `by_peer`).
-    Refused {
-        peer: Option<String>,
-        addr: Option<Addr>,
-        reason: RefuseReason,
-        by_peer: bool,
-    },
-    /// `peer` was removed (`remove_peer`).
-    Removed { peer: SharedStr },
-    /// `peer`, admitted at run time, was forgotten after staying disconnected.
-    Forgotten { peer: SharedStr },
-    /// A change of the membership view, as the application hears of it.
-    Membership(crate::events::Event),
-}
-
-/// Records `fact` for the driver if the application wants facts (one branch otherwise).
-pub(crate) fn note(cfg: &Config, out: &mut Out, fact: impl FnOnce() -> Fact) {
+/// Queues `event` for the application if it listens (one branch otherwise: the event,
+/// and the names it copies, are made only for a listener).
+pub(crate) fn emit(cfg: &Config, out: &mut Produced, event: impl FnOnce() -> Event) {
     if cfg.events {
-        out.events.push_back(Output::Fact(fact()));
+        out.events.push_back(Output::Event(event()));
     }
 }
 
@@ -296,7 +267,7 @@ pub(crate) enum Input<'a> {
     DialFailed(Target),
     /// A dialled link's connection completed.
     Connected(LinkId),
-    /// A connection accepted from `from`, judged by [`Endpoint::judge`] (not refused),
+    /// A connection accepted from `from`, judged by [`Endpoint::verdict_on_accept`] (not refused),
     /// became `link`.
     Accepted {
         link: LinkId,
@@ -342,7 +313,7 @@ struct NameHolder {
 pub(crate) type Batch = (u64, Vec<Record>);
 
 /// What one call produces besides the links' bytes: journal records, pool tasks, events.
-pub(crate) struct Out {
+pub(crate) struct Produced {
     /// Journal records of this turn, handed to the journal together (one batch) before any
     /// byte leaves.
     pub(crate) records: Vec<Record>,
@@ -390,7 +361,7 @@ impl RunBuilder {
     }
 }
 
-impl Out {
+impl Produced {
     /// Whether records may be journalled (a journalling node whose journal has not
     /// failed).
     pub(crate) fn journal_open(&self) -> bool {
@@ -428,14 +399,14 @@ pub(crate) struct Endpoint {
     /// (a handshake's last frame goes first: see [`poll`](Endpoint::poll), step 4).
     deferred: Vec<usize>,
     shutdown: Option<Instant>,
-    journal: Option<Durability>,
+    journal: Option<JournalGate>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
     /// The seeds, in [`Config::seeds`]' order.
     seeds: Vec<Seed>,
     /// Membership, when configured.
     members: Option<Members>,
-    out: Out,
+    out: Produced,
 }
 
 impl Endpoint {
@@ -457,7 +428,7 @@ impl Endpoint {
             name: cfg.name.to_string(),
             secret: cfg.secret.clone(),
         };
-        let journal = journal.map(|(policy, recovered)| Durability {
+        let journal = journal.map(|(policy, recovered)| JournalGate {
             policy,
             recovered: recovered.peers.into_iter().collect(),
             cut: 0,
@@ -488,7 +459,7 @@ impl Endpoint {
                 .membership
                 .as_ref()
                 .map(|setup| Members::new(&cfg, setup, now)),
-            out: Out {
+            out: Produced {
                 records: Vec::new(),
                 awaiting: Vec::new(),
                 tasks: VecDeque::new(),
@@ -558,7 +529,7 @@ impl Endpoint {
     /// The next thing the driver must do, or `None` when there is nothing more until the
     /// next input. The order is the endpoint's:
     ///
-    /// 1. pool tasks, then the events (dials, closes, reports, facts) in the order they
+    /// 1. pool tasks, then the events (dials, closes, reports, events) in the order they
     ///    happened — a task before any event that follows it;
     /// 2. the journal: the records gathered since the last cut go to the writer as one
     ///    batch, before any byte that depends on them may leave, then the syncs waiting for

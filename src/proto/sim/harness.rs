@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::oracle::Oracle;
-use crate::deliver::{Delivery, OobQueue, PeerCreditSink, RunOutcome, SenderQueue, Task};
-use crate::events::{DisconnectReason as Why, RefuseReason};
+use crate::deliver::{Delivery, MemberQueue, OobQueue, PeerCreditSink, RunOutcome, Task};
+use crate::events::{DisconnectReason as Why, Event, RefuseReason};
 use crate::flow::RecvCredit;
 use crate::handoff::{Handoff, Wake};
 use crate::peer::{Outgoing, PeerShared};
 use crate::proto::endpoint::Batch;
 use crate::proto::{
-    Config, Descriptor, Endpoint, Fact, Input, LinkId, NodeCounters, Output, Secret, Target,
+    Config, Descriptor, Endpoint, Input, LinkId, NodeCounters, Output, Secret, Target,
 };
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
@@ -356,7 +356,7 @@ impl Drop for Sim {
 /// Runs a pool task inline, to its end.
 fn run_task(task: Task, handler: &(dyn Fn(Delivery) + Send + Sync)) {
     match task {
-        Task::Sender(q) => while q.run(64, handler) == RunOutcome::Yield {},
+        Task::Member(q) => while q.run(64, handler) == RunOutcome::Yield {},
         Task::Oob(q) => while q.run(64, handler).outcome == RunOutcome::Yield {},
         Task::Events(q) => while q.run(64) {},
     }
@@ -394,7 +394,7 @@ pub(super) fn peer_shared(
     let credit = Arc::new(RecvCredit::new());
     let progress = journal.then(|| Arc::new(crate::deliver::Progress::new(0)));
     let sink = || PeerCreditSink::new(id, credit.clone(), progress.clone(), handoff.clone());
-    let member = Arc::new(SenderQueue::new(name.clone(), Box::new(sink())));
+    let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink())));
     let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(sink())));
     Arc::new(PeerShared::new(
         id, name, WINDOW, credit, member, oob, progress, 16,
@@ -656,7 +656,10 @@ impl Sim {
                             .undelivered
                             .extend(messages.into_iter().map(|u| (u.payload, bound)));
                     }
-                    Output::Fact(Fact::Connected { peer, launch }) => {
+                    Output::Event(Event::Connected {
+                        peer,
+                        incarnation: launch,
+                    }) => {
                         let m = &mut self.m[side];
                         let k = m.known(&peer).expect("a known peer");
                         let known = &mut m.peers[k];
@@ -676,7 +679,7 @@ impl Sim {
                         known.connects_told += 1;
                         known.launches_told.push(launch);
                     }
-                    Output::Fact(Fact::Disconnected { peer, why }) => {
+                    Output::Event(Event::Disconnected { peer, reason: why }) => {
                         let m = &mut self.m[side];
                         let k = m.known(&peer).expect("a known peer");
                         assert!(
@@ -686,13 +689,13 @@ impl Sim {
                         m.peers[k].up = false;
                         m.peers[k].last_why = Some(why);
                     }
-                    Output::Fact(Fact::Removed { peer }) => {
+                    Output::Event(Event::Removed { peer }) => {
                         let m = &self.m[side];
                         let k = m.known(&peer).expect("a known peer");
                         assert!(!m.peers[k].up, "{who}: {peer} removed while told connected");
                     }
-                    Output::Fact(Fact::NewIncarnation { .. }) => self.stats.new_incarnations += 1,
-                    Output::Fact(Fact::Refused {
+                    Output::Event(Event::NewIncarnation { .. }) => self.stats.new_incarnations += 1,
+                    Output::Event(Event::Refused {
                         reason, by_peer, ..
                     }) => {
                         let m = &mut self.m[side];
@@ -737,10 +740,7 @@ impl Sim {
                         self.stats.journal_failures += 1;
                     }
                     Output::Forget(shared) => self.forget(side, &shared),
-                    // No member of the simulation runs membership (it has a simulation
-                    // of its own, `membership::sim`).
-                    Output::Datagram { .. } | Output::Fact(Fact::Membership(_)) => {}
-                    Output::Fact(Fact::Forgotten { peer }) => {
+                    Output::Event(Event::Forgotten { peer }) => {
                         let m = &self.m[side];
                         assert!(
                             m.known(&peer).is_none(),
@@ -748,6 +748,9 @@ impl Sim {
                         );
                         self.stats.forgotten += 1;
                     }
+                    // No member of the simulation runs membership (it has a simulation
+                    // of its own, `membership::sim`).
+                    Output::Datagram { .. } | Output::Event(_) => {}
                 }
             }
             // What the pool asked of the IO thread meanwhile is its next input.
@@ -924,10 +927,10 @@ impl Sim {
         };
         self.m[side].ep.handle(now, dialled);
         let acceptor = &mut self.m[target].ep;
-        let verdict = acceptor.judge(now, addr(side));
+        let verdict = acceptor.verdict_on_accept(now, addr(side));
         if matches!(
             verdict,
-            crate::proto::Verdict::SourceFull | crate::proto::Verdict::Full
+            crate::proto::Verdict::SourceBurst | crate::proto::Verdict::Full
         ) {
             let failed = Input::Failed {
                 link: d,

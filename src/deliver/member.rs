@@ -53,7 +53,7 @@ pub trait CreditSink: Send + Sync {
     fn handled_unreliable(&self, _epoch: u32, _cost: u64) {}
 }
 
-/// What [`SenderQueue::run`] ended with.
+/// What [`MemberQueue::run`] ended with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
 pub enum RunOutcome {
@@ -209,7 +209,7 @@ struct Items {
 }
 
 /// A sender's batch queue plus its delivering state word.
-pub struct SenderQueue {
+pub struct MemberQueue {
     name: SharedStr,
     queue: Mutex<Items>,
     state: AtomicUsize,
@@ -224,9 +224,9 @@ pub struct SenderQueue {
     max_active: AtomicUsize,
 }
 
-impl std::fmt::Debug for SenderQueue {
+impl std::fmt::Debug for MemberQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SenderQueue")
+        f.debug_struct("MemberQueue")
             .field("name", &self.name)
             .field("state", &self.state.load(Ordering::Relaxed))
             .field("queued_bytes", &self.queued_bytes.load(Ordering::Relaxed))
@@ -235,10 +235,10 @@ impl std::fmt::Debug for SenderQueue {
     }
 }
 
-impl SenderQueue {
+impl MemberQueue {
     /// An empty, idle queue for sender `name`, reporting consumption to `credit`.
-    pub fn new(name: SharedStr, credit: Box<dyn CreditSink>) -> SenderQueue {
-        SenderQueue {
+    pub fn new(name: SharedStr, credit: Box<dyn CreditSink>) -> MemberQueue {
+        MemberQueue {
             name,
             queue: Mutex::new(Items::default()),
             state: AtomicUsize::new(0),
@@ -321,7 +321,7 @@ impl SenderQueue {
         self.run_with_node(budget, None, handler)
     }
 
-    /// [`run`](SenderQueue::run), the messages of runs handed over with `node` (the
+    /// [`run`](MemberQueue::run), the messages of runs handed over with `node` (the
     /// receiving node's send handle; the pool's handler gives it to the others).
     pub fn run_with_node(
         &self,
@@ -529,7 +529,7 @@ mod tests {
     fn runs_and_messages_are_delivered_in_order_across_budgets() {
         for budget in [1, 2, 3, 5, 64] {
             let tally = Arc::new(Tally::default());
-            let q = SenderQueue::new("a".into(), Box::new(tally.clone()));
+            let q = MemberQueue::new("a".into(), Box::new(tally.clone()));
             let single = Delivery::unnamed(Bytes::from_static(&[4; 4]), Some(4)).into();
             assert!(q.push([Queued::Run(run(3, 1, 7)), single]));
             assert!(!q.push([run(4, 5, 8)]));
