@@ -1,7 +1,9 @@
-//! How the IO thread (and, through it, the pool) waits for work: a setting of the IO loop,
-//! chosen on the node's builder.
+//! How the IO thread (and, through it, the pool) waits for work: the setting chosen on the
+//! node's builder ([`IdleStrategy`]), and the policy that carries it out ([`Spin`]).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use crate::handoff::SpinGate;
 
 /// How a node's IO thread and idle delivery threads wait for work
 /// ([`Builder::idle_strategy`](crate::Builder::idle_strategy)).
@@ -44,5 +46,219 @@ pub enum IdleStrategy {
 impl Default for IdleStrategy {
     fn default() -> Self {
         IdleStrategy::Adaptive(Duration::from_micros(50))
+    }
+}
+
+/// The IO thread's idle strategy ([`IdleStrategy`]): after a turn with something to do it
+/// polls without blocking (spins, yielding its core between empty polls) for the spin,
+/// then blocks in `poll` until a socket, a timer or a wake-up needs it. While it spins,
+/// requesters skip the wake-up call ([`Handoff::spin_begin`]). Adaptive, it spins only
+/// while the thread is lightly loaded, and tells the pool to do the same. A turn woken by
+/// a timer alone starts no spin, so an idle node costs no CPU for it.
+///
+/// [`Handoff::spin_begin`]: crate::handoff::Handoff::spin_begin
+pub(super) struct Spin {
+    spin: Duration,
+    /// Spin only while the thread is lightly loaded (see [`Spin::account`]).
+    adaptive: bool,
+    /// Spin until then (the last active turn plus `spin`).
+    until: Option<Instant>,
+    /// Tells the doorbell when we spin.
+    gate: SpinGate,
+    /// Adaptive: the current measurement window's start, and the time the thread spent
+    /// waiting in it (in `poll`, or yielding).
+    window: Instant,
+    waited: Duration,
+    /// Adaptive: whether the last window found the thread lightly loaded and its core
+    /// not wanted by others.
+    allowed: bool,
+    /// Adaptive: a yield in this window gave the core away for longer than
+    /// [`CONTENDED_YIELD`].
+    contended: bool,
+}
+
+/// Adaptive spin: the length of a load measurement window.
+const SPIN_WINDOW: Duration = Duration::from_millis(2);
+
+/// Adaptive spin: a yield that gave the core away for longer than this means other threads
+/// want the cores (a few microseconds is the cost of a yield that found only spinners).
+const CONTENDED_YIELD: Duration = Duration::from_micros(25);
+
+impl Spin {
+    pub(super) fn new(spin: Duration, adaptive: bool, now: Instant) -> Spin {
+        Spin {
+            spin,
+            adaptive,
+            until: None,
+            gate: SpinGate::new(),
+            window: now,
+            waited: Duration::ZERO,
+            allowed: true,
+            contended: false,
+        }
+    }
+
+    /// Time the thread spent waiting (in `poll`, or yielding the core).
+    pub(super) fn waited(&mut self, d: Duration) {
+        self.waited += d;
+    }
+
+    /// Adaptive: at the end of each window, whether to spin in the next: only if the
+    /// thread waited more than half of it (a loaded node does not spin: a spinning thread
+    /// would hold a core the pipeline needs) and no yield of its spin gave the core away
+    /// for long (other threads or processes want the cores). A lightly loaded node on idle
+    /// cores spins, and its requests and replies cross without a wake-up. Returns the
+    /// decision when it changes.
+    pub(super) fn account(&mut self, now: Instant) -> Option<bool> {
+        let total = now.saturating_duration_since(self.window);
+        if !self.adaptive || total < SPIN_WINDOW {
+            return None;
+        }
+        let allowed = self.waited * 2 > total && !self.contended;
+        self.window = now;
+        self.waited = Duration::ZERO;
+        self.contended = false;
+        self.decide(allowed)
+    }
+
+    /// A yield of the spin took `took`: if others held the core for longer than
+    /// [`CONTENDED_YIELD`], spinning is not free here: stop now (adaptive). Returns the
+    /// decision when it changes.
+    pub(super) fn yielded(&mut self, took: Duration) -> Option<bool> {
+        self.waited += took;
+        if !self.adaptive || took <= CONTENDED_YIELD {
+            return None;
+        }
+        self.contended = true;
+        self.until = None;
+        self.decide(false)
+    }
+
+    fn decide(&mut self, allowed: bool) -> Option<bool> {
+        (allowed != self.allowed).then(|| {
+            self.allowed = allowed;
+            allowed
+        })
+    }
+
+    /// A turn found something to do (events, or a wake-up): spin for a while after it.
+    pub(super) fn active(&mut self, now: Instant) {
+        if !self.spin.is_zero() && self.allowed {
+            self.until = Some(now + self.spin);
+        }
+    }
+
+    pub(super) fn is_spinning(&self) -> bool {
+        self.gate.is_spinning()
+    }
+
+    /// Whether the next poll should not block: within the spin, or a request came in as
+    /// the spin ended (the doorbell did not ring for it).
+    pub(super) fn keep(&mut self, now: Instant, handoff: &crate::handoff::Handoff) -> bool {
+        let spin = self.until.is_some_and(|until| now < until);
+        if !spin {
+            self.until = None;
+        }
+        self.gate.before_poll(handoff, spin)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Spin;
+    use crate::handoff::{Handoff, Wake};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    /// Counts `wake` calls.
+    #[derive(Default)]
+    struct Calls(Arc<AtomicUsize>);
+
+    impl Wake for Calls {
+        fn wake(&self) -> std::io::Result<()> {
+            self.0.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+
+    fn handoff() -> (Handoff, Arc<AtomicUsize>) {
+        let calls = Arc::new(AtomicUsize::new(0));
+        (Handoff::new(Box::new(Calls(calls.clone()))), calls)
+    }
+
+    #[test]
+    fn without_a_spin_the_loop_blocks_and_every_request_wakes_it() {
+        let (handoff, calls) = handoff();
+        let mut spin = Spin::new(Duration::ZERO, false, Instant::now());
+        let now = Instant::now();
+        spin.active(now);
+        assert!(!spin.keep(now, &handoff));
+        handoff.ring();
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn a_request_while_spinning_makes_no_call_and_is_taken() {
+        let (handoff, calls) = handoff();
+        let mut spin = Spin::new(Duration::from_millis(1), false, Instant::now());
+        let t0 = Instant::now();
+        spin.active(t0);
+        assert!(spin.keep(t0, &handoff), "spins after work");
+        handoff.ring();
+        assert_eq!(
+            calls.load(Ordering::Relaxed),
+            0,
+            "no wake-up while spinning"
+        );
+        assert!(handoff.take_wake(), "the spinning loop finds the request");
+        // The spin ends with a request that did not wake the loop: it must not block.
+        handoff.ring();
+        let later = t0 + Duration::from_millis(2);
+        assert!(
+            spin.keep(later, &handoff),
+            "a request came in as the spin ended"
+        );
+        assert!(handoff.take_wake());
+        // Spun out, nothing pending: it blocks, and the next request wakes it.
+        assert!(!spin.keep(later, &handoff));
+        handoff.ring();
+        assert_eq!(calls.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn an_adaptive_spin_stops_on_a_busy_thread_and_on_contended_cores() {
+        let (handoff, _) = handoff();
+        let t0 = Instant::now();
+        let mut spin = Spin::new(Duration::from_micros(50), true, t0);
+        // A window in which the thread waited most of the time: it keeps spinning.
+        spin.waited(Duration::from_micros(1800));
+        assert_eq!(spin.account(t0 + Duration::from_millis(2)), None);
+        spin.active(t0 + Duration::from_millis(2));
+        assert!(spin.keep(t0 + Duration::from_millis(2), &handoff));
+        // A window in which it worked more than half: no spin until a quieter one.
+        let t1 = t0 + Duration::from_millis(2);
+        spin.waited(Duration::from_micros(500));
+        assert_eq!(spin.account(t1 + Duration::from_millis(2)), Some(false));
+        let t2 = t1 + Duration::from_millis(2);
+        spin.active(t2);
+        assert!(!spin.keep(t2, &handoff), "work starts no spin now");
+        spin.waited(Duration::from_micros(1900));
+        assert_eq!(spin.account(t2 + Duration::from_millis(2)), Some(true));
+        // A yield that gave the core away for long: it stops at once, and the window
+        // after it does not spin either.
+        let t3 = t2 + Duration::from_millis(2);
+        spin.active(t3);
+        assert!(spin.keep(t3, &handoff));
+        assert_eq!(spin.yielded(Duration::from_micros(300)), Some(false));
+        assert!(!spin.keep(t3, &handoff), "it stops at once");
+        spin.waited(Duration::from_micros(1500));
+        assert_eq!(
+            spin.account(t3 + Duration::from_millis(2)),
+            None,
+            "still off"
+        );
+        spin.waited(Duration::from_micros(1500));
+        assert_eq!(spin.account(t3 + Duration::from_millis(4)), Some(true));
     }
 }
