@@ -1,7 +1,7 @@
 //! The delivery pool alone, no sockets: 4 senders × 10, × 100 and × 1000 messages through
 //! `cohort::internals::deliver::Pool` (4 threads), two ways.
 //!
-//! - `sender_queue`: one-deliverer-per-sender, as the IO thread does it: each sender's batch
+//! - `member_queue`: one-deliverer-per-sender, as the IO thread does it: each sender's batch
 //!   is pushed to that sender's `MemberQueue`, and `Task::Member` is submitted only when the
 //!   push reports the queue idle. At most one pool thread runs a sender's messages at once.
 //! - `oob_queue`: the out-of-band path: each sender's batch is pushed to that sender's
@@ -233,7 +233,7 @@ fn delivery(c: &mut Criterion) {
         group.throughput(Throughput::Elements(per_sender * SENDERS as u64));
         let mut medians = Vec::new();
         for (mode, label) in [
-            (Mode::MemberQueue, "sender_queue"),
+            (Mode::MemberQueue, "member_queue"),
             (Mode::OobQueue, "oob_queue"),
         ] {
             let samples = Samples::new(per_sender * SENDERS as u64);

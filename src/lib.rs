@@ -121,7 +121,7 @@ pub use peer::{Outgoing, PeerInfo, PeerState};
 #[cfg(cohort_internals)]
 #[doc(hidden)]
 pub mod internals {
-    /// The delivery side: sender queues, OOB queues, the pool, progress.
+    /// The delivery side: member queues, OOB queues, the pool, progress.
     pub mod deliver {
         pub use crate::deliver::*;
 

@@ -13,7 +13,7 @@
 //!
 //! | model | shipping code |
 //! |---|---|
-//! | `sender_queue.rs` | `deliver::MemberQueue`, with a plain and a journalling sink |
+//! | `member_queue.rs` | `deliver::MemberQueue`, with a plain and a journalling sink |
 //! | `oob_queue.rs` | `deliver::OobQueue` |
 //! | `pool.rs` | `deliver::TaskQueue`, `deliver::Pool` |
 //! | `handoff.rs` | `handoff::{Handoff, Scheduled, SpinGate}`, `peer::Outbox` |

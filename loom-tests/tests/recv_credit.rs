@@ -3,7 +3,7 @@
 //! `cohort::internals::handoff::Handoff` — with the code that ships.
 //!
 //! Pool threads report what the application consumed to their queue's `PeerCreditSink` (a
-//! peer's sender queue and its out-of-band queue each have one, sharing the peer's
+//! peer's member queue and its out-of-band queue each have one, sharing the peer's
 //! `RecvCredit` and the node's `Handoff`). When `RecvCredit::consumed` says half the
 //! window has built up (or a paused sender is back within it), the sink makes a flush
 //! request: `request_flush` de-duplicates it, the peer goes on the credit list, the
@@ -54,7 +54,7 @@ const PEER: usize = 7;
 struct Receiver {
     credit: Arc<RecvCredit>,
     handoff: Arc<Handoff>,
-    /// The sender queue's sink and the out-of-band queue's (as `IoShared::new_peer` makes
+    /// The member queue's sink and the out-of-band queue's (as `IoShared::new_peer` makes
     /// them).
     sinks: [PeerCreditSink; 2],
     /// Bytes consumed, summed (the model's tally).
@@ -176,7 +176,7 @@ fn run(window: u64, bursts: [&'static [u64]; 2]) {
     assert_eq!(io.taken, consumed, "credit left behind after the tick");
 }
 
-/// Window 8 (half 4): the sender queue's and the out-of-band queue's deliverers consume 3
+/// Window 8 (half 4): the member queue's and the out-of-band queue's deliverers consume 3
 /// bytes each (the second crosses half unless a take intervened).
 #[test]
 fn two_queues_cross_half_the_window() {
@@ -186,7 +186,7 @@ fn two_queues_cross_half_the_window() {
 }
 
 /// Window 2 (half 1): every consumption after a take crosses the threshold, so flush
-/// requests race the IO thread's takes on every message; the sender queue consumes twice.
+/// requests race the IO thread's takes on every message; the member queue consumes twice.
 #[test]
 fn every_consumption_requests_a_flush() {
     loom_tests::model("recv_credit/every_consumption_requests_a_flush", || {

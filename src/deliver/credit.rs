@@ -20,7 +20,7 @@ pub struct PeerCreditSink {
 }
 
 impl PeerCreditSink {
-    /// The sink of peer `peer`'s queues (its sender queue and its out-of-band queue each
+    /// The sink of peer `peer`'s queues (its member queue and its out-of-band queue each
     /// have one, sharing `credit` and `progress`).
     pub fn new(
         peer: usize,

@@ -164,7 +164,7 @@ impl Run {
     }
 }
 
-/// One item of a sender queue: a message, or a run of messages from one read.
+/// One item of a member queue: a message, or a run of messages from one read.
 #[derive(Debug)]
 pub enum Queued {
     /// One message.
@@ -201,7 +201,7 @@ impl From<Run> for Queued {
     }
 }
 
-/// The queue behind a sender queue's lock: its items and how many messages they hold.
+/// The queue behind a member queue's lock: its items and how many messages they hold.
 #[derive(Default)]
 struct Items {
     items: VecDeque<Queued>,

@@ -71,7 +71,7 @@ struct Credit {
     journal: UnsafeCell<Journal>,
 }
 
-// SAFETY: `journal` is only touched inside the sink's calls, which the sender queue makes
+// SAFETY: `journal` is only touched inside the sink's calls, which the member queue makes
 // from its one deliverer at a time; loom's `UnsafeCell` checks it.
 unsafe impl Sync for Credit {}
 
@@ -174,7 +174,7 @@ struct Record {
 }
 
 // SAFETY: `log` is only touched inside the handler (and the sink, called by the same
-// deliverer), which the sender queue runs on one thread at a time; that is exactly what
+// deliverer), which the member queue runs on one thread at a time; that is exactly what
 // the model checks (loom's `UnsafeCell` panics on any access not ordered by
 // happens-before).
 unsafe impl Sync for Record {}
@@ -344,7 +344,7 @@ fn producers_deliver_themselves(budget: usize, mode: Mode) -> Arc<MemberQueue> {
 /// (the re-submission path).
 #[test]
 fn producers_deliver_themselves_budget_1() {
-    loom_tests::model("sender_queue/producers_deliver_themselves_budget_1", || {
+    loom_tests::model("member_queue/producers_deliver_themselves_budget_1", || {
         producers_deliver_themselves(1, Mode::Plain);
     });
 }
@@ -355,7 +355,7 @@ fn producers_deliver_themselves_budget_1() {
 /// With budget 1 the extra empty round's queue lock would hide a missing ordering.
 #[test]
 fn producers_deliver_themselves_budget_8() {
-    loom_tests::model("sender_queue/producers_deliver_themselves_budget_8", || {
+    loom_tests::model("member_queue/producers_deliver_themselves_budget_8", || {
         producers_deliver_themselves(8, Mode::Plain);
     });
 }
@@ -365,7 +365,7 @@ fn producers_deliver_themselves_budget_8() {
 /// next run.
 #[test]
 fn producers_push_batches_budget_3() {
-    loom_tests::model("sender_queue/producers_push_batches_budget_3", || {
+    loom_tests::model("member_queue/producers_push_batches_budget_3", || {
         let (q, credit, rec) = new_queue(Mode::Plain);
         let threads: Vec<_> = (0..2u8)
             .map(|p| {
@@ -428,14 +428,14 @@ fn producers_push_runs(budget: usize, mode: Mode) {
 
 #[test]
 fn producers_push_runs_budget_1() {
-    loom_tests::model("sender_queue/producers_push_runs_budget_1", || {
+    loom_tests::model("member_queue/producers_push_runs_budget_1", || {
         producers_push_runs(1, Mode::Plain);
     });
 }
 
 #[test]
 fn producers_push_runs_budget_3() {
-    loom_tests::model("sender_queue/producers_push_runs_budget_3", || {
+    loom_tests::model("member_queue/producers_push_runs_budget_3", || {
         producers_push_runs(3, Mode::Plain);
     });
 }
@@ -445,7 +445,7 @@ fn producers_push_runs_budget_3() {
 #[test]
 fn journalling_producers_push_runs_budget_1() {
     loom_tests::model(
-        "sender_queue/journalling_producers_push_runs_budget_1",
+        "member_queue/journalling_producers_push_runs_budget_1",
         || {
             producers_push_runs(1, Mode::Journalling);
         },
@@ -521,7 +521,7 @@ fn dedicated_deliverer(mode: Mode) {
 
 #[test]
 fn dedicated_deliverer_budget_1() {
-    loom_tests::model("sender_queue/dedicated_deliverer_budget_1", || {
+    loom_tests::model("member_queue/dedicated_deliverer_budget_1", || {
         dedicated_deliverer(Mode::Plain);
     });
 }
@@ -538,7 +538,7 @@ fn dedicated_deliverer_budget_1() {
 fn max_concurrent_counts_one_deliverer() {
     for budget in [1, 8] {
         loom_tests::model(
-            &format!("sender_queue/max_concurrent_counts_one_deliverer_budget_{budget}"),
+            &format!("member_queue/max_concurrent_counts_one_deliverer_budget_{budget}"),
             move || {
                 let q = producers_deliver_themselves(budget, Mode::Plain);
                 assert_eq!(
@@ -556,7 +556,7 @@ fn max_concurrent_counts_one_deliverer() {
 #[test]
 fn journalling_producers_deliver_themselves_budget_1() {
     loom_tests::model(
-        "sender_queue/journalling_producers_deliver_themselves_budget_1",
+        "member_queue/journalling_producers_deliver_themselves_budget_1",
         || {
             producers_deliver_themselves(1, Mode::Journalling);
         },
@@ -568,7 +568,7 @@ fn journalling_producers_deliver_themselves_budget_1() {
 #[test]
 fn journalling_producers_deliver_themselves_budget_8() {
     loom_tests::model(
-        "sender_queue/journalling_producers_deliver_themselves_budget_8",
+        "member_queue/journalling_producers_deliver_themselves_budget_8",
         || {
             producers_deliver_themselves(8, Mode::Journalling);
         },
@@ -580,7 +580,7 @@ fn journalling_producers_deliver_themselves_budget_8() {
 #[test]
 fn journalling_dedicated_deliverer_budget_1() {
     loom_tests::model(
-        "sender_queue/journalling_dedicated_deliverer_budget_1",
+        "member_queue/journalling_dedicated_deliverer_budget_1",
         || {
             dedicated_deliverer(Mode::Journalling);
         },
