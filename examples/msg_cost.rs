@@ -167,6 +167,18 @@ fn report(n: u64, started: Instant, cpu: Option<Duration>) {
     );
 }
 
+const USAGE: &str = "\
+usage: msg_cost [--senders N] [--size B] [--count C] [--block] [--raw]
+
+The CPU time per message of N source nodes sending to one sink node in this process.
+  --senders N   source nodes (default 1)
+  --size B      payload bytes per message (default 64)
+  --count C     messages in all (default 1000000)
+  --block       both nodes block when idle (IdleStrategy::Block): repeatable counts
+  --raw         the same over raw TCP connections instead of cohort
+  -h, --help    this text
+";
+
 fn main() -> Result<(), Box<dyn Error>> {
     let (mut senders, mut size, mut count, mut block, mut raw_tcp) =
         (1usize, 64usize, 1_000_000u64, false, false);
@@ -178,7 +190,11 @@ fn main() -> Result<(), Box<dyn Error>> {
             "--count" => count = args.next().ok_or("--count C")?.parse()?,
             "--block" => block = true,
             "--raw" => raw_tcp = true,
-            other => return Err(format!("unknown argument {other}").into()),
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument {other}\n{USAGE}").into()),
         }
     }
     if raw_tcp {
