@@ -330,6 +330,11 @@ pub(super) struct Sim {
     /// randomness, so schedules replay exactly).
     nonces: u64,
     pub(super) oracle: Oracle,
+    /// Deliveries held as a blocked handler would hold them: the member and the sender
+    /// whose messages its pool does not run ([`Sim::hold`]).
+    hold: Option<(Side, String)>,
+    /// The pool tasks held meanwhile, run at [`Sim::release`].
+    held: Vec<Task>,
 }
 
 impl Drop for Sim {
@@ -516,6 +521,16 @@ impl Member {
     }
 
     /// Messages delivered to its application so far.
+    /// The member's application handler: records each delivery in its log.
+    fn handler(&self) -> impl Fn(Delivery) + Send + Sync + 'static {
+        let log = self.delivered.clone();
+        move |d: Delivery| {
+            log.lock()
+                .expect("delivery log")
+                .push((d.seq(), d.payload().clone()));
+        }
+    }
+
     pub(super) fn delivered_len(&self) -> usize {
         self.delivered.lock().expect("delivery log").len()
     }
@@ -542,6 +557,8 @@ impl Sim {
             stats: Stats::default(),
             nonces: 0,
             oracle: Oracle::default(),
+            hold: None,
+            held: Vec::new(),
         };
         for (side, spec) in specs.iter().enumerate() {
             sim.m.push(Member::new(side, spec, s, start));
@@ -607,15 +624,11 @@ impl Sim {
     pub(super) fn drain(&mut self, side: Side) {
         let now = self.now();
         let who = self.m[side].name;
-        let log = self.m[side].delivered.clone();
-        let handler = move |d: Delivery| {
-            log.lock()
-                .expect("delivery log")
-                .push((d.seq(), d.payload().clone()));
-        };
+        let handler = self.m[side].handler();
         loop {
             while let Some(out) = self.m[side].ep.poll(now) {
                 match out {
+                    Output::Task(t) if self.holds(side, &t) => self.held.push(t),
                     Output::Task(t) => run_task(t, &handler),
                     // The IO thread hands the turn's journal records to the writer.
                     Output::Journal(batch) => self.hand_to_journal(side, batch),
@@ -1098,6 +1111,40 @@ impl Sim {
             "{who}: the permits of '{}' are back once it is forgotten",
             known.name
         );
+    }
+
+    /// From now on `side`'s pool runs none of `from`'s messages, regular or out-of-band, as
+    /// if its handler blocked on the first: their tasks wait for [`Sim::release`], the
+    /// queue's deliverer flag stays taken, so the messages that follow only queue up, and
+    /// no credit goes back to `from` for them.
+    pub(super) fn hold(&mut self, side: Side, from: &str) {
+        self.hold = Some((side, from.to_owned()));
+    }
+
+    /// The handler `hold` blocked returns: the held tasks run, and `side` hands over the
+    /// credit they returned.
+    pub(super) fn release(&mut self) {
+        let Some((side, _)) = self.hold.take() else {
+            return;
+        };
+        let handler = self.m[side].handler();
+        for t in std::mem::take(&mut self.held) {
+            run_task(t, &handler);
+        }
+        self.drain(side);
+    }
+
+    /// Whether `task`, made by `side`, is held ([`Sim::hold`]).
+    fn holds(&self, side: Side, task: &Task) -> bool {
+        let Some((at, from)) = &self.hold else {
+            return false;
+        };
+        *at == side
+            && match task {
+                Task::Member(q) => q.name() == from,
+                Task::Oob(q) => q.name() == from,
+                Task::Events(_) => false,
+            }
     }
 
     /// Simulated time passes: each live member's timers run, and the connections asked for

@@ -1,6 +1,9 @@
 //! Three members, each knowing the other two: every pair is its own stream.
 
+use std::time::Duration;
+
 use super::harness::{Settings, Side, Sim, Spec, Step};
+use crate::sync::atomic::Ordering;
 
 const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];
 
@@ -101,4 +104,75 @@ fn a_restarted_member_is_a_new_stream() {
         2 * 2,
         "the two sent to it from each"
     );
+}
+
+/// Messages `side` holds in its delivery log from `from` (the payload's first byte names
+/// the sender).
+fn delivered_from(sim: &Sim, side: Side, from: Side) -> usize {
+    let log = sim.m[side].delivered.lock().expect("delivery log");
+    log.iter().filter(|(_, p)| p[0] as usize == from).count()
+}
+
+/// Beta's handler blocks on alpha's first message and stays blocked for four idle timeouts
+/// (two simulated minutes): alpha's window fills and alpha stops; gamma's stream to beta
+/// flows meanwhile; heartbeats keep every link alive — nothing is taken for silence,
+/// nothing closes or reconnects. When the handler returns, everything alpha sent is
+/// delivered once, in order. (A wall-clock test could only watch this for a while.)
+#[test]
+fn a_handler_blocked_for_many_idle_timeouts_stalls_only_its_sender() {
+    const ALPHA: Side = 0;
+    const BETA: Side = 1;
+    const GAMMA: Side = 2;
+    let specs: Vec<Spec> = (0..3).map(|i| spec(i, 0xA1 + i as u64)).collect();
+    let mut sim = Sim::with(settings(), &specs);
+    sim.pump();
+    sim.gather();
+    let links = sim.stats.established;
+    assert_eq!(links, 6, "three links, each counted at both ends");
+
+    sim.hold(BETA, "alpha");
+    // Alpha (its peer 0 is beta) sends more than its window holds: it stops when full.
+    for _ in 0..200 {
+        sim.send_to(ALPHA, 0, 512);
+        sim.pump();
+    }
+    let sent_by_alpha = sim.m[ALPHA].peers[0].sent.len();
+    assert!(
+        sent_by_alpha < 200 && sent_by_alpha > 0,
+        "alpha's window filled ({sent_by_alpha} sent)"
+    );
+    let idle = Duration::from_secs(30);
+    let mut sent_by_gamma = 0;
+    for _ in 0..4 * idle.as_secs() {
+        sim.advance(1000);
+        // Gamma (its peer 1 is beta) streams one message a second.
+        sim.send_to(GAMMA, 1, 64);
+        sent_by_gamma += 1;
+        sim.pump();
+        assert_eq!(
+            delivered_from(&sim, BETA, GAMMA),
+            sent_by_gamma,
+            "gamma's stream flows past the blocked handler"
+        );
+    }
+    assert_eq!(delivered_from(&sim, BETA, ALPHA), 0, "the handler held");
+    assert_eq!(
+        sim.m[ALPHA].peers[0].sent.len(),
+        sent_by_alpha,
+        "alpha stayed stopped on its full window"
+    );
+    for m in &sim.m {
+        let timeouts = m.counters.idle_timeouts.load(Ordering::Relaxed);
+        assert_eq!(timeouts, 0, "{}: no link taken for silent", m.name);
+    }
+    sim.gather();
+    assert_eq!(
+        sim.stats.established, links,
+        "no link closed or reconnected"
+    );
+
+    sim.release();
+    sim.settle();
+    assert_eq!(delivered_from(&sim, BETA, ALPHA), sent_by_alpha);
+    sim.check_complete();
 }
