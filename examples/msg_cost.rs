@@ -1,10 +1,11 @@
 //! The cost of a message, for profilers: `senders` source nodes send `count` messages of
 //! `size` bytes to one sink node in this process (as `benches/throughput.rs` does), or, with
-//! `--raw`, the same over raw TCP connections (u32-length frames, 64 KiB buffers). Prints
-//! the process's CPU time (every thread, from `/proc/self/stat`) per message.
+//! `--raw`, the same over raw TCP connections (u32-length frames, 64 KiB buffers). With
+//! `--batch N` each source sends `N` messages per `send_batch` instead of one per `send`.
+//! Prints the process's CPU time (every thread, from `/proc/self/stat`) per message.
 //!
 //! ```text
-//! cargo run --release --example msg_cost -- [--senders N] [--size B] [--count C] [--block] [--raw]
+//! cargo run --release --example msg_cost -- [--senders N] [--size B] [--count C] [--batch N] [--block] [--raw]
 //! valgrind --tool=callgrind target/release/examples/msg_cost --block --count 20000
 //! ```
 //!
@@ -50,7 +51,13 @@ fn wait_for(count: &AtomicU64, target: u64) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-fn cohort(senders: usize, size: usize, count: u64, block: bool) -> Result<(), Box<dyn Error>> {
+fn cohort(
+    senders: usize,
+    size: usize,
+    count: u64,
+    batch: u64,
+    block: bool,
+) -> Result<(), Box<dyn Error>> {
     let received = Arc::new(AtomicU64::new(0));
     let counter = received.clone();
     let idle = |b: cohort::Builder| {
@@ -88,10 +95,22 @@ fn cohort(senders: usize, size: usize, count: u64, block: bool) -> Result<(), Bo
         for source in &sources {
             let payload = &payload;
             s.spawn(move || {
-                for _ in 0..per {
-                    source
-                        .send("sink", payload.clone())
-                        .expect("send to the sink");
+                if batch > 1 {
+                    let mut left = per;
+                    while left > 0 {
+                        let n = left.min(batch);
+                        let payloads = std::iter::repeat_n(payload.clone(), n as usize);
+                        source
+                            .send_batch("sink", payloads)
+                            .expect("send to the sink");
+                        left -= n;
+                    }
+                } else {
+                    for _ in 0..per {
+                        source
+                            .send("sink", payload.clone())
+                            .expect("send to the sink");
+                    }
                 }
             });
         }
@@ -180,14 +199,15 @@ The CPU time per message of N source nodes sending to one sink node in this proc
 ";
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let (mut senders, mut size, mut count, mut block, mut raw_tcp) =
-        (1usize, 64usize, 1_000_000u64, false, false);
+    let (mut senders, mut size, mut count, mut batch, mut block, mut raw_tcp) =
+        (1usize, 64usize, 1_000_000u64, 1u64, false, false);
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--senders" => senders = args.next().ok_or("--senders N")?.parse()?,
             "--size" => size = args.next().ok_or("--size B")?.parse()?,
             "--count" => count = args.next().ok_or("--count C")?.parse()?,
+            "--batch" => batch = args.next().ok_or("--batch N")?.parse()?,
             "--block" => block = true,
             "--raw" => raw_tcp = true,
             "-h" | "--help" => {
@@ -200,6 +220,6 @@ fn main() -> Result<(), Box<dyn Error>> {
     if raw_tcp {
         raw(senders.max(1), size, count)
     } else {
-        cohort(senders.max(1), size, count, block)
+        cohort(senders.max(1), size, count, batch, block)
     }
 }

@@ -73,6 +73,30 @@ fn send(node: &Node, id: usize, sender: u8, i: u8) {
     node.handoff.schedule(id, &peer.scheduled);
 }
 
+/// The application's `send_batch` of messages `[sender, 0]` to `[sender, count - 1]` to
+/// peer `id` (`SendCore::enqueue_batch`'s hand-off part): one permit for them all, split
+/// among them, all admitted under one lock (`Outbox::admit_all`), then one schedule.
+fn send_batch(node: &Node, id: usize, sender: u8, count: u8) {
+    let peer = &node.peers[id];
+    let mut permit = peer
+        .outbox
+        .window()
+        .try_acquire(cost(2) * u64::from(count))
+        .expect("the window holds every message of the model");
+    let mut ms: Vec<_> = (0..count)
+        .map(|i| {
+            peer::outgoing(
+                Bytes::from(vec![sender, i]),
+                false,
+                None,
+                permit.take(cost(2)),
+            )
+        })
+        .collect();
+    assert!(peer.outbox.admit_all(&mut ms), "the outbox is open");
+    node.handoff.schedule(id, &peer.scheduled);
+}
+
 /// `Peer::publish`'s hand-off part: `Outbox::next_to_publish` (the shipping step: clear
 /// the flag, then take, whenever what was taken is used up) until it finds nothing.
 /// Appends what it published; keeps the messages' permits in `held` (given back once the
@@ -88,8 +112,14 @@ fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>, held: &mut Permit) {
 
 /// Runs `senders` (each a list of `(peer, count)` sends, one thread per sender) against the
 /// IO thread's loop on the main thread (with `spins` spin episodes, if any), then checks
-/// everything.
-fn model(peers: usize, senders: &'static [&'static [(usize, u8)]], spins: Option<usize>) {
+/// everything. With `batched`, the first sender sends each of its `(peer, count)` as one
+/// batch.
+fn model(
+    peers: usize,
+    senders: &'static [&'static [(usize, u8)]],
+    spins: Option<usize>,
+    batched: bool,
+) {
     let waker = ModelWaker::new();
     let node = Arc::new(Node {
         peers: (0..peers).map(|_| Peer::new()).collect(),
@@ -103,6 +133,10 @@ fn model(peers: usize, senders: &'static [&'static [(usize, u8)]], spins: Option
             let (node, done) = (node.clone(), done.clone());
             thread::spawn(move || {
                 for &(id, count) in sends.iter() {
+                    if batched && s == 0 {
+                        send_batch(&node, id, s as u8, count);
+                        continue;
+                    }
                     for i in 0..count {
                         send(&node, id, s as u8, i);
                     }
@@ -182,7 +216,7 @@ fn model(peers: usize, senders: &'static [&'static [(usize, u8)]], spins: Option
 #[test]
 fn two_senders_one_peer() {
     loom_tests::model("handoff/two_senders_one_peer", || {
-        model(1, &[&[(0, 2)], &[(0, 1)]], None);
+        model(1, &[&[(0, 2)], &[(0, 1)]], None, false);
     });
 }
 
@@ -191,7 +225,7 @@ fn two_senders_one_peer() {
 #[test]
 fn two_peers_share_the_wake_up() {
     loom_tests::model("handoff/two_peers_share_the_wake_up", || {
-        model(2, &[&[(0, 1)], &[(1, 1)]], None);
+        model(2, &[&[(0, 1)], &[(1, 1)]], None, false);
     });
 }
 
@@ -202,7 +236,7 @@ fn two_peers_share_the_wake_up() {
 #[test]
 fn spinning_two_senders_one_peer() {
     loom_tests::model("handoff/spinning_two_senders_one_peer", || {
-        model(1, &[&[(0, 2)], &[(0, 1)]], Some(2));
+        model(1, &[&[(0, 2)], &[(0, 1)]], Some(2), false);
     });
 }
 
@@ -210,6 +244,24 @@ fn spinning_two_senders_one_peer() {
 #[test]
 fn spinning_two_peers() {
     loom_tests::model("handoff/spinning_two_peers", || {
-        model(2, &[&[(0, 1)], &[(1, 1)]], Some(1));
+        model(2, &[&[(0, 1)], &[(1, 1)]], Some(1), false);
+    });
+}
+
+/// A batch of two (one permit, one lock, one schedule) and a single send to one peer: the
+/// batch's messages are published in order, exactly once, whichever way the single send
+/// and the IO thread's take interleave with it.
+#[test]
+fn a_batch_and_a_single_sender_one_peer() {
+    loom_tests::model("handoff/a_batch_and_a_single_sender_one_peer", || {
+        model(1, &[&[(0, 2)], &[(0, 1)]], None, true);
+    });
+}
+
+/// The same while the IO thread spins twice.
+#[test]
+fn spinning_a_batch_and_a_single_sender() {
+    loom_tests::model("handoff/spinning_a_batch_and_a_single_sender", || {
+        model(1, &[&[(0, 2)], &[(0, 1)]], Some(2), true);
     });
 }

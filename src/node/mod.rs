@@ -14,6 +14,7 @@ mod typed;
 pub use crate::net::IdleStrategy;
 pub use builder::{Builder, UndeliveredFn};
 pub use error::{ConfigError, Error, ReplyFailure, SendError, TrySendError};
+use send::send_variants;
 pub use send::{PeerSender, PendingReply, RequestOptions, SendOptions, Sender};
 pub use stats::{ConnStats, PeerStats, Stats};
 
@@ -596,82 +597,12 @@ impl Node {
         Ok(())
     }
 
-    /// See [`Sender::send`].
-    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
-        self.sender.send(to, payload)
+    /// The route of a send to `to`, as the node's [`Sender`] takes it.
+    fn route<'a>(&'a self, to: &'a str) -> send::Route<'a> {
+        self.sender.route(to)
     }
 
-    /// See [`Sender::try_send`].
-    pub fn try_send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
-        self.sender.try_send(to, payload)
-    }
-
-    /// See [`Sender::send_timeout`].
-    pub fn send_timeout(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-    ) -> Result<(), SendError<Bytes>> {
-        self.sender.send_timeout(to, payload, timeout)
-    }
-
-    /// See [`Sender::send_oob`].
-    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
-        self.sender.send_oob(to, payload)
-    }
-
-    /// See [`Sender::send_with`].
-    pub fn send_with(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        opts: SendOptions,
-    ) -> Result<(), SendError<Bytes>> {
-        self.sender.send_with(to, payload, opts)
-    }
-
-    /// See [`Sender::request`].
-    pub fn request(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-    ) -> Result<Bytes, SendError<Option<Bytes>>> {
-        self.sender.request(to, payload, timeout)
-    }
-
-    /// See [`Sender::send_request`].
-    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-    ) -> Result<PendingReply, SendError<Bytes>> {
-        self.sender.send_request(to, payload)
-    }
-
-    /// See [`Sender::request_with`].
-    pub fn request_with(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-        opts: RequestOptions,
-    ) -> Result<Bytes, SendError<Option<Bytes>>> {
-        self.sender.request_with(to, payload, timeout, opts)
-    }
-
-    /// See [`Sender::send_request_with`].
-    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request_with(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        opts: RequestOptions,
-    ) -> Result<PendingReply, SendError<Bytes>> {
-        self.sender.send_request_with(to, payload, opts)
-    }
+    send_variants!(see Sender (to));
 
     /// See [`Sender::broadcast`].
     #[must_use = "each peer's result says whether it was queued"]

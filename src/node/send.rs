@@ -1,7 +1,8 @@
 //! The send side: [`Sender`] (every send variant, a peer named on each call), [`PeerSender`]
 //! (the same variants bound to one peer) and [`SendOptions`]. The variants are written once,
-//! in [`Route`]; `Sender`, `PeerSender` and `Node` name where a message goes and forward to
-//! it, and their rustdoc is `Sender`'s.
+//! in [`Route`], and their public methods once, in `send_variants!`: `Sender`, `PeerSender`
+//! and `Node` each say where a message goes (`route`) and get the methods from the macro,
+//! whose rustdoc is `Sender`'s.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,129 @@ use crate::peer::{Outgoing, PeerShared, PeerState, Return};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
+
+/// The send variants, written once for the three handles that have them ([`Sender`],
+/// [`PeerSender`], [`Node`]): each is a method that takes the handle's [`Route`]
+/// (`self.route(to)`, with `to` the peer's name where the handle names one on each call)
+/// and calls the like-named method there. The caller gives each variant's rustdoc, or
+/// `see Sender` for "See [`Sender::…`]" on all of them.
+macro_rules! send_variants {
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send) => {
+        $(#[$doc])*
+        pub fn send(&self, $($to: &str,)? payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
+            self.route($($to)?).send(payload.into())
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] try_send) => {
+        $(#[$doc])*
+        pub fn try_send(&self, $($to: &str,)? payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
+            self.route($($to)?).try_send(payload.into())
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send_timeout) => {
+        $(#[$doc])*
+        pub fn send_timeout(
+            &self,
+            $($to: &str,)?
+            payload: impl Into<Bytes>,
+            timeout: Duration,
+        ) -> Result<(), SendError<Bytes>> {
+            self.route($($to)?).send_timeout(payload.into(), timeout)
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send_oob) => {
+        $(#[$doc])*
+        pub fn send_oob(&self, $($to: &str,)? payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
+            self.route($($to)?).send_oob(payload.into())
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send_with) => {
+        $(#[$doc])*
+        pub fn send_with(
+            &self,
+            $($to: &str,)?
+            payload: impl Into<Bytes>,
+            opts: SendOptions,
+        ) -> Result<(), SendError<Bytes>> {
+            self.route($($to)?).send_with(payload.into(), opts)
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] request) => {
+        $(#[$doc])*
+        pub fn request(
+            &self,
+            $($to: &str,)?
+            payload: impl Into<Bytes>,
+            timeout: Duration,
+        ) -> Result<Bytes, SendError<Option<Bytes>>> {
+            self.route($($to)?).request(payload.into(), timeout, RequestOptions::new())
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send_request) => {
+        $(#[$doc])*
+        #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
+        pub fn send_request(
+            &self,
+            $($to: &str,)?
+            payload: impl Into<Bytes>,
+        ) -> Result<PendingReply, SendError<Bytes>> {
+            self.route($($to)?).send_request(payload.into(), RequestOptions::new())
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] request_with) => {
+        $(#[$doc])*
+        pub fn request_with(
+            &self,
+            $($to: &str,)?
+            payload: impl Into<Bytes>,
+            timeout: Duration,
+            opts: RequestOptions,
+        ) -> Result<Bytes, SendError<Option<Bytes>>> {
+            self.route($($to)?).request(payload.into(), timeout, opts)
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send_request_with) => {
+        $(#[$doc])*
+        #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
+        pub fn send_request_with(
+            &self,
+            $($to: &str,)?
+            payload: impl Into<Bytes>,
+            opts: RequestOptions,
+        ) -> Result<PendingReply, SendError<Bytes>> {
+            self.route($($to)?).send_request(payload.into(), opts)
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send_batch) => {
+        $(#[$doc])*
+        pub fn send_batch<B: Into<Bytes>>(
+            &self,
+            $($to: &str,)?
+            payloads: impl IntoIterator<Item = B>,
+        ) -> Result<(), SendError<Vec<Bytes>>> {
+            self.route($($to)?)
+                .send_batch(payloads.into_iter().map(Into::into).collect())
+        }
+    };
+    (see Sender ($($to:ident)?)) => {
+        send_variants! { ($($to)?)
+            #[doc = "See [`Sender::send`]."] send;
+            #[doc = "See [`Sender::try_send`]."] try_send;
+            #[doc = "See [`Sender::send_timeout`]."] send_timeout;
+            #[doc = "See [`Sender::send_oob`]."] send_oob;
+            #[doc = "See [`Sender::send_with`]."] send_with;
+            #[doc = "See [`Sender::send_batch`]."] send_batch;
+            #[doc = "See [`Sender::request`]."] request;
+            #[doc = "See [`Sender::send_request`]."] send_request;
+            #[doc = "See [`Sender::request_with`]."] request_with;
+            #[doc = "See [`Sender::send_request_with`]."] send_request_with;
+        }
+    };
+    ($to:tt $($(#[$doc:meta])* $name:ident;)*) => {
+        $(send_variants!(@one $to [$(#[$doc])*] $name);)*
+    };
+}
+pub(super) use send_variants;
 
 /// Options of [`Sender::send_with`].
 ///
@@ -221,64 +345,78 @@ impl Sender {
         }
     }
 
-    fn route<'a>(&'a self, to: &'a str) -> Route<'a> {
+    pub(super) fn route<'a>(&'a self, to: &'a str) -> Route<'a> {
         Route {
             core: &self.core,
             to: To::Name(to),
         }
     }
 
-    /// Sends a regular message: delivered to `to`'s handler in this sender's order, exactly
-    /// once while both processes live. Blocks (parks) while `to`'s send window is full.
-    ///
-    /// Fails, handing the payload back in the [`SendError`], when `to` is not a peer
-    /// ([`Error::UnknownPeer`]), the payload is larger than this node sends or than `to`
-    /// accepts, once its handshake said so ([`Error::TooLarge`]), or the node is shut down
-    /// or `to` removed, also while the send waits ([`Error::Closed`]).
-    ///
-    /// Once accepted, a message that can never be delivered is reported to
-    /// [`Builder::on_undelivered`](crate::Builder::on_undelivered): for instance one queued
-    /// before `to`'s limit was known and larger than it.
-    pub fn send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
-        self.route(to).send(payload.into())
-    }
+    send_variants! { (to)
+        /// Sends a regular message: delivered to `to`'s handler in this sender's order, exactly
+        /// once while both processes live. Blocks (parks) while `to`'s send window is full.
+        ///
+        /// Fails, handing the payload back in the [`SendError`], when `to` is not a peer
+        /// ([`Error::UnknownPeer`]), the payload is larger than this node sends or than `to`
+        /// accepts, once its handshake said so ([`Error::TooLarge`]), or the node is shut down
+        /// or `to` removed, also while the send waits ([`Error::Closed`]).
+        ///
+        /// Once accepted, a message that can never be delivered is reported to
+        /// [`Builder::on_undelivered`](crate::Builder::on_undelivered): for instance one queued
+        /// before `to`'s limit was known and larger than it.
+        send;
 
-    /// Like [`send`](Sender::send) but never blocks: a full window hands the payload back
-    /// in [`TrySendError::Full`].
-    pub fn try_send(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
-        self.route(to).try_send(payload.into())
-    }
+        /// Like [`send`](Sender::send) but never blocks: a full window hands the payload back
+        /// in [`TrySendError::Full`].
+        try_send;
 
-    /// Like [`send`](Sender::send) but waits at most `timeout` for room in the window, then
-    /// fails with [`Error::TimedOut`], handing the payload back
-    /// ([`SendError::into_inner`]) to retry later or send elsewhere.
-    pub fn send_timeout(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-    ) -> Result<(), SendError<Bytes>> {
-        self.route(to).send_timeout(payload.into(), timeout)
-    }
+        /// Like [`send`](Sender::send) but waits at most `timeout` for room in the window, then
+        /// fails with [`Error::TimedOut`], handing the payload back
+        /// ([`SendError::into_inner`]) to retry later or send elsewhere.
+        send_timeout;
 
-    /// Sends out of band: handed straight to a pool thread at the receiver, not ordered
-    /// with the sender's other messages (still exactly once, still flow-controlled). Fails
-    /// like [`send`](Sender::send).
-    pub fn send_oob(&self, to: &str, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
-        self.route(to).send_oob(payload.into())
-    }
+        /// Sends out of band: handed straight to a pool thread at the receiver, not ordered
+        /// with the sender's other messages (still exactly once, still flow-controlled). Fails
+        /// like [`send`](Sender::send).
+        send_oob;
 
-    /// Sends with [`SendOptions`] (out of band, expiry, unreliable, connected only);
-    /// blocks and fails like [`send`](Sender::send), and with [`Error::NotConnected`] for
-    /// [`connected_only`](SendOptions::connected_only) when `to` has no established
-    /// connection.
-    pub fn send_with(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        opts: SendOptions,
-    ) -> Result<(), SendError<Bytes>> {
-        self.route(to).send_with(payload.into(), opts)
+        /// Sends with [`SendOptions`] (out of band, expiry, unreliable, connected only);
+        /// blocks and fails like [`send`](Sender::send), and with [`Error::NotConnected`] for
+        /// [`connected_only`](SendOptions::connected_only) when `to` has no established
+        /// connection.
+        send_with;
+
+        /// Sends every payload of `payloads` to `to` as regular messages, in order: what
+        /// [`send`](Sender::send) on each would do, but with one look-up of `to`, and one
+        /// take from its window and one lock of its queue per chunk of messages (up to 64,
+        /// and at most a quarter of the window) instead of per message: the cheaper way to
+        /// send many messages at once. Blocks (parks) while `to`'s window has no room for the
+        /// next chunk.
+        ///
+        /// Fails as `send` does. If a payload is larger than this node sends or than `to`
+        /// accepts ([`Error::TooLarge`]), or `to` is not a peer ([`Error::UnknownPeer`]),
+        /// nothing is queued. Otherwise the [`SendError`] hands back the payloads not queued,
+        /// in order (for [`Error::Closed`]: the node shut down or `to` was removed while the
+        /// batch went out); the ones before them were queued, and are delivered as `send`'s
+        /// would be.
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// let (beta, inbox) = cohort::Node::builder("beta").start_with_inbox()?;
+        /// let alpha = cohort::Node::builder("alpha").peer("beta", beta.local_addr()).start()?;
+        /// beta.add_peer("alpha", alpha.local_addr())?;
+        /// let ticks: Vec<Vec<u8>> = (0..100u32).map(|i| i.to_le_bytes().to_vec()).collect();
+        /// alpha.sender().send_batch("beta", ticks)?;
+        /// for i in 0..100u32 {
+        ///     let d = inbox.recv_timeout(Duration::from_secs(10))?;
+        ///     assert_eq!(&d.payload()[..], &i.to_le_bytes()); // in order
+        /// }
+        /// # alpha.shutdown(Duration::from_secs(5))?;
+        /// # beta.shutdown(Duration::from_secs(5))?;
+        /// # Ok(()) }
+        /// ```
+        send_batch;
     }
 
     /// Sends `payload` to every peer without blocking: one result per peer, sorted by
@@ -325,130 +463,100 @@ impl Sender {
         out
     }
 
-    /// Sends `payload` to `to` as a request and waits at most `timeout` (for room in the
-    /// window, under the cap of requests in flight, and for the reply) for `to`'s handler
-    /// to answer it with [`Delivery::reply`](crate::Delivery::reply). Returns the reply.
-    ///
-    /// Fails with [`Error::NoReply`] when the time is up (a reply that comes later is
-    /// dropped and counted in [`PeerStats::late_replies`](crate::PeerStats::late_replies)),
-    /// and fails fast, not at the timeout, when the peer can no longer answer:
-    /// [`Error::Closed`] once it is removed or this node shuts down,
-    /// [`Error::PeerRestarted`] when it comes back as a new incarnation,
-    /// [`Error::TooLarge`] when the peer's handshake says it accepts less, and
-    /// [`Error::ReplyFailed`] as soon as the peer says it cannot answer (its reply was
-    /// larger than the room this request reserved, its application dropped the request
-    /// unanswered, its handler panicked, or it has none). A request is delivered exactly
-    /// once like any regular message, in order with the sender's others.
-    ///
-    /// A request given up before it left (its time ran out while it waited in the queue,
-    /// say for a peer that is down) is withdrawn: never sent, so never run by the peer
-    /// (counted in [`PeerStats::withdrawn`](crate::PeerStats::withdrawn)). One that had
-    /// left may still be run there; its reply is then dropped as late.
-    ///
-    /// The error is a [`SendError`] whose payload is `Some(payload)` when the request was
-    /// never queued (unknown peer, too large, not connected with `connected_only`, no room
-    /// in the window or under the cap within `timeout`, closed): nothing was sent, and it
-    /// can go elsewhere. It is `None` once the request was queued: the peer may have it.
-    /// `?` turns it into an [`Error`].
-    ///
-    /// Do not wait for a reply inside a message handler: it holds the pool thread that
-    /// delivers that sender's messages. Use [`send_request`](Sender::send_request) there,
-    /// and take the reply elsewhere.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// # fn main() -> Result<(), cohort::Error> {
-    /// let server = cohort::Node::builder("server")
-    ///     .on_message(|d| {
-    ///         let n = u32::from_le_bytes(d.payload()[..4].try_into().unwrap_or([0; 4]));
-    ///         let _ = d.reply((n * 2).to_le_bytes().to_vec());
-    ///     })
-    ///     .start()?;
-    /// let client = cohort::Node::builder("client").peer("server", server.local_addr()).start()?;
-    /// server.add_peer("client", client.local_addr())?;
-    /// let reply = client.sender().request("server", 21u32.to_le_bytes().to_vec(), Duration::from_secs(10))?;
-    /// assert_eq!(&reply[..], &42u32.to_le_bytes());
-    /// # client.shutdown(Duration::from_secs(5))?;
-    /// # server.shutdown(Duration::from_secs(5))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn request(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-    ) -> Result<Bytes, SendError<Option<Bytes>>> {
-        self.route(to)
-            .request(payload.into(), timeout, RequestOptions::new())
-    }
+    send_variants! { (to)
+        /// Sends `payload` to `to` as a request and waits at most `timeout` (for room in the
+        /// window, under the cap of requests in flight, and for the reply) for `to`'s handler
+        /// to answer it with [`Delivery::reply`](crate::Delivery::reply). Returns the reply.
+        ///
+        /// Fails with [`Error::NoReply`] when the time is up (a reply that comes later is
+        /// dropped and counted in [`PeerStats::late_replies`](crate::PeerStats::late_replies)),
+        /// and fails fast, not at the timeout, when the peer can no longer answer:
+        /// [`Error::Closed`] once it is removed or this node shuts down,
+        /// [`Error::PeerRestarted`] when it comes back as a new incarnation,
+        /// [`Error::TooLarge`] when the peer's handshake says it accepts less, and
+        /// [`Error::ReplyFailed`] as soon as the peer says it cannot answer (its reply was
+        /// larger than the room this request reserved, its application dropped the request
+        /// unanswered, its handler panicked, or it has none). A request is delivered exactly
+        /// once like any regular message, in order with the sender's others.
+        ///
+        /// A request given up before it left (its time ran out while it waited in the queue,
+        /// say for a peer that is down) is withdrawn: never sent, so never run by the peer
+        /// (counted in [`PeerStats::withdrawn`](crate::PeerStats::withdrawn)). One that had
+        /// left may still be run there; its reply is then dropped as late.
+        ///
+        /// The error is a [`SendError`] whose payload is `Some(payload)` when the request was
+        /// never queued (unknown peer, too large, not connected with `connected_only`, no room
+        /// in the window or under the cap within `timeout`, closed): nothing was sent, and it
+        /// can go elsewhere. It is `None` once the request was queued: the peer may have it.
+        /// `?` turns it into an [`Error`].
+        ///
+        /// Do not wait for a reply inside a message handler: it holds the pool thread that
+        /// delivers that sender's messages. Use [`send_request`](Sender::send_request) there,
+        /// and take the reply elsewhere.
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// # fn main() -> Result<(), cohort::Error> {
+        /// let server = cohort::Node::builder("server")
+        ///     .on_message(|d| {
+        ///         let n = u32::from_le_bytes(d.payload()[..4].try_into().unwrap_or([0; 4]));
+        ///         let _ = d.reply((n * 2).to_le_bytes().to_vec());
+        ///     })
+        ///     .start()?;
+        /// let client = cohort::Node::builder("client").peer("server", server.local_addr()).start()?;
+        /// server.add_peer("client", client.local_addr())?;
+        /// let reply = client.sender().request("server", 21u32.to_le_bytes().to_vec(), Duration::from_secs(10))?;
+        /// assert_eq!(&reply[..], &42u32.to_le_bytes());
+        /// # client.shutdown(Duration::from_secs(5))?;
+        /// # server.shutdown(Duration::from_secs(5))?;
+        /// # Ok(()) }
+        /// ```
+        request;
 
-    /// Sends `payload` to `to` as a request and returns at once with a handle to wait on,
-    /// so that one thread can have many requests in flight. Waits, like
-    /// [`send`](Sender::send), only for room in the window and under the cap of requests in
-    /// flight ([`Builder::max_requests`](crate::Builder::max_requests)). It fails only
-    /// before the request is queued, so its [`SendError`] always hands the payload back.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// # fn main() -> Result<(), cohort::Error> {
-    /// # let node = cohort::Node::builder("client").peer("server", "127.0.0.1:7001").start()?;
-    /// let sender = node.sender();
-    /// let pending: Vec<_> = (0..100u32)
-    ///     .map(|i| sender.send_request("server", i.to_le_bytes().to_vec()))
-    ///     .collect::<Result<_, _>>()?;
-    /// for p in pending {
-    ///     let reply = p.wait(Duration::from_secs(5))?;
-    ///     println!("{} bytes back", reply.len());
-    /// }
-    /// # Ok(()) }
-    /// ```
-    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-    ) -> Result<PendingReply, SendError<Bytes>> {
-        self.route(to)
-            .send_request(payload.into(), RequestOptions::new())
-    }
+        /// Sends `payload` to `to` as a request and returns at once with a handle to wait on,
+        /// so that one thread can have many requests in flight. Waits, like
+        /// [`send`](Sender::send), only for room in the window and under the cap of requests in
+        /// flight ([`Builder::max_requests`](crate::Builder::max_requests)). It fails only
+        /// before the request is queued, so its [`SendError`] always hands the payload back.
+        ///
+        /// ```no_run
+        /// use std::time::Duration;
+        /// # fn main() -> Result<(), cohort::Error> {
+        /// # let node = cohort::Node::builder("client").peer("server", "127.0.0.1:7001").start()?;
+        /// let sender = node.sender();
+        /// let pending: Vec<_> = (0..100u32)
+        ///     .map(|i| sender.send_request("server", i.to_le_bytes().to_vec()))
+        ///     .collect::<Result<_, _>>()?;
+        /// for p in pending {
+        ///     let reply = p.wait(Duration::from_secs(5))?;
+        ///     println!("{} bytes back", reply.len());
+        /// }
+        /// # Ok(()) }
+        /// ```
+        send_request;
 
-    /// [`request`](Sender::request) with [`RequestOptions`]: with
-    /// [`connected_only`](RequestOptions::connected_only), fails at once with
-    /// [`Error::NotConnected`] when `to` has no established connection.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use cohort::{Error, RequestOptions};
-    /// # fn main() -> Result<(), cohort::Error> {
-    /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:9").start()?;
-    /// let opts = RequestOptions::new().connected_only();
-    /// let r = node.sender().request_with("beta", &b"ping"[..], Duration::from_secs(2), opts);
-    /// let e = r.unwrap_err(); // at once, not after 2 s
-    /// assert!(matches!(e.error(), Error::NotConnected(_)));
-    /// assert_eq!(e.into_inner().as_deref(), Some(&b"ping"[..])); // never queued
-    /// # node.shutdown(Duration::from_secs(1))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn request_with(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-        opts: RequestOptions,
-    ) -> Result<Bytes, SendError<Option<Bytes>>> {
-        self.route(to).request(payload.into(), timeout, opts)
-    }
+        /// [`request`](Sender::request) with [`RequestOptions`]: with
+        /// [`connected_only`](RequestOptions::connected_only), fails at once with
+        /// [`Error::NotConnected`] when `to` has no established connection.
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// use cohort::{Error, RequestOptions};
+        /// # fn main() -> Result<(), cohort::Error> {
+        /// let node = cohort::Node::builder("alpha").peer("beta", "127.0.0.1:9").start()?;
+        /// let opts = RequestOptions::new().connected_only();
+        /// let r = node.sender().request_with("beta", &b"ping"[..], Duration::from_secs(2), opts);
+        /// let e = r.unwrap_err(); // at once, not after 2 s
+        /// assert!(matches!(e.error(), Error::NotConnected(_)));
+        /// assert_eq!(e.into_inner().as_deref(), Some(&b"ping"[..])); // never queued
+        /// # node.shutdown(Duration::from_secs(1))?;
+        /// # Ok(()) }
+        /// ```
+        request_with;
 
-    /// [`send_request`](Sender::send_request) with [`RequestOptions`] (see
-    /// [`request_with`](Sender::request_with)).
-    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request_with(
-        &self,
-        to: &str,
-        payload: impl Into<Bytes>,
-        opts: RequestOptions,
-    ) -> Result<PendingReply, SendError<Bytes>> {
-        self.route(to).send_request(payload.into(), opts)
+        /// [`send_request`](Sender::send_request) with [`RequestOptions`] (see
+        /// [`request_with`](Sender::request_with)).
+        send_request_with;
     }
 
     /// Queues the reply to request `id` from `to` (see `Delivery::reply`, which checked it
@@ -638,78 +746,7 @@ impl PeerSender {
         }
     }
 
-    /// See [`Sender::send`].
-    pub fn send(&self, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
-        self.route().send(payload.into())
-    }
-
-    /// See [`Sender::try_send`].
-    pub fn try_send(&self, payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
-        self.route().try_send(payload.into())
-    }
-
-    /// See [`Sender::send_timeout`].
-    pub fn send_timeout(
-        &self,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-    ) -> Result<(), SendError<Bytes>> {
-        self.route().send_timeout(payload.into(), timeout)
-    }
-
-    /// See [`Sender::send_oob`].
-    pub fn send_oob(&self, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
-        self.route().send_oob(payload.into())
-    }
-
-    /// See [`Sender::send_with`].
-    pub fn send_with(
-        &self,
-        payload: impl Into<Bytes>,
-        opts: SendOptions,
-    ) -> Result<(), SendError<Bytes>> {
-        self.route().send_with(payload.into(), opts)
-    }
-
-    /// See [`Sender::request`].
-    pub fn request(
-        &self,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-    ) -> Result<Bytes, SendError<Option<Bytes>>> {
-        self.route()
-            .request(payload.into(), timeout, RequestOptions::new())
-    }
-
-    /// See [`Sender::send_request`].
-    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request(
-        &self,
-        payload: impl Into<Bytes>,
-    ) -> Result<PendingReply, SendError<Bytes>> {
-        self.route()
-            .send_request(payload.into(), RequestOptions::new())
-    }
-
-    /// See [`Sender::request_with`].
-    pub fn request_with(
-        &self,
-        payload: impl Into<Bytes>,
-        timeout: Duration,
-        opts: RequestOptions,
-    ) -> Result<Bytes, SendError<Option<Bytes>>> {
-        self.route().request(payload.into(), timeout, opts)
-    }
-
-    /// See [`Sender::send_request_with`].
-    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request_with(
-        &self,
-        payload: impl Into<Bytes>,
-        opts: RequestOptions,
-    ) -> Result<PendingReply, SendError<Bytes>> {
-        self.route().send_request(payload.into(), opts)
-    }
+    send_variants!(see Sender ());
 }
 
 /// Where a message goes: a peer named on each call (looked up in the peer map), or the one
@@ -723,38 +760,57 @@ enum To<'a> {
 /// A send on its way: the node's sending side and where the message goes. Its methods are
 /// the send variants, each the like-named method of [`Sender`] (documented there): which
 /// options, how long to wait for the window, what error a caller sees.
-struct Route<'a> {
+pub(super) struct Route<'a> {
     core: &'a SendCore,
     to: To<'a>,
 }
 
 impl Route<'_> {
-    fn send(self, payload: Bytes) -> Result<(), SendError<Bytes>> {
+    pub(super) fn send(self, payload: Bytes) -> Result<(), SendError<Bytes>> {
         self.send_with(payload, SendOptions::new())
     }
 
-    fn try_send(self, payload: Bytes) -> Result<(), TrySendError<Bytes>> {
+    pub(super) fn try_send(self, payload: Bytes) -> Result<(), TrySendError<Bytes>> {
         self.core
             .enqueue(self.to, payload, SendOptions::new(), Wait::No)
     }
 
-    fn send_timeout(self, payload: Bytes, timeout: Duration) -> Result<(), SendError<Bytes>> {
+    pub(super) fn send_timeout(
+        self,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<(), SendError<Bytes>> {
         self.core
             .enqueue(self.to, payload, SendOptions::new(), Wait::For(timeout))
             .map_err(SendError::from_try)
     }
 
-    fn send_oob(self, payload: Bytes) -> Result<(), SendError<Bytes>> {
+    pub(super) fn send_oob(self, payload: Bytes) -> Result<(), SendError<Bytes>> {
         self.send_with(payload, SendOptions::new().oob())
     }
 
-    fn send_with(self, payload: Bytes, opts: SendOptions) -> Result<(), SendError<Bytes>> {
+    pub(super) fn send_batch(self, payloads: Vec<Bytes>) -> Result<(), SendError<Vec<Bytes>>> {
+        let peer = match self.to {
+            To::Peer(p) => p.clone(),
+            To::Name(name) => match self.core.peer_named(name) {
+                Ok(p) => p,
+                Err(e) => return Err(SendError::new(e, payloads)),
+            },
+        };
+        self.core.enqueue_batch(&peer, payloads)
+    }
+
+    pub(super) fn send_with(
+        self,
+        payload: Bytes,
+        opts: SendOptions,
+    ) -> Result<(), SendError<Bytes>> {
         self.core
             .enqueue(self.to, payload, opts, Wait::Forever)
             .map_err(SendError::from_try)
     }
 
-    fn request(
+    pub(super) fn request(
         self,
         payload: Bytes,
         timeout: Duration,
@@ -774,7 +830,7 @@ impl Route<'_> {
             .map_err(|e| SendError::new(e, None))
     }
 
-    fn send_request(
+    pub(super) fn send_request(
         self,
         payload: Bytes,
         opts: RequestOptions,
@@ -1114,7 +1170,89 @@ impl SendCore {
         }
     }
 
-    /// Takes the message's permits from the peer's window (the only place they are taken)
+    /// Queues `payloads` for `peer` as regular messages, in order, chunk by chunk: a
+    /// chunk's permits taken from the window at once (waiting for room, as a `send` does)
+    /// and split among its messages, which are admitted under one lock of the outbox. Fails
+    /// before queueing anything if a payload is too large; otherwise hands back the
+    /// payloads not queued.
+    fn enqueue_batch(
+        &self,
+        peer: &PeerShared,
+        payloads: Vec<Bytes>,
+    ) -> Result<(), SendError<Vec<Bytes>>> {
+        /// The most messages a chunk takes: the IO thread may publish the first ones
+        /// while the sender builds the next chunk.
+        const CHUNK: usize = 64;
+        let max_message = self.max_message.min(peer.peer_max_message());
+        if let Some(len) = payloads.iter().map(Bytes::len).find(|&l| l > max_message) {
+            let e = Error::TooLarge {
+                len,
+                max: max_message,
+            };
+            return Err(SendError::new(e, payloads));
+        }
+        let window = peer.outbox.window();
+        // A quarter of the window at most: a batch larger than that goes out as the window
+        // frees, rather than waiting for room for all of it.
+        let most = (window.capacity() / 4).max(1);
+        let mut rest = payloads.into_iter();
+        let mut chunk: Vec<Outgoing> = Vec::with_capacity(rest.len().min(CHUNK));
+        while !rest.as_slice().is_empty() {
+            let (mut n, mut total) = (0, 0);
+            for p in rest.as_slice().iter().take(CHUNK) {
+                let c = cost(p.len());
+                if n > 0 && total + c > most {
+                    break;
+                }
+                n += 1;
+                total += c;
+            }
+            if self.stopped.load(Ordering::Acquire) {
+                return Err(SendError::new(Error::Closed, rest.collect()));
+            }
+            let acquired = match window.try_acquire(total) {
+                Err(AcquireError::Full) => {
+                    self.warn_if_handler(peer);
+                    window.acquire(total)
+                }
+                first => first,
+            };
+            let mut permit = match acquired {
+                Ok(permit) => permit,
+                Err(AcquireError::TooLarge) => {
+                    // Only a chunk of one message can be larger than the window.
+                    let len = rest.as_slice().first().map_or(0, Bytes::len);
+                    let e = Error::TooLarge {
+                        len,
+                        max: self.max_message,
+                    };
+                    return Err(SendError::new(e, rest.collect()));
+                }
+                // Closed: `acquire` waits without a deadline, never `Full` or `TimedOut`.
+                Err(_) => return Err(SendError::new(Error::Closed, rest.collect())),
+            };
+            chunk.extend(rest.by_ref().take(n).map(|p| {
+                let c = cost(p.len());
+                Outgoing::new(p, false, None, permit.take(c))
+            }));
+            debug_assert_eq!(
+                permit.bytes(),
+                0,
+                "the chunk's permits all went to its messages"
+            );
+            // Counted *accepted* under the queue lock, before the IO thread can see them.
+            if !peer.outbox.admit_all(&mut chunk) {
+                // `admit_all` gave the permits back (Return::Refused).
+                let back = chunk.drain(..).map(|m| m.payload).chain(rest).collect();
+                return Err(SendError::new(Error::Closed, back));
+            }
+            self.io.schedule(peer);
+        }
+        Ok(())
+    }
+
+    /// Takes the message's permits from the peer's window (the only place they are taken,
+    /// but for a batch's: [`SendCore::enqueue_batch`])
     /// and queues it for the IO thread.
     fn enqueue_to(
         &self,

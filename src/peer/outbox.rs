@@ -2,14 +2,17 @@
 //! permits go back to the window.
 //!
 //! Permits are conserved by the types. A sender takes `cost(len)` bytes of window as a
-//! [`Permit`] (`SendCore::enqueue_to`, `src/node/send.rs`: the only place a send takes one; a
-//! journal restore charges the window with `SendWindow::take_up_to`); the message carries it
+//! [`Permit`] (`SendCore::enqueue_to`, `src/node/send.rs`: the only place a send takes one,
+//! but for `SendCore::enqueue_batch`, which takes one for a chunk of messages and splits it
+//! among them with `Permit::take`; a journal restore charges the window with
+//! `SendWindow::take_up_to`); the message carries it
 //! ([`Outgoing`]) into the outbox and, once published, into the IO thread's [`Ledger`]; and
 //! it goes back exactly once, through [`Outbox::give_back`], naming why ([`Return`]):
 //!
 //! | path | where | [`Return`] |
 //! |---|---|---|
 //! | outbox closed when the message arrived | `admit` | `Refused` |
+//! | outbox closed when a batch's chunk arrived (each of its messages) | `admit_all` | `Refused` |
 //! | the outbound filter dropped it at publish time | IO thread, `proto::Peer::publish` | `Filtered` |
 //! | its deadline passed while it was queued | IO thread, `Peer::publish` / `Peer::sweep_queued` (tick) | `Expired` |
 //! | the peer cannot take a message that large | IO thread, `Peer::publish` | `Failed` |
@@ -332,6 +335,26 @@ impl Outbox {
         q.accepted_bytes += m.payload.len() as u64;
         q.msgs.push_back(m);
         Ok(())
+    }
+
+    /// Queues every message of `ms` in order under one lock (what [`admit`](Outbox::admit)
+    /// does for each), leaving `ms` empty. If the outbox is closed nothing is queued: every
+    /// message's permits go back at once (`Return::Refused`) and `ms` keeps them all.
+    /// Returns whether they were queued.
+    pub fn admit_all(&self, ms: &mut Vec<Outgoing>) -> bool {
+        let mut q = self.queue.lock();
+        if q.closed {
+            drop(q);
+            for m in ms.iter_mut() {
+                let permit = std::mem::replace(&mut m.permit, Permit::none());
+                self.give_back(Return::Refused, permit);
+            }
+            return false;
+        }
+        q.accepted += ms.len() as u64;
+        q.accepted_bytes += ms.iter().map(|m| m.payload.len() as u64).sum::<u64>();
+        q.msgs.extend(ms.drain(..));
+        true
     }
 
     /// Messages and payload bytes admitted so far. Read it after the counters of what became
