@@ -215,7 +215,7 @@ fn recover_copy(dir: &Path, run: u64, b_received: u64, b_log: &BLog) -> Recovery
         "run {run}: a SIGKILL damaged the middle of the journal: {report:?}"
     );
     let peer = recovered.peers.get("b");
-    let (sent, acked) = peer.map_or((0, 0), |p| (p.sent, p.acked));
+    let (sent, acked) = peer.map_or((0, 0), |p| (p.counters.sent, p.counters.acked));
     assert!(
         acked <= b_received && b_received <= sent,
         "run {run}: journal acked {acked}, sent {sent}, but b received {b_received} (b holds a message the journal lacks?)"
@@ -932,7 +932,7 @@ fn a_receiver_killed_at_random_points_loses_nothing_and_redelivers_in_order() {
     )
     .expect("b's journal opens");
     assert_eq!(
-        recovered.peers.get("a").map(|p| p.delivered),
+        recovered.peers.get("a").map(|p| p.counters.delivered),
         Some(sent),
         "b's journal records every message as delivered"
     );

@@ -30,26 +30,13 @@ pub struct JournalMessage {
 /// What the journal knows about one peer after recovery.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RecoveredPeer {
-    /// Messages with `seq > acked`, in sequence order. They are still journalled: resend
-    /// them, do not append them again.
+    /// Messages with `seq > counters.acked`, in sequence order. They are still journalled:
+    /// resend them, do not append them again.
     pub unacked: Vec<JournalMessage>,
-    /// Highest sequence number ever journalled for this peer; continue at `sent + 1`.
-    pub sent: u64,
-    /// Highest cumulative ack recorded from this peer.
-    pub acked: u64,
-    /// Messages from this peer recorded as delivered to the application.
-    pub delivered: u64,
-    /// Credit (window bytes) recorded as returnable to this peer, cumulative.
-    pub credit: u64,
-    /// The peer's incarnation these counters belong to (0: not yet met).
-    pub launch: u64,
-    /// Credit (window bytes) the peer had returned to us, cumulative.
-    pub credit_seen: u64,
-    /// Window bytes of every message journalled to the peer in this stream, cumulative:
-    /// with `credit_seen`, what is still uncredited after a restart.
-    pub published: u64,
-    /// Window bytes of the peer's unreliable messages handled, cumulative.
-    pub unreliable: u64,
+    /// Its counters as the replay left them (the same a checkpoint holds): continue the
+    /// stream at `sent + 1`; `published` with `credit_seen` is what is still uncredited
+    /// after a restart.
+    pub counters: PeerCounters,
 }
 
 /// Where recovery stopped reading because a record was invalid.
@@ -437,14 +424,7 @@ pub(crate) fn recover(
             name.clone(),
             RecoveredPeer {
                 unacked,
-                sent: c.sent,
-                acked: c.acked,
-                delivered: c.delivered,
-                credit: c.credit,
-                launch: c.launch,
-                credit_seen: c.credit_seen,
-                published: c.published,
-                unreliable: c.unreliable,
+                counters: c.clone(),
             },
         );
     }

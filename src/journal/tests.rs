@@ -168,7 +168,7 @@ fn qpid_reproducer_restarts_never_grow_the_file_count() {
     // And restarts that append a little each time stay bounded too.
     for _ in 0..50 {
         let (mut j, rec) = open(dir.path());
-        let last = rec.peers["beta"].sent;
+        let last = rec.peers["beta"].counters.sent;
         j.append(&[msg("beta", last + 1, 2000), acked("beta", last - 4)])
             .unwrap();
         assert_eq!(
@@ -179,7 +179,7 @@ fn qpid_reproducer_restarts_never_grow_the_file_count() {
         assert!(segment_files(dir.path()) <= files);
     }
     let (_, rec) = open(dir.path());
-    let sent = rec.peers["beta"].sent;
+    let sent = rec.peers["beta"].counters.sent;
     assert_eq!(seqs(&rec, "beta"), (sent - 4..=sent).collect::<Vec<_>>());
 }
 
@@ -242,12 +242,13 @@ fn unacked_messages_survive_a_restart_in_order_and_acked_ones_are_gone() {
     assert_eq!(seqs(&rec, "beta"), (41..=100).collect::<Vec<_>>());
     assert_eq!(seqs(&rec, "gamma"), Vec::<u64>::new());
     let beta = &rec.peers["beta"];
-    assert_eq!((beta.sent, beta.acked, beta.delivered), (100, 40, 17));
+    let c = &beta.counters;
+    assert_eq!((c.sent, c.acked, c.delivered), (100, 40, 17));
     assert_eq!(beta.unacked[0].payload, Bytes::from(vec![41u8; 700]));
     assert_eq!(beta.unacked[0].flags, 2);
-    let gamma = &rec.peers["gamma"];
+    let gamma = &rec.peers["gamma"].counters;
     assert_eq!((gamma.sent, gamma.acked), (50, 50));
-    assert_eq!(rec.peers["delta"].delivered, 5);
+    assert_eq!(rec.peers["delta"].counters.delivered, 5);
     assert_eq!(rec.report.gaps, vec![]);
 
     // Resume where it stopped; survives another restart.
@@ -256,8 +257,8 @@ fn unacked_messages_survive_a_restart_in_order_and_acked_ones_are_gone() {
     drop(j);
     let (_, rec) = open(dir.path());
     assert_eq!(seqs(&rec, "beta"), (61..=101).collect::<Vec<_>>());
-    assert_eq!(rec.peers["delta"].delivered, 5);
-    assert_eq!(rec.peers["beta"].delivered, 17);
+    assert_eq!(rec.peers["delta"].counters.delivered, 5);
+    assert_eq!(rec.peers["beta"].counters.delivered, 17);
 }
 
 #[test]
@@ -290,7 +291,7 @@ fn retired_segments_are_reused_and_files_stay_bounded_over_a_long_run() {
     drop(j);
     let (_, rec) = open(dir.path());
     assert_eq!(seqs(&rec, "gamma"), (2991..=3000).collect::<Vec<_>>());
-    assert_eq!(rec.peers["beta"].delivered, 2997);
+    assert_eq!(rec.peers["beta"].counters.delivered, 2997);
 }
 
 /// Offset of the `n`th record (0-based) of a segment holding `checkpoint_len` and then
@@ -350,7 +351,7 @@ fn corruption_inside_a_sealed_segment_cuts_there_and_discards_what_follows() {
     assert_eq!(seqs(&rec, "beta"), vec![1, 2, 3]);
     assert_eq!(rec.report.cut.as_ref().unwrap().path, first);
     assert_eq!(rec.report.discarded.len(), 2);
-    assert_eq!(rec.peers["beta"].sent, 3);
+    assert_eq!(rec.peers["beta"].counters.sent, 3);
     assert!(total > 3);
     assert_eq!(j.stats().pool, 2);
     // Appending works (from the pool) and survives a reopen.
@@ -455,7 +456,7 @@ fn a_torn_tail_is_cut_never_replayed_and_appends_after_it_survive() {
 
     let (mut j, rec) = open(dir.path());
     assert_eq!(seqs(&rec, "beta"), vec![1, 2]);
-    assert_eq!(rec.peers["beta"].sent, 2);
+    assert_eq!(rec.peers["beta"].counters.sent, 2);
     assert_eq!(rec.report.cut.as_ref().unwrap().offset, end);
     j.append(&[msg("beta", 3, 7)]).unwrap();
     drop(j);
@@ -484,7 +485,7 @@ fn a_torn_activation_keeps_the_counters_of_older_segments() {
     patch(&path, HEADER_LEN as u64, &[0xee; 64]);
     for round in 0..3 {
         let (mut j, rec) = open(dir.path());
-        assert_eq!(rec.peers["gamma"].delivered, 9, "round {round}");
+        assert_eq!(rec.peers["gamma"].counters.delivered, 9, "round {round}");
         // Everything acked: the old segment is retired but must stay for its counters.
         j.append(&[acked("beta", seq)]).unwrap();
         assert_eq!(j.live.len(), 2);
@@ -500,8 +501,8 @@ fn a_torn_activation_keeps_the_counters_of_older_segments() {
     assert_eq!(j.live.len(), 1);
     drop(j);
     let (_, rec) = open(dir.path());
-    assert_eq!(rec.peers["gamma"].delivered, 9);
-    assert_eq!(rec.peers["beta"].acked, seq);
+    assert_eq!(rec.peers["gamma"].counters.delivered, 9);
+    assert_eq!(rec.peers["beta"].counters.acked, seq);
 }
 
 /// A crash between activating the next segment and sealing the old one (possible with
@@ -719,11 +720,11 @@ mod prop {
             }
             let _ = inspect(dir.path());
             if let Ok((mut j, rec)) = Journal::open(config(dir.path())) {
-                let next = rec.peers.get("beta").map_or(0, |p| p.sent) + 1;
+                let next = rec.peers.get("beta").map_or(0, |p| p.counters.sent) + 1;
                 j.append(&[msg("beta", next, 10)]).unwrap();
                 drop(j);
                 let (_, rec) = Journal::open(config(dir.path())).unwrap();
-                prop_assert_eq!(rec.peers["beta"].sent, next);
+                prop_assert_eq!(rec.peers["beta"].counters.sent, next);
             }
         }
     }
@@ -766,7 +767,8 @@ fn a_new_incarnation_retires_the_old_messages_and_their_segments() {
     let (j, r) = open(dir.path());
     assert_eq!(j.launch_id(), launch, "the launch id survives a restart");
     let p = &r.peers["beta"];
-    assert_eq!((p.sent, p.acked, p.launch), (40, 40, 8));
+    let c = &p.counters;
+    assert_eq!((c.sent, c.acked, c.launch), (40, 40, 8));
     assert!(
         p.unacked.is_empty(),
         "old incarnation's messages never come back"
@@ -790,7 +792,7 @@ fn delivered_credit_and_a_reset_survive_a_restart() {
     }
     {
         let (mut j, r) = open(dir.path());
-        let p = &r.peers["beta"];
+        let p = &r.peers["beta"].counters;
         assert_eq!((p.delivered, p.credit, p.launch), (4, 40, 3));
         // A reset with the same incarnation: unbind, then bind again.
         j.append(&[
@@ -807,7 +809,7 @@ fn delivered_credit_and_a_reset_survive_a_restart() {
         .unwrap();
     }
     let (_, r) = open(dir.path());
-    let p = &r.peers["beta"];
+    let p = &r.peers["beta"].counters;
     assert_eq!((p.sent, p.delivered, p.credit, p.launch), (1, 0, 0, 3));
     assert_eq!(seqs(&r, "beta"), vec![1]);
 }
@@ -850,7 +852,7 @@ fn a_reset_survives_the_retirement_of_the_segment_that_recorded_it() {
         assert_eq!((c.sent, c.acked, c.launch), (40, 40, 8));
     }
     let (_, r) = open(dir.path());
-    let p = &r.peers["beta"];
+    let p = &r.peers["beta"].counters;
     assert_eq!(
         (p.sent, p.acked, p.launch, seqs(&r, "beta")),
         (40, 40, 8, vec![]),

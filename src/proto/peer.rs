@@ -1400,9 +1400,13 @@ impl Peer {
     /// the window (as far as it has room), so what a member keeps for a peer stays bounded
     /// by the window however often it restarts.
     pub(crate) fn restore(&mut self, cfg: &Config, out: &mut Produced, r: RecoveredPeer) {
-        let mut unacked: Vec<Unacked> = Vec::with_capacity(r.unacked.len());
+        let RecoveredPeer {
+            unacked: messages,
+            counters: r,
+        } = r;
+        let mut unacked: Vec<Unacked> = Vec::with_capacity(messages.len());
         let mut lost = Vec::new();
-        for m in r.unacked {
+        for m in messages {
             let next = r.acked + unacked.len() as u64 + 1;
             let u = Unacked {
                 seq: m.seq,
