@@ -5,7 +5,7 @@
 //!   [`Scheduled`] flag is already set, the peer goes on the ready list and the doorbell
 //!   rings. The IO thread, woken, [`take_wake`](Handoff::take_wake)s, takes the list
 //!   ([`take_ready`](Handoff::take_ready)), and for each peer clears the flag *before* it
-//!   takes the outbox ([`Scheduled::clear_then`], in `Peer::publish`). So a message pushed
+//!   takes the outbox ([`Scheduled::clear_then`], in `Remote::publish`). So a message pushed
 //!   to the outbox is either taken by that drain, or its sender finds the flag cleared and
 //!   schedules the peer again.
 //! - A pool thread whose consumption crossed half a receive window (or brought a paused

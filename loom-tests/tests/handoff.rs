@@ -6,7 +6,7 @@
 //! `Scheduled` flag is set, it goes on the ready list and the doorbell rings the IO
 //! thread's waker — unless a wake-up is already pending. The IO thread (`IoThread::run`,
 //! `handle_requests`) polls; if `take_wake` finds a wake-up pending it takes the ready list
-//! and publishes each peer; `Peer::publish` (`src/proto/peer.rs`) takes its messages one by
+//! and publishes each peer; `Remote::publish` (`src/proto/remote/outgoing.rs`) takes its messages one by
 //! one with `Outbox::next_to_publish`, which clears the flag and takes the outbox whenever
 //! what it took is used up, until a take finds nothing. The models' IO thread is that
 //! loop with the waker of `loom_tests::ModelWaker`: its poll returns only for a wake-up, so
@@ -97,7 +97,7 @@ fn send_batch(node: &Node, id: usize, sender: u8, count: u8) {
     node.handoff.schedule(id, &peer.scheduled);
 }
 
-/// `Peer::publish`'s hand-off part: `Outbox::next_to_publish` (the shipping step: clear
+/// `Remote::publish`'s hand-off part: `Outbox::next_to_publish` (the shipping step: clear
 /// the flag, then take, whenever what was taken is used up) until it finds nothing.
 /// Appends what it published; keeps the messages' permits in `held` (given back once the
 /// model is done).

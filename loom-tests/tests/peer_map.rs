@@ -5,7 +5,7 @@
 //! A sender (`SendCore::enqueue_named`) looks the peer up by name under the map's read
 //! lock, takes its permits (`SendWindow::try_acquire`) and queues the message
 //! (`Outbox::admit`). The IO thread forgets a member admitted at run time that stayed away
-//! (`Endpoint::forget_peer`): it retires the peer first (`Peer::retire`: fails what is
+//! (`Endpoint::forget_peer`): it retires the peer first (`Remote::retire`: fails what is
 //! queued, closing the outbox; gives back the ledger and closes the window), then drops it
 //! from the map (`Event::Forget` → `peer::forget`); the member may dial in again and be
 //! admitted as a new peer under the same name (`Event::Admitted` → `peer::admit`).

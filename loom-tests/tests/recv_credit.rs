@@ -12,11 +12,11 @@
 //!
 //! The IO thread is `loom_tests::io_loop` (poll; if a wake-up is pending, take the lists):
 //! it answers each request on the credit list the way `Endpoint::flush_credit` →
-//! `Peer::ack` → `Peer::write_ack` does when it writes an ack, with `RecvCredit::take`,
+//! `Remote::ack` → `Remote::write_ack` does when it writes an ack, with `RecvCredit::take`,
 //! and `resume` for a paused peer. Before polling it writes an ack of its own (a `take`)
-//! and answers a probe (`Peer::on_probe` → `Peer::write_ack`: a `take` if credit is
+//! and answers a probe (`Remote::on_probe` → `Remote::write_ack`: a `take` if credit is
 //! pending, nothing otherwise); after the loop, the housekeeping tick returns residual credit
-//! (`Peer::tick`: a `take` when credit is pending).
+//! (`Remote::tick`: a `take` when credit is pending).
 //!
 //! Checked, once the pool threads are done and the IO thread's loop has seen every
 //! wake-up:
@@ -133,7 +133,7 @@ fn run(window: u64, bursts: [&'static [u64]; 2]) {
     // An ack written for received data carries whatever credit is pending.
     io.taken += r.credit.take();
     // A probe: answered with every byte held, even below half a window; with nothing
-    // held, nothing is written and nothing taken (`Peer::write_ack`).
+    // held, nothing is written and nothing taken (`Remote::write_ack`).
     if r.credit.pending() > 0 {
         io.taken += r.credit.take();
     }

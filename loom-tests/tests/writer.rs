@@ -9,7 +9,7 @@
 //! - the application (`SendCore::enqueue_to`): `window().acquire(cost)` (parks on a dry
 //!   window), then `admit` — refused, with its permits given back (`Return::Refused`), once
 //!   the outbox is closed;
-//! - the IO thread, with the steps `Peer` (`src/proto/peer.rs`) takes: `publish` takes each
+//! - the IO thread, with the steps `Remote` (`src/proto/remote/`) takes: `publish` takes each
 //!   message with `Outbox::next_to_publish` (clearing the peer's `Scheduled` flag before it
 //!   takes the queue), then the outbound filter drops it (`give_back(Filtered)`) or it is
 //!   published (`ledger.publish`); `on_ack` gives credit back with `Outbox::credit` (never
@@ -75,7 +75,7 @@ struct Writer {
 }
 
 impl Writer {
-    /// `Peer::publish`: filter or publish each message `next_to_publish` hands out, giving
+    /// `Remote::publish`: filter or publish each message `next_to_publish` hands out, giving
     /// back a filtered one's permits at once and recording a published one in the ledger.
     fn flush(&mut self, ob: &Outbox, ledger: &mut Ledger) {
         let scheduled = Scheduled::new();
@@ -91,13 +91,13 @@ impl Writer {
         }
     }
 
-    /// `Peer::on_ack`: the peer returned `credit` bytes; never more than is outstanding
+    /// `Remote::on_ack`: the peer returned `credit` bytes; never more than is outstanding
     /// goes back.
     fn credit(ob: &Outbox, ledger: &mut Ledger, credit: u64) {
         ob.credit(ledger, credit);
     }
 
-    /// `Peer::retire` for a removal: fail what is queued, retire what is published, close.
+    /// `Remote::retire` for a removal: fail what is queued, retire what is published, close.
     fn remove(&mut self, ob: &Outbox, ledger: &mut Ledger) {
         let failed = ob.fail_queued(&mut VecDeque::new());
         self.failed += failed.len() as u64;

@@ -13,16 +13,16 @@
 //! |---|---|---|
 //! | outbox closed when the message arrived | `admit` | `Refused` |
 //! | outbox closed when a batch's chunk arrived (each of its messages) | `admit_all` | `Refused` |
-//! | the outbound filter dropped it at publish time | IO thread, `proto::Peer::publish` | `Filtered` |
-//! | its deadline passed while it was queued | IO thread, `Peer::publish` / `Peer::sweep_queued` (tick) | `Expired` |
-//! | the peer cannot take a message that large | IO thread, `Peer::publish` | `Failed` |
-//! | a request its requester gave up (timed out, handle dropped) before it left | IO thread, `Peer::publish` / `Peer::sweep_queued` (tick) | `Withdrawn` |
+//! | the outbound filter dropped it at publish time | IO thread, `proto::Remote::publish` | `Filtered` |
+//! | its deadline passed while it was queued | IO thread, `Remote::publish` / `Remote::sweep_queued` (tick) | `Expired` |
+//! | the peer cannot take a message that large | IO thread, `Remote::publish` | `Failed` |
+//! | a request its requester gave up (timed out, handle dropped) before it left | IO thread, `Remote::publish` / `Remote::sweep_queued` (tick) | `Withdrawn` |
 //! | a `connected_only` send whose peer disconnected while it waited for the window | `SendCore::enqueue_to` | `Refused` |
-//! | unreliable, for a disconnected peer of a journalling node | IO thread, `Peer::publish` | `Failed` |
-//! | the peer was removed / the node shut down with it queued | IO thread, `Peer::retire` | `Failed` |
-//! | published, then credited back by the receiver | IO thread, `Peer::on_ack` via [`Ledger::credit`] | `Credited` |
-//! | published, then the peer restarted, forgot us or was removed | IO thread, `Peer::bind` / `Peer::forget` / `Peer::retire` via [`Ledger::retire`] | `Retired` |
-//! | published unreliable, then lost with its connection | IO thread, `Peer::establish` (handshake counts) via [`Ledger::forget`] | `Lost` |
+//! | unreliable, for a disconnected peer of a journalling node | IO thread, `Remote::publish` | `Failed` |
+//! | the peer was removed / the node shut down with it queued | IO thread, `Remote::retire` | `Failed` |
+//! | published, then credited back by the receiver | IO thread, `Remote::on_ack` via [`Ledger::credit`] | `Credited` |
+//! | published, then the peer restarted, forgot us or was removed | IO thread, `Remote::bind` / `Remote::forget` / `Remote::retire` via [`Ledger::retire`] | `Retired` |
+//! | published unreliable, then lost with its connection | IO thread, `Remote::establish` (handshake counts) via [`Ledger::forget`] | `Lost` |
 //!
 //! A permit cannot be copied, and dropping one that holds bytes panics in debug builds, so a
 //! path that forgets to give one back fails its tests. At every instant
@@ -375,7 +375,7 @@ impl Outbox {
         }
     }
 
-    /// The IO thread's next message to publish to this peer (`Peer::publish`): the front
+    /// The IO thread's next message to publish to this peer (`Remote::publish`): the front
     /// of `pending` (taken earlier, not yet published), else the front of what senders
     /// queued since — taken after clearing the peer's `scheduled` flag
     /// ([`Scheduled::clear_then`]), so that a message this take misses finds the flag clear
@@ -391,7 +391,7 @@ impl Outbox {
         pending.pop_front()
     }
 
-    /// The peer returned `credit` bytes (`Peer::on_ack`): gives back what `ledger` lets go
+    /// The peer returned `credit` bytes (`Remote::on_ack`): gives back what `ledger` lets go
     /// (never more than is outstanding) as [`Return::Credited`]. Returns the bytes given
     /// back.
     pub fn credit(&self, ledger: &mut Ledger, credit: u64) -> u64 {
@@ -401,7 +401,7 @@ impl Outbox {
         bytes
     }
 
-    /// The peer is retired (`Peer::retire`: removed, or the node shuts down): closes the
+    /// The peer is retired (`Remote::retire`: removed, or the node shuts down): closes the
     /// outbox and fails every message not published — `pending`, taken earlier, and what is
     /// queued — giving their permits back as [`Return::Failed`]. Returns them, permits
     /// taken, for the caller to report.
@@ -416,7 +416,7 @@ impl Outbox {
         queued
     }
 
-    /// The peer will never credit what it was sent (`Peer::retire`): what `ledger` holds goes
+    /// The peer will never credit what it was sent (`Remote::retire`): what `ledger` holds goes
     /// back as [`Return::Retired`], and the window closes (senders waiting on it wake with
     /// `Closed`).
     pub fn retire(&self, ledger: &mut Ledger) {

@@ -1,6 +1,6 @@
 //! Sans-IO protocol: the handshake, the recovery descriptor, and above them a member's whole
 //! protocol — its links ([`Link`]: one connection's buffers and handshake), its peers
-//! (`Peer`: one member's state across connections) and the [`Endpoint`] that routes between
+//! (`Remote`: one member's state across connections) and the [`Endpoint`] that routes between
 //! them, with admission, timers and the journal's group commit. Driven by calls that carry
 //! the time and answered through byte buffers and polled events; no sockets, no clock, no
 //! threads, so the IO thread drives it with sockets and the simulation in memory.
@@ -9,8 +9,8 @@ pub(crate) mod admission;
 pub(crate) mod endpoint;
 pub mod handshake;
 pub(crate) mod link;
-pub(crate) mod peer;
 pub mod recovery;
+pub(crate) mod remote;
 // The simulation: the tests' harness, and (for the fuzz target `endpoints`) the schedules
 // read out of bytes; not under loom, whose primitives live only inside a model.
 #[cfg(any(test, all(cohort_internals, not(loom))))]

@@ -35,7 +35,7 @@ impl Endpoint {
                     );
                 }
             }
-            let failed = Peer::new(shared, addr).discard(&self.cfg, &mut self.out);
+            let failed = Remote::new(shared, addr).discard(&self.cfg, &mut self.out);
             if failed > 0 {
                 log::warn!(
                     "{}: {failed} messages sent to '{name}' as it was added failed: it was admitted meanwhile",
@@ -49,7 +49,7 @@ impl Endpoint {
         }
         let id = shared.id;
         self.by_name.insert(shared.name.clone(), id);
-        let mut peer = Peer::new(shared, addr);
+        let mut peer = Remote::new(shared, addr);
         if let Some(r) = self
             .journal
             .as_mut()

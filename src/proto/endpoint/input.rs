@@ -122,7 +122,7 @@ impl Endpoint {
     }
 
     /// Takes the first `upto` bytes off link `id`'s read buffer, where the turn's run (of
-    /// peer `pid`) lies, and cuts the run (see `Peer::cut_run`).
+    /// peer `pid`) lies, and cuts the run (see `Remote::cut_run`).
     pub(super) fn cut_run(&mut self, id: LinkId, pid: Option<usize>, upto: usize) {
         let Some(link) = self.links.get_mut(&id) else {
             self.out.run.clear();

@@ -59,7 +59,7 @@ impl StoppedJournal {
     pub(crate) fn close(mut self) -> Result<(), JournalError> {
         let mut records = Vec::new();
         for p in self.peers {
-            // The unreliable count before the credit (see `Peer::record_progress`).
+            // The unreliable count before the credit (see `Remote::record_progress`).
             let unreliable = p.progress.unreliable();
             let done = p.progress.done().min(p.received);
             let credit = p.credit.take();

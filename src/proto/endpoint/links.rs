@@ -55,7 +55,7 @@ impl Endpoint {
     /// Whether a handshake with `p` is refused: it is closed, or the node is shutting down
     /// and owes it nothing. A handshake already under way when a shutdown begins goes on
     /// while the peer is owed messages, so that they are handed over before the node stops.
-    pub(super) fn closed_to(&self, p: &Peer) -> bool {
+    pub(super) fn closed_to(&self, p: &Remote) -> bool {
         p.state == PeerState::Closed || (self.shutdown.is_some() && !p.owes_anything())
     }
 

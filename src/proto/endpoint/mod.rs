@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use super::admission::{self, Admission, Shedding, Verdict};
 use super::link::{Link, LinkId};
-use super::peer::{Inflow, Peer, Unestablished};
+use super::remote::{Inflow, Remote, Unestablished};
 use super::timer::{Backoff, TimerKind, Timers};
 use super::{
     resolve, Handshake, HsEvent, LocalIdentity, PeerIdentity, RecoveryError, Resolution, TieBreak,
@@ -385,7 +385,7 @@ pub(crate) struct Endpoint {
     counters: Arc<NodeCounters>,
     new_peer: NewPeer,
     links: HashMap<LinkId, Link, IdHash>,
-    peers: HashMap<usize, Peer, IdHash>,
+    peers: HashMap<usize, Remote, IdHash>,
     by_name: HashMap<SharedStr, usize, NameHash>,
     timers: Timers,
     backoff: Backoff,
@@ -667,7 +667,7 @@ impl Endpoint {
 
     /// Peer `id`, for the simulation's checks.
     #[cfg(any(test, all(cohort_internals, not(loom))))]
-    pub(crate) fn peer(&self, id: usize) -> Option<&Peer> {
+    pub(crate) fn peer(&self, id: usize) -> Option<&Remote> {
         self.peers.get(&id)
     }
 

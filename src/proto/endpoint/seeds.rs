@@ -291,7 +291,7 @@ impl Endpoint {
         );
         self.out.events.push_back(Output::Admitted(shared.clone()));
         self.by_name.insert(shared.name.clone(), id);
-        let mut peer = Peer::new(shared, addr.map(Addr::Tcp));
+        let mut peer = Remote::new(shared, addr.map(Addr::Tcp));
         if let Some(r) = self.journal.as_mut().and_then(|j| j.recovered.remove(name)) {
             peer.restore(&self.cfg, &mut self.out, r);
         }

@@ -1,0 +1,233 @@
+//! Receiving: data frames admitted against the peer's window (one at a time, or a read's
+//! regular messages as one run), receive credit held for them, and the push of a read's
+//! messages to the peer's delivery queues.
+
+use bytes::{Buf, Bytes};
+
+use super::Remote;
+use crate::deliver::{Delivery, ReplyRoom, Task};
+use crate::peer::{Counters, Failure};
+use crate::proto::endpoint::Produced;
+use crate::proto::recovery::{Receive, RecoveryError};
+use crate::sync::Arc;
+use crate::wire;
+
+/// What reading a data frame leaves the link to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Inflow {
+    /// Go on reading.
+    Continue,
+    /// Stop reading until the peer's held bytes are back within its receive window.
+    Pause,
+}
+
+impl Remote {
+    /// A data frame on the peer's established link: admitted against the peer's window (a
+    /// peer past it ignores credit: `Err`, the link is closed), then queued for delivery in
+    /// `out`. Says whether to go on reading, or pause the link because the peer's held
+    /// bytes, counting messages of a previous stream still being handled, exceed its
+    /// receive window.
+    pub(crate) fn on_data(
+        &mut self,
+        out: &mut Produced,
+        flags: u8,
+        seq: Option<u64>,
+        mut payload: Bytes,
+    ) -> Result<Inflow, RecoveryError> {
+        let cost = crate::flow::frame_cost(flags, &payload);
+        match self.desc.accept_data(seq, cost, self.peer_window)? {
+            Receive::Deliver => {}
+            Receive::Duplicate => {
+                Counters::add(&self.shared.counters.duplicates, 1);
+                // Still acked: the sender resent it because it lacks our ack.
+                self.ack_forced = true;
+                return Ok(Inflow::Continue);
+            }
+        }
+        Counters::add(&self.shared.counters.received, 1);
+        Counters::add(&self.shared.counters.received_bytes, payload.len() as u64);
+        // The wire checked that a request or reply starts with its header.
+        let (id, room) = if flags & (wire::FLAG_REQUEST | wire::FLAG_REPLY) != 0 {
+            let id = wire::request_id(&payload).unwrap_or_default();
+            let room = wire::request_room(&payload).unwrap_or_default();
+            payload.advance(wire::tag_bytes(flags).min(payload.len()));
+            (id, room)
+        } else {
+            (0, 0)
+        };
+        if flags & wire::FLAG_REPLY != 0 {
+            // Straight to the request waiting for it, outside flow control: it took no
+            // window of its own (its room came back when the replier sent it) and returns
+            // no credit. A journalling receiver counts it handled now.
+            if let (Some(p), Some(seq)) = (&self.shared.progress, seq) {
+                p.complete(self.epoch, std::iter::once(seq));
+            }
+            // A status reply carries why the replier cannot answer instead of a payload
+            // (the wire checked it).
+            let reply = if flags & wire::FLAG_STATUS != 0 {
+                let status =
+                    wire::decode_reply_status(&payload).unwrap_or(wire::ReplyStatus::Other(0));
+                Err(Failure::Refused(status))
+            } else {
+                Ok(payload)
+            };
+            if !self.shared.requests.answer(id, reply) {
+                log::debug!(
+                    "reply from '{}' to request {id} came after the request was given up",
+                    self.shared.name
+                );
+            }
+            return Ok(Inflow::Continue);
+        }
+        // What this sender makes us hold: the message, with a request's reply room, until
+        // it is consumed.
+        let held = self.shared.credit.received(cost);
+        self.shared.counters.note_held(held);
+        let request = (flags & wire::FLAG_REQUEST != 0)
+            .then(|| Arc::new(ReplyRoom::new(id, u64::from(room))));
+        if flags & wire::FLAG_OOB != 0 {
+            out.oob_batch.push(
+                Delivery::new(self.shared.name.clone(), payload, seq, true)
+                    .in_epoch(self.epoch)
+                    .with_request(request),
+            );
+        } else {
+            // Named by the deliverer, on the pool thread: cloning the sender's name here and
+            // dropping it there would bounce its refcount between cores on every message.
+            out.batch.push(
+                Delivery::unnamed(payload, seq)
+                    .in_epoch(self.epoch)
+                    .with_request(request)
+                    .into(),
+            );
+        }
+        Ok(if held > self.shared.credit.window() {
+            Inflow::Pause
+        } else {
+            Inflow::Continue
+        })
+    }
+
+    /// A regular data frame (no request, reply or out-of-band flag) whose payload lies at
+    /// `start..start + len` of the link's read buffer: admitted as [`on_data`] admits it,
+    /// and added to the turn's run (`out.run`) instead of split off the buffer, so a read's
+    /// messages take its bytes once ([`cut_run`]). The held count is added to once per
+    /// run, or when the run may cross the receive window: then a pause is decided on the
+    /// count itself, as for a single message.
+    ///
+    /// [`on_data`]: Remote::on_data
+    /// [`cut_run`]: Remote::cut_run
+    pub(crate) fn on_run_data(
+        &mut self,
+        out: &mut Produced,
+        seq: Option<u64>,
+        start: usize,
+        len: usize,
+    ) -> Result<Inflow, RecoveryError> {
+        let cost = crate::flow::cost(len);
+        match self.desc.accept_data(seq, cost, self.peer_window)? {
+            Receive::Deliver => {}
+            Receive::Duplicate => {
+                Counters::add(&self.shared.counters.duplicates, 1);
+                // Still acked: the sender resent it because it lacks our ack.
+                self.ack_forced = true;
+                return Ok(Inflow::Continue);
+            }
+        }
+        let run = &mut out.run;
+        if run.frames.is_empty() && run.unflushed == 0 {
+            run.epoch = self.epoch;
+            run.held = self.shared.credit.held();
+        }
+        run.frames
+            .push(crate::deliver::RunFrame { start, len, seq });
+        run.bytes += len as u64;
+        run.unflushed += cost;
+        let window = self.shared.credit.window();
+        if run.held + run.unflushed > window {
+            run.held = self
+                .shared
+                .credit
+                .received(std::mem::take(&mut run.unflushed));
+            self.shared.counters.note_held(run.held);
+            if run.held > window {
+                return Ok(Inflow::Pause);
+            }
+        }
+        Ok(Inflow::Continue)
+    }
+
+    /// Admits the regular messages that follow one another in `rbuf` (the link's read
+    /// buffer, bound by `max` as the link's state says) from `*pending` on into the turn's
+    /// run ([`on_run_data`]), moving `*pending` past each. Stops at the first frame that is
+    /// not one (another kind, a request, reply or out-of-band message, or a malformed or
+    /// incomplete frame: the caller splits it off on its own) with `Continue`, or after the
+    /// message that took the peer past its receive window with `Pause`, or at a message
+    /// the peer had no right to send (`Err`, not admitted).
+    ///
+    /// [`on_run_data`]: Remote::on_run_data
+    pub(crate) fn admit_run(
+        &mut self,
+        out: &mut Produced,
+        rbuf: &[u8],
+        max: usize,
+        pending: &mut usize,
+    ) -> Result<Inflow, RecoveryError> {
+        while let Ok(Some(wire::Peek::Data {
+            flags,
+            seq,
+            header,
+            total,
+        })) = wire::peek_frame(&rbuf[*pending..], max)
+        {
+            if flags & (wire::FLAG_REQUEST | wire::FLAG_REPLY | wire::FLAG_OOB) != 0 {
+                break;
+            }
+            let inflow = self.on_run_data(out, seq, *pending + header, total - header)?;
+            *pending += total;
+            if inflow == Inflow::Pause {
+                return Ok(Inflow::Pause);
+            }
+        }
+        Ok(Inflow::Continue)
+    }
+
+    /// Cuts the turn's run: its messages, found in `buf` (the front of the read buffer,
+    /// just taken off), are counted received and held, and queued for this peer's one
+    /// push at the end of the turn (after any message queued before them).
+    pub(crate) fn cut_run(&self, out: &mut Produced, buf: Bytes) {
+        let run = &mut out.run;
+        if run.unflushed > 0 {
+            run.held = self
+                .shared
+                .credit
+                .received(std::mem::take(&mut run.unflushed));
+            self.shared.counters.note_held(run.held);
+        }
+        if run.frames.is_empty() {
+            return; // duplicates only
+        }
+        Counters::add(&self.shared.counters.received, run.frames.len() as u64);
+        Counters::add(&self.shared.counters.received_bytes, run.bytes);
+        run.bytes = 0;
+        let n = run.frames.len();
+        let frames = std::mem::replace(&mut run.frames, Vec::with_capacity(n));
+        out.batch
+            .push(crate::deliver::Run::new(buf, run.epoch, frames).into());
+    }
+
+    /// Hands the messages split from one read to this peer's queues: regular ones to its
+    /// sender queue (one deliverer at a time), out-of-band ones to its OOB queue (at most
+    /// its share of the pool's threads); the pool tasks to run them go to `out`.
+    pub(crate) fn push_batch(&self, out: &mut Produced) {
+        let (member, oob) = (&self.shared.member, &self.shared.oob);
+        if !out.batch.is_empty() && member.push(out.batch.drain(..)) {
+            out.tasks.push_back(Task::Member(member.clone()));
+        }
+        if !out.oob_batch.is_empty() {
+            for _ in 0..oob.push(out.oob_batch.drain(..)) {
+                out.tasks.push_back(Task::Oob(oob.clone()));
+            }
+        }
+    }
+}

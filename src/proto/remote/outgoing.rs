@@ -1,0 +1,442 @@
+//! Publishing: where a queued message gets its sequence number and enters the unacked
+//! queue (or is filtered, expires, or fails, its permits back), the sweep of a disconnected
+//! peer's queue, and the peer's acks and credit coming back.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Instant;
+
+use super::Remote;
+use crate::journal::Record;
+use crate::peer::{Counters, Failure, Outgoing, PeerInfo, PeerShared, Return};
+use crate::proto::endpoint::{Config, Output, Produced};
+use crate::proto::link::Link;
+use crate::proto::recovery::{RecoveryError, Unacked};
+use crate::sync::atomic::Ordering;
+use crate::wire;
+
+/// What one publishing pass did, added to the shared counters once.
+#[derive(Default)]
+struct Tally {
+    sent: u64,
+    sent_bytes: u64,
+    filtered: u64,
+    filtered_bytes: u64,
+    failed: u64,
+    failed_bytes: u64,
+    expired: u64,
+    too_large: u64,
+    /// Requests given up by their requester before they left (part of `filtered`).
+    withdrawn: u64,
+    /// Unreliable messages failed for want of a connection (journalling nodes).
+    unconnected: u64,
+}
+
+impl Remote {
+    /// Publishes queued messages to `link` (established, or `None`) while its write buffer
+    /// is below `high`. This is where a message gets its sequence number, enters the
+    /// unacked queue and counts as sent — or is filtered, expires, or fails, giving its
+    /// permits back.
+    ///
+    /// With a journal, reliable messages are published (journalled) even while the peer is
+    /// disconnected, so that nothing `send` accepted depends on this process surviving; the
+    /// handshake resends them. An unreliable message for a disconnected peer then fails at
+    /// once (its permits back, counted `failed`): best effort finds no connection, and it
+    /// must not hold back the reliable messages behind it from the journal. A message with
+    /// a ttl stops the eager publishing until it is published to a connection or expires
+    /// (`high == usize::MAX`, a sync, journals it anyway: from then on it no longer
+    /// expires). Returns whether bytes were written to the link.
+    pub(crate) fn publish(
+        &mut self,
+        cfg: &Config,
+        out: &mut Produced,
+        mut link: Option<&mut Link>,
+        high: usize,
+        now: Instant,
+    ) -> bool {
+        let journal = out.journal_open();
+        if link.is_none() && !journal {
+            return false;
+        }
+        if cfg.journalled && !journal {
+            return false; // the journal failed: nothing is published unjournalled
+        }
+        let filter = cfg.outbound_filter.as_deref();
+        let shared = &self.shared;
+        let info = PeerInfo::new(&shared.name, self.desc.remote_launch(), self.state);
+        let mut clock: Option<Instant> = None;
+        let mut tally = Tally::default();
+        // Accepted messages that will never be sent, for `on_undelivered`.
+        let mut lost: Vec<Unacked> = Vec::new();
+        // Clear before taking (`next_to_publish`): a send that pushes after this
+        // reschedules the peer.
+        while let Some(mut m) = shared
+            .outbox
+            .next_to_publish(&shared.scheduled, &mut self.pending)
+        {
+            let stop = match link.as_deref() {
+                Some(l) => l.unwritten() >= high,
+                // A message with a ttl waits for a connection (or its expiry, by the
+                // tick) rather than be journalled, where it could no longer expire; the
+                // ones behind it wait too, in order. A sync journals it all the same.
+                None => m.deadline.is_some() && high != usize::MAX,
+            };
+            if stop {
+                self.pending.push_front(m);
+                // The socket is backed up: the writable event resumes this peer. Stay
+                // marked scheduled so that senders do not wake the IO thread for
+                // nothing on every message meanwhile.
+                shared.scheduled.hold();
+                break;
+            }
+            if m.is_reply() && !m.is_status() && m.payload.len() > self.peer_max_message {
+                // Within its room but more than the requester takes in one frame (a
+                // room its builder would not give): it learns why at once instead.
+                let len = m.payload().len() as u64;
+                let room = self.peer_max_message.saturating_sub(wire::REQUEST_ID_BYTES);
+                if !std::mem::replace(&mut self.warned_reply_too_large, true) {
+                    log::warn!(
+                        "a reply of {len} bytes to '{}' is more than it accepts ({room} \
+                         bytes, though its request reserved more); it is told the reply \
+                         was too large (warned once for this peer)",
+                        shared.name
+                    );
+                }
+                let room = u32::try_from(room).unwrap_or(u32::MAX);
+                m = m.into_status(wire::ReplyStatus::TooLarge { len, room });
+            }
+            let len = m.payload.len();
+            let request = request_of(&m);
+            if request.is_some_and(|id| !shared.requests.is_waiting(id)) {
+                // Its requester gave it up (timed out, or dropped its handle) before it
+                // left: withdrawn, never sent, so the peer never runs it.
+                shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+                tally.withdrawn += 1;
+                tally.filtered += 1;
+                tally.filtered_bytes += len as u64;
+                continue;
+            }
+            if link.is_none() && !m.is_reliable() {
+                lost.push(unsent(shared, Return::Failed, m));
+                tally.failed += 1;
+                tally.failed_bytes += len as u64;
+                tally.unconnected += 1;
+                continue;
+            }
+            if let Some(deadline) = m.deadline {
+                if *clock.get_or_insert(now) >= deadline {
+                    lost.push(unsent(shared, Return::Expired, m));
+                    tally.expired += 1;
+                    tally.failed += 1;
+                    tally.failed_bytes += len as u64;
+                    continue;
+                }
+            }
+            if len > self.peer_max_message {
+                // Accepted before the peer's limit was known (the send checks it once
+                // it is): its request, if it is one, fails now, not at its timeout.
+                if let Some(id) = request {
+                    let max = self
+                        .peer_max_message
+                        .saturating_sub(wire::REQUEST_HEADER_BYTES);
+                    let len = m.payload().len();
+                    shared.requests.fail(id, Failure::TooLarge { len, max });
+                }
+                lost.push(unsent(shared, Return::Failed, m));
+                tally.failed += 1;
+                tally.failed_bytes += len as u64;
+                tally.too_large += 1;
+                continue;
+            }
+            if let Some(f) = filter {
+                let keep = catch_unwind(AssertUnwindSafe(|| f(&info, &m))).unwrap_or_else(|_| {
+                    log::error!(
+                        "outbound filter panicked; dropping the message to '{}'",
+                        shared.name
+                    );
+                    false
+                });
+                if !keep {
+                    shared.outbox.give_back(Return::Filtered, m.into_permit());
+                    tally.filtered += 1;
+                    tally.filtered_bytes += len as u64;
+                    continue;
+                }
+            }
+            let c = m.cost();
+            let reliable = m.is_reliable();
+            let Outgoing {
+                payload,
+                flags,
+                permit,
+                ..
+            } = m;
+            if reliable {
+                if flags & wire::FLAG_REQUEST != 0 {
+                    if let Some(id) = wire::request_id(&payload) {
+                        shared.requests.mark_sent(id);
+                    }
+                }
+                let u = self.desc.publish(flags, payload);
+                if journal {
+                    out.records.push(Record::Message {
+                        peer: shared.name.clone(),
+                        seq: u.seq,
+                        flags: u.flags,
+                        payload: u.payload.clone(),
+                    });
+                }
+                if let Some(l) = link.as_deref_mut() {
+                    wire::encode_data(&mut l.wbuf, u.flags, Some(u.seq), &u.payload);
+                    let seq = u.seq;
+                    self.desc.note_written(seq);
+                }
+            } else if let Some(l) = link.as_deref_mut() {
+                self.desc.publish_unreliable(c);
+                wire::encode_data(&mut l.wbuf, flags, None, &payload);
+            }
+            self.ledger.publish(permit);
+            tally.sent += 1;
+            tally.sent_bytes += len as u64;
+        }
+        let c = &shared.counters;
+        let wrote = tally.sent > 0 && link.is_some();
+        if tally.sent > 0 {
+            Counters::add(&c.sent, tally.sent);
+            Counters::add(&c.sent_bytes, tally.sent_bytes);
+        }
+        if tally.filtered > 0 {
+            Counters::add(&c.filtered, tally.filtered);
+            Counters::add(&c.filtered_bytes, tally.filtered_bytes);
+        }
+        if tally.failed > 0 {
+            Counters::add(&c.failed, tally.failed);
+            Counters::add(&c.failed_bytes, tally.failed_bytes);
+            Counters::add(&c.expired, tally.expired);
+        }
+        if tally.unconnected > 0 {
+            log::debug!(
+                "{}: {} unreliable messages to '{}' failed: not connected",
+                cfg.name,
+                tally.unconnected,
+                shared.name
+            );
+        }
+        if tally.withdrawn > 0 {
+            Counters::add(&c.withdrawn, tally.withdrawn);
+            log::debug!(
+                "{}: {} requests to '{}' withdrawn: given up before they left",
+                cfg.name,
+                tally.withdrawn,
+                shared.name
+            );
+        }
+        if tally.too_large > 0 {
+            log::warn!(
+                "{}: {} messages failed: larger than the {} bytes '{}' accepts",
+                cfg.name,
+                tally.too_large,
+                self.peer_max_message,
+                shared.name
+            );
+        }
+        self.report_unsent(out, lost);
+        self.note_unacked();
+        wrote
+    }
+
+    /// Reports accepted messages that will never be sent (failed before publication:
+    /// expired, too large for the peer, unreliable without a connection, or still queued
+    /// when the peer was retired) to the application's hook through `out`. They are counted
+    /// `failed` where they failed, not `undelivered` (never published).
+    fn report_unsent(&self, out: &mut Produced, msgs: Vec<Unacked>) {
+        if !msgs.is_empty() {
+            out.events.push_back(Output::Undelivered {
+                peer: self.shared.name.clone(),
+                messages: msgs,
+            });
+        }
+    }
+
+    /// Updates the unacknowledged gauge the stats read.
+    fn note_unacked(&self) {
+        // Relaxed: a gauge for the stats, written by the IO thread only.
+        self.shared
+            .counters
+            .unacked
+            .store(self.desc.unacked_len() as u64, Ordering::Relaxed);
+    }
+
+    /// Sweeps the queue of a disconnected peer (for a connected one, both are checked at
+    /// publish time): fails the messages whose ttl passed (reported to the application), and
+    /// withdraws the requests their requesters gave up, so their permits come back before
+    /// the peer does. Returns whether it looked (a message with a ttl was ever queued, or a
+    /// request was given up since the last sweep).
+    pub(crate) fn sweep_queued(&mut self, cfg: &Config, out: &mut Produced, now: Instant) -> bool {
+        let withdrawals = self.shared.take_withdrawals();
+        if !withdrawals && !self.shared.ttl_queued() {
+            return false;
+        }
+        self.shared.outbox.take_into(&mut self.pending);
+        let shared = &self.shared;
+        let expired = |m: &Outgoing| m.deadline.is_some_and(|d| now >= d);
+        let withdrawn = |m: &Outgoing| {
+            withdrawals && request_of(m).is_some_and(|id| !shared.requests.is_waiting(id))
+        };
+        let (mut n, mut bytes, mut w, mut w_bytes) = (0u64, 0u64, 0u64, 0u64);
+        let mut lost = Vec::new();
+        if self.pending.iter().any(|m| expired(m) || withdrawn(m)) {
+            let queued = std::mem::take(&mut self.pending);
+            for m in queued {
+                if withdrawn(&m) {
+                    w += 1;
+                    w_bytes += m.payload.len() as u64;
+                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+                } else if expired(&m) {
+                    n += 1;
+                    bytes += m.payload.len() as u64;
+                    lost.push(unsent(shared, Return::Expired, m));
+                } else {
+                    self.pending.push_back(m);
+                }
+            }
+        }
+        count_withdrawn(cfg, shared, w, w_bytes);
+        if n > 0 {
+            Counters::add(&shared.counters.expired, n);
+            Counters::add(&shared.counters.failed, n);
+            Counters::add(&shared.counters.failed_bytes, bytes);
+            log::debug!(
+                "{}: {n} messages to '{}' expired while queued",
+                cfg.name,
+                shared.name
+            );
+        }
+        self.report_unsent(out, lost);
+        true
+    }
+
+    /// Fails every message not yet published, giving back its permits; they are reported
+    /// to the application's hook through `out`. Returns how many. A request its requester
+    /// gave up (timed out, or dropped its handle) is withdrawn instead, as at publish: its
+    /// caller was told already, so it is neither failed nor reported.
+    pub(super) fn fail_queued(&mut self, cfg: &Config, out: &mut Produced) -> u64 {
+        self.shared.outbox.take_into(&mut self.pending);
+        let shared = &self.shared;
+        let (mut w, mut w_bytes) = (0u64, 0u64);
+        for m in std::mem::take(&mut self.pending) {
+            if request_of(&m).is_some_and(|id| !shared.requests.is_waiting(id)) {
+                w += 1;
+                w_bytes += m.payload.len() as u64;
+                shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+            } else {
+                self.pending.push_back(m);
+            }
+        }
+        count_withdrawn(cfg, shared, w, w_bytes);
+        let queued = self.shared.outbox.fail_queued(&mut self.pending);
+        let n = queued.len() as u64;
+        let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
+        let lost: Vec<Unacked> = queued
+            .into_iter()
+            .map(|m| Unacked {
+                seq: 0,
+                flags: m.flags,
+                payload: m.payload,
+            })
+            .collect();
+        Counters::add(&self.shared.counters.failed_bytes, bytes);
+        Counters::add(&self.shared.counters.failed, n);
+        self.report_unsent(out, lost);
+        n
+    }
+
+    /// An ack from the peer: retires what it acknowledges, gives back the credit it returns
+    /// (never more than is outstanding). `Err` if it acknowledges what was never sent.
+    pub(crate) fn on_ack(
+        &mut self,
+        cfg: &Config,
+        out: &mut Produced,
+        received: u64,
+        credit: u64,
+        now: Instant,
+    ) -> Result<(), RecoveryError> {
+        self.attempt = 0; // the peer took the connection: backoff starts over
+        let acked = self.desc.acked();
+        self.desc.on_ack(received)?;
+        if self.desc.acked() > acked {
+            self.acked_at = Some(now);
+            self.note_unacked();
+        }
+        let credit = self.desc.on_credit(credit);
+        if (self.desc.acked() > acked || credit > 0) && out.journal_open() {
+            out.records.push(Record::Acked {
+                peer: self.shared.name.clone(),
+                up_to: self.desc.acked(),
+                credit: self.desc.credit_seen(),
+            });
+        }
+        if credit > 0 {
+            // Never give back more than was taken: credit beyond what is outstanding (a
+            // confused or malicious peer, or credit from before its restart) is clamped.
+            let outstanding = self.ledger.uncredited();
+            let c = self.shared.outbox.credit(&mut self.ledger, credit);
+            if c < credit && self.restored {
+                log::debug!(
+                    "{}: '{}' returned {credit} bytes of credit for messages from before our restart; {c} applied",
+                    cfg.name,
+                    self.shared.name,
+                );
+            } else if c < credit {
+                log::warn!(
+                    "{}: '{}' returned {credit} bytes of credit with only {outstanding} outstanding; clamped",
+                    cfg.name,
+                    self.shared.name,
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The id of `m` if it is a request.
+pub(super) fn request_of(m: &Outgoing) -> Option<u64> {
+    if m.is_request() {
+        wire::request_id(&m.payload)
+    } else {
+        None
+    }
+}
+
+/// Gives the permits of `m`, which will never be sent, back to `shared`'s window (`why`),
+/// and keeps what the application is told of it: an [`Unacked`] with no sequence number
+/// (0: never published).
+fn unsent(shared: &PeerShared, why: Return, m: Outgoing) -> Unacked {
+    let Outgoing {
+        payload,
+        flags,
+        permit,
+        ..
+    } = m;
+    shared.outbox.give_back(why, permit);
+    Unacked {
+        seq: 0,
+        flags,
+        payload,
+    }
+}
+
+/// Counts `n` requests (`bytes` of payload) withdrawn while queued: given up by their
+/// requesters before they left, they count as filtered (the application decided).
+fn count_withdrawn(cfg: &Config, shared: &PeerShared, n: u64, bytes: u64) {
+    if n == 0 {
+        return;
+    }
+    Counters::add(&shared.counters.filtered, n);
+    Counters::add(&shared.counters.filtered_bytes, bytes);
+    Counters::add(&shared.counters.withdrawn, n);
+    log::debug!(
+        "{}: {n} requests to '{}' withdrawn while queued: given up",
+        cfg.name,
+        shared.name
+    );
+}
