@@ -14,7 +14,7 @@
 //! it answers each request on the credit list the way `Endpoint::flush_credit` →
 //! `Remote::ack` → `Remote::write_ack` does when it writes an ack, with `RecvCredit::take`,
 //! and `resume` for a paused peer. Before polling it writes an ack of its own (a `take`)
-//! and answers a probe (`Remote::on_probe` → `Remote::write_ack`: a `take` if credit is
+//! and answers a probe (`Remote::ack` with `force` → `Remote::write_ack`: a `take` if credit is
 //! pending, nothing otherwise); after the loop, the housekeeping tick returns residual credit
 //! (`Remote::tick`: a `take` when credit is pending).
 //!

@@ -224,7 +224,7 @@ impl Endpoint {
                 .values()
                 .filter_map(|p| {
                     let progress = p.shared.progress.clone()?;
-                    let (recorded, unreliable) = p.recorded();
+                    let (recorded, unreliable) = p.journal.recorded();
                     Some(StoppedPeer {
                         name: p.name().to_string(),
                         progress,

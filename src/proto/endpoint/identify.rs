@@ -144,7 +144,7 @@ impl Endpoint {
                 link: Some(l.id),
             });
         }
-        if p.was_replaced(launch) {
+        if p.replaced.contains(launch) {
             let current = p.link.and_then(|o| self.links.get(&o));
             return Some(NameHolder {
                 launch: p.desc.remote_launch().unwrap_or_default(),
@@ -302,7 +302,7 @@ impl Endpoint {
         }
         let p = self.peers.get_mut(&pid)?;
         p.bind(&self.cfg, &mut self.out, peer);
-        let counts = p.handshake_counts();
+        let counts = p.counts_for(peer.launch_id);
         p.link = Some(id);
         if p.state != PeerState::Handshaking {
             p.set_state(PeerState::Handshaking);

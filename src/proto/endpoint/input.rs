@@ -160,7 +160,7 @@ impl Endpoint {
             self.dirty.push_back(link_id);
         }
         if arm {
-            p.ack_timer = true;
+            p.acks.timer = true;
             self.timers
                 .add(now + self.cfg.ack_delay, TimerKind::AckDelay { peer: id });
         }
@@ -368,7 +368,7 @@ impl Endpoint {
                 let Some(p) = self.peers.get_mut(&pid) else {
                     return;
                 };
-                p.rtt_answer(id, now);
+                p.rtt.answer(id, now, &p.shared.counters.rtt);
                 if let Err(e) = p.on_ack(&self.cfg, &mut self.out, received, credit, now) {
                     self.protocol_error(now, id, e.to_string());
                 }
@@ -380,7 +380,12 @@ impl Endpoint {
                 let Some(link) = self.links.get_mut(&id) else {
                     return;
                 };
-                if p.on_probe(&mut self.out, link) {
+                // Answered with every byte of credit we hold, even below half a window (an
+                // ack takes all that is pending), and no flush request (one left set when
+                // nothing was pending would swallow the pool's next request). The ack is
+                // written even when nothing is owed: the prober may be measuring the round
+                // trip (see `RoundTrip::send`).
+                if p.ack(&mut self.out, Some(link), true) {
                     self.dirty.push_back(id);
                 }
             }

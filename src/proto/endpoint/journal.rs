@@ -127,7 +127,7 @@ impl Endpoint {
             let Some(p) = self.peers.get_mut(&id) else {
                 continue;
             };
-            p.progress_durable();
+            p.journal.made_durable();
             let link = p.link.and_then(|l| self.links.get_mut(&l));
             let link_id = link.as_ref().map(|l| l.id);
             if p.write_ack(link, false) {

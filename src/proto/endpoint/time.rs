@@ -25,7 +25,7 @@ impl Endpoint {
         }
         if drained {
             // Every ack in the buffer has been written: now it counts as sent.
-            p.drained();
+            p.acks.written(&mut p.desc);
         }
         if low && p.has_queued() {
             self.publish(now, pid);
@@ -65,7 +65,7 @@ impl Endpoint {
     /// The ack timer of peer `id` fired.
     pub(super) fn ack_due(&mut self, now: Instant, id: usize) {
         if let Some(p) = self.peers.get_mut(&id) {
-            p.ack_timer = false;
+            p.acks.timer = false;
         }
         self.ack(id);
         if self.journal.is_none() {
@@ -74,8 +74,8 @@ impl Endpoint {
         // The handler may not have reached what arrived: ask again later while an ack is
         // owed.
         if let Some(p) = self.peers.get_mut(&id) {
-            if p.ack_behind() && !p.ack_timer && p.link.is_some() {
-                p.ack_timer = true;
+            if p.acks.behind(&p.desc) && !p.acks.timer && p.link.is_some() {
+                p.acks.timer = true;
                 self.timers
                     .add(now + self.cfg.ack_delay, TimerKind::AckDelay { peer: id });
             }

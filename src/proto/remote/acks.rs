@@ -5,41 +5,64 @@
 use super::Remote;
 use crate::proto::endpoint::{Config, Produced};
 use crate::proto::link::Link;
+use crate::proto::recovery::Descriptor;
 use crate::wire;
+
+/// The ack policy's state (the counts themselves are the descriptor's).
+#[derive(Default)]
+pub(crate) struct Acks {
+    /// An ack timer is armed.
+    pub(crate) timer: bool,
+    /// The received count of an ack encoded but not yet written out: the descriptor's
+    /// `acks_sent` advances only once the bytes have left (a link that breaks first loses
+    /// the ack, and it is owed again).
+    pub(super) unwritten: Option<u64>,
+    /// A duplicate arrived: ack even if nothing new is owed.
+    pub(super) forced: bool,
+}
+
+impl Acks {
+    /// The received count the acks written so far cover (including one still in a write
+    /// buffer).
+    fn covered(&self, desc: &Descriptor) -> u64 {
+        self.unwritten.unwrap_or(0).max(desc.acks_sent())
+    }
+
+    /// Whether an ack is owed that no ack written so far covers.
+    pub(crate) fn behind(&self, desc: &Descriptor) -> bool {
+        desc.received() > self.covered(desc)
+    }
+
+    /// The link's write buffer drained: every ack in it has left, and counts as sent.
+    pub(crate) fn written(&mut self, desc: &mut Descriptor) {
+        if let Some(r) = self.unwritten.take() {
+            desc.ack_written(r);
+        }
+    }
+}
 
 impl Remote {
     /// What we acknowledge of the peer's stream: every message received — or, with a
     /// journal, only what the journal holds as delivered (acks and handshakes alike).
     pub(crate) fn acknowledgeable(&self) -> u64 {
         if self.journalled() {
-            self.desc.received().min(self.durable.0)
+            self.desc.received().min(self.journal.durable.0)
         } else {
             self.desc.received()
         }
-    }
-
-    /// The received count the acks written so far cover (including one still in a write
-    /// buffer).
-    fn ack_covered(&self) -> u64 {
-        self.ack_unwritten.unwrap_or(0).max(self.desc.acks_sent())
-    }
-
-    /// Whether an ack is owed that no ack written so far covers.
-    pub(crate) fn ack_behind(&self) -> bool {
-        self.desc.received() > self.ack_covered()
     }
 
     /// After data: an ack now if enough is owed (`Some(true)`: written to `link`), else
     /// returns whether a delayed ack must be armed.
     pub(crate) fn after_data(&mut self, cfg: &Config, out: &mut Produced, link: &mut Link) -> bool {
         self.attempt = 0; // the peer took the connection: backoff starts over
-        if self.desc.received() - self.ack_covered() >= cfg.ack_threshold {
+        if self.desc.received() - self.acks.covered(&self.desc) >= cfg.ack_threshold {
             self.ack(out, Some(link), false);
             // With a journal the ack covers only what the handler has done and the disk
             // holds: if that is not everything received, come back for the rest.
-            return self.journalled() && self.ack_behind() && !self.ack_timer;
+            return self.journalled() && self.acks.behind(&self.desc) && !self.acks.timer;
         }
-        (self.desc.ack_owed() || self.ack_forced) && !self.ack_timer
+        (self.desc.ack_owed() || self.acks.forced) && !self.acks.timer
     }
 
     /// Writes an ack carrying the received count and the credit that may go back, if one
@@ -61,13 +84,16 @@ impl Remote {
         // With a journal, only what the journal holds on disk: the messages recorded as
         // delivered and the credit recorded with them.
         let received = self.acknowledgeable();
-        let force = force || std::mem::take(&mut self.ack_forced);
+        let force = force || std::mem::take(&mut self.acks.forced);
         let credit_owed = if journalled {
-            self.durable.1.saturating_sub(self.desc.credit_returned())
+            self.journal
+                .durable
+                .1
+                .saturating_sub(self.desc.credit_returned())
         } else {
             self.shared.credit.pending()
         };
-        if credit_owed == 0 && received <= self.ack_covered() && !force {
+        if credit_owed == 0 && received <= self.acks.covered(&self.desc) && !force {
             return false;
         }
         let credit = if journalled {
@@ -77,23 +103,7 @@ impl Remote {
         };
         let total = self.desc.return_credit(credit);
         wire::encode_ack(&mut link.wbuf, received, total);
-        self.ack_unwritten = Some(received);
+        self.acks.unwritten = Some(received);
         true
-    }
-
-    /// The link's write buffer drained: every ack in it has left, and counts as sent.
-    pub(crate) fn drained(&mut self) {
-        if let Some(r) = self.ack_unwritten.take() {
-            self.desc.ack_written(r);
-        }
-    }
-
-    /// A Probe: answer with every byte of credit we hold, even below half a window (an ack
-    /// takes all that is pending). No flush request is made for it: one left set when
-    /// nothing was pending would swallow the pool's next request.
-    /// The ack is written even when nothing is owed: the prober may be measuring the round
-    /// trip (see [`Remote::rtt_probe`]).
-    pub(crate) fn on_probe(&mut self, out: &mut Produced, link: &mut Link) -> bool {
-        self.ack(out, Some(link), true)
     }
 }

@@ -3,14 +3,16 @@
 //! messages), resuming on a completed handshake (resend what the peer lacks), and
 //! forgetting a relationship the peer lost.
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::Remote;
+use super::outgoing::number;
+use super::{report_undelivered, Remote};
 use crate::journal::Record;
 use crate::peer::{Counters, Failure, PeerState, Return};
-use crate::proto::endpoint::{Config, Output, Produced};
+use crate::proto::endpoint::{Config, Produced};
 use crate::proto::link::Link;
-use crate::proto::recovery::{RecoveryError, Unacked};
+use crate::proto::recovery::RecoveryError;
 use crate::proto::PeerIdentity;
 use crate::wire;
 
@@ -33,31 +35,40 @@ pub(crate) enum Unestablished {
 /// How many replaced incarnations a peer remembers.
 const REPLACED_KEPT: usize = 8;
 
-impl Remote {
-    /// Our counts for a handshake with the incarnation that identified (what `bind` keeps
-    /// for it): received (no more than an ack may carry), connections established with it,
-    /// unreliable bytes received from it.
-    pub(crate) fn handshake_counts(&self) -> (u64, u64, u64) {
-        (
-            self.acknowledgeable(),
-            self.desc.connections(),
-            self.desc.unreliable_received(),
-        )
-    }
+/// Incarnations (launch ids) of the peer that a newer one replaced, newest last, at most
+/// [`REPLACED_KEPT`]: a process of the name that was replaced is never taken back (it is a
+/// second process claiming the name, or an old one still running), so the name cannot flip
+/// between two live processes. Kept in memory only.
+#[derive(Default)]
+pub(crate) struct Replaced(VecDeque<u64>);
 
+impl Replaced {
     /// The incarnation `launch` of this peer was replaced here by a newer one: whichever
     /// process has it now is not the one the name belongs to.
-    pub(crate) fn was_replaced(&self, launch: u64) -> bool {
-        self.replaced.contains(&launch)
+    pub(crate) fn contains(&self, launch: u64) -> bool {
+        self.0.contains(&launch)
     }
 
-    /// Our counts for incarnation `launch`, computed without binding it (a dialler answering
-    /// a Hello that proves nothing yet): ours if it is the incarnation we know, zeros
-    /// otherwise.
+    /// Incarnation `launch` was replaced by a newer one (the oldest remembered is
+    /// forgotten if need be).
+    fn remember(&mut self, launch: u64) {
+        if self.0.len() == REPLACED_KEPT {
+            self.0.pop_front();
+        }
+        self.0.push_back(launch);
+    }
+}
+
+impl Remote {
+    /// Our counts for a handshake with incarnation `launch`: received (no more than an ack
+    /// may carry), connections established with it, unreliable bytes received from it —
+    /// ours if it is the incarnation we know (after [`bind`](Remote::bind), the one that
+    /// identified), zeros otherwise (a dialler answering a Hello that proves nothing yet
+    /// computes them without binding).
     pub(crate) fn counts_for(&self, launch: u64) -> (u64, u64, u64) {
         let received = self.desc.received_from(launch);
         let received = if self.journalled() {
-            received.min(self.durable.0)
+            received.min(self.journal.durable.0)
         } else {
             received
         };
@@ -97,10 +108,7 @@ impl Remote {
         let Some(replaced) = replaced else {
             return;
         };
-        if self.replaced.len() == REPLACED_KEPT {
-            self.replaced.pop_front();
-        }
-        self.replaced.push_back(replaced);
+        self.replaced.remember(replaced);
         self.restart_stream();
         // Messages that never left (published while disconnected, with a journal) were
         // never the old incarnation's: they go to the new one, numbered afresh.
@@ -142,25 +150,16 @@ impl Remote {
         let mut outstanding = self.ledger.retire();
         self.ledger.publish(outstanding.take(keep));
         self.shared.outbox.give_back(Return::Retired, outstanding);
-        let journal = out.journal_open();
         for m in unsent {
-            let u = self.desc.publish(m.flags, m.payload);
-            if journal {
-                out.records.push(Record::Message {
-                    peer: self.shared.name.clone(),
-                    seq: u.seq,
-                    flags: u.flags,
-                    payload: u.payload.clone(),
-                });
-            }
+            number(&mut self.desc, out, &self.shared.name, m.flags, m.payload);
         }
-        let (peer, launch, undelivered) = (self.shared.name.clone(), peer.launch_id, old.len());
+        let (peer, launch, lost) = (self.shared.name.clone(), peer.launch_id, old.len());
         crate::proto::endpoint::emit(cfg, out, || crate::events::Event::NewIncarnation {
             peer: peer.to_string(),
             incarnation: launch,
-            undelivered: undelivered as u64,
+            undelivered: lost as u64,
         });
-        self.undelivered(out, old);
+        report_undelivered(&self.shared, out, old);
     }
 
     /// The peer's stream restarts from zero (new incarnation, or a reset): a new epoch
@@ -173,21 +172,7 @@ impl Remote {
             None => self.epoch.wrapping_add(1),
         };
         let _ = self.shared.credit.restart(self.epoch);
-        self.recorded = (0, 0);
-        self.recorded_unreliable = 0;
-        self.durable = (0, 0);
-    }
-
-    /// Reports messages that will never be delivered (counted, and handed to the
-    /// application's hook through `out`).
-    pub(super) fn undelivered(&self, out: &mut Produced, msgs: Vec<Unacked>) {
-        Counters::add(&self.shared.counters.undelivered, msgs.len() as u64);
-        if !msgs.is_empty() {
-            out.events.push_back(Output::Undelivered {
-                peer: self.shared.name.clone(),
-                messages: msgs,
-            });
-        }
+        self.journal.restart();
     }
 
     /// Retires everything of the current relationship (unacked messages are undelivered,
@@ -211,7 +196,7 @@ impl Remote {
         self.shared
             .outbox
             .give_back(Return::Retired, self.ledger.retire());
-        self.undelivered(out, old);
+        report_undelivered(&self.shared, out, old);
     }
 
     /// The handshake completed on `link`, which speaks for this peer: resend what the peer
@@ -236,6 +221,7 @@ impl Remote {
         let mut resent = 0u64;
         let acked = self.desc.acked();
         if let Some(kept) = self
+            .journal
             .restored_upto
             .filter(|_| peer_received > self.desc.sent())
         {
@@ -250,8 +236,7 @@ impl Remote {
                 peer_received + 1
             );
             let fresh = self.desc.fast_forward(peer_received, kept);
-            let journal = out.journal_open();
-            if journal {
+            if out.journal_open() {
                 out.records.push(Record::Acked {
                     peer: self.shared.name.clone(),
                     up_to: peer_received,
@@ -259,15 +244,7 @@ impl Remote {
                 });
             }
             for m in fresh {
-                let u = self.desc.publish(m.flags, m.payload);
-                if journal {
-                    out.records.push(Record::Message {
-                        peer: self.shared.name.clone(),
-                        seq: u.seq,
-                        flags: u.flags,
-                        payload: u.payload.clone(),
-                    });
-                }
+                number(&mut self.desc, out, &self.shared.name, m.flags, m.payload);
             }
         }
         let mut oversized = None;
@@ -340,8 +317,7 @@ impl Remote {
         Counters::add(&self.shared.counters.connects, 1);
         // The handshake's own acks (the dialler acks on Ready) may still be on their way:
         // the first round-trip probe waits a heartbeat, so none is taken for its answer.
-        self.rtt_probe = None;
-        self.rtt_probed = Some(now);
+        self.rtt.restart(now);
         // The backoff restarts only once the peer shows it took the connection (its first
         // ack or message), so a peer that refuses right after the handshake is not redialled
         // at the minimum backoff forever.

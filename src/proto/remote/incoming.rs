@@ -40,7 +40,7 @@ impl Remote {
             Receive::Duplicate => {
                 Counters::add(&self.shared.counters.duplicates, 1);
                 // Still acked: the sender resent it because it lacks our ack.
-                self.ack_forced = true;
+                self.acks.forced = true;
                 return Ok(Inflow::Continue);
             }
         }
@@ -130,7 +130,7 @@ impl Remote {
             Receive::Duplicate => {
                 Counters::add(&self.shared.counters.duplicates, 1);
                 // Still acked: the sender resent it because it lacks our ack.
-                self.ack_forced = true;
+                self.acks.forced = true;
                 return Ok(Inflow::Continue);
             }
         }

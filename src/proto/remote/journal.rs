@@ -2,10 +2,47 @@
 //! credit that may go back, as recorded and as durable (what acks may carry), and the
 //! stream the journal recovered at start.
 
-use super::Remote;
+use super::{report_undelivered, Remote};
 use crate::journal::{Record, RecoveredPeer};
 use crate::proto::endpoint::{Config, Produced};
 use crate::proto::recovery::{Descriptor, Unacked};
+
+/// The journal's view of the peer's stream (all zero without a journal).
+#[derive(Default)]
+pub(crate) struct JournalView {
+    /// (messages delivered, credit) recorded for the peer's stream.
+    recorded: (u64, u64),
+    /// Window bytes of the peer's unreliable messages recorded as handled.
+    recorded_unreliable: u64,
+    /// The part of `recorded` known to be on disk: what acks may carry.
+    pub(super) durable: (u64, u64),
+    /// The stream was restored after a restart with more bytes than the window could be
+    /// charged for: credit for the excess finds nothing outstanding, and is clamped quietly.
+    pub(super) restored: bool,
+    /// The last sequence number restored from the journal at start (`None`: not restored).
+    /// Only a restored stream may find its peer ahead of it.
+    pub(super) restored_upto: Option<u64>,
+}
+
+impl JournalView {
+    /// What the journal recorded of the peer's stream: (delivered, credit) and the window
+    /// bytes of its unreliable messages handled.
+    pub(crate) fn recorded(&self) -> ((u64, u64), u64) {
+        (self.recorded, self.recorded_unreliable)
+    }
+
+    /// What the journal recorded is now durable: acks may carry it.
+    pub(crate) fn made_durable(&mut self) {
+        self.durable = self.recorded;
+    }
+
+    /// The peer's stream restarts from zero: nothing of it is recorded.
+    pub(super) fn restart(&mut self) {
+        self.recorded = (0, 0);
+        self.recorded_unreliable = 0;
+        self.durable = (0, 0);
+    }
+}
 
 impl Remote {
     /// Journals how far the application has handled the peer's stream and the credit that
@@ -22,32 +59,22 @@ impl Remote {
         let unreliable = progress.unreliable();
         let done = progress.done().min(self.desc.received());
         let credit = self.shared.credit.take();
-        if done <= self.recorded.0 && credit == 0 && unreliable <= self.recorded_unreliable {
+        let j = &mut self.journal;
+        if done <= j.recorded.0 && credit == 0 && unreliable <= j.recorded_unreliable {
             return;
         }
-        self.recorded = (done.max(self.recorded.0), self.recorded.1 + credit);
-        self.recorded_unreliable = self.recorded_unreliable.max(unreliable);
+        j.recorded = (done.max(j.recorded.0), j.recorded.1 + credit);
+        j.recorded_unreliable = j.recorded_unreliable.max(unreliable);
         if !out.journal_open() {
             return;
         }
         out.records.push(Record::Delivered {
             peer: self.shared.name.clone(),
-            count: self.recorded.0,
-            credit: self.recorded.1,
-            unreliable: self.recorded_unreliable,
+            count: j.recorded.0,
+            credit: j.recorded.1,
+            unreliable: j.recorded_unreliable,
         });
         out.awaiting.push(self.shared.id);
-    }
-
-    /// What the journal recorded of the peer's stream: (delivered, credit) and the window
-    /// bytes of its unreliable messages handled.
-    pub(crate) fn recorded(&self) -> ((u64, u64), u64) {
-        (self.recorded, self.recorded_unreliable)
-    }
-
-    /// What the journal recorded is now durable: acks may carry it.
-    pub(crate) fn progress_durable(&mut self) {
-        self.durable = self.recorded;
     }
 
     /// Gives the peer the stream the journal recovered for it: sequence numbers continue,
@@ -110,11 +137,13 @@ impl Remote {
             self.epoch = progress.restart(r.delivered, r.unreliable);
             let _ = self.shared.credit.restart(self.epoch);
         }
-        self.recorded = (r.delivered, r.credit);
-        self.recorded_unreliable = r.unreliable;
-        self.durable = self.recorded;
-        self.restored = cost > charged;
-        self.restored_upto = Some(sent);
+        self.journal = JournalView {
+            recorded: (r.delivered, r.credit),
+            recorded_unreliable: r.unreliable,
+            durable: (r.delivered, r.credit),
+            restored: cost > charged,
+            restored_upto: Some(sent),
+        };
         if cost > charged {
             log::warn!(
                 "{}: journal: the {} bytes of messages restored for '{}' exceed its free window ({} bytes charged)",
@@ -133,7 +162,7 @@ impl Remote {
             r.delivered
         );
         if !lost.is_empty() {
-            self.undelivered(out, lost);
+            report_undelivered(&self.shared, out, lost);
         }
     }
 }

@@ -25,9 +25,9 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::endpoint::{Config, Produced};
+use super::endpoint::{Config, Output, Produced};
 use super::link::{Link, LinkId};
-use super::recovery::Descriptor;
+use super::recovery::{Descriptor, Unacked};
 use crate::addr::Addr;
 use crate::journal::Record;
 use crate::peer::{Counters, Ledger, Outgoing, PeerShared, PeerState};
@@ -40,8 +40,11 @@ mod journal;
 mod outgoing;
 mod probes;
 
-pub(crate) use incarnation::Unestablished;
+use acks::Acks;
+pub(crate) use incarnation::{Replaced, Unestablished};
 pub(crate) use incoming::Inflow;
+use journal::JournalView;
+use probes::RoundTrip;
 
 /// A member's protocol state (see the module doc).
 pub(crate) struct Remote {
@@ -66,14 +69,8 @@ pub(crate) struct Remote {
     pending: VecDeque<Outgoing>,
     /// Window bytes published and not yet credited back by the peer.
     ledger: Ledger,
-    /// An ack timer is armed.
-    pub(crate) ack_timer: bool,
-    /// The received count of an ack encoded but not yet written out: the descriptor's
-    /// `acks_sent` advances only once the bytes have left (a link that breaks first loses
-    /// the ack, and it is owed again).
-    ack_unwritten: Option<u64>,
-    /// A duplicate arrived: ack even if nothing new is owed.
-    ack_forced: bool,
+    /// The ack policy's state: a timer armed, an ack not yet written out, one forced.
+    pub(crate) acks: Acks,
     /// Largest payload the peer accepts (from its handshake).
     peer_max_message: usize,
     /// A reply larger than the peer accepts was turned into a status (warned once).
@@ -87,34 +84,18 @@ pub(crate) struct Remote {
     acked_at: Option<Instant>,
     /// When we last sent a credit probe.
     last_probe: Option<Instant>,
-    /// A probe sent to measure the round trip, on that link at that instant, and not yet
-    /// answered.
-    rtt_probe: Option<(LinkId, Instant)>,
-    /// When we last sent a round-trip probe.
-    rtt_probed: Option<Instant>,
+    /// Round-trip measurement: the probe in flight, when the last one went.
+    pub(crate) rtt: RoundTrip,
     /// The blocked episode we last warned about.
     warned_episode: u64,
-    /// Journal: (messages delivered, credit) recorded for the peer's stream, and the part
-    /// known to be on disk (what acks may carry).
-    recorded: (u64, u64),
-    /// Journal: window bytes of the peer's unreliable messages recorded as handled.
-    recorded_unreliable: u64,
-    pub(crate) durable: (u64, u64),
+    /// The journal's view of the peer's stream: progress recorded and durable, and what
+    /// was restored at start.
+    pub(crate) journal: JournalView,
     /// The epoch of the peer's stream: deliveries carry it, so that credit and progress of
     /// a stream that has since restarted are not mistaken for the new one's.
     pub(crate) epoch: u32,
-    /// Journal: the stream was restored after a restart with more bytes than the window
-    /// could be charged for: credit for the excess finds nothing outstanding, and is
-    /// clamped quietly.
-    restored: bool,
-    /// Journal: the last sequence number restored from the journal at start (`None`: not
-    /// restored). Only a restored stream may find its peer ahead of it.
-    restored_upto: Option<u64>,
-    /// Incarnations (launch ids) of the peer that a newer one replaced, newest last, at most
-    /// [`REPLACED_KEPT`]: a process of the name that was replaced is never taken back (it
-    /// is a second process claiming the name, or an old one still running), so the name
-    /// cannot flip between two live processes. Kept in memory only.
-    replaced: VecDeque<u64>,
+    /// Incarnations of the peer that a newer one replaced: never taken back.
+    pub(crate) replaced: Replaced,
     /// The incarnation last found in a name conflict with this peer (a claimant of its
     /// name we refused, or ours when the peer refused us for our name): repeats are logged
     /// quietly until a handshake completes.
@@ -136,24 +117,17 @@ impl Remote {
             dynamic: false,
             pending: VecDeque::new(),
             ledger: Ledger::default(),
-            ack_timer: false,
-            ack_unwritten: None,
-            ack_forced: false,
+            acks: Acks::default(),
             peer_max_message: usize::MAX,
             warned_reply_too_large: false,
             peer_window: 0,
             acked_at: None,
             last_probe: None,
-            rtt_probe: None,
-            rtt_probed: None,
+            rtt: RoundTrip::default(),
             warned_episode: 0,
-            recorded: (0, 0),
-            recorded_unreliable: 0,
-            durable: (0, 0),
+            journal: JournalView::default(),
             epoch: 0,
-            restored: false,
-            restored_upto: None,
-            replaced: VecDeque::new(),
+            replaced: Replaced::default(),
             last_conflict: None,
         }
     }
@@ -223,7 +197,7 @@ impl Remote {
     /// The link that spoke for the peer is gone.
     pub(crate) fn link_lost(&mut self, cfg: &Config, was_established: bool) {
         self.link = None;
-        self.ack_unwritten = None; // lost with the link: owed again
+        self.acks.unwritten = None; // lost with the link: owed again
         if self.shared.credit.is_paused() {
             // Nothing left to resume; the next link pauses afresh if need be.
             self.shared.credit.unpause();
@@ -271,6 +245,18 @@ impl Remote {
                 launch: 0,
             });
         }
-        self.undelivered(out, unacked);
+        report_undelivered(&self.shared, out, unacked);
+    }
+}
+
+/// Reports messages to `shared`'s peer that will never be delivered (counted, and handed to
+/// the application's hook through `out`).
+fn report_undelivered(shared: &PeerShared, out: &mut Produced, msgs: Vec<Unacked>) {
+    Counters::add(&shared.counters.undelivered, msgs.len() as u64);
+    if !msgs.is_empty() {
+        out.events.push_back(Output::Undelivered {
+            peer: shared.name.clone(),
+            messages: msgs,
+        });
     }
 }

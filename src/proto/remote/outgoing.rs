@@ -10,9 +10,11 @@ use crate::journal::Record;
 use crate::peer::{Counters, Failure, Outgoing, PeerInfo, PeerShared, Return};
 use crate::proto::endpoint::{Config, Output, Produced};
 use crate::proto::link::Link;
-use crate::proto::recovery::{RecoveryError, Unacked};
+use crate::proto::recovery::{Descriptor, RecoveryError, Unacked};
 use crate::sync::atomic::Ordering;
+use crate::sync::SharedStr;
 use crate::wire;
+use bytes::Bytes;
 
 /// What one publishing pass did, added to the shared counters once.
 #[derive(Default)]
@@ -29,6 +31,53 @@ struct Tally {
     withdrawn: u64,
     /// Unreliable messages failed for want of a connection (journalling nodes).
     unconnected: u64,
+}
+
+impl Tally {
+    /// Adds the pass to `shared`'s counters and logs what failed (`max_message`: the
+    /// largest payload the peer accepts).
+    fn count(&self, cfg: &Config, shared: &PeerShared, max_message: usize) {
+        let c = &shared.counters;
+        if self.sent > 0 {
+            Counters::add(&c.sent, self.sent);
+            Counters::add(&c.sent_bytes, self.sent_bytes);
+        }
+        if self.filtered > 0 {
+            Counters::add(&c.filtered, self.filtered);
+            Counters::add(&c.filtered_bytes, self.filtered_bytes);
+        }
+        if self.failed > 0 {
+            Counters::add(&c.failed, self.failed);
+            Counters::add(&c.failed_bytes, self.failed_bytes);
+            Counters::add(&c.expired, self.expired);
+        }
+        if self.unconnected > 0 {
+            log::debug!(
+                "{}: {} unreliable messages to '{}' failed: not connected",
+                cfg.name,
+                self.unconnected,
+                shared.name
+            );
+        }
+        if self.withdrawn > 0 {
+            Counters::add(&c.withdrawn, self.withdrawn);
+            log::debug!(
+                "{}: {} requests to '{}' withdrawn: given up before they left",
+                cfg.name,
+                self.withdrawn,
+                shared.name
+            );
+        }
+        if self.too_large > 0 {
+            log::warn!(
+                "{}: {} messages failed: larger than the {} bytes '{}' accepts",
+                cfg.name,
+                self.too_large,
+                max_message,
+                shared.name
+            );
+        }
+    }
 }
 
 impl Remote {
@@ -176,15 +225,7 @@ impl Remote {
                         shared.requests.mark_sent(id);
                     }
                 }
-                let u = self.desc.publish(flags, payload);
-                if journal {
-                    out.records.push(Record::Message {
-                        peer: shared.name.clone(),
-                        seq: u.seq,
-                        flags: u.flags,
-                        payload: u.payload.clone(),
-                    });
-                }
+                let u = number(&mut self.desc, out, &shared.name, flags, payload);
                 if let Some(l) = link.as_deref_mut() {
                     wire::encode_data(&mut l.wbuf, u.flags, Some(u.seq), &u.payload);
                     let seq = u.seq;
@@ -198,63 +239,11 @@ impl Remote {
             tally.sent += 1;
             tally.sent_bytes += len as u64;
         }
-        let c = &shared.counters;
         let wrote = tally.sent > 0 && link.is_some();
-        if tally.sent > 0 {
-            Counters::add(&c.sent, tally.sent);
-            Counters::add(&c.sent_bytes, tally.sent_bytes);
-        }
-        if tally.filtered > 0 {
-            Counters::add(&c.filtered, tally.filtered);
-            Counters::add(&c.filtered_bytes, tally.filtered_bytes);
-        }
-        if tally.failed > 0 {
-            Counters::add(&c.failed, tally.failed);
-            Counters::add(&c.failed_bytes, tally.failed_bytes);
-            Counters::add(&c.expired, tally.expired);
-        }
-        if tally.unconnected > 0 {
-            log::debug!(
-                "{}: {} unreliable messages to '{}' failed: not connected",
-                cfg.name,
-                tally.unconnected,
-                shared.name
-            );
-        }
-        if tally.withdrawn > 0 {
-            Counters::add(&c.withdrawn, tally.withdrawn);
-            log::debug!(
-                "{}: {} requests to '{}' withdrawn: given up before they left",
-                cfg.name,
-                tally.withdrawn,
-                shared.name
-            );
-        }
-        if tally.too_large > 0 {
-            log::warn!(
-                "{}: {} messages failed: larger than the {} bytes '{}' accepts",
-                cfg.name,
-                tally.too_large,
-                self.peer_max_message,
-                shared.name
-            );
-        }
-        self.report_unsent(out, lost);
+        tally.count(cfg, shared, self.peer_max_message);
+        report_unsent(shared, out, lost);
         self.note_unacked();
         wrote
-    }
-
-    /// Reports accepted messages that will never be sent (failed before publication:
-    /// expired, too large for the peer, unreliable without a connection, or still queued
-    /// when the peer was retired) to the application's hook through `out`. They are counted
-    /// `failed` where they failed, not `undelivered` (never published).
-    fn report_unsent(&self, out: &mut Produced, msgs: Vec<Unacked>) {
-        if !msgs.is_empty() {
-            out.events.push_back(Output::Undelivered {
-                peer: self.shared.name.clone(),
-                messages: msgs,
-            });
-        }
     }
 
     /// Updates the unacknowledged gauge the stats read.
@@ -311,7 +300,7 @@ impl Remote {
                 shared.name
             );
         }
-        self.report_unsent(out, lost);
+        report_unsent(&self.shared, out, lost);
         true
     }
 
@@ -346,7 +335,7 @@ impl Remote {
             .collect();
         Counters::add(&self.shared.counters.failed_bytes, bytes);
         Counters::add(&self.shared.counters.failed, n);
-        self.report_unsent(out, lost);
+        report_unsent(&self.shared, out, lost);
         n
     }
 
@@ -380,7 +369,7 @@ impl Remote {
             // confused or malicious peer, or credit from before its restart) is clamped.
             let outstanding = self.ledger.uncredited();
             let c = self.shared.outbox.credit(&mut self.ledger, credit);
-            if c < credit && self.restored {
+            if c < credit && self.journal.restored {
                 log::debug!(
                     "{}: '{}' returned {credit} bytes of credit for messages from before our restart; {c} applied",
                     cfg.name,
@@ -439,4 +428,41 @@ fn count_withdrawn(cfg: &Config, shared: &PeerShared, n: u64, bytes: u64) {
         cfg.name,
         shared.name
     );
+}
+
+/// Gives a reliable message its sequence number (it joins the unacked queue until
+/// acknowledged) and, while the journal is open, journals it: the one way a reliable message
+/// to `peer` is numbered, whether published from the outbox, carried over to a new
+/// incarnation ([`Remote::bind`]) or published after the journal's lost tail
+/// ([`Remote::establish`]).
+pub(super) fn number<'d>(
+    desc: &'d mut Descriptor,
+    out: &mut Produced,
+    peer: &SharedStr,
+    flags: u8,
+    payload: Bytes,
+) -> &'d Unacked {
+    let u = desc.publish(flags, payload);
+    if out.journal_open() {
+        out.records.push(Record::Message {
+            peer: peer.clone(),
+            seq: u.seq,
+            flags: u.flags,
+            payload: u.payload.clone(),
+        });
+    }
+    u
+}
+
+/// Reports accepted messages to `shared`'s peer that will never be sent (failed before
+/// publication: expired, too large for the peer, unreliable without a connection, or still
+/// queued when the peer was retired) to the application's hook through `out`. They are
+/// counted `failed` where they failed, not `undelivered` (never published).
+fn report_unsent(shared: &PeerShared, out: &mut Produced, msgs: Vec<Unacked>) {
+    if !msgs.is_empty() {
+        out.events.push_back(Output::Undelivered {
+            peer: shared.name.clone(),
+            messages: msgs,
+        });
+    }
 }

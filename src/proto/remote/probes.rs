@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::Remote;
-use crate::peer::Counters;
+use crate::peer::{Counters, Rtt};
 use crate::proto::endpoint::{Config, Produced};
 use crate::proto::link::{Link, LinkId};
 use crate::wire;
@@ -34,7 +34,7 @@ impl Remote {
                 self.last_probe = Some(now);
                 // Its answer may come after the credit it asks for: no round-trip probe
                 // for a heartbeat, so that answer is never taken for one.
-                self.rtt_probed = Some(now);
+                self.rtt.defer(now);
                 Counters::add(&self.shared.counters.probes, 1);
                 if let Some(l) = link.as_deref_mut() {
                     wire::encode_probe(&mut l.wbuf);
@@ -57,7 +57,8 @@ impl Remote {
         }
         if established {
             if let Some(l) = link.as_deref_mut() {
-                wrote |= self.rtt_probe(cfg, l, now);
+                let owed = self.desc.acked() < self.desc.sent() || self.ledger.uncredited() > 0;
+                wrote |= self.rtt.send(cfg, l, now, owed);
             }
         }
         let residual = cfg.credit_on_idle
@@ -72,47 +73,69 @@ impl Remote {
         }
         wrote
     }
+}
 
-    /// Round-trip measurement: sends a probe on `link` at most once per heartbeat interval,
-    /// and only while the peer owes this node nothing (every reliable message acknowledged,
-    /// every window byte credited back). The peer answers every probe with an ack at once,
-    /// and owes no other, so the next ack on this link is the answer, whatever the wire's
-    /// frames carry: the time between them is one round trip (the two IO threads' turns
-    /// included). No sample is taken while the peer owes acks or credit (a busy stream in
-    /// this direction), nor within a heartbeat of the handshake or of a credit probe (acks
-    /// of theirs may still be on the way); a probe without an answer is dropped after the
-    /// idle timeout. The sample is exact only if the ack's one-way trip is shorter than a
-    /// heartbeat.
-    fn rtt_probe(&mut self, cfg: &Config, link: &mut Link, now: Instant) -> bool {
-        if let Some((lid, at)) = self.rtt_probe {
+/// Round-trip measurement: a probe on the peer's link at most once per heartbeat interval,
+/// and only while the peer owes this node nothing (every reliable message acknowledged,
+/// every window byte credited back). The peer answers every probe with an ack at once, and
+/// owes no other, so the next ack on this link is the answer, whatever the wire's frames
+/// carry: the time between them is one round trip (the two IO threads' turns included). No
+/// sample is taken while the peer owes acks or credit (a busy stream in this direction),
+/// nor within a heartbeat of the handshake or of a credit probe (acks of theirs may still
+/// be on the way); a probe without an answer is dropped after the idle timeout. The sample
+/// is exact only if the ack's one-way trip is shorter than a heartbeat.
+#[derive(Default)]
+pub(crate) struct RoundTrip {
+    /// A probe sent to measure the round trip, on that link at that instant, and not yet
+    /// answered.
+    probe: Option<(LinkId, Instant)>,
+    /// When we last sent a round-trip probe (or when the next one was last put off).
+    probed: Option<Instant>,
+}
+
+impl RoundTrip {
+    /// Sends a probe on `link` if one is due and the peer owes nothing (`owed`: it does).
+    /// Returns whether bytes were written to `link`.
+    fn send(&mut self, cfg: &Config, link: &mut Link, now: Instant, owed: bool) -> bool {
+        if let Some((lid, at)) = self.probe {
             if lid == link.id && now.saturating_duration_since(at) < cfg.idle_timeout {
                 return false;
             }
-            self.rtt_probe = None;
+            self.probe = None;
         }
         let due = self
-            .rtt_probed
+            .probed
             .is_none_or(|t| now.saturating_duration_since(t) >= cfg.heartbeat);
-        let owed = self.desc.acked() < self.desc.sent() || self.ledger.uncredited() > 0;
         if !due || owed {
             return false;
         }
         wire::encode_probe(&mut link.wbuf);
-        self.rtt_probe = Some((link.id, now));
-        self.rtt_probed = Some(now);
+        self.probe = Some((link.id, now));
+        self.probed = Some(now);
         true
     }
 
+    /// No probe for a heartbeat from `now`: an ack on its way (the answer to a credit
+    /// probe) must not be taken for the answer to one.
+    fn defer(&mut self, now: Instant) {
+        self.probed = Some(now);
+    }
+
+    /// A handshake completed at `now`: a probe in flight on an older link is dropped, and
+    /// the first one waits a heartbeat (the handshake's own acks may still be on their
+    /// way).
+    pub(super) fn restart(&mut self, now: Instant) {
+        self.probe = None;
+        self.probed = Some(now);
+    }
+
     /// An ack arrived on `link` at `now`: the answer to a round-trip probe sent on it, if
-    /// one waits.
-    pub(crate) fn rtt_answer(&mut self, link: LinkId, now: Instant) {
-        if let Some((lid, at)) = self.rtt_probe {
+    /// one waits; its sample goes to `rtt`.
+    pub(crate) fn answer(&mut self, link: LinkId, now: Instant, rtt: &Rtt) {
+        if let Some((lid, at)) = self.probe {
             if lid == link {
-                self.rtt_probe = None;
-                self.shared
-                    .counters
-                    .rtt
-                    .sample(now.saturating_duration_since(at));
+                self.probe = None;
+                rtt.sample(now.saturating_duration_since(at));
             }
         }
     }

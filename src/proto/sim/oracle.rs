@@ -107,7 +107,7 @@ impl Sim {
             self.m[a]
                 .ep
                 .peer(ka)
-                .is_some_and(|p| p.was_replaced(self.m[b].launch))
+                .is_some_and(|p| p.replaced.contains(self.m[b].launch))
         };
         let shut_out = |y: Side| {
             replaced(x, k, y)
