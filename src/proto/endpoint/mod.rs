@@ -608,7 +608,8 @@ impl Endpoint {
         let mut owed_unlinked = false;
         let peers_done = self.peers.values().all(|p| {
             match p.link.and_then(|l| self.links.get(&l)) {
-                Some(l) if l.established => p.flushed(l),
+                // Flushed: everything queued is published, written and acknowledged.
+                Some(l) if l.established => !p.owes_anything() && l.unwritten() == 0,
                 Some(l) if !l.connecting => !p.owes_anything(),
                 _ => {
                     // Not connected: nothing more can be flushed, unless it is the one

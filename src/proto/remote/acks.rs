@@ -42,13 +42,14 @@ impl Acks {
 }
 
 impl Remote {
-    /// What we acknowledge of the peer's stream: every message received — or, with a
-    /// journal, only what the journal holds as delivered (acks and handshakes alike).
-    pub(crate) fn acknowledgeable(&self) -> u64 {
+    /// What we acknowledge of `received` messages of the peer's stream: every one — or,
+    /// with a journal, only what the journal holds as delivered (acks and handshakes
+    /// alike).
+    pub(super) fn acknowledgeable(&self, received: u64) -> u64 {
         if self.journalled() {
-            self.desc.received().min(self.journal.durable.0)
+            received.min(self.journal.durable.0)
         } else {
-            self.desc.received()
+            received
         }
     }
 
@@ -83,7 +84,7 @@ impl Remote {
         let journalled = self.journalled();
         // With a journal, only what the journal holds on disk: the messages recorded as
         // delivered and the credit recorded with them.
-        let received = self.acknowledgeable();
+        let received = self.acknowledgeable(self.desc.received());
         let force = force || std::mem::take(&mut self.acks.forced);
         let credit_owed = if journalled {
             self.journal

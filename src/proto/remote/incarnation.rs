@@ -66,14 +66,8 @@ impl Remote {
     /// identified), zeros otherwise (a dialler answering a Hello that proves nothing yet
     /// computes them without binding).
     pub(crate) fn counts_for(&self, launch: u64) -> (u64, u64, u64) {
-        let received = self.desc.received_from(launch);
-        let received = if self.journalled() {
-            received.min(self.journal.durable.0)
-        } else {
-            received
-        };
         (
-            received,
+            self.acknowledgeable(self.desc.received_from(launch)),
             self.desc.connections_with(launch),
             self.desc.unreliable_received_from(launch),
         )

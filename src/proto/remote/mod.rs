@@ -26,7 +26,7 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::endpoint::{Config, Output, Produced};
-use super::link::{Link, LinkId};
+use super::link::LinkId;
 use super::recovery::{Descriptor, Unacked};
 use crate::addr::Addr;
 use crate::journal::Record;
@@ -171,15 +171,9 @@ impl Remote {
         !self.pending.is_empty() || !self.shared.outbox.is_empty()
     }
 
-    /// Whether everything queued to the peer is published, written and acknowledged (on
-    /// `link`, established).
-    pub(crate) fn flushed(&self, link: &Link) -> bool {
-        !self.owes_anything() && link.unwritten() == 0
-    }
-
     /// Whether anything queued to the peer is not acknowledged yet, published or not.
     pub(crate) fn owes_anything(&self) -> bool {
-        !self.pending.is_empty() || !self.shared.outbox.is_empty() || self.desc.unacked_len() > 0
+        self.has_queued() || self.desc.unacked_len() > 0
     }
 
     /// Drops a state for the peer that never took part: the endpoint already holds one for
