@@ -402,15 +402,10 @@ impl Descriptor {
         Ok(self.unacked.iter())
     }
 
-    /// Connections established with this incarnation so far. Exchanged in the handshake, it
-    /// tells a redial after a half-open connection from a simultaneous dial (see
+    /// Connections established with incarnation `launch_id` so far (zero if the descriptor
+    /// belongs to another one). Exchanged in the handshake, it tells a redial after a
+    /// half-open connection from a simultaneous dial (see
     /// [`crate::proto::handshake::resolve`]).
-    pub fn connections(&self) -> u64 {
-        self.connections
-    }
-
-    /// [`connections`](Descriptor::connections) if the descriptor belongs to incarnation
-    /// `launch_id`, else zero.
     pub fn connections_with(&self, launch_id: u64) -> u64 {
         if self.remote_launch == Some(launch_id) {
             self.connections
@@ -451,14 +446,14 @@ impl Descriptor {
         self.unreliable_sent += cost;
     }
 
-    /// Window bytes of unreliable messages received from this incarnation (sent in the
-    /// handshake).
+    /// Window bytes of unreliable messages received from this incarnation.
+    #[cfg(any(test, cohort_internals))]
     pub fn unreliable_received(&self) -> u64 {
         self.unreliable_received
     }
 
-    /// [`unreliable_received`](Descriptor::unreliable_received) if the descriptor belongs to
-    /// incarnation `launch_id`, else zero.
+    /// Window bytes of unreliable messages received from incarnation `launch_id` (zero if the
+    /// descriptor belongs to another one), sent in the handshake.
     pub fn unreliable_received_from(&self, launch_id: u64) -> u64 {
         if self.remote_launch == Some(launch_id) {
             self.unreliable_received
