@@ -10,17 +10,18 @@
 //! outbox and send window (application threads), receive credit and delivery progress (pool
 //! threads), the counters (stats).
 //!
-//! One file per concern, each an `impl Remote` block:
+//! One file per concern, each an `impl Remote` block; the fields that belong to one concern
+//! only are a type of that file:
 //!
 //! | file | concern |
 //! |---|---|
 //! | `mod.rs` | the state, its lifecycle (`set_state`, `link_lost`, `retire`, `discard`) |
-//! | `outgoing.rs` | publishing (sequence numbers, the unacked queue, filters, expiry), acks and credit received |
-//! | `incoming.rs` | data frames admitted against the peer's window, runs, the push to the delivery queues |
-//! | `acks.rs` | the ack policy: when an ack is owed, what it carries, when it counts as written |
-//! | `journal.rs` | the journal's view of the peer's stream: progress recorded and durable, the restore at start |
-//! | `incarnation.rs` | the handshake's counts, binding an incarnation, resuming on a handshake, forgetting |
-//! | `probes.rs` | the housekeeping tick: credit probes, round-trip probes, block warnings |
+//! | `outgoing.rs` | publishing (`number`: a sequence number and a journal record; filters, expiry), acks and credit received |
+//! | `incoming.rs` | data frames admitted against the peer's window, runs, the push to the delivery queues ([`Inflow`]) |
+//! | `acks.rs` | the ack policy (`Acks`): when an ack is owed, what it carries, when it counts as written |
+//! | `journal.rs` | the journal's view of the peer's stream (`JournalView`): progress recorded and durable, the restore at start |
+//! | `incarnation.rs` | the handshake's counts, binding an incarnation ([`Replaced`]), resuming on a handshake ([`Unestablished`]), forgetting |
+//! | `probes.rs` | the housekeeping tick: credit probes, round-trip probes (`RoundTrip`), block warnings |
 
 use std::collections::VecDeque;
 use std::time::Instant;
@@ -41,12 +42,13 @@ mod outgoing;
 mod probes;
 
 use acks::Acks;
-pub(crate) use incarnation::{Replaced, Unestablished};
+use incarnation::Replaced;
+pub(crate) use incarnation::Unestablished;
 pub(crate) use incoming::Inflow;
 use journal::JournalView;
 use probes::RoundTrip;
 
-/// A member's protocol state (see the module doc).
+/// One peer's protocol state across its links (see the module doc).
 pub(crate) struct Remote {
     pub(crate) shared: Arc<PeerShared>,
     pub(crate) addr: Option<Addr>,
