@@ -82,7 +82,7 @@ pub(crate) struct Remote {
     peer_window: u64,
     /// When an ack (or a handshake's count) last moved `desc.acked()` forward: a
     /// handshake answer made before then may be older than what the peer has acknowledged
-    /// since (see [`Link::asked_at`]).
+    /// since (see [`Link::asked_at`](super::link::Link::asked_at)).
     acked_at: Option<Instant>,
     /// When we last sent a credit probe.
     last_probe: Option<Instant>,
