@@ -217,7 +217,7 @@ impl Remote {
     }
 
     /// Hands the messages split from one read to this peer's queues: regular ones to its
-    /// sender queue (one deliverer at a time), out-of-band ones to its OOB queue (at most
+    /// member queue (one deliverer at a time), out-of-band ones to its OOB queue (at most
     /// its share of the pool's threads); the pool tasks to run them go to `out`.
     pub(crate) fn push_batch(&self, out: &mut Produced) {
         let (member, oob) = (&self.shared.member, &self.shared.oob);
