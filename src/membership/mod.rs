@@ -340,6 +340,9 @@ pub struct Membership {
     remembered: BTreeMap<String, (SocketAddr, Instant)>,
     /// Senders not in the view this member exchanged views with, and when.
     strangers_synced: BTreeMap<String, Instant>,
+    /// Members added to the view on a third member's word, to greet, and when (see
+    /// [`Membership::greet`]).
+    to_greet: VecDeque<(SocketAddr, Instant)>,
     next_probe: Option<Instant>,
     next_gossip: Instant,
     next_sync: Instant,
@@ -383,6 +386,7 @@ impl Membership {
             remembered: BTreeMap::new(),
             next_rejoin: Some(now + cfg_rejoin),
             strangers_synced: BTreeMap::new(),
+            to_greet: VecDeque::new(),
             stats: Stats::default(),
         }
     }
@@ -520,6 +524,11 @@ impl Membership {
                 .filter(|e| matches!(e.state, State::Failed | State::Left))
                 .map(|e| e.since + self.cfg.reap_after)
                 .min(),
+            if self.left {
+                None
+            } else {
+                self.to_greet.front().map(|g| g.1)
+            },
         ]
         .into_iter()
         .flatten()
@@ -776,6 +785,31 @@ impl Membership {
         }
     }
 
+    /// Members added to the view on a third member's word get one gossip packet each, a
+    /// probe interval later. The claims that told of a member may have reached this one and
+    /// missed it: a join wave's gossip, spent while the views were small, leaves some members
+    /// unaware of some others, and neither side would notice until one probes the other (up
+    /// to N probe intervals) or an anti-entropy exchange (30 s and more). A packet from a
+    /// member not in the view starts a view exchange, so the greeting closes such a gap
+    /// within a round trip. Waiting an interval lets the gossip do its work first: the
+    /// greeting then finds a gap only where the gossip left one, and costs one small
+    /// packet per member and join (carrying gossip, like any other) where there is none.
+    fn greet(&mut self, now: Instant) {
+        while let Some(&(to, at)) = self.to_greet.front() {
+            if now < at {
+                break;
+            }
+            self.to_greet.pop_front();
+            let live = self
+                .members
+                .values()
+                .any(|e| e.addr == to && matches!(e.state, State::Alive | State::Suspect));
+            if live {
+                self.send_gossip(now, to);
+            }
+        }
+    }
+
     fn on_ack(&mut self, seq: u32) {
         if self.probe.as_ref().is_some_and(|p| p.seq == seq) {
             self.probe = None;
@@ -816,6 +850,10 @@ impl Membership {
                 };
                 self.members.insert(c.name.clone(), entry);
                 self.remembered.remove(&c.name);
+                if source != Source::Own {
+                    self.to_greet
+                        .push_back((c.addr, now + self.cfg.probe_interval));
+                }
                 let at = self.rng.below(self.order.len() + 1);
                 self.order.insert(at, c.name.clone());
                 if c.state == State::Suspect {
@@ -970,6 +1008,7 @@ impl Membership {
             if self.next_rejoin.is_some_and(|t| now >= t) {
                 self.rejoin(now);
             }
+            self.greet(now);
         }
         for r in std::mem::take(&mut self.relays) {
             if now >= r.deadline {

@@ -455,6 +455,23 @@ fn sixty_four_members_each_given_one_seed_converge_and_detect_a_kill() {
     println!("64 members: converged {c:?}, failure detected by all {d:?}, {pps:.1} packets/s and {bps:.0} B/s per member");
 }
 
+/// A join wave's gossip leaves gaps (a member unaware of a few others, which know it): the
+/// greeting a member sends to each member it learned of from a third closes them in a round
+/// trip instead of at the next probe between the two or anti-entropy exchange (up to 30 s).
+#[test]
+fn sixty_four_members_started_at_once_converge_within_three_seconds_whatever_the_seed() {
+    for seed in 0..12 {
+        let mut sim = Sim::new(64, Config::default(), seed);
+        all_start(&mut sim, seed);
+        let t = sim.run_until_cond(
+            Duration::from_secs(3),
+            Duration::from_millis(100),
+            Sim::converged,
+        );
+        assert!(t.is_some(), "seed {seed}: not converged within 3 s");
+    }
+}
+
 #[test]
 fn a_run_is_a_function_of_its_seed() {
     let run = |seed| {
@@ -855,5 +872,64 @@ fn loss_sweep() {
             refutations += r;
         }
         println!("{n} members, 8 seeds × 30 min at 5% loss: {failures} false failures, {refutations} refutations");
+    }
+}
+
+/// Time to converge over many seeds, in simulated time: `cargo test --lib
+/// membership::sim::convergence_sweep -- --ignored --nocapture`. Two ways to start: all
+/// members in the same millisecond, each given one earlier member (`random`), and one after
+/// the other 20 ms apart, each given the one before it (`chain`, as `benches/membership.rs`);
+/// then the packets and bytes each member sent until the views converged.
+#[test]
+#[ignore]
+fn convergence_sweep() {
+    for chain in [false, true] {
+        for n in [16, 32, 64] {
+            let mut times = Vec::new();
+            let (mut packets, mut bytes) = (0, 0);
+            let runs = 40u64;
+            for seed in 0..runs {
+                let mut sim = Sim::new(n, Config::default(), seed);
+                if chain {
+                    sim.start(0, &[]);
+                    for i in 1..n {
+                        let t = sim.elapsed() + Duration::from_millis(20);
+                        sim.run_until(t);
+                        sim.start(i, &[i - 1]);
+                    }
+                } else {
+                    all_start(&mut sim, seed);
+                }
+                let t0 = sim.elapsed();
+                let t = sim
+                    .run_until_cond(
+                        t0 + Duration::from_secs(120),
+                        Duration::from_millis(10),
+                        Sim::converged,
+                    )
+                    .map_or(f64::INFINITY, |t| (t - t0).as_secs_f64());
+                times.push(t);
+                let (p, b) = sim.traffic();
+                packets += p;
+                bytes += b;
+            }
+            times.sort_by(f64::total_cmp);
+            let q = |p: f64| times[((times.len() - 1) as f64 * p) as usize];
+            let per = |x: u64| x as f64 / (n as u64 * runs) as f64;
+            println!(
+                "| {} | {n} | {:.2} s | {:.2} s | {:.2} s | {} | {:.0} | {:.0} |",
+                if chain {
+                    "chain, 20 ms apart"
+                } else {
+                    "all at once"
+                },
+                q(0.5),
+                q(0.9),
+                q(1.0),
+                times.iter().filter(|t| **t > 5.0).count(),
+                per(packets),
+                per(bytes)
+            );
+        }
     }
 }
