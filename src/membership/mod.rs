@@ -194,6 +194,10 @@ pub struct Stats {
     /// Claims that a member failed, taken as a suspicion because this member had heard
     /// from it more recently than a suspicion lasts.
     pub doubted_failures: u64,
+    /// Claims ignored because they came from a second process under a live member's name
+    /// (another launch at another address), and claims about this member's name from such
+    /// a process that it did not fight.
+    pub twin_claims: u64,
 }
 
 /// A SplitMix64 generator: small, fast, and seeded by the caller, so runs repeat.
@@ -340,6 +344,8 @@ pub struct Membership {
     remembered: BTreeMap<String, (SocketAddr, Instant)>,
     /// Senders not in the view this member exchanged views with, and when.
     strangers_synced: BTreeMap<String, Instant>,
+    /// Processes under a name held by another (name, launch, address) already logged.
+    twins_logged: BTreeSet<(String, u64, SocketAddr)>,
     /// Members added to the view on a third member's word, to greet, and when (see
     /// [`Membership::greet`]).
     to_greet: VecDeque<(SocketAddr, Instant)>,
@@ -387,6 +393,7 @@ impl Membership {
             next_rejoin: Some(now + cfg_rejoin),
             strangers_synced: BTreeMap::new(),
             to_greet: VecDeque::new(),
+            twins_logged: BTreeSet::new(),
             stats: Stats::default(),
         }
     }
@@ -768,7 +775,9 @@ impl Membership {
         // A packet from a member of the view is its word that it is alive at the incarnation
         // it sends: a refutation reaches whoever it talks to, not only through the gossip.
         if known {
-            if let Some(e) = self.members.get_mut(&sender) {
+            // Only from the process the view holds: a second process under its name (another
+            // launch) speaks for itself through its claims, which carry its address.
+            if let Some(e) = self.members.get_mut(&sender).filter(|e| e.launch == launch) {
                 e.heard = Some(now);
                 if incarnation > e.incarnation {
                     let claim = Claim {
@@ -836,6 +845,23 @@ impl Membership {
             return;
         }
         let doubt = self.suspicion_min();
+        if let Some(e) = self.members.get(&c.name) {
+            if is_twin(e, &c) {
+                // A second process under a live member's name: the one the view holds keeps
+                // it while it is alive, as the transport keeps the name's live connection.
+                self.stats.twin_claims += 1;
+                let (held, key) = (e.addr, (c.name.clone(), c.launch, c.addr));
+                if self.twins_logged.len() < 64 && self.twins_logged.insert(key) {
+                    log::warn!(
+                        "{}: '{}' at {} claims the name of the member alive at {held} (another process); ignored while that one is alive",
+                        self.me.name,
+                        c.name,
+                        c.addr
+                    );
+                }
+                return;
+            }
+        }
         let Some(e) = self.members.get_mut(&c.name) else {
             // Only live members are added; news of the death of a stranger is not news.
             if matches!(c.state, State::Alive | State::Suspect) {
@@ -935,6 +961,29 @@ impl Membership {
     /// restarted member takes its place back from what is said of its previous life).
     fn about_me(&mut self, c: Claim) {
         if self.left || c.incarnation < self.incarnation {
+            return;
+        }
+        if c.launch != self.me.launch
+            && c.addr != self.me.addr
+            && matches!(c.state, State::Alive | State::Suspect)
+        {
+            // Another process, at another address, holds (or held, and is not declared
+            // failed yet) this name. Raising the incarnation over it would start a fight
+            // neither can win for good — each refutation answered by the other's — with the
+            // view's address of the name flipping at every round. This process does not
+            // fight: members keep the process they hold while it is alive, and this one takes
+            // the name only once the other is declared failed or has left (a claim of that is
+            // refuted below).
+            self.stats.twin_claims += 1;
+            let key = (c.name.clone(), c.launch, c.addr);
+            if self.twins_logged.len() < 64 && self.twins_logged.insert(key) {
+                log::warn!(
+                    "{}: another process holds this member's name at {} (this one is at {}); not taking it while that one is alive",
+                    self.me.name,
+                    c.addr,
+                    self.me.addr
+                );
+            }
             return;
         }
         let truth = c.state == State::Alive
@@ -1267,6 +1316,12 @@ impl Membership {
         }
         self.remembered.retain(|_, (_, until)| now < *until);
     }
+}
+
+/// Whether `c` comes from a second process under the name of live member `e`: another
+/// launch at another address (a restart at the same address is the same member's next life).
+fn is_twin(e: &Entry, c: &Claim) -> bool {
+    matches!(e.state, State::Alive | State::Suspect) && c.launch != e.launch && c.addr != e.addr
 }
 
 fn member(name: &str, e: &Entry) -> Member {

@@ -472,6 +472,56 @@ fn sixty_four_members_started_at_once_converge_within_three_seconds_whatever_the
     }
 }
 
+/// A second process under a live member's name, at another address, joining through a
+/// seed: the members keep the first (its address, its launch), neither process raises its
+/// incarnation against the other, nobody is declared failed; once the first dies and is
+/// declared failed, the second takes the name.
+#[test]
+fn a_second_process_under_a_live_name_is_ignored_until_the_first_is_gone() {
+    let mut sim = Sim::new(6, Config::default(), 11);
+    sim.slots[5].name = "m01".into();
+    for i in 0..5 {
+        sim.start(i, &[0]);
+    }
+    sim.run_until_cond(Duration::from_secs(30), Duration::from_millis(100), |s| {
+        (0..5).all(|i| (0..5).all(|j| i == j || s.state_of(i, j) == Some(State::Alive)))
+    })
+    .expect("the five converge");
+    let first = (sim.addr(1), sim.member(1).incarnation());
+    sim.start(5, &[0]);
+    let t = sim.elapsed();
+    sim.run_until(t + Duration::from_secs(120));
+    for i in [0, 2, 3, 4] {
+        let m = sim.member(i).member("m01").expect("m01 in the view");
+        assert_eq!(
+            (m.addr, m.state),
+            (first.0, State::Alive),
+            "member {i} holds the second process"
+        );
+    }
+    assert_eq!(sim.member(1).incarnation(), first.1, "the first fought");
+    assert_eq!(sim.member(5).incarnation(), 0, "the second fought");
+    assert!(sim.failures().is_empty(), "{:?}", sim.failures());
+    assert!(sim.member(0).stats().twin_claims >= 1);
+    assert!(sim.member(5).stats().twin_claims >= 1);
+    // The first dies: declared failed, the second takes the name.
+    sim.kill(1);
+    let second = sim.addr(5);
+    let t = sim.elapsed();
+    sim.run_until_cond(
+        t + Duration::from_secs(180),
+        Duration::from_millis(100),
+        |s| {
+            [0, 2, 3, 4].iter().all(|&i| {
+                s.member(i)
+                    .member("m01")
+                    .is_some_and(|m| m.addr == second && m.state == State::Alive)
+            })
+        },
+    )
+    .expect("the second process takes the name once the first is failed");
+}
+
 #[test]
 fn a_run_is_a_function_of_its_seed() {
     let run = |seed| {

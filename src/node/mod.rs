@@ -483,6 +483,7 @@ impl Node {
             dropped: s.dropped,
             auth_failures: s.auth_failures,
             ignored_strangers: s.ignored_strangers,
+            twin_claims: s.twin_claims,
             refutations: s.refutations,
         })
     }
