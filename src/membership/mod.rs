@@ -340,6 +340,8 @@ pub struct Membership {
     /// Lifeguard's local health multiplier: 0 healthy, up to `max_health`.
     health: u32,
     seeds: Vec<SocketAddr>,
+    /// View exchanges with every seed since the last join while no seed is seen alive.
+    join_retries: u32,
     /// Failed members' addresses, kept after they leave the view (until when).
     remembered: BTreeMap<String, (SocketAddr, Instant)>,
     /// Senders not in the view this member exchanged views with, and when.
@@ -389,6 +391,7 @@ impl Membership {
             rng,
             health: 0,
             seeds: Vec::new(),
+            join_retries: 0,
             remembered: BTreeMap::new(),
             next_rejoin: Some(now + cfg_rejoin),
             strangers_synced: BTreeMap::new(),
@@ -487,6 +490,7 @@ impl Membership {
                 for s in self.seeds.clone() {
                     self.send_sync(now, s, true);
                 }
+                self.join_retries = 0;
                 self.next_rejoin = Some(now + self.cfg.probe_interval);
             }
             Input::Leave => {
@@ -1264,13 +1268,28 @@ impl Membership {
             }
             return;
         }
-        self.next_rejoin = Some(now + self.cfg.rejoin_interval);
         let live: BTreeSet<SocketAddr> = self
             .members
             .values()
             .filter(|e| matches!(e.state, State::Alive | State::Suspect))
             .map(|e| e.addr)
             .collect();
+        // Joined, but no seed is seen alive: the join's exchange with the seeds may have
+        // been lost while a member that joined through this one made it not alone — the
+        // two would be an island until the rejoin interval. The seeds are asked again
+        // after 1, 2, 4, ... probe intervals, up to the rejoin interval (a dead seed costs
+        // no more than the rejoin does, after that).
+        let unjoined = !self.seeds.is_empty() && !self.seeds.iter().any(|s| live.contains(s));
+        let backoff = self.cfg.probe_interval * 2u32.saturating_pow(self.join_retries);
+        if unjoined && backoff < self.cfg.rejoin_interval {
+            self.join_retries += 1;
+            self.next_rejoin = Some(now + backoff);
+            for s in self.seeds.clone() {
+                self.send_sync(now, s, true);
+            }
+            return;
+        }
+        self.next_rejoin = Some(now + self.cfg.rejoin_interval);
         let mut candidates: Vec<SocketAddr> = self
             .seeds
             .iter()
