@@ -350,7 +350,9 @@ pub struct Membership {
     twins_logged: BTreeSet<(String, u64, SocketAddr)>,
     /// Members added to the view on a third member's word, to greet, and when (see
     /// [`Membership::greet`]).
-    to_greet: VecDeque<(SocketAddr, Instant)>,
+    to_greet: VecDeque<(String, Instant)>,
+    /// Greetings go out at most [`Config::gossip_fanout`] per gossip interval: not before.
+    next_greet: Instant,
     next_probe: Option<Instant>,
     next_gossip: Instant,
     next_sync: Instant,
@@ -396,6 +398,7 @@ impl Membership {
             next_rejoin: Some(now + cfg_rejoin),
             strangers_synced: BTreeMap::new(),
             to_greet: VecDeque::new(),
+            next_greet: now,
             twins_logged: BTreeSet::new(),
             stats: Stats::default(),
         }
@@ -538,7 +541,7 @@ impl Membership {
             if self.left {
                 None
             } else {
-                self.to_greet.front().map(|g| g.1)
+                self.to_greet.front().map(|g| g.1.max(self.next_greet))
             },
         ]
         .into_iter()
@@ -799,27 +802,38 @@ impl Membership {
     }
 
     /// Members added to the view on a third member's word get one gossip packet each, a
-    /// probe interval later. The claims that told of a member may have reached this one and
-    /// missed it: a join wave's gossip, spent while the views were small, leaves some members
-    /// unaware of some others, and neither side would notice until one probes the other (up
-    /// to N probe intervals) or an anti-entropy exchange (30 s and more). A packet from a
-    /// member not in the view starts a view exchange, so the greeting closes such a gap
-    /// within a round trip. Waiting an interval lets the gossip do its work first: the
-    /// greeting then finds a gap only where the gossip left one, and costs one small
-    /// packet per member and join (carrying gossip, like any other) where there is none.
+    /// probe interval later, unless they wrote to this member meanwhile (then they know
+    /// it). The claims that told of a member may have reached this one and missed it: a
+    /// join wave's gossip, spent while the views were small, leaves some members unaware of
+    /// some others, and neither side would notice until one probes the other (up to N probe
+    /// intervals) or an anti-entropy exchange (30 s and more). A packet from a member not in
+    /// the view starts a view exchange, so the greeting closes such a gap within a round
+    /// trip. Waiting an interval lets the gossip do its work first: the greeting then finds
+    /// a gap only where the gossip left one. At most [`Config::gossip_fanout`] go out per
+    /// gossip interval (a member that learned 63 others at once greets them over 4 s, not
+    /// in one burst), each carrying queued gossip like any packet.
     fn greet(&mut self, now: Instant) {
-        while let Some(&(to, at)) = self.to_greet.front() {
-            if now < at {
+        if now < self.next_greet {
+            return;
+        }
+        let mut sent = 0;
+        while let Some((name, at)) = self.to_greet.front() {
+            if now < *at || sent >= self.cfg.gossip_fanout {
                 break;
             }
-            self.to_greet.pop_front();
-            let live = self
+            let to = self
                 .members
-                .values()
-                .any(|e| e.addr == to && matches!(e.state, State::Alive | State::Suspect));
-            if live {
+                .get(name)
+                .filter(|e| e.heard.is_none() && matches!(e.state, State::Alive | State::Suspect))
+                .map(|e| e.addr);
+            self.to_greet.pop_front();
+            if let Some(to) = to {
                 self.send_gossip(now, to);
+                sent += 1;
             }
+        }
+        if sent > 0 {
+            self.next_greet = now + self.cfg.gossip_interval;
         }
     }
 
@@ -882,7 +896,7 @@ impl Membership {
                 self.remembered.remove(&c.name);
                 if source != Source::Own {
                     self.to_greet
-                        .push_back((c.addr, now + self.cfg.probe_interval));
+                        .push_back((c.name.clone(), now + self.cfg.probe_interval));
                 }
                 let at = self.rng.below(self.order.len() + 1);
                 self.order.insert(at, c.name.clone());

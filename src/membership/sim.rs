@@ -459,16 +459,16 @@ fn sixty_four_members_each_given_one_seed_converge_and_detect_a_kill() {
 /// greeting a member sends to each member it learned of from a third closes them in a round
 /// trip instead of at the next probe between the two or anti-entropy exchange (up to 30 s).
 #[test]
-fn sixty_four_members_started_at_once_converge_within_three_seconds_whatever_the_seed() {
+fn sixty_four_members_started_at_once_converge_within_five_seconds_whatever_the_seed() {
     for seed in 0..12 {
         let mut sim = Sim::new(64, Config::default(), seed);
         all_start(&mut sim, seed);
         let t = sim.run_until_cond(
-            Duration::from_secs(3),
+            Duration::from_secs(5),
             Duration::from_millis(100),
             Sim::converged,
         );
-        assert!(t.is_some(), "seed {seed}: not converged within 3 s");
+        assert!(t.is_some(), "seed {seed}: not converged within 5 s");
     }
 }
 
