@@ -346,6 +346,10 @@ pub struct Membership {
     remembered: BTreeMap<String, (SocketAddr, Instant)>,
     /// Senders not in the view this member exchanged views with, and when.
     strangers_synced: BTreeMap<String, Instant>,
+    /// Another process holds this member's name in the views (see
+    /// [`Membership::about_me`]): until it is declared failed or leaves, this one exchanges
+    /// views with a live member every rejoin interval, to learn when.
+    shadowed: bool,
     /// Processes under a name held by another (name, launch, address) already logged.
     twins_logged: BTreeSet<(String, u64, SocketAddr)>,
     /// Members added to the view on a third member's word, to greet, and when (see
@@ -400,6 +404,7 @@ impl Membership {
             to_greet: VecDeque::new(),
             next_greet: now,
             twins_logged: BTreeSet::new(),
+            shadowed: false,
             stats: Stats::default(),
         }
     }
@@ -993,6 +998,7 @@ impl Membership {
             // the name only once the other is declared failed or has left (a claim of that is
             // refuted below).
             self.stats.twin_claims += 1;
+            self.shadowed = true;
             let key = (c.name.clone(), c.launch, c.addr);
             if self.twins_logged.len() < 64 && self.twins_logged.insert(key) {
                 log::warn!(
@@ -1012,6 +1018,7 @@ impl Membership {
             return;
         }
         self.incarnation = c.incarnation + 1;
+        self.shadowed = false;
         self.stats.refutations += 1;
         // Lifeguard: being suspected hints that this member is slow to answer.
         self.health = (self.health + 1).min(self.cfg.max_health);
@@ -1322,6 +1329,13 @@ impl Membership {
         candidates.retain(|a| !live.contains(a) && *a != self.me.addr);
         if let Some(to) = self.rng.pick(&candidates, 1).pop() {
             self.send_sync(now, to, true);
+        }
+        if self.shadowed {
+            // The members gossip nothing to a process they do not hold: it asks.
+            let live: Vec<SocketAddr> = live.into_iter().collect();
+            if let Some(to) = self.rng.pick(&live, 1).pop() {
+                self.send_sync(now, to, true);
+            }
         }
     }
 
