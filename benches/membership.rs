@@ -12,7 +12,9 @@
 //!   (which hears nobody), all run long (should be 0).
 //!
 //! `cargo bench --bench membership` (about two minutes); `cargo test --benches` runs it with
-//! 4 members and a 100 ms interval, as a smoke test.
+//! 4 members and a 100 ms interval, as a smoke test. `cargo bench --bench membership --
+//! --converge`: time to converge only, eight runs at each size, each member given a random
+//! earlier member as its seed.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,7 +34,22 @@ struct Run {
     suspicions: Arc<AtomicU64>,
 }
 
+/// How each member is given its seed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Seeds {
+    /// The member started before it.
+    Chain,
+    /// A member started before it, picked at random (a tree: the join wave the simulation
+    /// found slowest to converge).
+    Random,
+}
+
 fn start(n: usize, interval: Duration) -> Run {
+    start_with(n, interval, Seeds::Chain, 0)
+}
+
+fn start_with(n: usize, interval: Duration, seeds: Seeds, rng: u64) -> Run {
+    let mut rng = rng;
     let failures: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let suspicions = Arc::new(AtomicU64::new(0));
     let mut nodes: Vec<Node> = Vec::with_capacity(n);
@@ -62,7 +79,19 @@ fn start(n: usize, interval: Duration) -> Run {
                 }
                 _ => {}
             });
-        if let Some(prev) = nodes.last() {
+        let seed = match seeds {
+            Seeds::Chain => nodes.last(),
+            Seeds::Random if i > 0 => {
+                // SplitMix64: a run repeats given its seed.
+                rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let mut z = rng;
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                nodes.get(((z ^ (z >> 31)) % i as u64) as usize)
+            }
+            Seeds::Random => None,
+        };
+        if let Some(prev) = seed {
             b = b.seed(prev.local_addr());
         }
         let node = b.start().expect("start a member");
@@ -166,9 +195,32 @@ fn measure(n: usize, interval: Duration, steady: Duration) {
     }
 }
 
+/// Time to converge only, `runs` times: members started one after the other, each given a
+/// random earlier member as its seed.
+fn converge_random(n: usize, interval: Duration, runs: u64) {
+    let mut times = Vec::new();
+    for r in 0..runs {
+        let run = start_with(n, interval, Seeds::Random, r + 1);
+        let t = until(interval * 60, || run.nodes.iter().all(|m| alive(m) == n));
+        times.push(t.map_or(f64::INFINITY, |d| d.as_secs_f64()));
+        for node in run.nodes {
+            let _ = node.shutdown(Duration::from_secs(5));
+        }
+    }
+    let text: Vec<String> = times.iter().map(|t| format!("{t:.2} s")).collect();
+    println!(
+        "{n:>3} members, random earlier seeds: converged after the last start in {}",
+        text.join(", ")
+    );
+}
+
 fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    if full {
+    if std::env::args().any(|a| a == "--converge") {
+        for n in [16, 32, 64] {
+            converge_random(n, Duration::from_secs(1), 8);
+        }
+    } else if full {
         for n in [16, 32, 64] {
             measure(n, Duration::from_secs(1), Duration::from_secs(10));
         }

@@ -169,6 +169,133 @@ impl ToAddr for &Addr {
     }
 }
 
+/// A seed as given to [`Builder::seed`](crate::Builder::seed): fixed addresses, or a host
+/// name and port that the node resolves at start and again, with backoff, whenever it reaches
+/// no member (a name may resolve to several addresses, and to others later: a DNS name
+/// listing a cluster's members, as a Kubernetes headless service does). Made by
+/// [`ToSeed`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seed(pub(crate) SeedKind);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SeedKind {
+    /// Addresses given as such: never resolved.
+    Fixed(Vec<SocketAddr>),
+    /// `host:port` with a host name: resolved when needed.
+    Name(String),
+    /// Not a seed: why.
+    Invalid(String),
+}
+
+impl Seed {
+    /// The seed's text form (`host:port`, or the addresses).
+    pub(crate) fn given(&self) -> String {
+        match &self.0 {
+            SeedKind::Fixed(a) if a.len() == 1 => a[0].to_string(),
+            SeedKind::Fixed(a) => format!("{a:?}"),
+            SeedKind::Name(n) | SeedKind::Invalid(n) => n.clone(),
+        }
+    }
+
+    fn from_text(text: &str) -> Seed {
+        if let Ok(a) = text.parse::<SocketAddr>() {
+            return Seed(SeedKind::Fixed(vec![a]));
+        }
+        match text.rsplit_once(':') {
+            Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok() => {
+                Seed(SeedKind::Name(text.to_owned()))
+            }
+            _ => Seed(SeedKind::Invalid(format!(
+                "{text}: not host:port (a seed needs its port)"
+            ))),
+        }
+    }
+
+    fn from_host_port(host: &str, port: u16) -> Seed {
+        match host.parse::<IpAddr>() {
+            Ok(ip) => Seed(SeedKind::Fixed(vec![SocketAddr::new(ip, port)])),
+            Err(_) => Seed::from_text(&format!("{host}:{port}")),
+        }
+    }
+}
+
+/// What [`Builder::seed`](crate::Builder::seed) takes: what [`ToSocketAddrs`] takes, kept
+/// as given — a host name is resolved again later, an address stays as it is.
+pub trait ToSeed {
+    /// The seed.
+    fn to_seed(&self) -> Seed;
+}
+
+impl ToSeed for Seed {
+    fn to_seed(&self) -> Seed {
+        self.clone()
+    }
+}
+
+impl ToSeed for str {
+    fn to_seed(&self) -> Seed {
+        Seed::from_text(self)
+    }
+}
+
+impl ToSeed for String {
+    fn to_seed(&self) -> Seed {
+        Seed::from_text(self)
+    }
+}
+
+impl ToSeed for (&str, u16) {
+    fn to_seed(&self) -> Seed {
+        Seed::from_host_port(self.0, self.1)
+    }
+}
+
+impl ToSeed for (String, u16) {
+    fn to_seed(&self) -> Seed {
+        Seed::from_host_port(&self.0, self.1)
+    }
+}
+
+impl ToSeed for [SocketAddr] {
+    fn to_seed(&self) -> Seed {
+        Seed(SeedKind::Fixed(self.to_vec()))
+    }
+}
+
+impl ToSeed for Vec<SocketAddr> {
+    fn to_seed(&self) -> Seed {
+        Seed(SeedKind::Fixed(self.clone()))
+    }
+}
+
+impl<T: ToSeed + ?Sized> ToSeed for &T {
+    fn to_seed(&self) -> Seed {
+        (**self).to_seed()
+    }
+}
+
+macro_rules! fixed_seed {
+    ($($t:ty),*) => {$(
+        impl ToSeed for $t {
+            fn to_seed(&self) -> Seed {
+                match self.to_socket_addrs() {
+                    Ok(a) => Seed(SeedKind::Fixed(a.collect())),
+                    Err(e) => Seed(SeedKind::Invalid(e.to_string())),
+                }
+            }
+        }
+    )*};
+}
+
+fixed_seed!(
+    SocketAddr,
+    std::net::SocketAddrV4,
+    std::net::SocketAddrV6,
+    (IpAddr, u16),
+    (Ipv4Addr, u16),
+    (std::net::Ipv6Addr, u16)
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -250,6 +250,10 @@ pub struct MembershipStats {
     pub ignored_strangers: u64,
     /// Times this member raised its incarnation to refute a suspicion about itself.
     pub refutations: u64,
+    /// Claims from a second process under a live member's name (another launch at another
+    /// address), ignored: the process the view holds keeps the name while it is alive. On
+    /// the second process, the claims of the first it did not fight.
+    pub twin_claims: u64,
 }
 
 /// Where a member stands in the membership view.

@@ -99,7 +99,7 @@ pub mod tls;
 mod util;
 mod wire;
 
-pub use addr::{Addr, AddrParseError, ToAddr};
+pub use addr::{Addr, AddrParseError, Seed, ToAddr, ToSeed};
 pub use bytes::Bytes;
 pub use deliver::{Delivery, Inbox, InboxIter, InboxRecv, InboxTryIter, PoolStats, RecvError};
 pub use events::{DisconnectReason, Event, MemberInfo, MemberState, MembershipStats, RefuseReason};

@@ -589,3 +589,62 @@ fn member_child() {
     let _ = std::io::Read::read(&mut std::io::stdin(), &mut buf);
     node.shutdown(SHUTDOWN).expect("the child stops");
 }
+
+/// Two processes under one name join through one seed: the members keep the first (the
+/// transport refuses the second at the handshake, and the view agrees), neither raises its
+/// incarnation against the other, nobody is declared failed; when the first leaves, the
+/// second takes the name.
+#[test]
+fn a_second_process_under_a_live_name_stays_out_of_the_view_until_the_first_leaves() {
+    let seen: Seen = Arc::default();
+    let hub = member("hub", None, &seen);
+    let other = member("other", Some(hub.local_addr()), &seen);
+    let first = member("twin", Some(hub.local_addr()), &seen);
+    let holds = |n: &Node, addr: SocketAddr| {
+        n.members()
+            .iter()
+            .any(|m| m.name == "twin" && m.addr == addr && m.state == MemberState::Alive)
+    };
+    wait_until("the three converge", PATIENCE, || {
+        [&hub, &other].iter().all(|n| holds(n, first.local_addr()))
+            && in_state(&first, MemberState::Alive) == names(&["twin", "hub", "other"])
+    });
+    let incarnation = first.members()[0].incarnation;
+    let second = member("twin", Some(hub.local_addr()), &seen);
+    wait_until(
+        "the hub ignores the second's claims, again and again",
+        PATIENCE,
+        || {
+            hub.membership_stats().is_some_and(|s| s.twin_claims >= 5)
+                && second
+                    .membership_stats()
+                    .is_some_and(|s| s.twin_claims >= 1)
+        },
+    );
+    for n in [&hub, &other] {
+        assert!(holds(n, first.local_addr()), "{:?}", n.members());
+    }
+    assert_eq!(
+        first.members()[0].incarnation,
+        incarnation,
+        "the first fought"
+    );
+    assert_eq!(second.members()[0].incarnation, 0, "the second fought");
+    let failed: Vec<Event> = seen
+        .lock()
+        .expect("events")
+        .iter()
+        .filter(|e| matches!(e, Event::MemberFailed { .. }))
+        .cloned()
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    first
+        .shutdown(Duration::from_secs(5))
+        .expect("the first stops");
+    wait_until("the second takes the name", PATIENCE, || {
+        [&hub, &other].iter().all(|n| holds(n, second.local_addr()))
+    });
+    for n in [hub, other, second] {
+        n.shutdown(Duration::from_secs(5)).expect("stop");
+    }
+}

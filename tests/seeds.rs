@@ -161,17 +161,152 @@ fn a_seed_does_not_let_a_member_without_the_secret_in() {
     shutdown_all(&[stranger, b]);
 }
 
-/// A seed that does not resolve is a configuration error naming it.
+/// A seed without its port is a configuration error naming it; a name that does not
+/// resolve is not (a cluster's DNS name may list no member yet): the node starts and
+/// resolves it again.
 #[test]
-fn a_seed_that_does_not_resolve_is_a_configuration_error() {
+fn a_seed_without_a_port_is_a_configuration_error_and_an_unresolved_name_is_not() {
     let err = Node::builder("unresolved")
-        .seed("no-such-host.invalid:7000")
+        .seed("seed-host.invalid")
         .start()
-        .expect_err("an unresolvable seed");
+        .expect_err("a seed without a port");
     match &err {
         Error::Config(ConfigError::Address { setting, .. }) => assert_eq!(*setting, "seed"),
         other => panic!("expected a seed address error, got {other:?}"),
     }
     let text = err.to_string();
-    assert!(text.contains("no-such-host.invalid:7000"), "{text}");
+    assert!(text.contains("seed-host.invalid"), "{text}");
+    let node = Node::builder("unresolved")
+        .seed("no-such-host.invalid:7000")
+        .start()
+        .expect("a seed name that does not resolve yet");
+    node.shutdown(SHUTDOWN).expect("stops");
+}
+
+/// A seed given by name is kept as a name: while the node reaches nobody it is resolved
+/// again, with backoff, on a thread of its own (never the IO thread), and the member at an
+/// address it resolves to later is found. Here the name resolves to nothing at start, then
+/// to two addresses: one where nothing listens, one where a member does.
+#[test]
+fn a_seed_name_is_resolved_again_until_it_gives_a_member() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let ob = OrderCheck::new();
+    let b = Node::builder("named-b")
+        .cluster(CLUSTER)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .membership(true)
+        .membership_interval(std::time::Duration::from_millis(100))
+        .on_message(ob.handler())
+        .start()
+        .expect("start b");
+    let nobody = HeldAddr::new();
+    let listed = Arc::new(AtomicBool::new(false));
+    let threads: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let (l, t, b_addr, dead) = (
+        listed.clone(),
+        threads.clone(),
+        b.local_addr(),
+        nobody.addr(),
+    );
+    let a = Node::builder("named-a")
+        .cluster(CLUSTER)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .membership_interval(std::time::Duration::from_millis(100))
+        .seed("members.cluster.test:7000")
+        .resolve_seeds_with(move |name| {
+            assert_eq!(name, "members.cluster.test:7000");
+            t.lock()
+                .expect("threads")
+                .push(std::thread::current().name().map(str::to_owned));
+            // Relaxed: a switch the test flips once.
+            if l.load(Ordering::Relaxed) {
+                Ok(vec![dead, b_addr])
+            } else {
+                Err(std::io::Error::other("no such name yet"))
+            }
+        })
+        .start()
+        .expect("start a with a name that does not resolve yet");
+    wait_until("a resolves the name again, and again", PATIENCE, || {
+        threads.lock().expect("threads").len() >= 3
+    });
+    assert!(a.members().len() == 1, "{:?}", a.members());
+    listed.store(true, Ordering::Relaxed);
+    wait_until(
+        "a finds b at the address the name gives now",
+        PATIENCE,
+        || {
+            is_connected(&a, "named-b")
+                && a.members().iter().any(|m| m.name == "named-b")
+                && b.members().iter().any(|m| m.name == "named-a")
+        },
+    );
+    let calls = threads.lock().expect("threads").clone();
+    // The first resolution is `start`'s, on the test's thread; every later one on a
+    // resolver thread of its own.
+    for name in &calls[1..] {
+        assert_eq!(name.as_deref(), Some("cohort-resolve"), "{calls:?}");
+    }
+    let settled = calls.len();
+    // Reaching a member, it resolves the name no more.
+    a.send("named-b", payload(0, 10)).expect("send");
+    wait_until("delivered", PATIENCE, || ob.count_from("named-a") == 1);
+    assert!(
+        threads.lock().expect("threads").len() <= settled + 1,
+        "{:?}",
+        threads.lock().expect("threads")
+    );
+    shutdown_all(&[a, b]);
+}
+
+/// "localhost:PORT" as the seed, resolved by the system: the member that comes up on that
+/// port later is found, and after it stops and another process comes up there, that one
+/// is found too.
+#[test]
+fn a_localhost_seed_finds_the_member_that_comes_up_there_and_its_restart() {
+    let held = HeldAddr::new();
+    let seed = format!("localhost:{}", held.addr().port());
+    let interval = std::time::Duration::from_millis(100);
+    let a = Node::builder("local-a")
+        .cluster(CLUSTER)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .membership_interval(interval)
+        .seed(seed.as_str())
+        .start()
+        .expect("start a");
+    let at_port = |name: &str| {
+        Node::builder(name)
+            .cluster(CLUSTER)
+            .secret(SECRET)
+            .listen(held.addr())
+            .membership(true)
+            .membership_interval(interval)
+            .start()
+            .expect("start the member at the seed's port")
+    };
+    wait_until("a's dials to the seed fail", PATIENCE, || {
+        a.stats().connections.dial_failures >= 2
+    });
+    let b = at_port("local-b");
+    let alive = |n: &Node, name: &str| {
+        n.members()
+            .iter()
+            .any(|m| m.name == name && m.state == cohort::MemberState::Alive)
+    };
+    wait_until("a finds b", PATIENCE, || {
+        alive(&a, "local-b") && is_connected(&a, "local-b")
+    });
+    b.shutdown(SHUTDOWN).expect("b stops");
+    wait_until("a sees b gone", PATIENCE, || !alive(&a, "local-b"));
+    let c = at_port("local-c");
+    wait_until(
+        "a finds the member that came up there next",
+        PATIENCE,
+        || alive(&a, "local-c") && alive(&c, "local-a"),
+    );
+    shutdown_all(&[a, c]);
 }

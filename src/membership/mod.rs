@@ -194,6 +194,10 @@ pub struct Stats {
     /// Claims that a member failed, taken as a suspicion because this member had heard
     /// from it more recently than a suspicion lasts.
     pub doubted_failures: u64,
+    /// Claims ignored because they came from a second process under a live member's name
+    /// (another launch at another address), and claims about this member's name from such
+    /// a process that it did not fight.
+    pub twin_claims: u64,
 }
 
 /// A SplitMix64 generator: small, fast, and seeded by the caller, so runs repeat.
@@ -336,10 +340,23 @@ pub struct Membership {
     /// Lifeguard's local health multiplier: 0 healthy, up to `max_health`.
     health: u32,
     seeds: Vec<SocketAddr>,
+    /// View exchanges with every seed since the last join while no seed is seen alive.
+    join_retries: u32,
     /// Failed members' addresses, kept after they leave the view (until when).
     remembered: BTreeMap<String, (SocketAddr, Instant)>,
     /// Senders not in the view this member exchanged views with, and when.
     strangers_synced: BTreeMap<String, Instant>,
+    /// Another process holds this member's name in the views (see
+    /// [`Membership::about_me`]): until it is declared failed or leaves, this one exchanges
+    /// views with a live member every rejoin interval, to learn when.
+    shadowed: bool,
+    /// Processes under a name held by another (name, launch, address) already logged.
+    twins_logged: BTreeSet<(String, u64, SocketAddr)>,
+    /// Members added to the view on a third member's word, to greet, and when (see
+    /// [`Membership::greet`]).
+    to_greet: VecDeque<(String, Instant)>,
+    /// Greetings go out at most [`Config::gossip_fanout`] per gossip interval: not before.
+    next_greet: Instant,
     next_probe: Option<Instant>,
     next_gossip: Instant,
     next_sync: Instant,
@@ -380,9 +397,14 @@ impl Membership {
             rng,
             health: 0,
             seeds: Vec::new(),
+            join_retries: 0,
             remembered: BTreeMap::new(),
             next_rejoin: Some(now + cfg_rejoin),
             strangers_synced: BTreeMap::new(),
+            to_greet: VecDeque::new(),
+            next_greet: now,
+            twins_logged: BTreeSet::new(),
+            shadowed: false,
             stats: Stats::default(),
         }
     }
@@ -476,6 +498,7 @@ impl Membership {
                 for s in self.seeds.clone() {
                     self.send_sync(now, s, true);
                 }
+                self.join_retries = 0;
                 self.next_rejoin = Some(now + self.cfg.probe_interval);
             }
             Input::Leave => {
@@ -520,6 +543,11 @@ impl Membership {
                 .filter(|e| matches!(e.state, State::Failed | State::Left))
                 .map(|e| e.since + self.cfg.reap_after)
                 .min(),
+            if self.left {
+                None
+            } else {
+                self.to_greet.front().map(|g| g.1.max(self.next_greet))
+            },
         ]
         .into_iter()
         .flatten()
@@ -759,7 +787,9 @@ impl Membership {
         // A packet from a member of the view is its word that it is alive at the incarnation
         // it sends: a refutation reaches whoever it talks to, not only through the gossip.
         if known {
-            if let Some(e) = self.members.get_mut(&sender) {
+            // Only from the process the view holds: a second process under its name (another
+            // launch) speaks for itself through its claims, which carry its address.
+            if let Some(e) = self.members.get_mut(&sender).filter(|e| e.launch == launch) {
                 e.heard = Some(now);
                 if incarnation > e.incarnation {
                     let claim = Claim {
@@ -773,6 +803,42 @@ impl Membership {
                     self.apply(now, claim);
                 }
             }
+        }
+    }
+
+    /// Members added to the view on a third member's word get one gossip packet each, a
+    /// probe interval later, unless they wrote to this member meanwhile (then they know
+    /// it). The claims that told of a member may have reached this one and missed it: a
+    /// join wave's gossip, spent while the views were small, leaves some members unaware of
+    /// some others, and neither side would notice until one probes the other (up to N probe
+    /// intervals) or an anti-entropy exchange (30 s and more). A packet from a member not in
+    /// the view starts a view exchange, so the greeting closes such a gap within a round
+    /// trip. Waiting an interval lets the gossip do its work first: the greeting then finds
+    /// a gap only where the gossip left one. At most [`Config::gossip_fanout`] go out per
+    /// gossip interval (a member that learned 63 others at once greets them over 4 s, not
+    /// in one burst), each carrying queued gossip like any packet.
+    fn greet(&mut self, now: Instant) {
+        if now < self.next_greet {
+            return;
+        }
+        let mut sent = 0;
+        while let Some((name, at)) = self.to_greet.front() {
+            if now < *at || sent >= self.cfg.gossip_fanout {
+                break;
+            }
+            let to = self
+                .members
+                .get(name)
+                .filter(|e| e.heard.is_none() && matches!(e.state, State::Alive | State::Suspect))
+                .map(|e| e.addr);
+            self.to_greet.pop_front();
+            if let Some(to) = to {
+                self.send_gossip(now, to);
+                sent += 1;
+            }
+        }
+        if sent > 0 {
+            self.next_greet = now + self.cfg.gossip_interval;
         }
     }
 
@@ -802,6 +868,23 @@ impl Membership {
             return;
         }
         let doubt = self.suspicion_min();
+        if let Some(e) = self.members.get(&c.name) {
+            if is_twin(e, &c) {
+                // A second process under a live member's name: the one the view holds keeps
+                // it while it is alive, as the transport keeps the name's live connection.
+                self.stats.twin_claims += 1;
+                let (held, key) = (e.addr, (c.name.clone(), c.launch, c.addr));
+                if self.twins_logged.len() < 64 && self.twins_logged.insert(key) {
+                    log::warn!(
+                        "{}: '{}' at {} claims the name of the member alive at {held} (another process); ignored while that one is alive",
+                        self.me.name,
+                        c.name,
+                        c.addr
+                    );
+                }
+                return;
+            }
+        }
         let Some(e) = self.members.get_mut(&c.name) else {
             // Only live members are added; news of the death of a stranger is not news.
             if matches!(c.state, State::Alive | State::Suspect) {
@@ -816,6 +899,10 @@ impl Membership {
                 };
                 self.members.insert(c.name.clone(), entry);
                 self.remembered.remove(&c.name);
+                if source != Source::Own {
+                    self.to_greet
+                        .push_back((c.name.clone(), now + self.cfg.probe_interval));
+                }
                 let at = self.rng.below(self.order.len() + 1);
                 self.order.insert(at, c.name.clone());
                 if c.state == State::Suspect {
@@ -899,6 +986,30 @@ impl Membership {
         if self.left || c.incarnation < self.incarnation {
             return;
         }
+        if c.launch != self.me.launch
+            && c.addr != self.me.addr
+            && matches!(c.state, State::Alive | State::Suspect)
+        {
+            // Another process, at another address, holds (or held, and is not declared
+            // failed yet) this name. Raising the incarnation over it would start a fight
+            // neither can win for good — each refutation answered by the other's — with the
+            // view's address of the name flipping at every round. This process does not
+            // fight: members keep the process they hold while it is alive, and this one takes
+            // the name only once the other is declared failed or has left (a claim of that is
+            // refuted below).
+            self.stats.twin_claims += 1;
+            self.shadowed = true;
+            let key = (c.name.clone(), c.launch, c.addr);
+            if self.twins_logged.len() < 64 && self.twins_logged.insert(key) {
+                log::warn!(
+                    "{}: another process holds this member's name at {} (this one is at {}); not taking it while that one is alive",
+                    self.me.name,
+                    c.addr,
+                    self.me.addr
+                );
+            }
+            return;
+        }
         let truth = c.state == State::Alive
             && c.launch == self.me.launch
             && c.addr == self.me.addr
@@ -907,6 +1018,7 @@ impl Membership {
             return;
         }
         self.incarnation = c.incarnation + 1;
+        self.shadowed = false;
         self.stats.refutations += 1;
         // Lifeguard: being suspected hints that this member is slow to answer.
         self.health = (self.health + 1).min(self.cfg.max_health);
@@ -970,6 +1082,7 @@ impl Membership {
             if self.next_rejoin.is_some_and(|t| now >= t) {
                 self.rejoin(now);
             }
+            self.greet(now);
         }
         for r in std::mem::take(&mut self.relays) {
             if now >= r.deadline {
@@ -1176,13 +1289,28 @@ impl Membership {
             }
             return;
         }
-        self.next_rejoin = Some(now + self.cfg.rejoin_interval);
         let live: BTreeSet<SocketAddr> = self
             .members
             .values()
             .filter(|e| matches!(e.state, State::Alive | State::Suspect))
             .map(|e| e.addr)
             .collect();
+        // Joined, but no seed is seen alive: the join's exchange with the seeds may have
+        // been lost while a member that joined through this one made it not alone — the
+        // two would be an island until the rejoin interval. The seeds are asked again
+        // after 1, 2, 4, ... probe intervals, up to the rejoin interval (a dead seed costs
+        // no more than the rejoin does, after that).
+        let unjoined = !self.seeds.is_empty() && !self.seeds.iter().any(|s| live.contains(s));
+        let backoff = self.cfg.probe_interval * 2u32.saturating_pow(self.join_retries);
+        if unjoined && backoff < self.cfg.rejoin_interval {
+            self.join_retries += 1;
+            self.next_rejoin = Some(now + backoff);
+            for s in self.seeds.clone() {
+                self.send_sync(now, s, true);
+            }
+            return;
+        }
+        self.next_rejoin = Some(now + self.cfg.rejoin_interval);
         let mut candidates: Vec<SocketAddr> = self
             .seeds
             .iter()
@@ -1201,6 +1329,13 @@ impl Membership {
         candidates.retain(|a| !live.contains(a) && *a != self.me.addr);
         if let Some(to) = self.rng.pick(&candidates, 1).pop() {
             self.send_sync(now, to, true);
+        }
+        if self.shadowed {
+            // The members gossip nothing to a process they do not hold: it asks.
+            let live: Vec<SocketAddr> = live.into_iter().collect();
+            if let Some(to) = self.rng.pick(&live, 1).pop() {
+                self.send_sync(now, to, true);
+            }
         }
     }
 
@@ -1228,6 +1363,12 @@ impl Membership {
         }
         self.remembered.retain(|_, (_, until)| now < *until);
     }
+}
+
+/// Whether `c` comes from a second process under the name of live member `e`: another
+/// launch at another address (a restart at the same address is the same member's next life).
+fn is_twin(e: &Entry, c: &Claim) -> bool {
+    matches!(e.state, State::Alive | State::Suspect) && c.launch != e.launch && c.addr != e.addr
 }
 
 fn member(name: &str, e: &Entry) -> Member {

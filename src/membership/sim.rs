@@ -455,6 +455,91 @@ fn sixty_four_members_each_given_one_seed_converge_and_detect_a_kill() {
     println!("64 members: converged {c:?}, failure detected by all {d:?}, {pps:.1} packets/s and {bps:.0} B/s per member");
 }
 
+/// A join wave's gossip leaves gaps (a member unaware of a few others, which know it): the
+/// greeting a member sends to each member it learned of from a third closes them in a round
+/// trip instead of at the next probe between the two or anti-entropy exchange (up to 30 s).
+#[test]
+fn sixty_four_members_started_at_once_converge_within_five_seconds_whatever_the_seed() {
+    for seed in 0..12 {
+        let mut sim = Sim::new(64, Config::default(), seed);
+        all_start(&mut sim, seed);
+        let t = sim.run_until_cond(
+            Duration::from_secs(5),
+            Duration::from_millis(100),
+            Sim::converged,
+        );
+        assert!(t.is_some(), "seed {seed}: not converged within 5 s");
+    }
+}
+
+/// A second process under a live member's name, at another address, joining through a
+/// seed: the members keep the first (its address, its launch), neither process raises its
+/// incarnation against the other, nobody is declared failed; once the first dies and is
+/// declared failed, the second takes the name.
+#[test]
+fn a_second_process_under_a_live_name_is_ignored_until_the_first_is_gone() {
+    let mut sim = Sim::new(6, Config::default(), 11);
+    sim.slots[5].name = "m01".into();
+    for i in 0..5 {
+        sim.start(i, &[0]);
+    }
+    sim.run_until_cond(Duration::from_secs(30), Duration::from_millis(100), |s| {
+        (0..5).all(|i| (0..5).all(|j| i == j || s.state_of(i, j) == Some(State::Alive)))
+    })
+    .expect("the five converge");
+    let first = (sim.addr(1), sim.member(1).incarnation());
+    sim.start(5, &[0]);
+    let t = sim.elapsed();
+    sim.run_until(t + Duration::from_secs(120));
+    for i in [0, 2, 3, 4] {
+        let m = sim.member(i).member("m01").expect("m01 in the view");
+        assert_eq!(
+            (m.addr, m.state),
+            (first.0, State::Alive),
+            "member {i} holds the second process"
+        );
+    }
+    assert_eq!(sim.member(1).incarnation(), first.1, "the first fought");
+    assert_eq!(sim.member(5).incarnation(), 0, "the second fought");
+    assert!(sim.failures().is_empty(), "{:?}", sim.failures());
+    assert!(sim.member(0).stats().twin_claims >= 1);
+    assert!(sim.member(5).stats().twin_claims >= 1);
+    // The first dies: declared failed, the second takes the name.
+    sim.kill(1);
+    let second = sim.addr(5);
+    let t = sim.elapsed();
+    sim.run_until_cond(
+        t + Duration::from_secs(180),
+        Duration::from_millis(100),
+        |s| {
+            [0, 2, 3, 4].iter().all(|&i| {
+                s.member(i)
+                    .member("m01")
+                    .is_some_and(|m| m.addr == second && m.state == State::Alive)
+            })
+        },
+    )
+    .expect("the second process takes the name once the first is failed");
+}
+
+/// A joining member whose exchange with its seed was lost, but which another member joined
+/// through, is not alone, yet in an island of two: it asks its seeds again (after 1, 2, 4,
+/// ... probe intervals) until one is in its view, instead of at the rejoin interval (10 s).
+#[test]
+fn sixteen_members_started_at_once_under_loss_converge_within_six_seconds_whatever_the_seed() {
+    for seed in 0..40 {
+        let mut sim = Sim::new(16, Config::default(), seed);
+        sim.loss = 0.05;
+        all_start(&mut sim, seed);
+        let t = sim.run_until_cond(
+            Duration::from_secs(6),
+            Duration::from_millis(100),
+            Sim::converged,
+        );
+        assert!(t.is_some(), "seed {seed}: not converged within 6 s");
+    }
+}
+
 #[test]
 fn a_run_is_a_function_of_its_seed() {
     let run = |seed| {
@@ -855,5 +940,66 @@ fn loss_sweep() {
             refutations += r;
         }
         println!("{n} members, 8 seeds × 30 min at 5% loss: {failures} false failures, {refutations} refutations");
+    }
+}
+
+/// Time to converge over many seeds, in simulated time: `cargo test --lib
+/// membership::sim::convergence_sweep -- --ignored --nocapture`. Two ways to start: all
+/// members in the same millisecond, each given one earlier member (`random`), and one after
+/// the other 20 ms apart, each given the one before it (`chain`, as `benches/membership.rs`),
+/// and all at once with 5% of packets lost; then the packets and bytes each member sent
+/// until the views converged.
+#[test]
+#[ignore]
+fn convergence_sweep() {
+    for (chain, loss) in [(false, 0.0), (true, 0.0), (false, 0.05)] {
+        for n in [16, 32, 64] {
+            let mut times = Vec::new();
+            let (mut packets, mut bytes) = (0, 0);
+            let runs = 40u64;
+            for seed in 0..runs {
+                let mut sim = Sim::new(n, Config::default(), seed);
+                sim.loss = loss;
+                if chain {
+                    sim.start(0, &[]);
+                    for i in 1..n {
+                        let t = sim.elapsed() + Duration::from_millis(20);
+                        sim.run_until(t);
+                        sim.start(i, &[i - 1]);
+                    }
+                } else {
+                    all_start(&mut sim, seed);
+                }
+                let t0 = sim.elapsed();
+                let t = sim
+                    .run_until_cond(
+                        t0 + Duration::from_secs(120),
+                        Duration::from_millis(10),
+                        Sim::converged,
+                    )
+                    .map_or(f64::INFINITY, |t| (t - t0).as_secs_f64());
+                times.push(t);
+                let (p, b) = sim.traffic();
+                packets += p;
+                bytes += b;
+            }
+            times.sort_by(f64::total_cmp);
+            let q = |p: f64| times[((times.len() - 1) as f64 * p) as usize];
+            let per = |x: u64| x as f64 / (n as u64 * runs) as f64;
+            println!(
+                "| {} | {n} | {:.2} s | {:.2} s | {:.2} s | {} | {:.0} | {:.0} |",
+                match (chain, loss > 0.0) {
+                    (true, _) => "chain, 20 ms apart",
+                    (false, false) => "all at once",
+                    (false, true) => "all at once, 5% loss",
+                },
+                q(0.5),
+                q(0.9),
+                q(1.0),
+                times.iter().filter(|t| **t > 5.0).count(),
+                per(packets),
+                per(bytes)
+            );
+        }
     }
 }

@@ -281,6 +281,7 @@ impl IoThread {
                     crate::peer::forget(&self.peers_map, &shared);
                 }
                 Output::Datagram { to, packet } => self.send_datagram(to, &packet),
+                Output::Resolve { name, host } => self.resolve(name, host),
             }
         }
     }
@@ -348,6 +349,35 @@ impl IoThread {
                 .poll
                 .registry()
                 .reregister(udp, MEMBERS, Interest::READABLE);
+        }
+    }
+
+    /// Resolves seed name `name` (`host`) on a thread of its own: a resolver may block for
+    /// seconds (a DNS server that does not answer), and this thread must not. The thread
+    /// hands the addresses back as a command and ends; the endpoint asks for one
+    /// resolution of a name at a time, with backoff, only while the node reaches nobody.
+    fn resolve(&mut self, name: usize, host: String) {
+        let shared = self.shared.clone();
+        let resolver = self.cfg.resolver.clone();
+        let node = self.cfg.proto.name.clone();
+        let spawned = crate::sync::thread::Builder::new()
+            .name("cohort-resolve".into())
+            .spawn(move || {
+                let addrs = match super::resolve_seed(resolver.as_ref(), &host) {
+                    Ok(addrs) => addrs,
+                    Err(e) => {
+                        log::debug!("{node}: seed {host} did not resolve: {e}");
+                        Vec::new()
+                    }
+                };
+                shared.command(Command::Resolved { name, addrs });
+            });
+        if let Err(e) = spawned {
+            log::warn!("{}: no thread to resolve a seed: {e}", self.cfg.proto.name);
+            self.shared.command(Command::Resolved {
+                name,
+                addrs: Vec::new(),
+            });
         }
     }
 
@@ -429,6 +459,9 @@ impl IoThread {
             Command::Barrier { done } => {
                 self.drain(now);
                 done.complete();
+            }
+            Command::Resolved { name, addrs } => {
+                self.endpoint.handle(now, Input::Resolved { name, addrs });
             }
             Command::SyncJournal { done } => {
                 self.sync_asked.push_back(done);

@@ -50,6 +50,23 @@ pub(crate) struct IoConfig {
     /// A network fault a test makes: membership datagrams to or from an address it
     /// returns `true` for are dropped (set only with `--cfg cohort_internals`).
     pub(crate) drop_datagrams: Option<DatagramFilter>,
+    /// How seed names are resolved: the system's resolver, or a test's (set only with
+    /// `--cfg cohort_internals`).
+    pub(crate) resolver: Option<Resolver>,
+}
+
+/// A test's stand-in for the system's resolver: a seed's `host:port` to its addresses.
+pub(crate) type Resolver = Arc<dyn Fn(&str) -> std::io::Result<Vec<SocketAddr>> + Send + Sync>;
+
+/// Resolves a seed's `host:port` (blocking: never on the IO thread's loop).
+pub(crate) fn resolve_seed(
+    resolver: Option<&Resolver>,
+    name: &str,
+) -> std::io::Result<Vec<SocketAddr>> {
+    match resolver {
+        Some(r) => r(name),
+        None => std::net::ToSocketAddrs::to_socket_addrs(name).map(Iterator::collect),
+    }
 }
 
 /// Which membership datagrams a test's network fault drops, by the other end's address.
@@ -73,6 +90,8 @@ pub(crate) enum Command {
     SyncJournal { done: Arc<Completion> },
     /// Complete once every command before it has been handled.
     Barrier { done: Arc<Completion> },
+    /// Seed name `name` resolved to `addrs` (on a resolver thread; none: it did not).
+    Resolved { name: usize, addrs: Vec<SocketAddr> },
 }
 
 impl Abandon for Command {
@@ -83,7 +102,10 @@ impl Abandon for Command {
             | Command::Barrier { done } => {
                 done.abandon();
             }
-            Command::AddPeer { .. } | Command::Disconnect { .. } | Command::Shutdown { .. } => {}
+            Command::AddPeer { .. }
+            | Command::Disconnect { .. }
+            | Command::Shutdown { .. }
+            | Command::Resolved { .. } => {}
         }
     }
 }

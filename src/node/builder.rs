@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 
-use crate::addr::{Addr, ToAddr};
+use crate::addr::{Addr, SeedKind, ToAddr, ToSeed};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -87,8 +87,8 @@ pub struct Builder {
     /// `127.0.0.1:0`).
     pub(crate) listen_given: bool,
     pub(crate) peers: Vec<(String, Result<Addr, String>)>,
-    /// Each seed as given, resolved to its addresses (or why it did not resolve).
-    pub(crate) seeds: Vec<(String, Result<Vec<SocketAddr>, String>)>,
+    /// Each seed as given.
+    pub(crate) seeds: Vec<crate::addr::Seed>,
     /// Membership on or off as set (`None`: on when there are seeds).
     pub(crate) membership: Option<bool>,
     /// The membership protocol's probe interval (its other periods follow).
@@ -233,6 +233,7 @@ impl Builder {
                     forget_after: DEFAULT_FORGET_AFTER,
                     // Filled in by `io_config`.
                     seeds: Vec::new(),
+                    seed_names: Vec::new(),
                     membership: None,
                     events: false,
                     launch_id: 0,
@@ -247,6 +248,7 @@ impl Builder {
                 idle: IdleStrategy::default(),
                 tls: None,
                 drop_datagrams: None,
+                resolver: None,
             },
             listen: Ok(Addr::Tcp(SocketAddr::from(DEFAULT_LISTEN))),
             listen_given: false,
@@ -284,6 +286,7 @@ impl Builder {
     /// (`launch_id`, `journalled`) and what follows from other settings.
     pub(crate) fn io_config(&self, launch_id: u64, journalled: bool) -> IoConfig {
         let mut io = self.io.clone();
+        let resolver = io.resolver.clone();
         let p = &mut io.proto;
         p.launch_id = launch_id;
         p.journalled = journalled;
@@ -291,13 +294,28 @@ impl Builder {
         p.recv_window = self.recv_window.unwrap_or(p.window);
         p.max_message = self.effective_max_message();
         p.max_pending_per_source = self.effective_pending_per_source();
-        p.seeds = self
-            .seeds
-            .iter()
-            .filter_map(|(_, r)| r.as_ref().ok())
-            .flatten()
-            .copied()
-            .collect();
+        p.seeds.clear();
+        p.seed_names.clear();
+        for seed in &self.seeds {
+            match &seed.0 {
+                SeedKind::Fixed(addrs) => p.seeds.extend(addrs.iter().copied()),
+                SeedKind::Name(name) => {
+                    // On the thread calling `start`: the IO thread never waits for a resolver.
+                    let addrs = match crate::net::resolve_seed(resolver.as_ref(), name) {
+                        Ok(addrs) => addrs,
+                        Err(e) => {
+                            log::warn!(
+                                "{}: seed {name} did not resolve ({e}); resolved again while no member is reached",
+                                p.name
+                            );
+                            Vec::new()
+                        }
+                    };
+                    p.seed_names.push((name.clone(), addrs));
+                }
+                SeedKind::Invalid(_) => {}
+            }
+        }
         // Housekeeping often enough for probes and heartbeats: half the shorter, 5 to 50 ms.
         p.tick = (p.probe_interval / 2)
             .min(p.heartbeat / 2)
@@ -352,10 +370,17 @@ impl Builder {
     /// need not know. It is dialled at start; whoever answers there (of this cluster,
     /// authenticated when a [`secret`](Builder::secret) is set, not this node itself)
     /// becomes a peer under the name it gives, dialled at that address again whenever its
-    /// connection is lost — as if it had been configured with [`peer`](Builder::peer). A
-    /// name that resolves to several addresses gives a seed for each; seeds that did not
-    /// answer are dialled again, with backoff, whenever the node has no connection at all.
-    /// Its own address among the seeds is skipped (so every member may be given one list).
+    /// connection is lost — as if it had been configured with [`peer`](Builder::peer).
+    /// Seeds that did not answer are dialled again, with backoff, whenever the node has no
+    /// connection at all. Its own address among the seeds is skipped (so every member may be
+    /// given one list).
+    ///
+    /// A host name (`"members.example:7000"`, `("members.example", 7000)`) is kept as a
+    /// name: resolved at `start`, each address it gives a seed, and resolved again, with
+    /// backoff and never on the IO thread, whenever the node reaches nobody — a DNS name
+    /// listing the cluster's members (a Kubernetes headless service) finds whoever it lists
+    /// then. A name that does not resolve at `start` is not an error (it is resolved again);
+    /// a seed without a port is ([`ConfigError::Address`]).
     ///
     /// Seeds switch [`membership`](Builder::membership) on (unless it is set off): through
     /// the member at any seed this node learns every member of the cluster, and they learn
@@ -376,20 +401,21 @@ impl Builder {
     /// println!("{:?}", node.members());
     /// # Ok(()) }
     /// ```
-    pub fn seed<A: ToSocketAddrs + std::fmt::Debug>(mut self, addr: A) -> Self {
-        let given = format!("{addr:?}");
-        let resolved = match addr.to_socket_addrs() {
-            Ok(it) => {
-                let all: Vec<SocketAddr> = it.collect();
-                if all.is_empty() {
-                    Err("address resolved to nothing".to_string())
-                } else {
-                    Ok(all)
-                }
-            }
-            Err(e) => Err(e.to_string()),
-        };
-        self.seeds.push((given, resolved));
+    pub fn seed<A: ToSeed>(mut self, addr: A) -> Self {
+        self.seeds.push(addr.to_seed());
+        self
+    }
+
+    /// Not API: resolves seed names with `resolve` instead of the system's resolver (a
+    /// name whose addresses change, for cohort's own tests). Built only with `--cfg
+    /// cohort_internals`.
+    #[cfg(cohort_internals)]
+    #[doc(hidden)]
+    pub fn resolve_seeds_with(
+        mut self,
+        resolve: impl Fn(&str) -> std::io::Result<Vec<SocketAddr>> + Send + Sync + 'static,
+    ) -> Self {
+        self.io.resolver = Some(Arc::new(resolve));
         self
     }
 
@@ -480,10 +506,7 @@ impl Builder {
     }
 
     /// Several seeds (see [`seed`](Builder::seed)).
-    pub fn seeds<A: ToSocketAddrs + std::fmt::Debug>(
-        mut self,
-        addrs: impl IntoIterator<Item = A>,
-    ) -> Self {
+    pub fn seeds<A: ToSeed>(mut self, addrs: impl IntoIterator<Item = A>) -> Self {
         for a in addrs {
             self = self.seed(a);
         }
@@ -1228,15 +1251,18 @@ impl Builder {
         }
         #[cfg(feature = "tls")]
         self.validate_tls()?;
-        for (given, r) in &self.seeds {
-            if let Err(problem) = r {
-                return Err(ConfigError::Address {
-                    setting: "seed",
-                    peer: None,
-                    problem: format!("{given}: {problem}"),
-                }
-                .into());
+        for seed in &self.seeds {
+            let problem = match &seed.0 {
+                SeedKind::Invalid(problem) => problem.clone(),
+                SeedKind::Fixed(a) if a.is_empty() => "no address".to_string(),
+                _ => continue,
+            };
+            return Err(ConfigError::Address {
+                setting: "seed",
+                peer: None,
+                problem: format!("{}: {problem}", seed.given()),
             }
+            .into());
         }
         if let Some(Err(problem)) = &self.advertise {
             return Err(ConfigError::Address {

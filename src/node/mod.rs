@@ -484,6 +484,7 @@ impl Node {
             dropped: s.dropped,
             auth_failures: s.auth_failures,
             ignored_strangers: s.ignored_strangers,
+            twin_claims: s.twin_claims,
             refutations: s.refutations,
         })
     }
@@ -801,7 +802,13 @@ fn membership_setup(
     let setup = crate::proto::MembershipSetup {
         config: b.membership_config(),
         addr,
-        join: config.proto.seeds.clone(),
+        join: config
+            .proto
+            .seeds
+            .iter()
+            .chain(config.proto.seed_names.iter().flat_map(|(_, a)| a))
+            .copied()
+            .collect(),
         view: Arc::new(crate::sync::Mutex::new(crate::proto::MembersView::default())),
     };
     Ok((mio::net::UdpSocket::from_std(udp), setup))

@@ -28,6 +28,9 @@ pub(crate) enum TimerKind {
     Forget { peer: usize, gen: u64 },
     /// Dial seed `seed` again if its generation is still `gen` and the node reaches nobody.
     Seed { seed: usize, gen: u64 },
+    /// Resolve seed name `name` again if its generation is still `gen` and the node
+    /// reaches nobody.
+    Resolve { name: usize, gen: u64 },
 }
 
 #[derive(Debug, Default)]

@@ -90,6 +90,14 @@ impl Endpoint {
         }
     }
 
+    /// Membership joins through `addrs` too (a seed name resolved to new addresses).
+    pub(super) fn members_join(&mut self, now: Instant, addrs: &[SocketAddr]) {
+        if let Some(m) = self.members.as_mut() {
+            m.swim.handle(now, membership::Input::Join(addrs));
+            m.publish_stats();
+        }
+    }
+
     /// The core's timers, if due.
     pub(super) fn member_timers(&mut self, now: Instant) {
         if let Some(m) = self.members.as_mut() {

@@ -60,8 +60,8 @@ mod time;
 pub(crate) use journal::{JournalGate, StoppedJournal, StoppedPeer};
 use members::Members;
 pub(crate) use members::{MembersView, MembershipSetup};
-use seeds::Seed;
 pub(crate) use seeds::Target;
+use seeds::{Seed, SeedName};
 
 /// The protocol's settings.
 #[derive(Clone)]
@@ -112,6 +112,9 @@ pub(crate) struct Config {
     /// Addresses dialled without a member name: whoever answers there becomes a peer
     /// (`Builder::seeds`).
     pub(crate) seeds: Vec<SocketAddr>,
+    /// Seeds given by name (`host:port`), with the addresses they resolved to at start:
+    /// resolved again while the node reaches nobody ([`Output::Resolve`]).
+    pub(crate) seed_names: Vec<(String, Vec<SocketAddr>)>,
     /// Membership (SWIM) is on: the view's members are the node's peers.
     pub(crate) membership: Option<MembershipSetup>,
 }
@@ -211,6 +214,9 @@ pub(crate) enum Output {
     /// Send a membership packet to `to` (a datagram: best effort, dropped when it cannot
     /// be sent at once).
     Datagram { to: SocketAddr, packet: Vec<u8> },
+    /// Resolve seed name `name` (its `host:port` is `host`) away from the IO thread's loop,
+    /// then report [`Input::Resolved`].
+    Resolve { name: usize, host: String },
 }
 
 /// Queues `event` for the application if it listens (one branch otherwise: the event,
@@ -292,6 +298,8 @@ pub(crate) enum Input<'a> {
     },
     /// A membership packet arrived from `from` (on the driver's UDP socket).
     Datagram { from: SocketAddr, data: &'a [u8] },
+    /// Seed name `name` resolved to `addrs` (none: it did not resolve).
+    Resolved { name: usize, addrs: Vec<SocketAddr> },
     // ---- from the journal's writer and the clock ----
     /// The journal's writer moved its marks.
     JournalMarks(WriterMarks),
@@ -402,8 +410,11 @@ pub(crate) struct Endpoint {
     journal: Option<JournalGate>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
-    /// The seeds, in [`Config::seeds`]' order.
+    /// The seeds' addresses: [`Config::seeds`], then those the names resolved to at start,
+    /// then those they resolved to later (an index stays that address's for good).
     seeds: Vec<Seed>,
+    /// The seeds given by name, in [`Config::seed_names`]' order.
+    seed_names: Vec<SeedName>,
     /// Membership, when configured.
     members: Option<Members>,
     out: Produced,
@@ -454,7 +465,8 @@ impl Endpoint {
             deferred: Vec::new(),
             shutdown: None,
             syncs: VecDeque::new(),
-            seeds: cfg.seeds.iter().map(|&a| Seed::new(a)).collect(),
+            seeds: Seed::initial(&cfg),
+            seed_names: cfg.seed_names.iter().map(|_| SeedName::default()).collect(),
             members: cfg
                 .membership
                 .as_ref()
@@ -476,6 +488,7 @@ impl Endpoint {
         for s in 0..ep.seeds.len() {
             ep.dial_seed(s);
         }
+        ep.resolve_unresolved(now);
         ep
     }
 
@@ -519,6 +532,7 @@ impl Endpoint {
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
             Input::JournalMarks(marks) => self.journal_progress(now, marks),
             Input::Datagram { from, data } => self.member_packet(now, from, data),
+            Input::Resolved { name, addrs } => self.seed_resolved(now, name, &addrs),
             Input::Timeout => {
                 self.handle_timeout(now);
                 self.member_timers(now);

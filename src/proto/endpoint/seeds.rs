@@ -3,6 +3,13 @@
 //! (or is found to be) a peer, with the seed's address to dial it again. Seeds are dialled
 //! at start, and again with backoff whenever the node has no established link at all; a
 //! seed that turns out to be this member's own address is never dialled again.
+//!
+//! A seed given by name (`host:port`) is resolved at start by `Node::start`'s thread, and
+//! again, with backoff, while the node reaches nobody: the endpoint asks the driver
+//! ([`Output::Resolve`]), which resolves on a short-lived thread of its own (a resolver may
+//! block for seconds) and hands the addresses back as a command ([`Input::Resolved`]).
+//! An address the name no longer gives is not dialled again; a new one is dialled at once
+//! and given to membership to join through.
 
 use super::*;
 
@@ -28,10 +35,26 @@ pub(super) struct Seed {
     attempt: u32,
     /// Bumped by each dial: a retry timer of an older generation does nothing.
     gen: u64,
+    /// The seed name it was resolved from, if any.
+    name: Option<usize>,
+    /// Its name no longer resolves to it: not dialled again.
+    gone: bool,
+}
+
+/// One seed name's state (its `host:port` is in [`Config::seed_names`]).
+#[derive(Debug, Default)]
+pub(super) struct SeedName {
+    /// A resolution asked of the driver and not reported yet.
+    resolving: bool,
+    /// A resolution timer is set.
+    due: bool,
+    attempt: u32,
+    /// Bumped by each timer set: a timer of an older generation does nothing.
+    gen: u64,
 }
 
 impl Seed {
-    pub(super) fn new(addr: SocketAddr) -> Seed {
+    pub(super) fn new(addr: SocketAddr, name: Option<usize>) -> Seed {
         Seed {
             addr,
             dialling: false,
@@ -39,7 +62,27 @@ impl Seed {
             own: false,
             attempt: 0,
             gen: 0,
+            name,
+            gone: false,
         }
+    }
+
+    /// The seeds a node starts with: its addresses, then those its names resolved to.
+    pub(super) fn initial(cfg: &Config) -> Vec<Seed> {
+        let mut seeds: Vec<Seed> = cfg.seeds.iter().map(|&a| Seed::new(a, None)).collect();
+        for (n, (_, addrs)) in cfg.seed_names.iter().enumerate() {
+            for &a in addrs {
+                if !seeds.iter().any(|s| s.addr == a) {
+                    seeds.push(Seed::new(a, Some(n)));
+                }
+            }
+        }
+        seeds
+    }
+
+    /// Whether it may be dialled (not our own address, still given by its name).
+    fn usable(&self) -> bool {
+        !self.own && !self.gone
     }
 }
 
@@ -54,7 +97,7 @@ impl Endpoint {
         let Some(seed) = self.seeds.get_mut(s) else {
             return;
         };
-        if seed.own || seed.dialling || seed.link.is_some() || self.shutdown.is_some() {
+        if !seed.usable() || seed.dialling || seed.link.is_some() || self.shutdown.is_some() {
             return;
         }
         seed.dialling = true;
@@ -81,7 +124,7 @@ impl Endpoint {
         }
         for s in 0..self.seeds.len() {
             let seed = &mut self.seeds[s];
-            if seed.own || seed.dialling || seed.link.is_some() {
+            if !seed.usable() || seed.dialling || seed.link.is_some() {
                 continue;
             }
             let delay =
@@ -92,6 +135,111 @@ impl Endpoint {
             let gen = seed.gen;
             self.timers
                 .add(now + delay, TimerKind::Seed { seed: s, gen });
+        }
+        for n in 0..self.seed_names.len() {
+            self.resolve_later(now, n);
+        }
+    }
+
+    /// Seed name `n` is resolved again after its backoff, unless it is being resolved or
+    /// is due already.
+    fn resolve_later(&mut self, now: Instant, n: usize) {
+        let Some(name) = self.seed_names.get_mut(n) else {
+            return;
+        };
+        if name.resolving || name.due || self.shutdown.is_some() {
+            return;
+        }
+        // A name is asked of the resolver at most every quarter second (the backoff's
+        // minimum is the dials', 20 ms by default: a resolver is not asked that often).
+        let min = self.cfg.backoff_min.max(Duration::from_millis(250));
+        let max = self.cfg.backoff_max.max(min);
+        let delay = self.backoff.delay(name.attempt, min, max);
+        name.attempt = name.attempt.saturating_add(1);
+        name.due = true;
+        name.gen += 1;
+        let gen = name.gen;
+        self.timers
+            .add(now + delay, TimerKind::Resolve { name: n, gen });
+    }
+
+    /// Seed names that resolved to nothing at start are resolved again after the backoff
+    /// (the node reaches nobody yet).
+    pub(super) fn resolve_unresolved(&mut self, now: Instant) {
+        for n in 0..self.seed_names.len() {
+            if !self.seeds.iter().any(|s| s.name == Some(n)) {
+                self.resolve_later(now, n);
+            }
+        }
+    }
+
+    /// Seed name `n`'s timer (generation `gen`) fired: the driver resolves it if the node
+    /// still reaches nobody.
+    pub(super) fn resolve_due(&mut self, _now: Instant, n: usize, gen: u64) {
+        let alone = !self.reaches_anyone();
+        let Some(name) = self.seed_names.get_mut(n) else {
+            return;
+        };
+        if name.gen != gen {
+            return;
+        }
+        name.due = false;
+        if !alone || self.shutdown.is_some() {
+            name.attempt = 0;
+            return;
+        }
+        let Some((host, _)) = self.cfg.seed_names.get(n) else {
+            return;
+        };
+        name.resolving = true;
+        self.out.events.push_back(Output::Resolve {
+            name: n,
+            host: host.clone(),
+        });
+    }
+
+    /// Seed name `n` resolved to `addrs` (none: it did not resolve, and the addresses it
+    /// gave before stay). A new address is dialled at once and given to membership to join
+    /// through; one it no longer gives is not dialled again. While the node still reaches
+    /// nobody, the name is resolved again after its backoff.
+    pub(super) fn seed_resolved(&mut self, now: Instant, n: usize, addrs: &[SocketAddr]) {
+        let Some(name) = self.seed_names.get_mut(n) else {
+            return;
+        };
+        name.resolving = false;
+        let given = self
+            .cfg
+            .seed_names
+            .get(n)
+            .map_or("?", |(h, _)| h.as_str())
+            .to_owned();
+        let mut fresh = Vec::new();
+        if !addrs.is_empty() {
+            for seed in self.seeds.iter_mut().filter(|s| s.name == Some(n)) {
+                seed.gone = !addrs.contains(&seed.addr);
+            }
+            for &a in addrs {
+                match self.seeds.iter_mut().find(|s| s.addr == a) {
+                    Some(seed) => seed.gone = false,
+                    None => {
+                        log::info!("{}: seed {given} resolved to {a}", self.cfg.name);
+                        self.seeds.push(Seed::new(a, Some(n)));
+                        fresh.push(self.seeds.len() - 1);
+                    }
+                }
+            }
+        }
+        if !fresh.is_empty() {
+            let join: Vec<SocketAddr> = fresh.iter().map(|&s| self.seeds[s].addr).collect();
+            self.members_join(now, &join);
+            for s in fresh {
+                self.dial_seed(s);
+            }
+        }
+        if !self.reaches_anyone() {
+            self.resolve_later(now, n);
+        } else if let Some(name) = self.seed_names.get_mut(n) {
+            name.attempt = 0;
         }
     }
 

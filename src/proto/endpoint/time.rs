@@ -51,6 +51,7 @@ impl Endpoint {
                 TimerKind::Handshake { link } => self.handshake_due(now, link),
                 TimerKind::Forget { peer, gen } => self.forget_peer(peer, gen),
                 TimerKind::Seed { seed, gen } => self.seed_due(seed, gen),
+                TimerKind::Resolve { name, gen } => self.resolve_due(now, name, gen),
                 TimerKind::AckDelay { peer } => self.ack_due(now, peer),
                 TimerKind::Tick => self.tick(now),
                 TimerKind::Deadline => {}

@@ -446,6 +446,7 @@ impl Member {
                 .iter()
                 .filter_map(|&s| addr(s).as_tcp())
                 .collect(),
+            seed_names: Vec::new(),
             membership: None,
         };
         let ep = Endpoint::new(
@@ -763,7 +764,7 @@ impl Sim {
                     }
                     // No member of the simulation runs membership (it has a simulation
                     // of its own, `membership::sim`).
-                    Output::Datagram { .. } | Output::Event(_) => {}
+                    Output::Datagram { .. } | Output::Resolve { .. } | Output::Event(_) => {}
                 }
             }
             // What the pool asked of the IO thread meanwhile is its next input.
