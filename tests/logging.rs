@@ -308,3 +308,35 @@ fn a_node_dropped_with_messages_left_warns_with_the_report() {
         logged(log::Level::Warn, "log-dropped-quiet")
     );
 }
+
+/// Membership without a secret lets anyone who can reach its port in: the node warns at
+/// start, naming the way out; with a secret it does not.
+#[test]
+fn membership_without_a_secret_warns() {
+    capture_logs();
+    let open = Node::builder("log-open-members")
+        .listen("127.0.0.1:0")
+        .membership(true)
+        .start()
+        .expect("start");
+    let warned = logged(log::Level::Warn, "log-open-members");
+    assert!(
+        warned
+            .iter()
+            .any(|m| m.contains("membership without a secret") && m.contains("Builder::secret")),
+        "{warned:?}"
+    );
+    let closed = Node::builder("log-closed-members")
+        .listen("127.0.0.1:0")
+        .secret(b"a secret")
+        .membership(true)
+        .start()
+        .expect("start");
+    let warned = logged(log::Level::Warn, "log-closed-members");
+    assert!(
+        !warned.iter().any(|m| m.contains("without a secret")),
+        "{warned:?}"
+    );
+    open.shutdown(SHUTDOWN).expect("shutdown");
+    closed.shutdown(SHUTDOWN).expect("shutdown");
+}

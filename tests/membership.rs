@@ -42,6 +42,20 @@ fn member(name: &str, seed: Option<SocketAddr>, seen: &Seen) -> Node {
     b.start().expect("start a member")
 }
 
+/// A member that knows one other by name only (`Builder::peer`, no seed), as a TLS member
+/// must: it joins the view through that peer.
+fn member_with_peer(name: &str, peer: &Node) -> Node {
+    Node::builder(name)
+        .cluster(CLUSTER)
+        .secret(SECRET)
+        .listen("127.0.0.1:0")
+        .membership(true)
+        .membership_interval(INTERVAL)
+        .peer(peer.name(), peer.local_addr())
+        .start()
+        .expect("start a member")
+}
+
 /// The names `node`'s view holds in `state`.
 fn in_state(node: &Node, state: MemberState) -> BTreeSet<String> {
     node.members()
@@ -647,4 +661,34 @@ fn a_second_process_under_a_live_name_stays_out_of_the_view_until_the_first_leav
     for n in [hub, other, second] {
         n.shutdown(Duration::from_secs(5)).expect("stop");
     }
+}
+
+/// Two members configured with a third by name (no seeds: the way in with TLS, where seeds
+/// are refused) join the view through it: every view holds the three alive, and the two
+/// that knew only the third find and connect to each other.
+#[test]
+fn members_configured_with_a_peer_by_name_join_through_it() {
+    let a = member("named-a", None, &Seen::default());
+    let b = member_with_peer("named-b", &a);
+    let c = member_with_peer("named-c", &a);
+    let all = names(&["named-a", "named-b", "named-c"]);
+    wait_until_or(
+        PATIENCE,
+        || {
+            [&a, &b, &c]
+                .iter()
+                .all(|n| in_state(n, MemberState::Alive) == all)
+                && is_connected(&b, "named-c")
+                && is_connected(&c, "named-b")
+        },
+        || {
+            format!(
+                "a: {:?}\nb: {:?}\nc: {:?}",
+                a.members(),
+                b.members(),
+                c.members()
+            )
+        },
+    );
+    shutdown_all(&[a, b, c]);
 }

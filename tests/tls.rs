@@ -431,3 +431,66 @@ fn members_on_unix_sockets_speak_tls_and_a_certificate_from_another_ca_is_refuse
     assert!(!is_connected(&impostor, "beta"));
     shutdown_all(&[impostor, a, b]);
 }
+
+/// Membership over TLS: seeds are refused (a seed names no certificate to verify), so two
+/// members each name the first with `peer`; they join the view through it, learn each
+/// other from it and connect to each other over TLS, each verifying the other's
+/// certificate for the name the view gave.
+#[test]
+fn tls_members_join_the_view_through_a_member_named_with_peer() {
+    use cohort::MemberState;
+    use std::collections::BTreeSet;
+    let ca = TestCa::new("t-tls-members-ca");
+    let check = OrderCheck::new();
+    let secret = b"tls membership secret";
+    let start = |name: &str, via: Option<&Node>| {
+        let mut b = member(&ca, name, &check)
+            .listen("127.0.0.1:0")
+            .secret(secret)
+            .membership(true)
+            .membership_interval(Duration::from_millis(100));
+        if let Some(via) = via {
+            b = b.peer(via.name(), via.local_addr());
+        }
+        b.start().expect("start a TLS member")
+    };
+    let a = start("tls-m-a", None);
+    let b = start("tls-m-b", Some(&a));
+    let c = start("tls-m-c", Some(&a));
+    let all: BTreeSet<String> = ["tls-m-a", "tls-m-b", "tls-m-c"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let alive = |n: &Node| -> BTreeSet<String> {
+        n.members()
+            .into_iter()
+            .filter(|m| m.state == MemberState::Alive)
+            .map(|m| m.name)
+            .collect()
+    };
+    wait_until_or(
+        PATIENCE,
+        || {
+            [&a, &b, &c].iter().all(|n| alive(n) == all)
+                && is_connected(&b, "tls-m-c")
+                && is_connected(&c, "tls-m-b")
+        },
+        || {
+            format!(
+                "b: {:?}\n{}\nc: {:?}\n{}",
+                b.members(),
+                b.stats(),
+                c.members(),
+                c.stats()
+            )
+        },
+    );
+    assert!(matches!(
+        Node::builder("tls-m-d")
+            .tls(ca.tls("tls-m-d"))
+            .seed(a.local_addr())
+            .start(),
+        Err(Error::Config(_))
+    ));
+    shutdown_all(&[a, b, c]);
+}

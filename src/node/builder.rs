@@ -388,9 +388,9 @@ impl Builder {
     ///
     /// The member answering must accept members it does not know
     /// ([`allow_unknown_members`](Builder::allow_unknown_members)); with a secret only
-    /// members holding it get in. Seeds cannot be combined with [`tls`](Builder::tls): a
-    /// TLS client verifies the certificate of the member it means to reach, and a seed
-    /// names none.
+    /// members holding it get in. Seeds cannot be combined with TLS: a TLS client
+    /// verifies the certificate of the member it means to reach, and a seed names none;
+    /// with TLS, name one member with [`peer`](Builder::peer): membership joins through it.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), cohort::Error> {
@@ -425,8 +425,10 @@ impl Builder {
     /// [`seed`](Builder::seed)s are given (default: off without seeds; the first member of
     /// a cluster switches it on to be joinable).
     ///
-    /// - A member joins through any seed: it learns every member, and every member learns
-    ///   it ([`Event::MemberJoined`](crate::Event::MemberJoined)); each becomes a peer,
+    /// - A member joins through any seed, or any member configured by name
+    ///   ([`peer`](Builder::peer): with TLS, where seeds are refused,
+    ///   the way in): it learns every member, and every member learns it
+    ///   ([`Event::MemberJoined`](crate::Event::MemberJoined)); each becomes a peer,
     ///   dialled at the address the view gives.
     /// - A member is declared failed only after its direct probe and indirect probes
     ///   through other members fail and a suspicion period passes (one broken link or one
@@ -438,7 +440,8 @@ impl Builder {
     ///   [`on_event`](Builder::on_event).
     /// - Packets travel as UDP datagrams on the listen address's port, MACed with the
     ///   [`secret`](Builder::secret) when one is set (set one: without it anyone who can
-    ///   reach the port can join). Members it does not know may dial in
+    ///   reach the port can join, and the node warns at start). Members it does not know
+    ///   may dial in
     ///   ([`allow_unknown_members`](Builder::allow_unknown_members) is implied).
     /// - It needs an address members can reach: the listen address, or
     ///   [`advertise`](Builder::advertise) when listening on an unspecified one (`0.0.0.0`).

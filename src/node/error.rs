@@ -459,7 +459,7 @@ impl std::fmt::Display for ConfigError {
                 "tls: this member's own certificate must name it ('{member}'): {problem}"
             ),
             ConfigError::SeedsWithTls => f.write_str(
-                "seed: seeds cannot be used with tls (a TLS client verifies the certificate of the member it dials, and a seed names none); configure the members with `peer` instead",
+                "seed: seeds cannot be used with tls (a TLS client verifies the certificate of the member it dials, and a seed names none); name one member with `peer` instead: membership joins through it",
             ),
         }
     }

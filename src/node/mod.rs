@@ -210,7 +210,7 @@ impl Node {
             .register(&mut listener, crate::net::LISTENER, mio::Interest::READABLE)?;
         let mut config = config;
         let (udp, members) = if b.membership_on() {
-            let (mut udp, setup) = membership_setup(&b, &config, &local_addr)?;
+            let (mut udp, setup) = membership_setup(&b, &config, &local_addr, &peer_addrs)?;
             poll.registry()
                 .register(&mut udp, crate::net::MEMBERS, mio::Interest::READABLE)?;
             let view = setup.view.clone();
@@ -768,6 +768,7 @@ fn membership_setup(
     b: &Builder,
     config: &crate::net::IoConfig,
     local_addr: &Addr,
+    peers: &HashMap<String, Addr>,
 ) -> Result<(mio::net::UdpSocket, crate::proto::MembershipSetup), Error> {
     let Some(local_addr) = local_addr.as_tcp() else {
         return Err(ConfigError::Address {
@@ -799,15 +800,26 @@ fn membership_setup(
             addr: Addr::Tcp(local_addr),
             source,
         })?;
+    if config.proto.secret.is_none() {
+        log::warn!(
+            "{}: membership without a secret: anyone who can send a datagram to {addr} can \
+             join the view or gossip members out of it; set Builder::secret on every member",
+            config.proto.name
+        );
+    }
     let setup = crate::proto::MembershipSetup {
         config: b.membership_config(),
         addr,
+        // The seeds, and the members configured by name (`Builder::peer`): a member that
+        // knows one other by name joins through it (with TLS, the only way in: seeds are
+        // refused, a dial by address naming no certificate).
         join: config
             .proto
             .seeds
             .iter()
             .chain(config.proto.seed_names.iter().flat_map(|(_, a)| a))
             .copied()
+            .chain(peers.values().filter_map(Addr::as_tcp))
             .collect(),
         view: Arc::new(crate::sync::Mutex::new(crate::proto::MembersView::default())),
     };
