@@ -626,3 +626,62 @@ fn a_ttl_message_for_a_disconnected_peer_still_expires_with_a_journal() {
     let journalled = ttl_while_peer_is_down(Some(dir.path()), "ttl-down-journal");
     assert_eq!(journalled, (0, 1), "with a journal: (delivered, expired)");
 }
+
+/// Under the policies that need no fsync, the IO thread appends a round trip's small batch
+/// itself when the journal's writer is idle (no hand-over to the writer thread and back);
+/// either way a message may reach the peer only once its record is in the journal. The
+/// receiver's handler reads the sender's journal files as each message arrives, one message
+/// in flight at a time (a round trip, the case the inline append serves): the journal
+/// already holds at least that many messages.
+#[test]
+fn a_message_reaches_the_peer_only_once_its_record_is_in_the_journal_files() {
+    for (policy, name) in [
+        (FsyncPolicy::Never, "never"),
+        (FsyncPolicy::Interval(Duration::from_millis(5)), "interval"),
+    ] {
+        let dir = TempDir::new(&format!("record-before-bytes-{name}"));
+        let journal = dir.path().to_path_buf();
+        let missing: Arc<Mutex<Vec<String>>> = Arc::default();
+        let got = Counter::new();
+        let (m, g) = (missing.clone(), got.clone());
+        let cluster = format!("record-before-bytes-{name}");
+        let b = receiver_b(&cluster, "127.0.0.1:0")
+            .on_message(move |d| {
+                let seq = d.seq().expect("reliable message");
+                let held: u64 = match cohort::inspect_journal(&journal) {
+                    Ok(report) => report
+                        .segments
+                        .iter()
+                        .filter_map(|s| s.records.get(&cohort::RecordKind::Message))
+                        .sum(),
+                    Err(e) => {
+                        m.lock()
+                            .unwrap()
+                            .push(format!("message {seq}: inspect: {e}"));
+                        return g.add();
+                    }
+                };
+                if held < seq {
+                    m.lock()
+                        .unwrap()
+                        .push(format!("message {seq} arrived with {held} in the journal"));
+                }
+                g.add();
+            })
+            .start()
+            .expect("b starts");
+        let a = journalled_a(&cluster, dir.path(), b.local_addr())
+            .journal_fsync(policy)
+            .start()
+            .expect("a starts");
+        for i in 1..=50u64 {
+            send_patiently(&a.sender(), "b", payload(i, 100));
+            wait_until(format!("message {i} at b ({name})"), PATIENCE, || {
+                got.get() >= i
+            });
+        }
+        shutdown_all(&[a, b]);
+        let missing = missing.lock().unwrap();
+        assert!(missing.is_empty(), "{name}: {missing:?}");
+    }
+}

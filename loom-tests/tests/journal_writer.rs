@@ -2,7 +2,7 @@
 //! (its `submit`, `sync`, `marks`, the wake-up it calls, `stop`), the code that ships, on a
 //! `Store` that stands in for the journal's files and records what was written and synced.
 //!
-//! The IO thread (`IoThread::hand_to_journal`, `journal_progress`, the `SyncJournal`
+//! The IO thread (`IoThread::drain` on `Output::Journal`, `journal_progress`, the `SyncJournal`
 //! command, `finish`) hands numbered batches over, may ask for a sync, reads the marks each
 //! time the writer wakes it, lets bytes leave only once their batch's mark says so, and
 //! stops the writer as it exits. The model's IO thread is the main thread; the writer is
@@ -17,7 +17,13 @@
 //!   which loom reports as a deadlock), and a sync asked for is done;
 //! - the stop hands the store back with everything appended and synced;
 //! - a failed append sets `failed` (the batch never marked) and wakes the IO thread; the
-//!   stop then hands nothing back.
+//!   stop then hands nothing back;
+//! - a batch the IO thread appends itself (`submit` returning `true`: `Never` and
+//!   `Interval`, the writer not in a step, nothing queued ahead) is appended in order with
+//!   the ones handed over (the store checks the order), its mark is already published
+//!   when `submit` returns, and a batch the journal is busy for or refuses (a full
+//!   segment) is handed over, never lost; an inline append that fails sets `failed` and
+//!   the writer stops without appending anything more.
 #![cfg(loom)]
 
 use std::time::{Duration, Instant};
@@ -37,11 +43,13 @@ struct Written {
 }
 
 /// The journal's stand-in: batch `n` is one record with sequence number `n`. With
-/// `fail_at`, appending that batch fails (a full disk).
+/// `fail_at`, appending that batch fails (a full disk); batches in `not_inline` are refused
+/// by `append_inline` (as a batch that would roll a segment is).
 struct ModelStore {
     policy: FsyncPolicy,
     written: Arc<Mutex<Written>>,
     fail_at: Option<u64>,
+    not_inline: &'static [u64],
 }
 
 impl Store for ModelStore {
@@ -67,6 +75,15 @@ impl Store for ModelStore {
             w.synced = w.appended;
         }
         Ok(())
+    }
+    fn append_inline(&mut self, records: &[Record], now: Instant) -> Result<bool, JournalError> {
+        let refused = records
+            .iter()
+            .any(|r| matches!(r, Record::Message { seq, .. } if self.not_inline.contains(seq)));
+        if self.policy == FsyncPolicy::EveryBatch || refused {
+            return Ok(false);
+        }
+        self.append_at(records, now).map(|()| true)
     }
     fn sync(&mut self) -> Result<(), JournalError> {
         let mut w = self.written.lock().unwrap();
@@ -131,14 +148,16 @@ fn checked(writer: &JournalWriter<ModelStore>, written: &Mutex<Written>) -> Writ
 
 /// Hands `batches` batches over (reading the marks between them), asks for a sync of them
 /// all if `sync`, waits through the wake-ups until the marks say they are appended (and
-/// synced), then stops the writer.
-fn model(policy: FsyncPolicy, batches: u64, sync: bool) {
+/// synced), then stops the writer. Batches in `not_inline` are refused by the store's
+/// inline append.
+fn model(policy: FsyncPolicy, batches: u64, sync: bool, not_inline: &'static [u64]) {
     let written = Arc::new(Mutex::new(Written::default()));
     let wake = Arc::new(Wake::default());
     let store = ModelStore {
         policy,
         written: written.clone(),
         fail_at: None,
+        not_inline,
     };
     let w = wake.clone();
     let writer = JournalWriter::start(
@@ -151,8 +170,19 @@ fn model(policy: FsyncPolicy, batches: u64, sync: bool) {
     )
     .expect("start");
     for n in 1..=batches {
-        writer.submit(n, batch(n));
-        checked(&writer, &written);
+        let inline = writer.submit(n, batch(n));
+        let m = checked(&writer, &written);
+        if inline {
+            assert!(m.appended >= n, "appended inline, yet not marked: {m:?}");
+        }
+        assert!(
+            policy != FsyncPolicy::EveryBatch || !inline,
+            "EveryBatch never inline"
+        );
+        assert!(
+            !not_inline.contains(&n) || !inline,
+            "a refused batch appended inline"
+        );
     }
     if sync {
         writer.sync(batches);
@@ -180,7 +210,7 @@ fn model(policy: FsyncPolicy, batches: u64, sync: bool) {
 #[test]
 fn never_two_batches_then_a_sync() {
     loom_tests::model("journal_writer/never_two_batches_then_a_sync", || {
-        model(FsyncPolicy::Never, 2, true);
+        model(FsyncPolicy::Never, 2, true, &[]);
     });
 }
 
@@ -188,7 +218,7 @@ fn never_two_batches_then_a_sync() {
 #[test]
 fn every_batch_two_batches() {
     loom_tests::model("journal_writer/every_batch_two_batches", || {
-        model(FsyncPolicy::EveryBatch, 2, false);
+        model(FsyncPolicy::EveryBatch, 2, false, &[]);
     });
 }
 
@@ -196,7 +226,7 @@ fn every_batch_two_batches() {
 #[test]
 fn never_one_batch_synced_by_the_stop() {
     loom_tests::model("journal_writer/never_one_batch_synced_by_the_stop", || {
-        model(FsyncPolicy::Never, 1, false);
+        model(FsyncPolicy::Never, 1, false, &[]);
     });
 }
 
@@ -214,6 +244,7 @@ fn a_failed_append_is_reported_by_a_wake_up() {
                 policy: FsyncPolicy::Never,
                 written: written.clone(),
                 fail_at: Some(2),
+                not_inline: &[1, 2],
             };
             let w = wake.clone();
             let writer = JournalWriter::start(
@@ -238,6 +269,73 @@ fn a_failed_append_is_reported_by_a_wake_up() {
             assert!(
                 writer.stop().is_none(),
                 "a failed writer hands nothing back"
+            );
+        },
+    );
+}
+
+/// Three batches under `Never`, the second refused inline (it would roll a segment): the
+/// first is appended by the IO thread, the second by the writer, the third by whichever
+/// finds the journal first (queued behind the second while it waits or while the writer
+/// holds the journal); the store checks that they land in order, once each; a sync
+/// follows.
+#[test]
+fn never_inline_and_handed_over_batches_stay_in_order() {
+    loom_tests::model(
+        "journal_writer/never_inline_and_handed_over_batches_stay_in_order",
+        || {
+            model(FsyncPolicy::Never, 3, true, &[2]);
+        },
+    );
+}
+
+/// Two batches under `Interval`: the writer's wait reads the journal (when its sync is
+/// due), so the IO thread may find it busy and hand a batch over; a batch appended inline
+/// into a synced journal wakes the writer, which owes it a sync; the stop syncs it all.
+#[test]
+fn interval_inline_appends_and_a_busy_journal() {
+    loom_tests::model(
+        "journal_writer/interval_inline_appends_and_a_busy_journal",
+        || {
+            model(
+                FsyncPolicy::Interval(Duration::from_millis(5)),
+                2,
+                false,
+                &[],
+            );
+        },
+    );
+}
+
+/// The IO thread's own append of batch 1 fails: `submit` says the marks moved, they say
+/// `failed` (batch 1 never marked); batch 2 then goes to the writer, which appends nothing
+/// more and stops with nothing to hand back.
+#[test]
+fn a_failed_inline_append_stops_the_writer() {
+    loom_tests::model(
+        "journal_writer/a_failed_inline_append_stops_the_writer",
+        || {
+            let written = Arc::new(Mutex::new(Written::default()));
+            let store = ModelStore {
+                policy: FsyncPolicy::Never,
+                written: written.clone(),
+                fail_at: Some(1),
+                not_inline: &[],
+            };
+            let writer = JournalWriter::start("model", store, Box::new(|| {})).expect("start");
+            if writer.submit(1, batch(1)) {
+                let m = checked(&writer, &written);
+                assert!(m.failed && m.appended == 0, "{m:?}");
+            }
+            writer.submit(2, batch(2));
+            assert!(
+                writer.stop().is_none(),
+                "a failed journal hands nothing back"
+            );
+            assert_eq!(
+                written.lock().unwrap().appended,
+                0,
+                "nothing after the failure"
             );
         },
     );

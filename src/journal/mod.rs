@@ -151,6 +151,10 @@ pub const MAX_SEGMENT_SIZE: u64 = 1 << 31;
 /// The smallest frame any record can take (an ack with an empty name).
 const MIN_FRAME: u64 = (FRAME_HEADER + 2 + 8) as u64;
 
+/// The most bytes of frames [`Journal::append_inline`] writes: a round trip's few records,
+/// not a bulk sender's batch (that one is the writer thread's, in one group commit).
+pub(crate) const INLINE_MAX: u64 = 8 * 1024;
+
 /// When the journal forces what it wrote to disk ([`Builder::journal_fsync`]).
 ///
 /// The journal thread writes each batch of records (every message sent, acknowledgement and
@@ -505,6 +509,63 @@ impl Journal {
             return Ok(());
         }
         self.check_batch(records)?;
+        self.write_batch(records)?;
+        if self.active().is_some_and(|s| s.room() < MIN_FRAME) {
+            // Exactly (or all but) full: move on now, so the next batch has a segment.
+            self.rotate()?;
+        }
+        self.recycle_retired()?;
+        match self.fsync {
+            FsyncPolicy::EveryBatch => self.sync_at(now)?,
+            FsyncPolicy::Interval(every)
+                if now.saturating_duration_since(self.last_sync) >= every =>
+            {
+                self.sync_at(now)?
+            }
+            FsyncPolicy::Interval(_) | FsyncPolicy::Never => {}
+        }
+        self.refresh_stats();
+        Ok(())
+    }
+
+    /// Appends a small batch only if that takes one write to the active segment and
+    /// nothing else: no segment to seal or take from the pool (the batch fits, and leaves
+    /// room for another frame), no sync the policy would do with it (never under
+    /// [`FsyncPolicy::EveryBatch`]; under [`FsyncPolicy::Interval`] only while the interval
+    /// has not passed), at most [`INLINE_MAX`] bytes of frames. `Ok(false)`, with nothing
+    /// written, when it would take more: [`append_at`](Self::append_at) does it then.
+    /// Retired segments are recycled by the next `append_at`.
+    pub fn append_inline(
+        &mut self,
+        records: &[Record],
+        now: Instant,
+    ) -> Result<bool, JournalError> {
+        match self.fsync {
+            FsyncPolicy::EveryBatch => return Ok(false),
+            FsyncPolicy::Interval(every)
+                if now.saturating_duration_since(self.last_sync) >= every =>
+            {
+                return Ok(false)
+            }
+            FsyncPolicy::Interval(_) | FsyncPolicy::Never => {}
+        }
+        let bytes = records.iter().map(Record::frame_len).sum::<usize>() as u64;
+        let fits = self.active().is_some_and(|s| s.room() >= bytes + MIN_FRAME);
+        if bytes > INLINE_MAX || !fits {
+            return Ok(false);
+        }
+        if records.is_empty() {
+            return Ok(true);
+        }
+        self.check_batch(records)?;
+        self.write_batch(records)?;
+        self.refresh_stats();
+        Ok(true)
+    }
+
+    /// Writes `records` (checked) after the active segment's end, continuing in a new
+    /// segment where one is full.
+    fn write_batch(&mut self, records: &[Record]) -> Result<(), JournalError> {
         self.stats.appends += 1;
         let mut i = 0;
         while i < records.len() {
@@ -536,21 +597,6 @@ impl Journal {
             self.stats.records += n;
             self.stats.bytes_written += self.buf.len() as u64;
         }
-        if self.active().is_some_and(|s| s.room() < MIN_FRAME) {
-            // Exactly (or all but) full: move on now, so the next batch has a segment.
-            self.rotate()?;
-        }
-        self.recycle_retired()?;
-        match self.fsync {
-            FsyncPolicy::EveryBatch => self.sync_at(now)?,
-            FsyncPolicy::Interval(every)
-                if now.saturating_duration_since(self.last_sync) >= every =>
-            {
-                self.sync_at(now)?
-            }
-            FsyncPolicy::Interval(_) | FsyncPolicy::Never => {}
-        }
-        self.refresh_stats();
         Ok(())
     }
 

@@ -860,3 +860,57 @@ fn a_reset_survives_the_retirement_of_the_segment_that_recorded_it() {
     );
     assert_eq!(seqs(&r, "gamma"), vec![1]);
 }
+
+/// The IO thread's inline append writes a small batch into the active segment and nothing
+/// else: it refuses (writing nothing) a batch that would roll a segment, one over
+/// `INLINE_MAX`, any batch under `EveryBatch`, and one under `Interval` once the interval
+/// has passed (the writer syncs it then); what it wrote is recovered like any append.
+#[test]
+fn inline_appends_take_one_write_or_are_refused() {
+    let dir = TempDir::new("inline");
+    let (mut j, _) = open(dir.path());
+    let now = Instant::now();
+    // The first append activates a segment (the writer's job): inline refuses it.
+    assert!(!j.append_inline(&[msg("p", 1, 10)], now).unwrap());
+    j.append_at(&[msg("p", 1, 10)], now).unwrap();
+    let before = j.stats();
+    assert!(j.append_inline(&[msg("p", 2, 10)], now).unwrap());
+    let after = j.stats();
+    assert_eq!(after.writes, before.writes + 1, "one write");
+    assert_eq!(after.fsyncs, before.fsyncs, "no sync");
+    assert_eq!(after.records, before.records + 1);
+    // Too large for an inline append: refused.
+    assert!(!j
+        .append_inline(&[msg("p", 3, INLINE_MAX as usize)], now)
+        .unwrap());
+    // Fill the segment (the writer's appends) until less than 4 KiB is left.
+    let mut seq = 3;
+    while j.active().unwrap().room() >= 4096 {
+        j.append_at(&[msg("p", seq, 1000)], now).unwrap();
+        seq += 1;
+    }
+    let overhead = msg("p", seq, 0).frame_len() as u64;
+    let fits = (j.active().unwrap().room() - MIN_FRAME - overhead) as usize;
+    // One byte more and no frame would fit after it (a roll would follow): refused.
+    let writes = j.stats().writes;
+    assert!(!j.append_inline(&[msg("p", seq, fits + 1)], now).unwrap());
+    assert_eq!(j.stats().writes, writes, "nothing written");
+    assert!(j.append_inline(&[msg("p", seq, fits)], now).unwrap());
+    drop(j);
+    let (_, recovered) = open(dir.path());
+    assert_eq!(seqs(&recovered, "p"), (1..=seq).collect::<Vec<_>>());
+
+    // EveryBatch: never inline.
+    let every = TempDir::new("inline-every");
+    let (mut j, _) = Journal::open(config(every.path()).fsync(FsyncPolicy::EveryBatch)).unwrap();
+    j.append_at(&[msg("p", 1, 10)], now).unwrap();
+    assert!(!j.append_inline(&[msg("p", 2, 10)], now).unwrap());
+    // Interval: inline while the interval runs, refused once it has passed.
+    let interval = TempDir::new("inline-interval");
+    let policy = FsyncPolicy::Interval(Duration::from_secs(3600));
+    let (mut j, _) = Journal::open(config(interval.path()).fsync(policy)).unwrap();
+    j.append_at(&[msg("p", 1, 10)], now).unwrap();
+    assert!(j.append_inline(&[msg("p", 2, 10)], Instant::now()).unwrap());
+    let later = Instant::now() + Duration::from_secs(3601);
+    assert!(!j.append_inline(&[msg("p", 3, 10)], later).unwrap());
+}

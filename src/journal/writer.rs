@@ -19,10 +19,22 @@
 //! A failed write or sync stops the writer: it sets [`failed`](WriterMarks::failed), wakes
 //! the IO thread (which stops the node), and appends nothing more.
 //!
+//! **Inline appends.** Under `Never` and `Interval` a round trip's batch is a few records
+//! and the writer is usually idle: handing it over would cost a wake-up of the writer and
+//! one of the IO thread, on each node, for each message. So [`submit`](JournalWriter::submit)
+//! appends a batch on the IO thread itself when that is one small write and nothing else
+//! ([`Store::append_inline`]: no segment to seal or create, no sync due, at most
+//! `INLINE_MAX` bytes), nothing is queued ahead of it, and the writer is not in a step
+//! (the journal's lock, taken with `try_lock`: the IO thread never waits for an fsync or a
+//! segment). Everything else still goes to the writer. Order holds because the writer
+//! takes batches off the queue only while holding the journal, and only the IO thread
+//! queues them.
+//!
 //! Invariants (loom model: `loom-tests/tests/journal_writer.rs`, on a [`Store`] that stands
 //! in for the journal): a mark is never published before its batch is written (appended,
-//! or synced), every step that moves a mark wakes the IO thread after it, a sync asked for
-//! is done, and the stop appends and syncs everything handed over.
+//! or synced), every step of the writer that moves a mark wakes the IO thread after it, a
+//! sync asked for is done, batches are appended in order whoever appends them, and the stop
+//! appends and syncs everything handed over.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -49,6 +61,9 @@ pub trait Store: Send + 'static {
     /// Appends `records` ([`Journal::append_at`]); under [`FsyncPolicy::EveryBatch`] this
     /// syncs them too.
     fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError>;
+    /// Appends `records` only if that takes one small write and nothing else
+    /// ([`Journal::append_inline`]); `Ok(false)`, nothing written, otherwise.
+    fn append_inline(&mut self, records: &[Record], now: Instant) -> Result<bool, JournalError>;
     /// Forces what is appended to disk ([`Journal::sync`]).
     fn sync(&mut self) -> Result<(), JournalError>;
     /// Whether records are appended and not yet synced ([`Journal::unsynced`]).
@@ -65,6 +80,9 @@ impl Store for Journal {
     }
     fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError> {
         Journal::append_at(self, records, now)
+    }
+    fn append_inline(&mut self, records: &[Record], now: Instant) -> Result<bool, JournalError> {
+        Journal::append_inline(self, records, now)
     }
     fn sync(&mut self) -> Result<(), JournalError> {
         Journal::sync(self)
@@ -89,10 +107,19 @@ struct Queue {
     stop: bool,
 }
 
-struct Shared {
+struct Shared<S> {
     queue: Mutex<Queue>,
     /// The writer waits here for work.
     work: Condvar,
+    /// The journal. The writer holds it for each of its steps (append, sync, the marks
+    /// they move) and takes the batches waiting only while holding it; the IO thread takes
+    /// it only with `try_lock`, never waiting for a step (an fsync, a segment rolled).
+    /// Lock order: `queue` before `journal` (the writer's wait); the IO thread never holds
+    /// one while it waits for the other. `None` once the writer has stopped.
+    journal: Mutex<Option<S>>,
+    /// The journal's policy: the IO thread may append a small batch itself under `Never`
+    /// and `Interval`.
+    policy: FsyncPolicy,
     appended: AtomicU64,
     synced: AtomicU64,
     failed: AtomicBool,
@@ -104,7 +131,7 @@ struct Shared {
 /// The IO thread's handle on the writer thread, writing to a [`Journal`] (or, in a model,
 /// another [`Store`]).
 pub struct JournalWriter<S: Store = Journal> {
-    shared: Arc<Shared>,
+    shared: Arc<Shared<S>>,
     handle: Option<thread::JoinHandle<Option<S>>>,
 }
 
@@ -118,12 +145,13 @@ impl<S: Store> std::fmt::Debug for JournalWriter<S> {
 
 impl<S: Store> JournalWriter<S> {
     /// Starts the writer thread `{name}-journal` on `journal`; `wake` is called after every
-    /// step that moved a mark (or a failure).
+    /// step of the writer that moved a mark (or a failure).
     pub fn start(
         name: &str,
         journal: S,
         wake: Box<dyn Fn() + Send + Sync>,
     ) -> std::io::Result<JournalWriter<S>> {
+        let policy = journal.fsync_policy();
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 batches: VecDeque::new(),
@@ -131,28 +159,88 @@ impl<S: Store> JournalWriter<S> {
                 stop: false,
             }),
             work: Condvar::new(),
+            stats: Mutex::new(Some(journal.stats())),
+            journal: Mutex::new(Some(journal)),
+            policy,
             appended: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             failed: AtomicBool::new(false),
-            stats: Mutex::new(Some(journal.stats())),
             wake,
         });
         let s = shared.clone();
         let handle = thread::Builder::new()
             .name(format!("{name}-journal"))
-            .spawn(move || run(&s, journal))?;
+            .spawn(move || run(&s, policy))?;
         Ok(JournalWriter {
             shared,
             handle: Some(handle),
         })
     }
 
-    /// Hands batch `n` over (numbers strictly increase).
-    pub fn submit(&self, n: u64, records: Vec<Record>) {
-        let mut q = self.shared.queue.lock();
+    /// Hands batch `n` over (numbers strictly increase). Under `Never` and `Interval`, a
+    /// small batch is appended here, on the caller's thread, when nothing is waiting ahead
+    /// of it and the writer is not in a step ([`Store::append_inline`]: one write, no
+    /// segment rolled, no sync). Returns `true` when the marks moved here (the batch is
+    /// appended, or its write failed): no wake-up comes for it, the caller reads them now.
+    /// Otherwise the writer appends it, and wakes the caller once it has.
+    pub fn submit(&self, n: u64, records: Vec<Record>) -> bool {
+        let s = &*self.shared;
+        let mut q = s.queue.lock();
+        if s.policy != FsyncPolicy::EveryBatch && q.batches.is_empty() && !q.stop {
+            // Only this thread hands batches over, so the queue stays empty: nothing can
+            // come before this batch once the journal is ours (the writer takes batches
+            // only while it holds the journal).
+            drop(q);
+            match self.append_inline(n, &records) {
+                Some(true) => return true,
+                Some(false) => {}
+                // Failed: the marks say so; the batch is never appended.
+                None => return true,
+            }
+            q = s.queue.lock();
+        }
         q.batches.push_back((n, records));
         drop(q);
-        self.shared.work.notify_one();
+        s.work.notify_one();
+        false
+    }
+
+    /// The inline append: `Some(true)` if batch `n` is appended (its mark moved),
+    /// `Some(false)` if the journal is busy or the batch takes more than one small write,
+    /// `None` if the write failed (`failed` set, the writer stops at its next step).
+    fn append_inline(&self, n: u64, records: &[Record]) -> Option<bool> {
+        let s = &*self.shared;
+        let Some(mut guard) = s.journal.try_lock() else {
+            return Some(false); // the writer is in a step: never wait for it
+        };
+        let journal = match guard.as_mut() {
+            Some(j) if !s.failed.load(Ordering::Relaxed) => j,
+            _ => return Some(false),
+        };
+        let was_unsynced = journal.unsynced();
+        match journal.append_inline(records, Instant::now()) {
+            Ok(false) => return Some(false),
+            Ok(true) => {}
+            Err(e) => {
+                log::error!("journal write failed: {}", crate::util::Chain(&e));
+                // Release: pairs with the IO thread's Acquire in `marks`.
+                s.failed.store(true, Ordering::Release);
+                return None;
+            }
+        }
+        // Release: a reader of the mark finds the batch written. Stored under the
+        // journal's lock, so the writer's marks and these never go back.
+        s.appended.store(n, Ordering::Release);
+        *s.stats.lock() = Some(journal.stats());
+        drop(guard);
+        if !was_unsynced && matches!(s.policy, FsyncPolicy::Interval(_)) {
+            // The writer may be waiting with nothing to sync: it owes this batch a sync
+            // once the interval has passed. Taken after the append, so either its check
+            // (under the queue's lock) sees the batch, or it already waits and is woken.
+            drop(s.queue.lock());
+            s.work.notify_one();
+        }
+        Some(true)
     }
 
     /// Asks for everything up to batch `n` to be synced (the `synced` mark reaches it).
@@ -212,12 +300,11 @@ impl<S: Store> Drop for JournalWriter<S> {
 }
 
 /// The writer thread's loop: returns the journal once stopped with everything appended and
-/// synced, `None` after a failure.
-fn run<S: Store>(s: &Shared, mut journal: S) -> Option<S> {
-    let policy = journal.fsync_policy();
+/// synced, `None` after a failure (its own, or an inline append's).
+fn run<S: Store>(s: &Shared<S>, policy: FsyncPolicy) -> Option<S> {
     let mut records = Vec::new();
     loop {
-        let (last, sync_upto, stop) = {
+        {
             let mut q = s.queue.lock();
             loop {
                 let unsynced =
@@ -228,7 +315,17 @@ fn run<S: Store>(s: &Shared, mut journal: S) -> Option<S> {
                 {
                     break;
                 }
-                match sync_due_in(policy, &journal) {
+                // Lock order: the queue, then the journal (an inline append in progress
+                // ends without taking the queue).
+                let due = match policy {
+                    FsyncPolicy::Interval(_) => s
+                        .journal
+                        .lock()
+                        .as_ref()
+                        .and_then(|j| sync_due_in(policy, j)),
+                    FsyncPolicy::EveryBatch | FsyncPolicy::Never => None,
+                };
+                match due {
                     // Unsynced records under an interval policy: wake for their sync.
                     Some(d) if d.is_zero() => break,
                     Some(d) => {
@@ -237,6 +334,17 @@ fn run<S: Store>(s: &Shared, mut journal: S) -> Option<S> {
                     None => s.work.wait(&mut q),
                 }
             }
+        }
+        let mut guard = s.journal.lock();
+        let journal = match guard.as_mut() {
+            Some(j) if !s.failed.load(Ordering::Relaxed) => j,
+            // An inline append failed: the IO thread has the failure from the marks.
+            _ => return None,
+        };
+        // The batches waiting are taken while the journal is held: an inline append
+        // cannot come between their hand-over and their append.
+        let (last, sync_upto, stop) = {
+            let mut q = s.queue.lock();
             let mut last = None;
             // Group commit: every batch waiting goes into one append.
             while let Some((n, batch)) = q.batches.pop_front() {
@@ -245,16 +353,18 @@ fn run<S: Store>(s: &Shared, mut journal: S) -> Option<S> {
             }
             (last, q.sync_upto, q.stop)
         };
-        if let Err(e) = step(s, &mut journal, &mut records, last, sync_upto, stop) {
+        if let Err(e) = step(s, journal, &mut records, last, sync_upto, stop) {
             log::error!("journal write failed: {}", crate::util::Chain(&e));
             s.failed.store(true, Ordering::Release);
+            drop(guard);
             (s.wake)();
             return None;
         }
         *s.stats.lock() = Some(journal.stats());
+        drop(guard);
         (s.wake)();
         if stop && s.queue.lock().batches.is_empty() {
-            return Some(journal);
+            return s.journal.lock().take();
         }
     }
 }
@@ -263,7 +373,7 @@ fn run<S: Store>(s: &Shared, mut journal: S) -> Option<S> {
 /// them as part of the append), syncs what is appended if a request, the interval or a stop
 /// asks, and moves the marks.
 fn step<S: Store>(
-    s: &Shared,
+    s: &Shared<S>,
     journal: &mut S,
     records: &mut Vec<Record>,
     last: Option<u64>,

@@ -234,8 +234,11 @@ impl IoThread {
             match out {
                 Output::Task(t) => self.submit(t),
                 Output::Journal((n, records)) => {
-                    if let Some(writer) = &self.writer {
-                        writer.submit(n, records);
+                    // A small batch may be appended here, with nothing queued ahead of it
+                    // and the writer idle: its bytes are released at once, with no
+                    // hand-over to the writer thread and back.
+                    if self.writer.as_ref().is_some_and(|w| w.submit(n, records)) {
+                        self.journal_progress(now);
                     }
                 }
                 Output::JournalSync(n) => {
