@@ -160,7 +160,9 @@ impl Endpoint {
         }
         self.shutdown = Some(deadline);
         self.timers.add(deadline, TimerKind::Deadline);
-        self.member_leave(now);
+        if let Some(m) = self.members.as_mut() {
+            m.leave(now);
+        }
         let ids: Vec<usize> = self.peers.keys().copied().collect();
         for id in ids {
             let Some(p) = self.peers.get_mut(&id) else {

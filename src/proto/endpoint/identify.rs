@@ -328,7 +328,7 @@ impl Endpoint {
         let Some(p) = self.peers.get_mut(&pid) else {
             return;
         };
-        self.admission.remove(id);
+        self.gate.pending.remove(id);
         match p.establish(
             &self.cfg,
             &mut self.out,

@@ -4,17 +4,157 @@
 
 use super::*;
 
+/// Admission of accepted links: the table of those still in their handshake (by age and
+/// source address) and what its rules shed since the last warning.
+pub(super) struct Gate {
+    pub(super) pending: Admission,
+    shed: Shedding,
+}
+
+impl Gate {
+    pub(super) fn new(cfg: &Config) -> Gate {
+        Gate {
+            pending: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
+            shed: Shedding::default(),
+        }
+    }
+
+    /// Judges a connection just accepted from `from` at `now`, with `open` links open.
+    fn verdict(
+        &mut self,
+        now: Instant,
+        from: &Addr,
+        open: usize,
+        cfg: &Config,
+        counters: &NodeCounters,
+    ) -> Verdict {
+        let source = admission::source_of(from.source_ip());
+        let node_full = open >= cfg.max_connections;
+        let v = self.pending.verdict(source, now, node_full);
+        if matches!(v, Verdict::SourceBurst | Verdict::Full) {
+            self.refuse_stranger(from, v, open, cfg, counters);
+        }
+        v
+    }
+
+    /// Logs what the admission rules shed, when a warning is due.
+    fn warn(&mut self, now: Instant, node: &str) {
+        let Some(line) = self.shed.warning(now) else {
+            return;
+        };
+        let biggest = match self.pending.biggest() {
+            Some((ip, n)) => format!(", most by {ip} ({n})"),
+            None => String::new(),
+        };
+        log::warn!(
+            "{node}: {line}; {} of {} handshaking slots taken{biggest}, {} per address at most",
+            self.pending.len(),
+            self.pending.max_pending(),
+            self.pending.per_source()
+        );
+    }
+
+    fn refuse_stranger(
+        &mut self,
+        from: &Addr,
+        why: Verdict,
+        open: usize,
+        cfg: &Config,
+        counters: &NodeCounters,
+    ) {
+        Counters::add(&counters.refused_limit, 1);
+        if why == Verdict::SourceBurst {
+            Counters::add(&counters.refused_per_source, 1);
+            self.shed.over_source += 1;
+            log::debug!(
+                "{}: refusing connection from {from}: its address holds its share of handshaking connections ({} of {} at most), all accepted in the same burst as it",
+                cfg.name,
+                self.pending.held_by(admission::source_of(from.source_ip())),
+                self.pending.per_source()
+            );
+        } else {
+            self.shed.refused += 1;
+            log::debug!(
+                "{}: refusing connection from {from}: {open} open (limit {}), none handshaking to make room",
+                cfg.name,
+                cfg.max_connections
+            );
+        }
+    }
+
+    /// Pending link `victim` is closed to make room for one from `from`: the oldest of the
+    /// address holding the most, or (`own`) of `from`'s address, which holds its share.
+    fn displaced(
+        &mut self,
+        now: Instant,
+        victim: LinkId,
+        from: &Addr,
+        own: bool,
+        cfg: &Config,
+        counters: &NodeCounters,
+    ) {
+        Counters::add(&counters.displaced, 1);
+        self.shed.displaced += 1;
+        if own {
+            Counters::add(&counters.displaced_per_source, 1);
+            self.shed.displaced_own += 1;
+        }
+        if log::log_enabled!(log::Level::Debug) {
+            let age = self
+                .pending
+                .since(victim)
+                .map(|t| now.saturating_duration_since(t))
+                .unwrap_or_default();
+            if own {
+                log::debug!(
+                    "{}: the address of {from} holds its share of handshaking connections ({}); closing its oldest ({age:.1?} old) for the new one",
+                    cfg.name,
+                    self.pending.per_source()
+                );
+            } else {
+                let held = self.pending.biggest().map_or(0, |(_, n)| n);
+                log::debug!(
+                    "{}: {} of {} handshaking slots taken; closing the oldest connection ({age:.1?} old) of the address holding the most ({held}) for one from {from}",
+                    cfg.name,
+                    self.pending.len(),
+                    self.pending.max_pending()
+                );
+            }
+        }
+    }
+
+    /// A pending accepted link is closed, past its deadline `limit`.
+    pub(super) fn timed_out(&mut self, limit: Duration, cfg: &Config, counters: &NodeCounters) {
+        let early = limit < cfg.handshake_timeout;
+        Counters::add(&counters.handshake_timeouts, 1);
+        self.shed.timed_out += 1;
+        if early {
+            Counters::add(&counters.pressure_timeouts, 1);
+            self.shed.early += 1;
+        }
+        log::debug!(
+            "{}: handshake of an accepted connection timed out after {limit:.1?}{}; closing it",
+            cfg.name,
+            if early {
+                format!(
+                    " (shortened: {} of {} handshaking slots taken)",
+                    self.pending.len(),
+                    self.pending.max_pending()
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
 impl Endpoint {
     /// Judges a connection just accepted from `from` at `now` (before anything is spent on
     /// it).
     pub(crate) fn verdict_on_accept(&mut self, now: Instant, from: Addr) -> Verdict {
-        let source = admission::source_of(from.source_ip());
-        let node_full = self.links.len() >= self.cfg.max_connections;
-        let v = self.admission.verdict(source, now, node_full);
-        if matches!(v, Verdict::SourceBurst | Verdict::Full) {
-            self.refuse_stranger(&from, v);
-        }
-        v
+        let open = self.links.len();
+        self.gate
+            .verdict(now, &from, open, &self.cfg, &self.counters)
     }
 
     /// A connection accepted from `from` (admitted by [`judge`](Endpoint::verdict_on_accept), which
@@ -29,10 +169,15 @@ impl Endpoint {
         verdict: Verdict,
         nonce: Nonce,
     ) {
-        match verdict {
-            Verdict::Displace(victim) => self.displace(now, victim, &from, false),
-            Verdict::DisplaceOwn(victim) => self.displace(now, victim, &from, true),
-            Verdict::Admit | Verdict::Full | Verdict::SourceBurst => {}
+        let displaced = match verdict {
+            Verdict::Displace(victim) => Some((victim, false)),
+            Verdict::DisplaceOwn(victim) => Some((victim, true)),
+            Verdict::Admit | Verdict::Full | Verdict::SourceBurst => None,
+        };
+        if let Some((victim, own)) = displaced {
+            self.gate
+                .displaced(now, victim, &from, own, &self.cfg, &self.counters);
+            self.close_link(now, victim, None, Why::Replaced);
         }
         Counters::add(&self.counters.accepted, 1);
         log::debug!("{}: accepted connection from {from}", self.cfg.name);
@@ -42,10 +187,10 @@ impl Endpoint {
         let source = admission::source_of(from.source_ip());
         link.remote = Some(from);
         self.links.insert(id, link);
-        self.admission.insert(id, source, now);
+        self.gate.pending.insert(id, source, now);
         self.update_gauges();
         self.dirty.push_back(id);
-        let deadline = self.admission.deadline(self.cfg.handshake_timeout);
+        let deadline = self.gate.pending.deadline(self.cfg.handshake_timeout);
         self.timers
             .add(now + deadline, TimerKind::Handshake { link: id });
         // The table just grew: older links may be past the shorter deadline.
@@ -66,109 +211,16 @@ impl Endpoint {
 
     /// Logs what the admission rules shed, when a warning is due.
     pub(crate) fn warn_shedding(&mut self, now: Instant) {
-        let Some(line) = self.shedding.warning(now) else {
-            return;
-        };
-        let biggest = match self.admission.biggest() {
-            Some((ip, n)) => format!(", most by {ip} ({n})"),
-            None => String::new(),
-        };
-        log::warn!(
-            "{}: {line}; {} of {} handshaking slots taken{biggest}, {} per address at most",
-            self.cfg.name,
-            self.admission.len(),
-            self.admission.max_pending(),
-            self.admission.per_source()
-        );
-    }
-
-    pub(super) fn refuse_stranger(&mut self, from: &Addr, why: Verdict) {
-        Counters::add(&self.counters.refused_limit, 1);
-        if why == Verdict::SourceBurst {
-            Counters::add(&self.counters.refused_per_source, 1);
-            self.shedding.over_source += 1;
-            log::debug!(
-                "{}: refusing connection from {from}: its address holds its share of handshaking connections ({} of {} at most), all accepted in the same burst as it",
-                self.cfg.name,
-                self.admission.held_by(admission::source_of(from.source_ip())),
-                self.admission.per_source()
-            );
-        } else {
-            self.shedding.refused += 1;
-            log::debug!(
-                "{}: refusing connection from {from}: {} open (limit {}), none handshaking to make room",
-                self.cfg.name,
-                self.links.len(),
-                self.cfg.max_connections
-            );
-        }
-    }
-
-    /// Closes pending link `victim` to make room for one from `from`: the oldest of the
-    /// address holding the most, or (`own`) of `from`'s address, which holds its share.
-    pub(super) fn displace(&mut self, now: Instant, victim: LinkId, from: &Addr, own: bool) {
-        Counters::add(&self.counters.displaced, 1);
-        self.shedding.displaced += 1;
-        if own {
-            Counters::add(&self.counters.displaced_per_source, 1);
-            self.shedding.displaced_own += 1;
-        }
-        if log::log_enabled!(log::Level::Debug) {
-            let age = self
-                .admission
-                .since(victim)
-                .map(|t| now.saturating_duration_since(t))
-                .unwrap_or_default();
-            if own {
-                log::debug!(
-                    "{}: the address of {from} holds its share of handshaking connections ({}); closing its oldest ({age:.1?} old) for the new one",
-                    self.cfg.name,
-                    self.admission.per_source()
-                );
-            } else {
-                let held = self.admission.biggest().map_or(0, |(_, n)| n);
-                log::debug!(
-                    "{}: {} of {} handshaking slots taken; closing the oldest connection ({age:.1?} old) of the address holding the most ({held}) for one from {from}",
-                    self.cfg.name,
-                    self.admission.len(),
-                    self.admission.max_pending()
-                );
-            }
-        }
-        self.close_link(now, victim, None, Why::Replaced);
+        self.gate.warn(now, &self.cfg.name);
     }
 
     /// Closes every pending accepted link past the deadline of the table as it is at
     /// `now`, oldest first (each one closed lengthens the deadline of the rest).
     pub(super) fn shed_overdue(&mut self, now: Instant) {
-        while let Some((id, limit)) = self.admission.overdue(now, self.cfg.handshake_timeout) {
-            self.pending_timed_out(now, id, limit);
+        while let Some((id, limit)) = self.gate.pending.overdue(now, self.cfg.handshake_timeout) {
+            self.gate.timed_out(limit, &self.cfg, &self.counters);
+            self.close_link(now, id, None, Why::IdleTimeout);
         }
-    }
-
-    /// Closes pending accepted link `id`, past its deadline `limit`.
-    pub(super) fn pending_timed_out(&mut self, now: Instant, id: LinkId, limit: Duration) {
-        let early = limit < self.cfg.handshake_timeout;
-        Counters::add(&self.counters.handshake_timeouts, 1);
-        self.shedding.timed_out += 1;
-        if early {
-            Counters::add(&self.counters.pressure_timeouts, 1);
-            self.shedding.early += 1;
-        }
-        log::debug!(
-            "{}: handshake of an accepted connection timed out after {limit:.1?}{}; closing it",
-            self.cfg.name,
-            if early {
-                format!(
-                    " (shortened: {} of {} handshaking slots taken)",
-                    self.admission.len(),
-                    self.admission.max_pending()
-                )
-            } else {
-                String::new()
-            }
-        );
-        self.close_link(now, id, None, Why::IdleTimeout);
     }
 
     /// Dials peer `id` now if it has an address and no link: the driver opens the
@@ -292,7 +344,7 @@ impl Endpoint {
         why: Why,
     ) {
         let journal_ok = self.journal_ok();
-        self.admission.remove(id);
+        self.gate.pending.remove(id);
         let Some(link) = self.links.remove(&id) else {
             return;
         };
@@ -315,7 +367,8 @@ impl Endpoint {
         self.timers
             .cancel(|k| *k == TimerKind::Handshake { link: id });
         if let Some(s) = link.seed {
-            self.seed_link_closed(now, s, id);
+            self.seeds.link_closed(s, id);
+            self.seeds_if_alone(now);
         }
         let Some(pid) = link.peer else { return };
         let Some(p) = self.peers.get_mut(&pid) else {

@@ -74,6 +74,33 @@ impl Members {
         self.swim.poll_timeout()
     }
 
+    /// A membership packet arrived from `from`.
+    pub(super) fn packet(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
+        self.swim
+            .handle(now, membership::Input::Packet { from, data });
+        self.publish_stats();
+    }
+
+    /// Joins through `addrs` too (a seed name resolved to new addresses).
+    pub(super) fn join(&mut self, now: Instant, addrs: &[SocketAddr]) {
+        self.swim.handle(now, membership::Input::Join(addrs));
+        self.publish_stats();
+    }
+
+    /// The core's timers, if due.
+    pub(super) fn timers(&mut self, now: Instant) {
+        if self.next_at().is_some_and(|at| at <= now) {
+            self.swim.handle(now, membership::Input::Timer);
+            self.publish_stats();
+        }
+    }
+
+    /// Leaving on shutdown: the core tells some members at once (the datagrams go out in
+    /// this drain), so the others need not wait for the failure detector.
+    pub(super) fn leave(&mut self, now: Instant) {
+        self.swim.handle(now, membership::Input::Leave);
+    }
+
     /// Publishes the counters (after a packet or a timer: never on a message's path).
     fn publish_stats(&self) {
         // One short lock per membership packet or timer, against `Node::membership_stats`.
@@ -82,40 +109,6 @@ impl Members {
 }
 
 impl Endpoint {
-    /// A membership packet arrived from `from`.
-    pub(super) fn member_packet(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
-        if let Some(m) = self.members.as_mut() {
-            m.swim.handle(now, membership::Input::Packet { from, data });
-            m.publish_stats();
-        }
-    }
-
-    /// Membership joins through `addrs` too (a seed name resolved to new addresses).
-    pub(super) fn members_join(&mut self, now: Instant, addrs: &[SocketAddr]) {
-        if let Some(m) = self.members.as_mut() {
-            m.swim.handle(now, membership::Input::Join(addrs));
-            m.publish_stats();
-        }
-    }
-
-    /// The core's timers, if due.
-    pub(super) fn member_timers(&mut self, now: Instant) {
-        if let Some(m) = self.members.as_mut() {
-            if m.next_at().is_some_and(|at| at <= now) {
-                m.swim.handle(now, membership::Input::Timer);
-                m.publish_stats();
-            }
-        }
-    }
-
-    /// Leaving on shutdown: the core tells some members at once (the datagrams go out in
-    /// this drain), so the others need not wait for the failure detector.
-    pub(super) fn member_leave(&mut self, now: Instant) {
-        if let Some(m) = self.members.as_mut() {
-            m.swim.handle(now, membership::Input::Leave);
-        }
-    }
-
     /// Takes what the core asks: datagrams to send, changes of the view to act on.
     pub(super) fn pump_members(&mut self, now: Instant) {
         loop {

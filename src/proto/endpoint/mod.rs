@@ -58,10 +58,11 @@ mod seeds;
 mod time;
 
 pub(crate) use journal::{JournalGate, StoppedJournal, StoppedPeer};
+use links::Gate;
 use members::Members;
 pub(crate) use members::{MembersView, MembershipSetup};
+use seeds::Seeds;
 pub(crate) use seeds::Target;
-use seeds::{Seed, SeedName};
 
 /// The protocol's settings.
 #[derive(Clone)]
@@ -397,8 +398,8 @@ pub(crate) struct Endpoint {
     by_name: HashMap<SharedStr, usize, NameHash>,
     timers: Timers,
     backoff: Backoff,
-    admission: Admission,
-    shedding: Shedding,
+    /// Admission of accepted links.
+    gate: Gate,
     /// Links with bytes appended to their write buffer since the last write pass.
     dirty: VecDeque<LinkId>,
     /// Links whose reading is paused.
@@ -410,11 +411,8 @@ pub(crate) struct Endpoint {
     journal: Option<JournalGate>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
-    /// The seeds' addresses: [`Config::seeds`], then those the names resolved to at start,
-    /// then those they resolved to later (an index stays that address's for good).
-    seeds: Vec<Seed>,
-    /// The seeds given by name, in [`Config::seed_names`]' order.
-    seed_names: Vec<SeedName>,
+    /// The seeds: addresses dialled without a name, and the names they were given by.
+    seeds: Seeds,
     /// Membership, when configured.
     members: Option<Members>,
     out: Produced,
@@ -451,8 +449,7 @@ impl Endpoint {
         let mut ep = Endpoint {
             max_len: wire::max_frame_len(cfg.max_message),
             backoff: Backoff::new(cfg.launch_id),
-            admission: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
-            shedding: Shedding::default(),
+            gate: Gate::new(&cfg),
             local,
             counters,
             new_peer,
@@ -465,8 +462,7 @@ impl Endpoint {
             deferred: Vec::new(),
             shutdown: None,
             syncs: VecDeque::new(),
-            seeds: Seed::initial(&cfg),
-            seed_names: cfg.seed_names.iter().map(|_| SeedName::default()).collect(),
+            seeds: Seeds::new(&cfg),
             members: cfg
                 .membership
                 .as_ref()
@@ -486,9 +482,10 @@ impl Endpoint {
             cfg,
         };
         for s in 0..ep.seeds.len() {
-            ep.dial_seed(s);
+            ep.seeds.dial(s, false, &mut ep.out.events);
         }
-        ep.resolve_unresolved(now);
+        ep.seeds
+            .resolve_unresolved(now, false, &ep.cfg, &mut ep.backoff, &mut ep.timers);
         ep
     }
 
@@ -531,11 +528,17 @@ impl Endpoint {
             Input::Failed { link, why } => self.link_failed(now, link, why),
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
             Input::JournalMarks(marks) => self.journal_progress(now, marks),
-            Input::Datagram { from, data } => self.member_packet(now, from, data),
+            Input::Datagram { from, data } => {
+                if let Some(m) = self.members.as_mut() {
+                    m.packet(now, from, data);
+                }
+            }
             Input::Resolved { name, addrs } => self.seed_resolved(now, name, &addrs),
             Input::Timeout => {
                 self.handle_timeout(now);
-                self.member_timers(now);
+                if let Some(m) = self.members.as_mut() {
+                    m.timers(now);
+                }
             }
         }
     }
@@ -677,7 +680,7 @@ impl Endpoint {
         self.counters.established.store(est, Ordering::Relaxed);
         self.counters
             .pending
-            .store(self.admission.len() as u64, Ordering::Relaxed);
+            .store(self.gate.pending.len() as u64, Ordering::Relaxed);
     }
 
     /// Peer `id`, for the simulation's checks.

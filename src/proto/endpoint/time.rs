@@ -51,7 +51,7 @@ impl Endpoint {
                 TimerKind::Handshake { link } => self.handshake_due(now, link),
                 TimerKind::Forget { peer, gen } => self.forget_peer(peer, gen),
                 TimerKind::Seed { seed, gen } => self.seed_due(seed, gen),
-                TimerKind::Resolve { name, gen } => self.resolve_due(now, name, gen),
+                TimerKind::Resolve { name, gen } => self.resolve_due(name, gen),
                 TimerKind::AckDelay { peer } => self.ack_due(now, peer),
                 TimerKind::Tick => self.tick(now),
                 TimerKind::Deadline => {}
@@ -91,13 +91,14 @@ impl Endpoint {
             return;
         };
         let dialled = link.dialled;
-        if let Some(since) = self.admission.since(id) {
-            let limit = self.admission.deadline(self.cfg.handshake_timeout);
+        if let Some(since) = self.gate.pending.since(id) {
+            let limit = self.gate.pending.deadline(self.cfg.handshake_timeout);
             if now < since + limit {
                 self.timers
                     .add(since + limit, TimerKind::Handshake { link: id });
             } else {
-                self.pending_timed_out(now, id, limit);
+                self.gate.timed_out(limit, &self.cfg, &self.counters);
+                self.close_link(now, id, None, Why::IdleTimeout);
             }
             return;
         }
