@@ -13,7 +13,7 @@ impl Endpoint {
     /// configured one — it gains the address and is no longer forgotten — and the state the
     /// command brought is discarded (what was sent to it meanwhile fails and is reported).
     pub(super) fn add_peer(&mut self, now: Instant, shared: Arc<PeerShared>, addr: Option<Addr>) {
-        if let Some(&held) = self.by_name.get(&shared.name) {
+        if let Some(held) = self.peers.id_of(&shared.name) {
             let name = shared.name.clone();
             if let Some(p) = self.peers.get_mut(&held) {
                 if p.dynamic {
@@ -48,7 +48,6 @@ impl Endpoint {
             return;
         }
         let id = shared.id;
-        self.by_name.insert(shared.name.clone(), id);
         let mut peer = Remote::new(shared, addr);
         if let Some(r) = self
             .journal
@@ -98,7 +97,7 @@ impl Endpoint {
             log::info!(
                 "{}: disconnecting '{}' on request",
                 self.cfg.name,
-                self.peer_name(id)
+                self.peers.name(id)
             );
             self.close_link(
                 now,
@@ -163,7 +162,7 @@ impl Endpoint {
         if let Some(m) = self.members.as_mut() {
             m.leave(now);
         }
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        let ids = self.peers.ids();
         for id in ids {
             let Some(p) = self.peers.get_mut(&id) else {
                 continue;
@@ -188,7 +187,7 @@ impl Endpoint {
     /// durable (the driver asks the writer for that sync), or `None` after a journal failure
     /// (nothing may be reported durable then).
     pub(super) fn sync_journal_now(&mut self, now: Instant) -> Option<u64> {
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        let ids = self.peers.ids();
         for id in ids {
             self.publish_upto(now, id, usize::MAX);
         }
@@ -204,7 +203,7 @@ impl Endpoint {
     /// last progress once the writer has given the journal back.
     pub(crate) fn finish(&mut self, now: Instant) -> Option<Vec<StoppedPeer>> {
         let links: Vec<LinkId> = self.links.keys().copied().collect();
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        let ids = self.peers.ids();
         for id in ids {
             self.retire_peer(id, false);
         }

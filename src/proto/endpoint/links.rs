@@ -303,7 +303,7 @@ impl Endpoint {
                     log::debug!(
                         "{}: connect to '{}' failed",
                         self.cfg.name,
-                        self.peer_name(p)
+                        self.peers.name(p)
                     );
                 }
             }
@@ -322,7 +322,7 @@ impl Endpoint {
     ) {
         Counters::add(&self.counters.tls_failures, 1);
         let who = match (self.links.get(&id).and_then(|l| l.peer), from) {
-            (Some(p), _) => format!("'{}'", self.peer_name(p)),
+            (Some(p), _) => format!("'{}'", self.peers.name(p)),
             (None, Some(a)) => a.to_string(),
             (None, None) => "an unidentified peer".to_owned(),
         };
@@ -433,17 +433,13 @@ impl Endpoint {
         };
         p.retire(&self.cfg, &mut self.out, removed);
         if removed {
-            let name = p.name().clone();
             self.timers.cancel(|k| match k {
                 TimerKind::Reconnect { peer, .. }
                 | TimerKind::AckDelay { peer }
                 | TimerKind::Forget { peer, .. } => *peer == id,
                 _ => false,
             });
-            self.peers.remove(&id);
-            if self.by_name.get(&name) == Some(&id) {
-                self.by_name.remove(&name);
-            }
+            self.peers.remove(id);
         }
     }
 

@@ -179,7 +179,7 @@ impl Endpoint {
         if self.shutdown.is_some() {
             return;
         }
-        let id = match self.by_name.get(name).copied() {
+        let id = match self.peers.id_of(name) {
             Some(id) => {
                 let Some(p) = self.peers.get_mut(&id) else {
                     return;
@@ -222,7 +222,7 @@ impl Endpoint {
             .members
             .as_mut()
             .is_some_and(|m| m.governed.remove(name));
-        let Some(&id) = self.by_name.get(name) else {
+        let Some(id) = self.peers.id_of(name) else {
             return;
         };
         if !governed {

@@ -54,6 +54,7 @@ mod input;
 mod journal;
 mod links;
 mod members;
+mod roster;
 mod seeds;
 mod time;
 
@@ -61,6 +62,7 @@ pub(crate) use journal::{JournalGate, StoppedJournal, StoppedPeer};
 use links::Gate;
 use members::Members;
 pub(crate) use members::{MembersView, MembershipSetup};
+use roster::Roster;
 use seeds::Seeds;
 pub(crate) use seeds::Target;
 
@@ -162,6 +164,21 @@ pub(crate) struct NodeCounters {
     pub(crate) established: AtomicU64,
     /// Accepted links pending (not yet established) now.
     pub(crate) pending: AtomicU64,
+}
+
+impl NodeCounters {
+    /// Counts a handshake refused with `code` (by either side).
+    fn refusal(&self, code: CloseCode) {
+        Counters::add(&self.refused, 1);
+        match code {
+            CloseCode::Cluster => Counters::add(&self.refused_cluster, 1),
+            CloseCode::UnknownMember => Counters::add(&self.refused_unknown, 1),
+            CloseCode::Version => Counters::add(&self.refused_version, 1),
+            CloseCode::NameInUse => Counters::add(&self.name_conflicts, 1),
+            CloseCode::Auth => Counters::add(&self.auth_failures, 1),
+            _ => {}
+        }
+    }
 }
 
 /// What the endpoint asks of whoever drives it, taken from [`Endpoint::poll`] in the order
@@ -376,6 +393,19 @@ impl Produced {
     pub(crate) fn journal_open(&self) -> bool {
         self.journal_open
     }
+
+    /// Pushes the messages split from one read to peer `p`'s queues (dropped if the peer
+    /// is gone).
+    fn push_batch(&mut self, p: Option<&Remote>) {
+        match p {
+            Some(p) => p.push_batch(self),
+            None => {
+                self.batch.clear();
+                self.oob_batch.clear();
+                self.run.clear();
+            }
+        }
+    }
 }
 
 /// Makes the shared state of a member admitted while it dials in.
@@ -394,8 +424,8 @@ pub(crate) struct Endpoint {
     counters: Arc<NodeCounters>,
     new_peer: NewPeer,
     links: HashMap<LinkId, Link, IdHash>,
-    peers: HashMap<usize, Remote, IdHash>,
-    by_name: HashMap<SharedStr, usize, NameHash>,
+    /// The peers, by id and by name.
+    peers: Roster,
     timers: Timers,
     backoff: Backoff,
     /// Admission of accepted links.
@@ -454,8 +484,7 @@ impl Endpoint {
             counters,
             new_peer,
             links: HashMap::default(),
-            peers: HashMap::default(),
-            by_name: HashMap::default(),
+            peers: Roster::default(),
             timers,
             dirty: VecDeque::new(),
             paused: Vec::new(),
@@ -661,13 +690,6 @@ impl Endpoint {
             None => link.to_write(),
             Some(j) => link.durable_part(j.marks.appended, j.cut),
         })
-    }
-
-    fn peer_name(&self, id: usize) -> SharedStr {
-        self.peers
-            .get(&id)
-            .map(|p| p.name().clone())
-            .unwrap_or_else(|| "?".into())
     }
 
     /// Publishes the link gauges after the link set changed.

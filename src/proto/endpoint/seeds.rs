@@ -463,7 +463,7 @@ impl Endpoint {
         let Some(s) = self.links.get(&id).and_then(|l| l.seed) else {
             return;
         };
-        let known = self.by_name.get(peer.name.as_str()).copied();
+        let known = self.peers.id_of(&peer.name);
         let recovered = self
             .journal
             .as_ref()
@@ -509,7 +509,7 @@ impl Endpoint {
         else {
             return;
         };
-        if self.by_name.contains_key(peer.name.as_str()) || self.shutdown.is_some() {
+        if self.peers.id_of(&peer.name).is_some() || self.shutdown.is_some() {
             // Known meanwhile: our answer said we hold nothing of it, which may not be
             // true now. This link goes; the member's own comes or stays.
             return self.close_link(
@@ -576,7 +576,6 @@ impl Endpoint {
             addr.map_or_else(|| "?".to_string(), |a| a.to_string())
         );
         self.out.events.push_back(Output::Admitted(shared.clone()));
-        self.by_name.insert(shared.name.clone(), id);
         let mut peer = Remote::new(shared, addr.map(Addr::Tcp));
         if let Some(r) = self.journal.as_mut().and_then(|j| j.recovered.remove(name)) {
             peer.restore(&self.cfg, &mut self.out, r);

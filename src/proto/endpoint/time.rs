@@ -107,7 +107,7 @@ impl Endpoint {
             Some(p) => log::warn!(
                 "{}: handshake with '{}' timed out; closing the connection",
                 self.cfg.name,
-                self.peer_name(p)
+                self.peers.name(p)
             ),
             None => log::warn!("{}: handshake timed out; closing connection", self.cfg.name),
         }
@@ -120,7 +120,7 @@ impl Endpoint {
     pub(super) fn tick(&mut self, now: Instant) {
         self.shed_overdue(now);
         self.warn_shedding(now);
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        let ids = self.peers.ids();
         for id in ids {
             let Some(p) = self.peers.get_mut(&id) else {
                 continue;
@@ -171,7 +171,7 @@ impl Endpoint {
                 .links
                 .get(&id)
                 .and_then(|l| l.peer)
-                .map(|p| self.peer_name(p));
+                .map(|p| self.peers.name(p));
             log::warn!(
                 "{}: connection to '{}' silent for {:?}; closing it",
                 self.cfg.name,
