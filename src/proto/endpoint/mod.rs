@@ -510,11 +510,9 @@ impl Endpoint {
             journal,
             cfg,
         };
-        for s in 0..ep.seeds.len() {
-            ep.seeds.dial(s, false, &mut ep.out.events);
-        }
+        ep.seeds.dial_all(&mut ep.out.events);
         ep.seeds
-            .resolve_unresolved(now, false, &ep.cfg, &mut ep.backoff, &mut ep.timers);
+            .resolve_unresolved(now, &ep.cfg, &mut ep.backoff, &mut ep.timers);
         ep
     }
 

@@ -105,9 +105,16 @@ impl Seeds {
         }
     }
 
-    /// How many seed addresses there are.
-    pub(super) fn len(&self) -> usize {
-        self.list.len()
+    /// Whether the node has no seed address.
+    pub(super) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Dials every seed (at start).
+    pub(super) fn dial_all(&mut self, events: &mut VecDeque<Output>) {
+        for s in 0..self.list.len() {
+            self.dial(s, false, events);
+        }
     }
 
     /// Seed `s`'s address.
@@ -137,12 +144,11 @@ impl Seeds {
         });
     }
 
-    /// The node may reach nobody now: every idle seed is dialled again after its backoff,
-    /// and every name resolved again.
+    /// The node, not stopping, may reach nobody now: every idle seed is dialled again after
+    /// its backoff, and every name resolved again.
     pub(super) fn retry_all(
         &mut self,
         now: Instant,
-        stopping: bool,
         cfg: &Config,
         backoff: &mut Backoff,
         timers: &mut Timers,
@@ -158,7 +164,7 @@ impl Seeds {
             timers.add(now + delay, TimerKind::Seed { seed: s, gen });
         }
         for n in 0..self.names.len() {
-            self.resolve_later(now, n, stopping, cfg, backoff, timers);
+            self.resolve_later(now, n, false, cfg, backoff, timers);
         }
     }
 
@@ -192,18 +198,17 @@ impl Seeds {
     }
 
     /// Seed names that resolved to nothing at start are resolved again after the backoff
-    /// (the node reaches nobody yet).
+    /// (the node, just started, reaches nobody yet).
     pub(super) fn resolve_unresolved(
         &mut self,
         now: Instant,
-        stopping: bool,
         cfg: &Config,
         backoff: &mut Backoff,
         timers: &mut Timers,
     ) {
         for n in 0..self.names.len() {
             if !self.list.iter().any(|s| s.name == Some(n)) {
-                self.resolve_later(now, n, stopping, cfg, backoff, timers);
+                self.resolve_later(now, n, false, cfg, backoff, timers);
             }
         }
     }
@@ -343,11 +348,11 @@ impl Endpoint {
 
     /// The node may reach nobody now: every idle seed is dialled again after its backoff.
     pub(super) fn seeds_if_alone(&mut self, now: Instant) {
-        if self.seeds.len() == 0 || self.shutdown.is_some() || self.reaches_anyone() {
+        if self.seeds.is_empty() || self.shutdown.is_some() || self.reaches_anyone() {
             return;
         }
         self.seeds
-            .retry_all(now, false, &self.cfg, &mut self.backoff, &mut self.timers);
+            .retry_all(now, &self.cfg, &mut self.backoff, &mut self.timers);
     }
 
     /// Seed `s`'s retry timer (generation `gen`) fired: it is dialled again if the node
