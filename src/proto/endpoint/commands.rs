@@ -12,7 +12,7 @@ impl Endpoint {
     /// node's): the admitted peer, which holds the connection and its stream, becomes the
     /// configured one — it gains the address and is no longer forgotten — and the state the
     /// command brought is discarded (what was sent to it meanwhile fails and is reported).
-    pub(super) fn add_peer(&mut self, now: Instant, shared: Arc<PeerShared>, addr: Option<Addr>) {
+    pub(super) fn add_peer(&mut self, shared: Arc<PeerShared>, addr: Option<Addr>) {
         if let Some(held) = self.peers.id_of(&shared.name) {
             let name = shared.name.clone();
             if let Some(p) = self.peers.get_mut(&held) {
@@ -43,7 +43,8 @@ impl Endpoint {
                 );
             }
             if self.peers.get(&held).is_some_and(|p| p.link.is_none()) && self.shutdown.is_none() {
-                self.dial(now, held);
+                self.peers
+                    .dial(held, self.shutdown.is_some(), &mut self.out.events);
             }
             return;
         }
@@ -58,7 +59,8 @@ impl Endpoint {
         }
         self.peers.insert(id, peer);
         if self.shutdown.is_none() {
-            self.dial(now, id);
+            self.peers
+                .dial(id, self.shutdown.is_some(), &mut self.out.events);
         }
     }
 

@@ -50,7 +50,7 @@ impl Endpoint {
         let pid = match self.peers.id_of(&peer.name) {
             Some(pid) => pid,
             None if self.cfg.allow_unknown && self.shutdown.is_none() => {
-                self.add_unknown(now, &peer.name)
+                self.add_unknown(&peer.name)
             }
             None => {
                 let reason = format!("member '{}' is not configured here", peer.name);

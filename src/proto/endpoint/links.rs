@@ -223,28 +223,6 @@ impl Endpoint {
         }
     }
 
-    /// Dials peer `id` now if it has an address and no link: the driver opens the
-    /// connection ([`Output::Dial`]).
-    pub(super) fn dial(&mut self, now: Instant, id: usize) {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        if p.state == PeerState::Closed || p.link.is_some() || self.shutdown.is_some() {
-            return;
-        }
-        let Some(addr) = p.addr.clone() else {
-            p.set_state(PeerState::Backoff);
-            return; // no address: it will dial us
-        };
-        let _ = now;
-        let name = p.name().clone();
-        self.out.events.push_back(Output::Dial {
-            target: Target::Peer(id),
-            name: Some(name),
-            addr,
-        });
-    }
-
     /// The driver opened a connection for peer `peer` (after [`Output::Dial`]): it becomes
     /// link `id`, connecting; the dialler's handshake waits for the acceptor's Hello.
     pub(super) fn dialled(&mut self, now: Instant, peer: usize, id: LinkId, nonce: Nonce) {
@@ -278,7 +256,14 @@ impl Endpoint {
     /// retry with backoff.
     pub(super) fn dial_failed(&mut self, now: Instant, peer: usize) {
         Counters::add(&self.counters.dial_failures, 1);
-        self.schedule_reconnect(now, peer);
+        self.peers.schedule_reconnect(
+            now,
+            peer,
+            self.shutdown.is_some(),
+            &self.cfg,
+            &mut self.backoff,
+            &mut self.timers,
+        );
     }
 
     /// A dialled link's connection completed.
@@ -392,38 +377,15 @@ impl Endpoint {
             });
         }
         if p.state != PeerState::Closed {
-            self.schedule_reconnect(now, pid);
+            self.peers.schedule_reconnect(
+                now,
+                pid,
+                self.shutdown.is_some(),
+                &self.cfg,
+                &mut self.backoff,
+                &mut self.timers,
+            );
         }
-    }
-
-    pub(super) fn schedule_reconnect(&mut self, now: Instant, id: usize) {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        if p.state == PeerState::Closed || self.shutdown.is_some() {
-            return;
-        }
-        p.set_state(PeerState::Backoff);
-        if p.addr.is_none() {
-            // Nothing to dial: it will dial us. A member admitted at run time is forgotten
-            // if it does not within `forget_after` (a reconnect bumps `gen`, cancelling it).
-            if p.dynamic {
-                p.gen += 1;
-                let gen = p.gen;
-                if let Some(at) = now.checked_add(self.cfg.forget_after) {
-                    self.timers.add(at, TimerKind::Forget { peer: id, gen });
-                }
-            }
-            return;
-        }
-        p.gen += 1;
-        let delay = self
-            .backoff
-            .delay(p.attempt, self.cfg.backoff_min, self.cfg.backoff_max);
-        p.attempt = p.attempt.saturating_add(1);
-        let gen = p.gen;
-        self.timers
-            .add(now + delay, TimerKind::Reconnect { peer: id, gen });
     }
 
     /// Terminal transition of a peer (removed for good, or the node shutting down).
@@ -443,12 +405,12 @@ impl Endpoint {
         }
     }
 
-    pub(super) fn add_unknown(&mut self, now: Instant, name: &str) -> usize {
+    pub(super) fn add_unknown(&mut self, name: &str) -> usize {
         let shared = (self.new_peer)(name.into());
         let id = shared.id;
         log::info!("{}: admitting unknown member '{name}'", self.cfg.name);
         self.out.events.push_back(Output::Admitted(shared.clone()));
-        self.add_peer(now, shared, None);
+        self.add_peer(shared, None);
         if let Some(p) = self.peers.get_mut(&id) {
             p.dynamic = true;
         }

@@ -141,7 +141,7 @@ impl Endpoint {
         let name = member.name.clone();
         match member.state {
             State::Alive | State::Suspect => {
-                self.member_live(now, &member.name, member.addr);
+                self.member_live(&member.name, member.addr);
                 let back = matches!(before, None | Some(State::Failed | State::Left));
                 let fact = match (before, member.state) {
                     _ if back => Event::MemberJoined {
@@ -175,7 +175,7 @@ impl Endpoint {
 
     /// The view holds `name` live at `addr`: it is a peer with that address (added if the
     /// node does not know it), governed by the view, and dialled if it has no link.
-    fn member_live(&mut self, now: Instant, name: &str, addr: SocketAddr) {
+    fn member_live(&mut self, name: &str, addr: SocketAddr) {
         if self.shutdown.is_some() {
             return;
         }
@@ -202,7 +202,7 @@ impl Endpoint {
                 log::info!("{}: member '{name}' joined at {addr}", self.cfg.name);
                 self.out.events.push_back(Output::Admitted(shared.clone()));
                 let id = shared.id;
-                self.add_peer(now, shared, Some(Addr::Tcp(addr)));
+                self.add_peer(shared, Some(Addr::Tcp(addr)));
                 id
             }
         };
@@ -210,7 +210,8 @@ impl Endpoint {
             m.governed.insert(name.into());
         }
         if self.peers.get(&id).is_some_and(|p| p.link.is_none()) {
-            self.dial(now, id);
+            self.peers
+                .dial(id, self.shutdown.is_some(), &mut self.out.events);
         }
     }
 

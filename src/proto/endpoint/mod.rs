@@ -520,7 +520,7 @@ impl Endpoint {
     /// comes out of [`poll`](Endpoint::poll), which the driver drains next.
     pub(crate) fn handle(&mut self, now: Instant, input: Input<'_>) {
         match input {
-            Input::AddPeer { peer, addr } => self.add_peer(now, peer, addr),
+            Input::AddPeer { peer, addr } => self.add_peer(peer, addr),
             Input::RemovePeer(id) => self.remove_peer(now, id),
             Input::Disconnect(id) => self.disconnect(now, id),
             Input::Shutdown { deadline } => self.begin_shutdown(now, deadline),

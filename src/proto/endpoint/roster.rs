@@ -51,6 +51,67 @@ impl Roster {
         self.by_id.insert(id, peer);
     }
 
+    /// Dials peer `id` now if it has an address and no link and the node is not
+    /// `stopping`: the driver opens the connection ([`Output::Dial`]). One without an
+    /// address waits for it to dial in.
+    pub(super) fn dial(&mut self, id: usize, stopping: bool, events: &mut VecDeque<Output>) {
+        let Some(p) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        if p.state == PeerState::Closed || p.link.is_some() || stopping {
+            return;
+        }
+        let Some(addr) = p.addr.clone() else {
+            p.set_state(PeerState::Backoff);
+            return; // no address: it will dial us
+        };
+        let name = p.name().clone();
+        events.push_back(Output::Dial {
+            target: Target::Peer(id),
+            name: Some(name),
+            addr,
+        });
+    }
+
+    /// Peer `id` lost its link or could not be dialled: it is dialled again after its
+    /// backoff, unless it is closed or the node is `stopping`. One without an address waits
+    /// for it to dial in; if it was admitted at run time, it is forgotten if it does not
+    /// within `forget_after`.
+    pub(super) fn schedule_reconnect(
+        &mut self,
+        now: Instant,
+        id: usize,
+        stopping: bool,
+        cfg: &Config,
+        backoff: &mut Backoff,
+        timers: &mut Timers,
+    ) {
+        let Some(p) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        if p.state == PeerState::Closed || stopping {
+            return;
+        }
+        p.set_state(PeerState::Backoff);
+        if p.addr.is_none() {
+            // Nothing to dial: it will dial us. A member admitted at run time is forgotten
+            // if it does not within `forget_after` (a reconnect bumps `gen`, cancelling it).
+            if p.dynamic {
+                p.gen += 1;
+                let gen = p.gen;
+                if let Some(at) = now.checked_add(cfg.forget_after) {
+                    timers.add(at, TimerKind::Forget { peer: id, gen });
+                }
+            }
+            return;
+        }
+        p.gen += 1;
+        let delay = backoff.delay(p.attempt, cfg.backoff_min, cfg.backoff_max);
+        p.attempt = p.attempt.saturating_add(1);
+        let gen = p.gen;
+        timers.add(now + delay, TimerKind::Reconnect { peer: id, gen });
+    }
+
     /// Drops peer `id`, and its name if the name is still its own.
     pub(super) fn remove(&mut self, id: usize) {
         let Some(p) = self.by_id.remove(&id) else {

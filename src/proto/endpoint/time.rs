@@ -45,7 +45,8 @@ impl Endpoint {
                         .get(&peer)
                         .is_some_and(|p| p.gen == gen && p.link.is_none())
                     {
-                        self.dial(now, peer);
+                        self.peers
+                            .dial(peer, self.shutdown.is_some(), &mut self.out.events);
                     }
                 }
                 TimerKind::Handshake { link } => self.handshake_due(now, link),
