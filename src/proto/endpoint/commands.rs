@@ -72,7 +72,8 @@ impl Endpoint {
             return;
         };
         let (link, name, up) = (p.link, p.name().clone(), p.up);
-        self.retire_peer(id, true);
+        self.peers
+            .retire(id, true, &self.cfg, &mut self.out, &mut self.timers);
         if let Some(link) = link {
             self.close_link(
                 now,
@@ -207,7 +208,8 @@ impl Endpoint {
         let links: Vec<LinkId> = self.links.keys().copied().collect();
         let ids = self.peers.ids();
         for id in ids {
-            self.retire_peer(id, false);
+            self.peers
+                .retire(id, false, &self.cfg, &mut self.out, &mut self.timers);
         }
         for l in links {
             self.close_link(

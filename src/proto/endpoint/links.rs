@@ -1,6 +1,7 @@
 //! Links opening and closing: admission of accepted connections (the pending table's
 //! verdicts, displacement, deadlines under pressure), dials and their outcome, a link's
-//! close and what it means for its peer (reconnect with backoff, forget, retire).
+//! close and what it means for its peer (reconnected with backoff, or retired: see
+//! `roster.rs`).
 
 use super::*;
 
@@ -388,23 +389,6 @@ impl Endpoint {
         }
     }
 
-    /// Terminal transition of a peer (removed for good, or the node shutting down).
-    pub(super) fn retire_peer(&mut self, id: usize, removed: bool) {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        p.retire(&self.cfg, &mut self.out, removed);
-        if removed {
-            self.timers.cancel(|k| match k {
-                TimerKind::Reconnect { peer, .. }
-                | TimerKind::AckDelay { peer }
-                | TimerKind::Forget { peer, .. } => *peer == id,
-                _ => false,
-            });
-            self.peers.remove(id);
-        }
-    }
-
     pub(super) fn add_unknown(&mut self, name: &str) -> usize {
         let shared = (self.new_peer)(name.into());
         let id = shared.id;
@@ -415,33 +399,5 @@ impl Endpoint {
             p.dynamic = true;
         }
         id
-    }
-
-    /// The forget timer of peer `id` (generation `gen`) fired: if that member, admitted at
-    /// run time, is still disconnected since, it is retired as `remove_peer` does (queued
-    /// messages fail, unacknowledged ones are undelivered) and the node forgets it.
-    pub(super) fn forget_peer(&mut self, id: usize, gen: u64) {
-        let Some(p) = self.peers.get(&id) else {
-            return;
-        };
-        if !p.dynamic
-            || p.gen != gen
-            || p.link.is_some()
-            || p.state == PeerState::Closed
-            || self.shutdown.is_some()
-        {
-            return;
-        }
-        let (name, shared) = (p.name().clone(), p.shared.clone());
-        log::info!(
-            "{}: forgetting '{name}', admitted at run time and disconnected for {:?}",
-            self.cfg.name,
-            self.cfg.forget_after
-        );
-        self.retire_peer(id, true);
-        self.out.events.push_back(Output::Forget(shared));
-        emit(&self.cfg, &mut self.out, || Event::Forgotten {
-            peer: name.to_string(),
-        });
     }
 }

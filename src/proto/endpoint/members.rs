@@ -250,7 +250,8 @@ impl Endpoint {
                 "left the cluster"
             }
         );
-        self.retire_peer(id, true);
+        self.peers
+            .retire(id, true, &self.cfg, &mut self.out, &mut self.timers);
         let why = Why::Removed;
         if let Some(link) = link {
             let reason = if failed {

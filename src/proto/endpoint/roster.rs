@@ -1,6 +1,7 @@
-//! The peers: each member's protocol state by id, and the ids by name, kept in step (a
-//! name maps to the id of a peer held, and a peer's name to its id, unless a peer claiming
-//! an existing name was refused before it got here).
+//! The peers: each member's protocol state by id and the ids by name, kept in step (a peer
+//! is held under its name; dropping it drops the name too), and what happens to a peer
+//! alone: its dial, its reconnect with backoff, its retirement, forgetting one admitted at
+//! run time. What also needs its link or the journal stays the endpoint's.
 
 use super::*;
 
@@ -112,8 +113,69 @@ impl Roster {
         timers.add(now + delay, TimerKind::Reconnect { peer: id, gen });
     }
 
+    /// Terminal transition of peer `id` (`removed` for good, or the node shutting down).
+    pub(super) fn retire(
+        &mut self,
+        id: usize,
+        removed: bool,
+        cfg: &Config,
+        out: &mut Produced,
+        timers: &mut Timers,
+    ) {
+        let Some(p) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        p.retire(cfg, out, removed);
+        if removed {
+            timers.cancel(|k| match k {
+                TimerKind::Reconnect { peer, .. }
+                | TimerKind::AckDelay { peer }
+                | TimerKind::Forget { peer, .. } => *peer == id,
+                _ => false,
+            });
+            self.remove(id);
+        }
+    }
+
+    /// The forget timer of peer `id` (generation `gen`) fired: if that member, admitted at
+    /// run time, is still disconnected since, it is retired as `remove_peer` does (queued
+    /// messages fail, unacknowledged ones are undelivered) and the node forgets it, unless
+    /// the node is `stopping`.
+    pub(super) fn forget(
+        &mut self,
+        id: usize,
+        gen: u64,
+        stopping: bool,
+        cfg: &Config,
+        out: &mut Produced,
+        timers: &mut Timers,
+    ) {
+        let Some(p) = self.by_id.get(&id) else {
+            return;
+        };
+        if !p.dynamic
+            || p.gen != gen
+            || p.link.is_some()
+            || p.state == PeerState::Closed
+            || stopping
+        {
+            return;
+        }
+        let (name, shared) = (p.name().clone(), p.shared.clone());
+        log::info!(
+            "{}: forgetting '{name}', admitted at run time and disconnected for {:?}",
+            cfg.name,
+            cfg.forget_after
+        );
+        self.retire(id, true, cfg, out, timers);
+        out.events.push_back(Output::Forget(shared));
+        emit(cfg, out, || Event::Forgotten {
+            peer: name.to_string(),
+        });
+    }
+
     /// Drops peer `id`, and its name if the name is still its own.
-    pub(super) fn remove(&mut self, id: usize) {
+    fn remove(&mut self, id: usize) {
         let Some(p) = self.by_id.remove(&id) else {
             return;
         };

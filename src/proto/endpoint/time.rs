@@ -50,7 +50,14 @@ impl Endpoint {
                     }
                 }
                 TimerKind::Handshake { link } => self.handshake_due(now, link),
-                TimerKind::Forget { peer, gen } => self.forget_peer(peer, gen),
+                TimerKind::Forget { peer, gen } => self.peers.forget(
+                    peer,
+                    gen,
+                    self.shutdown.is_some(),
+                    &self.cfg,
+                    &mut self.out,
+                    &mut self.timers,
+                ),
                 TimerKind::Seed { seed, gen } => self.seed_due(seed, gen),
                 TimerKind::Resolve { name, gen } => self.resolve_due(name, gen),
                 TimerKind::AckDelay { peer } => self.ack_due(now, peer),
