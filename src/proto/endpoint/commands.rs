@@ -12,8 +12,8 @@ impl Endpoint {
     /// node's): the admitted peer, which holds the connection and its stream, becomes the
     /// configured one — it gains the address and is no longer forgotten — and the state the
     /// command brought is discarded (what was sent to it meanwhile fails and is reported).
-    pub(super) fn add_peer(&mut self, now: Instant, shared: Arc<PeerShared>, addr: Option<Addr>) {
-        if let Some(&held) = self.by_name.get(&shared.name) {
+    pub(super) fn add_peer(&mut self, shared: Arc<PeerShared>, addr: Option<Addr>) {
+        if let Some(held) = self.peers.id_of(&shared.name) {
             let name = shared.name.clone();
             if let Some(p) = self.peers.get_mut(&held) {
                 if p.dynamic {
@@ -43,12 +43,12 @@ impl Endpoint {
                 );
             }
             if self.peers.get(&held).is_some_and(|p| p.link.is_none()) && self.shutdown.is_none() {
-                self.dial(now, held);
+                self.peers
+                    .dial(held, self.shutdown.is_some(), &mut self.out.events);
             }
             return;
         }
         let id = shared.id;
-        self.by_name.insert(shared.name.clone(), id);
         let mut peer = Remote::new(shared, addr);
         if let Some(r) = self
             .journal
@@ -59,7 +59,8 @@ impl Endpoint {
         }
         self.peers.insert(id, peer);
         if self.shutdown.is_none() {
-            self.dial(now, id);
+            self.peers
+                .dial(id, self.shutdown.is_some(), &mut self.out.events);
         }
     }
 
@@ -71,7 +72,8 @@ impl Endpoint {
             return;
         };
         let (link, name, up) = (p.link, p.name().clone(), p.up);
-        self.retire_peer(id, true);
+        self.peers
+            .retire(id, true, &self.cfg, &mut self.out, &mut self.timers);
         if let Some(link) = link {
             self.close_link(
                 now,
@@ -98,7 +100,7 @@ impl Endpoint {
             log::info!(
                 "{}: disconnecting '{}' on request",
                 self.cfg.name,
-                self.peer_name(id)
+                self.peers.name(id)
             );
             self.close_link(
                 now,
@@ -160,8 +162,10 @@ impl Endpoint {
         }
         self.shutdown = Some(deadline);
         self.timers.add(deadline, TimerKind::Deadline);
-        self.member_leave(now);
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        if let Some(m) = self.members.as_mut() {
+            m.leave(now);
+        }
+        let ids = self.peers.ids();
         for id in ids {
             let Some(p) = self.peers.get_mut(&id) else {
                 continue;
@@ -186,7 +190,7 @@ impl Endpoint {
     /// durable (the driver asks the writer for that sync), or `None` after a journal failure
     /// (nothing may be reported durable then).
     pub(super) fn sync_journal_now(&mut self, now: Instant) -> Option<u64> {
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        let ids = self.peers.ids();
         for id in ids {
             self.publish_upto(now, id, usize::MAX);
         }
@@ -202,9 +206,10 @@ impl Endpoint {
     /// last progress once the writer has given the journal back.
     pub(crate) fn finish(&mut self, now: Instant) -> Option<Vec<StoppedPeer>> {
         let links: Vec<LinkId> = self.links.keys().copied().collect();
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        let ids = self.peers.ids();
         for id in ids {
-            self.retire_peer(id, false);
+            self.peers
+                .retire(id, false, &self.cfg, &mut self.out, &mut self.timers);
         }
         for l in links {
             self.close_link(

@@ -47,10 +47,10 @@ impl Endpoint {
                 Why::Tls,
             );
         }
-        let pid = match self.by_name.get(peer.name.as_str()) {
-            Some(&pid) => pid,
+        let pid = match self.peers.id_of(&peer.name) {
+            Some(pid) => pid,
             None if self.cfg.allow_unknown && self.shutdown.is_none() => {
-                self.add_unknown(now, &peer.name)
+                self.add_unknown(&peer.name)
             }
             None => {
                 let reason = format!("member '{}' is not configured here", peer.name);
@@ -205,7 +205,7 @@ impl Endpoint {
             wire::encode_heartbeat(&mut link.wbuf);
             self.dirty.push_back(link.id);
         }
-        self.count_refusal(CloseCode::NameInUse);
+        self.counters.refusal(CloseCode::NameInUse);
         self.refused(id, CloseCode::NameInUse, false);
         self.close_link(
             now,
@@ -328,7 +328,7 @@ impl Endpoint {
         let Some(p) = self.peers.get_mut(&pid) else {
             return;
         };
-        self.admission.remove(id);
+        self.gate.pending.remove(id);
         match p.establish(
             &self.cfg,
             &mut self.out,

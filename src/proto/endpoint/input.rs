@@ -55,7 +55,7 @@ impl Endpoint {
                                 Counters::add(&self.counters.window_violations, 1);
                             }
                             self.cut_run(id, Some(pid), std::mem::take(&mut pending));
-                            self.push_batch(pid);
+                            self.out.push_batch(self.peers.get(&pid));
                             self.protocol_error(now, id, e.to_string());
                             break;
                         }
@@ -96,7 +96,7 @@ impl Endpoint {
                             if matches!(e, RecoveryError::WindowExceeded { .. }) {
                                 Counters::add(&self.counters.window_violations, 1);
                             }
-                            self.push_batch(pid);
+                            self.out.push_batch(self.peers.get(&pid));
                             self.protocol_error(now, id, e.to_string());
                             break;
                         }
@@ -105,7 +105,7 @@ impl Endpoint {
                 Ok(Some(wire::Split::Control(bytes))) => self.on_frame(now, id, &bytes, cert),
                 Err(e) => {
                     if let Some(pid) = peer_of_batch {
-                        self.push_batch(pid);
+                        self.out.push_batch(self.peers.get(&pid));
                     }
                     self.protocol_error(now, id, e.to_string());
                     break;
@@ -116,7 +116,7 @@ impl Endpoint {
             self.cut_run(id, peer_of_batch, pending);
         }
         if let Some(pid) = peer_of_batch {
-            self.push_batch(pid);
+            self.out.push_batch(self.peers.get(&pid));
             self.after_data(now, pid);
         }
     }
@@ -132,17 +132,6 @@ impl Endpoint {
         match pid.and_then(|p| self.peers.get(&p)) {
             Some(p) => p.cut_run(&mut self.out, buf),
             None => self.out.run.clear(),
-        }
-    }
-
-    pub(super) fn push_batch(&mut self, pid: usize) {
-        match self.peers.get(&pid) {
-            Some(p) => p.push_batch(&mut self.out),
-            None => {
-                self.out.batch.clear();
-                self.out.oob_batch.clear();
-                self.out.run.clear();
-            }
         }
     }
 
@@ -225,7 +214,7 @@ impl Endpoint {
             .links
             .get(&id)
             .and_then(|l| l.peer)
-            .map(|p| self.peer_name(p))
+            .map(|p| self.peers.name(p))
             .unwrap_or_else(|| "an unidentified peer".into());
         log::warn!(
             "{}: protocol error from {who}, closing connection: {reason}",
@@ -239,18 +228,6 @@ impl Endpoint {
         );
     }
 
-    pub(super) fn count_refusal(&self, code: CloseCode) {
-        Counters::add(&self.counters.refused, 1);
-        match code {
-            CloseCode::Cluster => Counters::add(&self.counters.refused_cluster, 1),
-            CloseCode::UnknownMember => Counters::add(&self.counters.refused_unknown, 1),
-            CloseCode::Version => Counters::add(&self.counters.refused_version, 1),
-            CloseCode::NameInUse => Counters::add(&self.counters.name_conflicts, 1),
-            CloseCode::Auth => Counters::add(&self.counters.auth_failures, 1),
-            _ => {}
-        }
-    }
-
     /// Tells the application that the handshake on link `id` was refused with `code` (by
     /// the other side: `by_peer`), if that is a refusal of who the other side is.
     pub(super) fn refused(&mut self, id: LinkId, code: CloseCode, by_peer: bool) {
@@ -262,7 +239,7 @@ impl Endpoint {
         };
         let addr = link.remote.clone();
         let peer = match link.peer.or(link.dialled) {
-            Some(p) => Some(self.peer_name(p).to_string()),
+            Some(p) => Some(self.peers.name(p).to_string()),
             None => link
                 .hs
                 .as_ref()
@@ -282,7 +259,7 @@ impl Endpoint {
             "{}: refusing connection ({code:?}): {reason}",
             self.cfg.name
         );
-        self.count_refusal(code);
+        self.counters.refusal(code);
         self.refused(id, code, false);
         self.close_link(now, id, Some((code, reason)), Why::ProtocolError);
     }
@@ -340,12 +317,12 @@ impl Endpoint {
                         } else {
                             log::debug!("{line}");
                         }
-                        self.count_refusal(e.code);
+                        self.counters.refusal(e.code);
                         self.refused(id, e.code, true);
                         self.close_link(now, id, None, Why::PeerClosed);
                     } else if e.by_peer {
                         log::warn!("{}: {e}", self.cfg.name);
-                        self.count_refusal(e.code);
+                        self.counters.refusal(e.code);
                         self.refused(id, e.code, true);
                         self.close_link(now, id, None, Why::PeerClosed);
                     } else if e.code == CloseCode::NameMismatch && link.seed.is_some() {
@@ -394,7 +371,7 @@ impl Endpoint {
                 log::info!(
                     "{}: '{}' closed the connection ({code:?}): {reason}",
                     self.cfg.name,
-                    self.peer_name(pid)
+                    self.peers.name(pid)
                 );
                 self.close_link(now, id, None, Why::PeerClosed);
             }

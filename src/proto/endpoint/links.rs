@@ -1,20 +1,161 @@
 //! Links opening and closing: admission of accepted connections (the pending table's
 //! verdicts, displacement, deadlines under pressure), dials and their outcome, a link's
-//! close and what it means for its peer (reconnect with backoff, forget, retire).
+//! close and what it means for its peer (reconnected with backoff, or retired: see
+//! `roster.rs`).
 
 use super::*;
+
+/// Admission of accepted links: the table of those still in their handshake (by age and
+/// source address) and what its rules shed since the last warning.
+pub(super) struct Gate {
+    pub(super) pending: Admission,
+    shed: Shedding,
+}
+
+impl Gate {
+    pub(super) fn new(cfg: &Config) -> Gate {
+        Gate {
+            pending: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
+            shed: Shedding::default(),
+        }
+    }
+
+    /// Judges a connection just accepted from `from` at `now`, with `open` links open.
+    fn verdict(
+        &mut self,
+        now: Instant,
+        from: &Addr,
+        open: usize,
+        cfg: &Config,
+        counters: &NodeCounters,
+    ) -> Verdict {
+        let source = admission::source_of(from.source_ip());
+        let node_full = open >= cfg.max_connections;
+        let v = self.pending.verdict(source, now, node_full);
+        if matches!(v, Verdict::SourceBurst | Verdict::Full) {
+            self.refuse_stranger(from, v, open, cfg, counters);
+        }
+        v
+    }
+
+    /// Logs what the admission rules shed, when a warning is due.
+    fn warn(&mut self, now: Instant, node: &str) {
+        let Some(line) = self.shed.warning(now) else {
+            return;
+        };
+        let biggest = match self.pending.biggest() {
+            Some((ip, n)) => format!(", most by {ip} ({n})"),
+            None => String::new(),
+        };
+        log::warn!(
+            "{node}: {line}; {} of {} handshaking slots taken{biggest}, {} per address at most",
+            self.pending.len(),
+            self.pending.max_pending(),
+            self.pending.per_source()
+        );
+    }
+
+    fn refuse_stranger(
+        &mut self,
+        from: &Addr,
+        why: Verdict,
+        open: usize,
+        cfg: &Config,
+        counters: &NodeCounters,
+    ) {
+        Counters::add(&counters.refused_limit, 1);
+        if why == Verdict::SourceBurst {
+            Counters::add(&counters.refused_per_source, 1);
+            self.shed.over_source += 1;
+            log::debug!(
+                "{}: refusing connection from {from}: its address holds its share of handshaking connections ({} of {} at most), all accepted in the same burst as it",
+                cfg.name,
+                self.pending.held_by(admission::source_of(from.source_ip())),
+                self.pending.per_source()
+            );
+        } else {
+            self.shed.refused += 1;
+            log::debug!(
+                "{}: refusing connection from {from}: {open} open (limit {}), none handshaking to make room",
+                cfg.name,
+                cfg.max_connections
+            );
+        }
+    }
+
+    /// Pending link `victim` is closed to make room for one from `from`: the oldest of the
+    /// address holding the most, or (`own`) of `from`'s address, which holds its share.
+    fn displaced(
+        &mut self,
+        now: Instant,
+        victim: LinkId,
+        from: &Addr,
+        own: bool,
+        cfg: &Config,
+        counters: &NodeCounters,
+    ) {
+        Counters::add(&counters.displaced, 1);
+        self.shed.displaced += 1;
+        if own {
+            Counters::add(&counters.displaced_per_source, 1);
+            self.shed.displaced_own += 1;
+        }
+        if log::log_enabled!(log::Level::Debug) {
+            let age = self
+                .pending
+                .since(victim)
+                .map(|t| now.saturating_duration_since(t))
+                .unwrap_or_default();
+            if own {
+                log::debug!(
+                    "{}: the address of {from} holds its share of handshaking connections ({}); closing its oldest ({age:.1?} old) for the new one",
+                    cfg.name,
+                    self.pending.per_source()
+                );
+            } else {
+                let held = self.pending.biggest().map_or(0, |(_, n)| n);
+                log::debug!(
+                    "{}: {} of {} handshaking slots taken; closing the oldest connection ({age:.1?} old) of the address holding the most ({held}) for one from {from}",
+                    cfg.name,
+                    self.pending.len(),
+                    self.pending.max_pending()
+                );
+            }
+        }
+    }
+
+    /// A pending accepted link is closed, past its deadline `limit`.
+    pub(super) fn timed_out(&mut self, limit: Duration, cfg: &Config, counters: &NodeCounters) {
+        let early = limit < cfg.handshake_timeout;
+        Counters::add(&counters.handshake_timeouts, 1);
+        self.shed.timed_out += 1;
+        if early {
+            Counters::add(&counters.pressure_timeouts, 1);
+            self.shed.early += 1;
+        }
+        log::debug!(
+            "{}: handshake of an accepted connection timed out after {limit:.1?}{}; closing it",
+            cfg.name,
+            if early {
+                format!(
+                    " (shortened: {} of {} handshaking slots taken)",
+                    self.pending.len(),
+                    self.pending.max_pending()
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+}
 
 impl Endpoint {
     /// Judges a connection just accepted from `from` at `now` (before anything is spent on
     /// it).
     pub(crate) fn verdict_on_accept(&mut self, now: Instant, from: Addr) -> Verdict {
-        let source = admission::source_of(from.source_ip());
-        let node_full = self.links.len() >= self.cfg.max_connections;
-        let v = self.admission.verdict(source, now, node_full);
-        if matches!(v, Verdict::SourceBurst | Verdict::Full) {
-            self.refuse_stranger(&from, v);
-        }
-        v
+        let open = self.links.len();
+        self.gate
+            .verdict(now, &from, open, &self.cfg, &self.counters)
     }
 
     /// A connection accepted from `from` (admitted by [`judge`](Endpoint::verdict_on_accept), which
@@ -29,10 +170,15 @@ impl Endpoint {
         verdict: Verdict,
         nonce: Nonce,
     ) {
-        match verdict {
-            Verdict::Displace(victim) => self.displace(now, victim, &from, false),
-            Verdict::DisplaceOwn(victim) => self.displace(now, victim, &from, true),
-            Verdict::Admit | Verdict::Full | Verdict::SourceBurst => {}
+        let displaced = match verdict {
+            Verdict::Displace(victim) => Some((victim, false)),
+            Verdict::DisplaceOwn(victim) => Some((victim, true)),
+            Verdict::Admit | Verdict::Full | Verdict::SourceBurst => None,
+        };
+        if let Some((victim, own)) = displaced {
+            self.gate
+                .displaced(now, victim, &from, own, &self.cfg, &self.counters);
+            self.close_link(now, victim, None, Why::Replaced);
         }
         Counters::add(&self.counters.accepted, 1);
         log::debug!("{}: accepted connection from {from}", self.cfg.name);
@@ -42,10 +188,10 @@ impl Endpoint {
         let source = admission::source_of(from.source_ip());
         link.remote = Some(from);
         self.links.insert(id, link);
-        self.admission.insert(id, source, now);
+        self.gate.pending.insert(id, source, now);
         self.update_gauges();
         self.dirty.push_back(id);
-        let deadline = self.admission.deadline(self.cfg.handshake_timeout);
+        let deadline = self.gate.pending.deadline(self.cfg.handshake_timeout);
         self.timers
             .add(now + deadline, TimerKind::Handshake { link: id });
         // The table just grew: older links may be past the shorter deadline.
@@ -66,131 +212,16 @@ impl Endpoint {
 
     /// Logs what the admission rules shed, when a warning is due.
     pub(crate) fn warn_shedding(&mut self, now: Instant) {
-        let Some(line) = self.shedding.warning(now) else {
-            return;
-        };
-        let biggest = match self.admission.biggest() {
-            Some((ip, n)) => format!(", most by {ip} ({n})"),
-            None => String::new(),
-        };
-        log::warn!(
-            "{}: {line}; {} of {} handshaking slots taken{biggest}, {} per address at most",
-            self.cfg.name,
-            self.admission.len(),
-            self.admission.max_pending(),
-            self.admission.per_source()
-        );
-    }
-
-    pub(super) fn refuse_stranger(&mut self, from: &Addr, why: Verdict) {
-        Counters::add(&self.counters.refused_limit, 1);
-        if why == Verdict::SourceBurst {
-            Counters::add(&self.counters.refused_per_source, 1);
-            self.shedding.over_source += 1;
-            log::debug!(
-                "{}: refusing connection from {from}: its address holds its share of handshaking connections ({} of {} at most), all accepted in the same burst as it",
-                self.cfg.name,
-                self.admission.held_by(admission::source_of(from.source_ip())),
-                self.admission.per_source()
-            );
-        } else {
-            self.shedding.refused += 1;
-            log::debug!(
-                "{}: refusing connection from {from}: {} open (limit {}), none handshaking to make room",
-                self.cfg.name,
-                self.links.len(),
-                self.cfg.max_connections
-            );
-        }
-    }
-
-    /// Closes pending link `victim` to make room for one from `from`: the oldest of the
-    /// address holding the most, or (`own`) of `from`'s address, which holds its share.
-    pub(super) fn displace(&mut self, now: Instant, victim: LinkId, from: &Addr, own: bool) {
-        Counters::add(&self.counters.displaced, 1);
-        self.shedding.displaced += 1;
-        if own {
-            Counters::add(&self.counters.displaced_per_source, 1);
-            self.shedding.displaced_own += 1;
-        }
-        if log::log_enabled!(log::Level::Debug) {
-            let age = self
-                .admission
-                .since(victim)
-                .map(|t| now.saturating_duration_since(t))
-                .unwrap_or_default();
-            if own {
-                log::debug!(
-                    "{}: the address of {from} holds its share of handshaking connections ({}); closing its oldest ({age:.1?} old) for the new one",
-                    self.cfg.name,
-                    self.admission.per_source()
-                );
-            } else {
-                let held = self.admission.biggest().map_or(0, |(_, n)| n);
-                log::debug!(
-                    "{}: {} of {} handshaking slots taken; closing the oldest connection ({age:.1?} old) of the address holding the most ({held}) for one from {from}",
-                    self.cfg.name,
-                    self.admission.len(),
-                    self.admission.max_pending()
-                );
-            }
-        }
-        self.close_link(now, victim, None, Why::Replaced);
+        self.gate.warn(now, &self.cfg.name);
     }
 
     /// Closes every pending accepted link past the deadline of the table as it is at
     /// `now`, oldest first (each one closed lengthens the deadline of the rest).
     pub(super) fn shed_overdue(&mut self, now: Instant) {
-        while let Some((id, limit)) = self.admission.overdue(now, self.cfg.handshake_timeout) {
-            self.pending_timed_out(now, id, limit);
+        while let Some((id, limit)) = self.gate.pending.overdue(now, self.cfg.handshake_timeout) {
+            self.gate.timed_out(limit, &self.cfg, &self.counters);
+            self.close_link(now, id, None, Why::IdleTimeout);
         }
-    }
-
-    /// Closes pending accepted link `id`, past its deadline `limit`.
-    pub(super) fn pending_timed_out(&mut self, now: Instant, id: LinkId, limit: Duration) {
-        let early = limit < self.cfg.handshake_timeout;
-        Counters::add(&self.counters.handshake_timeouts, 1);
-        self.shedding.timed_out += 1;
-        if early {
-            Counters::add(&self.counters.pressure_timeouts, 1);
-            self.shedding.early += 1;
-        }
-        log::debug!(
-            "{}: handshake of an accepted connection timed out after {limit:.1?}{}; closing it",
-            self.cfg.name,
-            if early {
-                format!(
-                    " (shortened: {} of {} handshaking slots taken)",
-                    self.admission.len(),
-                    self.admission.max_pending()
-                )
-            } else {
-                String::new()
-            }
-        );
-        self.close_link(now, id, None, Why::IdleTimeout);
-    }
-
-    /// Dials peer `id` now if it has an address and no link: the driver opens the
-    /// connection ([`Output::Dial`]).
-    pub(super) fn dial(&mut self, now: Instant, id: usize) {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        if p.state == PeerState::Closed || p.link.is_some() || self.shutdown.is_some() {
-            return;
-        }
-        let Some(addr) = p.addr.clone() else {
-            p.set_state(PeerState::Backoff);
-            return; // no address: it will dial us
-        };
-        let _ = now;
-        let name = p.name().clone();
-        self.out.events.push_back(Output::Dial {
-            target: Target::Peer(id),
-            name: Some(name),
-            addr,
-        });
     }
 
     /// The driver opened a connection for peer `peer` (after [`Output::Dial`]): it becomes
@@ -226,7 +257,14 @@ impl Endpoint {
     /// retry with backoff.
     pub(super) fn dial_failed(&mut self, now: Instant, peer: usize) {
         Counters::add(&self.counters.dial_failures, 1);
-        self.schedule_reconnect(now, peer);
+        self.peers.schedule_reconnect(
+            now,
+            peer,
+            self.shutdown.is_some(),
+            &self.cfg,
+            &mut self.backoff,
+            &mut self.timers,
+        );
     }
 
     /// A dialled link's connection completed.
@@ -251,7 +289,7 @@ impl Endpoint {
                     log::debug!(
                         "{}: connect to '{}' failed",
                         self.cfg.name,
-                        self.peer_name(p)
+                        self.peers.name(p)
                     );
                 }
             }
@@ -270,7 +308,7 @@ impl Endpoint {
     ) {
         Counters::add(&self.counters.tls_failures, 1);
         let who = match (self.links.get(&id).and_then(|l| l.peer), from) {
-            (Some(p), _) => format!("'{}'", self.peer_name(p)),
+            (Some(p), _) => format!("'{}'", self.peers.name(p)),
             (None, Some(a)) => a.to_string(),
             (None, None) => "an unidentified peer".to_owned(),
         };
@@ -292,7 +330,7 @@ impl Endpoint {
         why: Why,
     ) {
         let journal_ok = self.journal_ok();
-        self.admission.remove(id);
+        self.gate.pending.remove(id);
         let Some(link) = self.links.remove(&id) else {
             return;
         };
@@ -315,7 +353,8 @@ impl Endpoint {
         self.timers
             .cancel(|k| *k == TimerKind::Handshake { link: id });
         if let Some(s) = link.seed {
-            self.seed_link_closed(now, s, id);
+            self.seeds.link_closed(s, id);
+            self.seeds_if_alone(now);
         }
         let Some(pid) = link.peer else { return };
         let Some(p) = self.peers.get_mut(&pid) else {
@@ -339,98 +378,26 @@ impl Endpoint {
             });
         }
         if p.state != PeerState::Closed {
-            self.schedule_reconnect(now, pid);
+            self.peers.schedule_reconnect(
+                now,
+                pid,
+                self.shutdown.is_some(),
+                &self.cfg,
+                &mut self.backoff,
+                &mut self.timers,
+            );
         }
     }
 
-    pub(super) fn schedule_reconnect(&mut self, now: Instant, id: usize) {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        if p.state == PeerState::Closed || self.shutdown.is_some() {
-            return;
-        }
-        p.set_state(PeerState::Backoff);
-        if p.addr.is_none() {
-            // Nothing to dial: it will dial us. A member admitted at run time is forgotten
-            // if it does not within `forget_after` (a reconnect bumps `gen`, cancelling it).
-            if p.dynamic {
-                p.gen += 1;
-                let gen = p.gen;
-                if let Some(at) = now.checked_add(self.cfg.forget_after) {
-                    self.timers.add(at, TimerKind::Forget { peer: id, gen });
-                }
-            }
-            return;
-        }
-        p.gen += 1;
-        let delay = self
-            .backoff
-            .delay(p.attempt, self.cfg.backoff_min, self.cfg.backoff_max);
-        p.attempt = p.attempt.saturating_add(1);
-        let gen = p.gen;
-        self.timers
-            .add(now + delay, TimerKind::Reconnect { peer: id, gen });
-    }
-
-    /// Terminal transition of a peer (removed for good, or the node shutting down).
-    pub(super) fn retire_peer(&mut self, id: usize, removed: bool) {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        p.retire(&self.cfg, &mut self.out, removed);
-        if removed {
-            let name = p.name().clone();
-            self.timers.cancel(|k| match k {
-                TimerKind::Reconnect { peer, .. }
-                | TimerKind::AckDelay { peer }
-                | TimerKind::Forget { peer, .. } => *peer == id,
-                _ => false,
-            });
-            self.peers.remove(&id);
-            if self.by_name.get(&name) == Some(&id) {
-                self.by_name.remove(&name);
-            }
-        }
-    }
-
-    pub(super) fn add_unknown(&mut self, now: Instant, name: &str) -> usize {
+    pub(super) fn add_unknown(&mut self, name: &str) -> usize {
         let shared = (self.new_peer)(name.into());
         let id = shared.id;
         log::info!("{}: admitting unknown member '{name}'", self.cfg.name);
         self.out.events.push_back(Output::Admitted(shared.clone()));
-        self.add_peer(now, shared, None);
+        self.add_peer(shared, None);
         if let Some(p) = self.peers.get_mut(&id) {
             p.dynamic = true;
         }
         id
-    }
-
-    /// The forget timer of peer `id` (generation `gen`) fired: if that member, admitted at
-    /// run time, is still disconnected since, it is retired as `remove_peer` does (queued
-    /// messages fail, unacknowledged ones are undelivered) and the node forgets it.
-    pub(super) fn forget_peer(&mut self, id: usize, gen: u64) {
-        let Some(p) = self.peers.get(&id) else {
-            return;
-        };
-        if !p.dynamic
-            || p.gen != gen
-            || p.link.is_some()
-            || p.state == PeerState::Closed
-            || self.shutdown.is_some()
-        {
-            return;
-        }
-        let (name, shared) = (p.name().clone(), p.shared.clone());
-        log::info!(
-            "{}: forgetting '{name}', admitted at run time and disconnected for {:?}",
-            self.cfg.name,
-            self.cfg.forget_after
-        );
-        self.retire_peer(id, true);
-        self.out.events.push_back(Output::Forget(shared));
-        emit(&self.cfg, &mut self.out, || Event::Forgotten {
-            peer: name.to_string(),
-        });
     }
 }

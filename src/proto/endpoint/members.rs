@@ -74,6 +74,33 @@ impl Members {
         self.swim.poll_timeout()
     }
 
+    /// A membership packet arrived from `from`.
+    pub(super) fn packet(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
+        self.swim
+            .handle(now, membership::Input::Packet { from, data });
+        self.publish_stats();
+    }
+
+    /// Joins through `addrs` too (a seed name resolved to new addresses).
+    pub(super) fn join(&mut self, now: Instant, addrs: &[SocketAddr]) {
+        self.swim.handle(now, membership::Input::Join(addrs));
+        self.publish_stats();
+    }
+
+    /// The core's timers, if due.
+    pub(super) fn timers(&mut self, now: Instant) {
+        if self.next_at().is_some_and(|at| at <= now) {
+            self.swim.handle(now, membership::Input::Timer);
+            self.publish_stats();
+        }
+    }
+
+    /// Leaving on shutdown: the core tells some members at once (the datagrams go out in
+    /// this drain), so the others need not wait for the failure detector.
+    pub(super) fn leave(&mut self, now: Instant) {
+        self.swim.handle(now, membership::Input::Leave);
+    }
+
     /// Publishes the counters (after a packet or a timer: never on a message's path).
     fn publish_stats(&self) {
         // One short lock per membership packet or timer, against `Node::membership_stats`.
@@ -82,40 +109,6 @@ impl Members {
 }
 
 impl Endpoint {
-    /// A membership packet arrived from `from`.
-    pub(super) fn member_packet(&mut self, now: Instant, from: SocketAddr, data: &[u8]) {
-        if let Some(m) = self.members.as_mut() {
-            m.swim.handle(now, membership::Input::Packet { from, data });
-            m.publish_stats();
-        }
-    }
-
-    /// Membership joins through `addrs` too (a seed name resolved to new addresses).
-    pub(super) fn members_join(&mut self, now: Instant, addrs: &[SocketAddr]) {
-        if let Some(m) = self.members.as_mut() {
-            m.swim.handle(now, membership::Input::Join(addrs));
-            m.publish_stats();
-        }
-    }
-
-    /// The core's timers, if due.
-    pub(super) fn member_timers(&mut self, now: Instant) {
-        if let Some(m) = self.members.as_mut() {
-            if m.next_at().is_some_and(|at| at <= now) {
-                m.swim.handle(now, membership::Input::Timer);
-                m.publish_stats();
-            }
-        }
-    }
-
-    /// Leaving on shutdown: the core tells some members at once (the datagrams go out in
-    /// this drain), so the others need not wait for the failure detector.
-    pub(super) fn member_leave(&mut self, now: Instant) {
-        if let Some(m) = self.members.as_mut() {
-            m.swim.handle(now, membership::Input::Leave);
-        }
-    }
-
     /// Takes what the core asks: datagrams to send, changes of the view to act on.
     pub(super) fn pump_members(&mut self, now: Instant) {
         loop {
@@ -148,7 +141,7 @@ impl Endpoint {
         let name = member.name.clone();
         match member.state {
             State::Alive | State::Suspect => {
-                self.member_live(now, &member.name, member.addr);
+                self.member_live(&member.name, member.addr);
                 let back = matches!(before, None | Some(State::Failed | State::Left));
                 let fact = match (before, member.state) {
                     _ if back => Event::MemberJoined {
@@ -182,11 +175,11 @@ impl Endpoint {
 
     /// The view holds `name` live at `addr`: it is a peer with that address (added if the
     /// node does not know it), governed by the view, and dialled if it has no link.
-    fn member_live(&mut self, now: Instant, name: &str, addr: SocketAddr) {
+    fn member_live(&mut self, name: &str, addr: SocketAddr) {
         if self.shutdown.is_some() {
             return;
         }
-        let id = match self.by_name.get(name).copied() {
+        let id = match self.peers.id_of(name) {
             Some(id) => {
                 let Some(p) = self.peers.get_mut(&id) else {
                     return;
@@ -209,7 +202,7 @@ impl Endpoint {
                 log::info!("{}: member '{name}' joined at {addr}", self.cfg.name);
                 self.out.events.push_back(Output::Admitted(shared.clone()));
                 let id = shared.id;
-                self.add_peer(now, shared, Some(Addr::Tcp(addr)));
+                self.add_peer(shared, Some(Addr::Tcp(addr)));
                 id
             }
         };
@@ -217,7 +210,8 @@ impl Endpoint {
             m.governed.insert(name.into());
         }
         if self.peers.get(&id).is_some_and(|p| p.link.is_none()) {
-            self.dial(now, id);
+            self.peers
+                .dial(id, self.shutdown.is_some(), &mut self.out.events);
         }
     }
 
@@ -229,7 +223,7 @@ impl Endpoint {
             .members
             .as_mut()
             .is_some_and(|m| m.governed.remove(name));
-        let Some(&id) = self.by_name.get(name) else {
+        let Some(id) = self.peers.id_of(name) else {
             return;
         };
         if !governed {
@@ -256,7 +250,8 @@ impl Endpoint {
                 "left the cluster"
             }
         );
-        self.retire_peer(id, true);
+        self.peers
+            .retire(id, true, &self.cfg, &mut self.out, &mut self.timers);
         let why = Why::Removed;
         if let Some(link) = link {
             let reason = if failed {

@@ -54,14 +54,17 @@ mod input;
 mod journal;
 mod links;
 mod members;
+mod roster;
 mod seeds;
 mod time;
 
 pub(crate) use journal::{JournalGate, StoppedJournal, StoppedPeer};
+use links::Gate;
 use members::Members;
 pub(crate) use members::{MembersView, MembershipSetup};
+use roster::Roster;
+use seeds::Seeds;
 pub(crate) use seeds::Target;
-use seeds::{Seed, SeedName};
 
 /// The protocol's settings.
 #[derive(Clone)]
@@ -161,6 +164,21 @@ pub(crate) struct NodeCounters {
     pub(crate) established: AtomicU64,
     /// Accepted links pending (not yet established) now.
     pub(crate) pending: AtomicU64,
+}
+
+impl NodeCounters {
+    /// Counts a handshake refused with `code` (by either side).
+    fn refusal(&self, code: CloseCode) {
+        Counters::add(&self.refused, 1);
+        match code {
+            CloseCode::Cluster => Counters::add(&self.refused_cluster, 1),
+            CloseCode::UnknownMember => Counters::add(&self.refused_unknown, 1),
+            CloseCode::Version => Counters::add(&self.refused_version, 1),
+            CloseCode::NameInUse => Counters::add(&self.name_conflicts, 1),
+            CloseCode::Auth => Counters::add(&self.auth_failures, 1),
+            _ => {}
+        }
+    }
 }
 
 /// What the endpoint asks of whoever drives it, taken from [`Endpoint::poll`] in the order
@@ -375,6 +393,19 @@ impl Produced {
     pub(crate) fn journal_open(&self) -> bool {
         self.journal_open
     }
+
+    /// Pushes the messages split from one read to peer `p`'s queues (dropped if the peer
+    /// is gone).
+    fn push_batch(&mut self, p: Option<&Remote>) {
+        match p {
+            Some(p) => p.push_batch(self),
+            None => {
+                self.batch.clear();
+                self.oob_batch.clear();
+                self.run.clear();
+            }
+        }
+    }
 }
 
 /// Makes the shared state of a member admitted while it dials in.
@@ -393,12 +424,12 @@ pub(crate) struct Endpoint {
     counters: Arc<NodeCounters>,
     new_peer: NewPeer,
     links: HashMap<LinkId, Link, IdHash>,
-    peers: HashMap<usize, Remote, IdHash>,
-    by_name: HashMap<SharedStr, usize, NameHash>,
+    /// The peers, by id and by name.
+    peers: Roster,
     timers: Timers,
     backoff: Backoff,
-    admission: Admission,
-    shedding: Shedding,
+    /// Admission of accepted links.
+    gate: Gate,
     /// Links with bytes appended to their write buffer since the last write pass.
     dirty: VecDeque<LinkId>,
     /// Links whose reading is paused.
@@ -410,11 +441,8 @@ pub(crate) struct Endpoint {
     journal: Option<JournalGate>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
-    /// The seeds' addresses: [`Config::seeds`], then those the names resolved to at start,
-    /// then those they resolved to later (an index stays that address's for good).
-    seeds: Vec<Seed>,
-    /// The seeds given by name, in [`Config::seed_names`]' order.
-    seed_names: Vec<SeedName>,
+    /// The seeds: addresses dialled without a name, and the names they were given by.
+    seeds: Seeds,
     /// Membership, when configured.
     members: Option<Members>,
     out: Produced,
@@ -451,22 +479,19 @@ impl Endpoint {
         let mut ep = Endpoint {
             max_len: wire::max_frame_len(cfg.max_message),
             backoff: Backoff::new(cfg.launch_id),
-            admission: Admission::new(cfg.max_pending, cfg.max_pending_per_source),
-            shedding: Shedding::default(),
+            gate: Gate::new(&cfg),
             local,
             counters,
             new_peer,
             links: HashMap::default(),
-            peers: HashMap::default(),
-            by_name: HashMap::default(),
+            peers: Roster::default(),
             timers,
             dirty: VecDeque::new(),
             paused: Vec::new(),
             deferred: Vec::new(),
             shutdown: None,
             syncs: VecDeque::new(),
-            seeds: Seed::initial(&cfg),
-            seed_names: cfg.seed_names.iter().map(|_| SeedName::default()).collect(),
+            seeds: Seeds::new(&cfg),
             members: cfg
                 .membership
                 .as_ref()
@@ -485,10 +510,9 @@ impl Endpoint {
             journal,
             cfg,
         };
-        for s in 0..ep.seeds.len() {
-            ep.dial_seed(s);
-        }
-        ep.resolve_unresolved(now);
+        ep.seeds.dial_all(&mut ep.out.events);
+        ep.seeds
+            .resolve_unresolved(now, &ep.cfg, &mut ep.backoff, &mut ep.timers);
         ep
     }
 
@@ -496,7 +520,7 @@ impl Endpoint {
     /// comes out of [`poll`](Endpoint::poll), which the driver drains next.
     pub(crate) fn handle(&mut self, now: Instant, input: Input<'_>) {
         match input {
-            Input::AddPeer { peer, addr } => self.add_peer(now, peer, addr),
+            Input::AddPeer { peer, addr } => self.add_peer(peer, addr),
             Input::RemovePeer(id) => self.remove_peer(now, id),
             Input::Disconnect(id) => self.disconnect(now, id),
             Input::Shutdown { deadline } => self.begin_shutdown(now, deadline),
@@ -531,11 +555,17 @@ impl Endpoint {
             Input::Failed { link, why } => self.link_failed(now, link, why),
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
             Input::JournalMarks(marks) => self.journal_progress(now, marks),
-            Input::Datagram { from, data } => self.member_packet(now, from, data),
+            Input::Datagram { from, data } => {
+                if let Some(m) = self.members.as_mut() {
+                    m.packet(now, from, data);
+                }
+            }
             Input::Resolved { name, addrs } => self.seed_resolved(now, name, &addrs),
             Input::Timeout => {
                 self.handle_timeout(now);
-                self.member_timers(now);
+                if let Some(m) = self.members.as_mut() {
+                    m.timers(now);
+                }
             }
         }
     }
@@ -660,13 +690,6 @@ impl Endpoint {
         })
     }
 
-    fn peer_name(&self, id: usize) -> SharedStr {
-        self.peers
-            .get(&id)
-            .map(|p| p.name().clone())
-            .unwrap_or_else(|| "?".into())
-    }
-
     /// Publishes the link gauges after the link set changed.
     fn update_gauges(&self) {
         // Relaxed: gauges for stats only.
@@ -677,7 +700,7 @@ impl Endpoint {
         self.counters.established.store(est, Ordering::Relaxed);
         self.counters
             .pending
-            .store(self.admission.len() as u64, Ordering::Relaxed);
+            .store(self.gate.pending.len() as u64, Ordering::Relaxed);
     }
 
     /// Peer `id`, for the simulation's checks.

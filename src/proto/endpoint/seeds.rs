@@ -86,35 +86,264 @@ impl Seed {
     }
 }
 
-impl Endpoint {
-    /// Whether any link is established (the node reaches at least one member).
-    fn reaches_anyone(&self) -> bool {
-        self.links.values().any(|l| l.established)
+/// The seeds: their addresses ([`Config::seeds`], then those the names resolved to at
+/// start, then those they resolved to later; an index stays that address's for good) and
+/// the names they were given by, with their dials, re-resolution and backoff.
+#[derive(Debug)]
+pub(super) struct Seeds {
+    list: Vec<Seed>,
+    /// The seeds given by name, in [`Config::seed_names`]' order.
+    names: Vec<SeedName>,
+}
+
+impl Seeds {
+    /// The seeds a node starts with (none dialled yet).
+    pub(super) fn new(cfg: &Config) -> Seeds {
+        Seeds {
+            list: Seed::initial(cfg),
+            names: cfg.seed_names.iter().map(|_| SeedName::default()).collect(),
+        }
     }
 
-    /// Dials seed `s` if it is idle, not our own address, and the node is not stopping.
-    pub(super) fn dial_seed(&mut self, s: usize) {
-        let Some(seed) = self.seeds.get_mut(s) else {
+    /// Whether the node has no seed address.
+    pub(super) fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
+
+    /// Dials every seed (at start).
+    pub(super) fn dial_all(&mut self, events: &mut VecDeque<Output>) {
+        for s in 0..self.list.len() {
+            self.dial(s, false, events);
+        }
+    }
+
+    /// Seed `s`'s address.
+    pub(super) fn addr(&self, s: usize) -> Option<SocketAddr> {
+        self.list.get(s).map(|seed| seed.addr)
+    }
+
+    /// Whether seed `s`'s retry timer of generation `gen` is its latest.
+    pub(super) fn is_current(&self, s: usize, gen: u64) -> bool {
+        self.list.get(s).is_some_and(|seed| seed.gen == gen)
+    }
+
+    /// Dials seed `s` if it is idle, not our own address, and the node is not `stopping`.
+    pub(super) fn dial(&mut self, s: usize, stopping: bool, events: &mut VecDeque<Output>) {
+        let Some(seed) = self.list.get_mut(s) else {
             return;
         };
-        if !seed.usable() || seed.dialling || seed.link.is_some() || self.shutdown.is_some() {
+        if !seed.usable() || seed.dialling || seed.link.is_some() || stopping {
             return;
         }
         seed.dialling = true;
         seed.gen += 1;
-        self.out.events.push_back(Output::Dial {
+        events.push_back(Output::Dial {
             target: Target::Seed(s),
             name: None,
             addr: Addr::Tcp(seed.addr),
         });
     }
 
-    /// Seed `s`'s retry timer (generation `gen`) fired: it is dialled again if the node
-    /// still reaches nobody.
-    pub(super) fn seed_due(&mut self, s: usize, gen: u64) {
-        if self.seeds.get(s).is_some_and(|seed| seed.gen == gen) && !self.reaches_anyone() {
-            self.dial_seed(s);
+    /// The node, not stopping, may reach nobody now: every idle seed is dialled again after
+    /// its backoff, and every name resolved again.
+    pub(super) fn retry_all(
+        &mut self,
+        now: Instant,
+        cfg: &Config,
+        backoff: &mut Backoff,
+        timers: &mut Timers,
+    ) {
+        for (s, seed) in self.list.iter_mut().enumerate() {
+            if !seed.usable() || seed.dialling || seed.link.is_some() {
+                continue;
+            }
+            let delay = backoff.delay(seed.attempt, cfg.backoff_min, cfg.backoff_max);
+            seed.attempt = seed.attempt.saturating_add(1);
+            seed.gen += 1;
+            let gen = seed.gen;
+            timers.add(now + delay, TimerKind::Seed { seed: s, gen });
         }
+        for n in 0..self.names.len() {
+            self.resolve_later(now, n, false, cfg, backoff, timers);
+        }
+    }
+
+    /// Seed name `n` is resolved again after its backoff, unless it is being resolved or
+    /// is due already.
+    pub(super) fn resolve_later(
+        &mut self,
+        now: Instant,
+        n: usize,
+        stopping: bool,
+        cfg: &Config,
+        backoff: &mut Backoff,
+        timers: &mut Timers,
+    ) {
+        let Some(name) = self.names.get_mut(n) else {
+            return;
+        };
+        if name.resolving || name.due || stopping {
+            return;
+        }
+        // A name is asked of the resolver at most every quarter second (the backoff's
+        // minimum is the dials', 20 ms by default: a resolver is not asked that often).
+        let min = cfg.backoff_min.max(Duration::from_millis(250));
+        let max = cfg.backoff_max.max(min);
+        let delay = backoff.delay(name.attempt, min, max);
+        name.attempt = name.attempt.saturating_add(1);
+        name.due = true;
+        name.gen += 1;
+        let gen = name.gen;
+        timers.add(now + delay, TimerKind::Resolve { name: n, gen });
+    }
+
+    /// Seed names that resolved to nothing at start are resolved again after the backoff
+    /// (the node, just started, reaches nobody yet).
+    pub(super) fn resolve_unresolved(
+        &mut self,
+        now: Instant,
+        cfg: &Config,
+        backoff: &mut Backoff,
+        timers: &mut Timers,
+    ) {
+        for n in 0..self.names.len() {
+            if !self.list.iter().any(|s| s.name == Some(n)) {
+                self.resolve_later(now, n, false, cfg, backoff, timers);
+            }
+        }
+    }
+
+    /// Seed name `n`'s timer (generation `gen`) fired: the driver resolves it if the node
+    /// is still `alone` (reaches nobody) and not `stopping`.
+    pub(super) fn resolve_due(
+        &mut self,
+        n: usize,
+        gen: u64,
+        alone: bool,
+        stopping: bool,
+        cfg: &Config,
+        events: &mut VecDeque<Output>,
+    ) {
+        let Some(name) = self.names.get_mut(n) else {
+            return;
+        };
+        if name.gen != gen {
+            return;
+        }
+        name.due = false;
+        if !alone || stopping {
+            name.attempt = 0;
+            return;
+        }
+        let Some((host, _)) = cfg.seed_names.get(n) else {
+            return;
+        };
+        name.resolving = true;
+        events.push_back(Output::Resolve {
+            name: n,
+            host: host.clone(),
+        });
+    }
+
+    /// Seed name `n` resolved to `addrs` (none: it did not resolve, and the addresses it
+    /// gave before stay): one it no longer gives is not dialled again. Returns the new
+    /// seeds, or `None` if there is no such name.
+    pub(super) fn resolved(
+        &mut self,
+        n: usize,
+        addrs: &[SocketAddr],
+        cfg: &Config,
+    ) -> Option<Vec<usize>> {
+        let name = self.names.get_mut(n)?;
+        name.resolving = false;
+        let given = cfg
+            .seed_names
+            .get(n)
+            .map_or("?", |(h, _)| h.as_str())
+            .to_owned();
+        let mut fresh = Vec::new();
+        if !addrs.is_empty() {
+            for seed in self.list.iter_mut().filter(|s| s.name == Some(n)) {
+                seed.gone = !addrs.contains(&seed.addr);
+            }
+            for &a in addrs {
+                match self.list.iter_mut().find(|s| s.addr == a) {
+                    Some(seed) => seed.gone = false,
+                    None => {
+                        log::info!("{}: seed {given} resolved to {a}", cfg.name);
+                        self.list.push(Seed::new(a, Some(n)));
+                        fresh.push(self.list.len() - 1);
+                    }
+                }
+            }
+        }
+        Some(fresh)
+    }
+
+    /// Seed name `n` reached someone: its next re-resolution starts from the shortest
+    /// backoff.
+    pub(super) fn name_reached(&mut self, n: usize) {
+        if let Some(name) = self.names.get_mut(n) {
+            name.attempt = 0;
+        }
+    }
+
+    /// The driver opened a connection to seed `s` (its dial is over): its address, or
+    /// `None` if there is no such seed.
+    pub(super) fn dialled(&mut self, s: usize) -> Option<SocketAddr> {
+        let seed = self.list.get_mut(s)?;
+        seed.dialling = false;
+        Some(seed.addr)
+    }
+
+    /// Seed `s`'s link is `id` now.
+    pub(super) fn linked(&mut self, s: usize, id: LinkId) {
+        if let Some(seed) = self.list.get_mut(s) {
+            seed.link = Some(id);
+        }
+    }
+
+    /// No connection to seed `s` could be opened.
+    pub(super) fn dial_failed(&mut self, s: usize, node: &str) {
+        if let Some(seed) = self.list.get_mut(s) {
+            seed.dialling = false;
+            log::debug!("{node}: seed {} did not answer", seed.addr);
+        }
+    }
+
+    /// Seed link `id` (seed `s`) closed: the seed is idle again.
+    pub(super) fn link_closed(&mut self, s: usize, id: LinkId) {
+        if let Some(seed) = self.list.get_mut(s) {
+            if seed.link == Some(id) {
+                seed.link = None;
+            }
+        }
+    }
+
+    /// The handshake there named us: seed `s` is our own address, never dialled again.
+    pub(super) fn is_own(&mut self, s: usize, node: &str) {
+        if let Some(seed) = self.list.get_mut(s) {
+            log::debug!(
+                "{node}: seed {} is this member's own address; not dialled again",
+                seed.addr
+            );
+            seed.own = true;
+        }
+    }
+
+    /// Seed `s`'s link was taken by the member found there: the seed's job is done.
+    pub(super) fn taken(&mut self, s: usize) {
+        if let Some(seed) = self.list.get_mut(s) {
+            seed.link = None;
+            seed.attempt = 0;
+        }
+    }
+}
+
+impl Endpoint {
+    /// Whether any link is established (the node reaches at least one member).
+    fn reaches_anyone(&self) -> bool {
+        self.links.values().any(|l| l.established)
     }
 
     /// The node may reach nobody now: every idle seed is dialled again after its backoff.
@@ -122,80 +351,31 @@ impl Endpoint {
         if self.seeds.is_empty() || self.shutdown.is_some() || self.reaches_anyone() {
             return;
         }
-        for s in 0..self.seeds.len() {
-            let seed = &mut self.seeds[s];
-            if !seed.usable() || seed.dialling || seed.link.is_some() {
-                continue;
-            }
-            let delay =
-                self.backoff
-                    .delay(seed.attempt, self.cfg.backoff_min, self.cfg.backoff_max);
-            seed.attempt = seed.attempt.saturating_add(1);
-            seed.gen += 1;
-            let gen = seed.gen;
-            self.timers
-                .add(now + delay, TimerKind::Seed { seed: s, gen });
-        }
-        for n in 0..self.seed_names.len() {
-            self.resolve_later(now, n);
-        }
+        self.seeds
+            .retry_all(now, &self.cfg, &mut self.backoff, &mut self.timers);
     }
 
-    /// Seed name `n` is resolved again after its backoff, unless it is being resolved or
-    /// is due already.
-    fn resolve_later(&mut self, now: Instant, n: usize) {
-        let Some(name) = self.seed_names.get_mut(n) else {
-            return;
-        };
-        if name.resolving || name.due || self.shutdown.is_some() {
-            return;
-        }
-        // A name is asked of the resolver at most every quarter second (the backoff's
-        // minimum is the dials', 20 ms by default: a resolver is not asked that often).
-        let min = self.cfg.backoff_min.max(Duration::from_millis(250));
-        let max = self.cfg.backoff_max.max(min);
-        let delay = self.backoff.delay(name.attempt, min, max);
-        name.attempt = name.attempt.saturating_add(1);
-        name.due = true;
-        name.gen += 1;
-        let gen = name.gen;
-        self.timers
-            .add(now + delay, TimerKind::Resolve { name: n, gen });
-    }
-
-    /// Seed names that resolved to nothing at start are resolved again after the backoff
-    /// (the node reaches nobody yet).
-    pub(super) fn resolve_unresolved(&mut self, now: Instant) {
-        for n in 0..self.seed_names.len() {
-            if !self.seeds.iter().any(|s| s.name == Some(n)) {
-                self.resolve_later(now, n);
-            }
+    /// Seed `s`'s retry timer (generation `gen`) fired: it is dialled again if the node
+    /// still reaches nobody.
+    pub(super) fn seed_due(&mut self, s: usize, gen: u64) {
+        if self.seeds.is_current(s, gen) && !self.reaches_anyone() {
+            self.seeds
+                .dial(s, self.shutdown.is_some(), &mut self.out.events);
         }
     }
 
     /// Seed name `n`'s timer (generation `gen`) fired: the driver resolves it if the node
     /// still reaches nobody.
-    pub(super) fn resolve_due(&mut self, _now: Instant, n: usize, gen: u64) {
+    pub(super) fn resolve_due(&mut self, n: usize, gen: u64) {
         let alone = !self.reaches_anyone();
-        let Some(name) = self.seed_names.get_mut(n) else {
-            return;
-        };
-        if name.gen != gen {
-            return;
-        }
-        name.due = false;
-        if !alone || self.shutdown.is_some() {
-            name.attempt = 0;
-            return;
-        }
-        let Some((host, _)) = self.cfg.seed_names.get(n) else {
-            return;
-        };
-        name.resolving = true;
-        self.out.events.push_back(Output::Resolve {
-            name: n,
-            host: host.clone(),
-        });
+        self.seeds.resolve_due(
+            n,
+            gen,
+            alone,
+            self.shutdown.is_some(),
+            &self.cfg,
+            &mut self.out.events,
+        );
     }
 
     /// Seed name `n` resolved to `addrs` (none: it did not resolve, and the addresses it
@@ -203,64 +383,50 @@ impl Endpoint {
     /// through; one it no longer gives is not dialled again. While the node still reaches
     /// nobody, the name is resolved again after its backoff.
     pub(super) fn seed_resolved(&mut self, now: Instant, n: usize, addrs: &[SocketAddr]) {
-        let Some(name) = self.seed_names.get_mut(n) else {
+        let Some(fresh) = self.seeds.resolved(n, addrs, &self.cfg) else {
             return;
         };
-        name.resolving = false;
-        let given = self
-            .cfg
-            .seed_names
-            .get(n)
-            .map_or("?", |(h, _)| h.as_str())
-            .to_owned();
-        let mut fresh = Vec::new();
-        if !addrs.is_empty() {
-            for seed in self.seeds.iter_mut().filter(|s| s.name == Some(n)) {
-                seed.gone = !addrs.contains(&seed.addr);
-            }
-            for &a in addrs {
-                match self.seeds.iter_mut().find(|s| s.addr == a) {
-                    Some(seed) => seed.gone = false,
-                    None => {
-                        log::info!("{}: seed {given} resolved to {a}", self.cfg.name);
-                        self.seeds.push(Seed::new(a, Some(n)));
-                        fresh.push(self.seeds.len() - 1);
-                    }
-                }
-            }
-        }
         if !fresh.is_empty() {
-            let join: Vec<SocketAddr> = fresh.iter().map(|&s| self.seeds[s].addr).collect();
-            self.members_join(now, &join);
+            let join: Vec<SocketAddr> = fresh.iter().filter_map(|&s| self.seeds.addr(s)).collect();
+            if let Some(m) = self.members.as_mut() {
+                m.join(now, &join);
+            }
             for s in fresh {
-                self.dial_seed(s);
+                self.seeds
+                    .dial(s, self.shutdown.is_some(), &mut self.out.events);
             }
         }
         if !self.reaches_anyone() {
-            self.resolve_later(now, n);
-        } else if let Some(name) = self.seed_names.get_mut(n) {
-            name.attempt = 0;
+            let stopping = self.shutdown.is_some();
+            self.seeds.resolve_later(
+                now,
+                n,
+                stopping,
+                &self.cfg,
+                &mut self.backoff,
+                &mut self.timers,
+            );
+        } else {
+            self.seeds.name_reached(n);
         }
     }
 
     /// The driver opened a connection to seed `s` as link `id`: a dialler's handshake that
     /// takes whoever answers.
     pub(super) fn seed_dialled(&mut self, now: Instant, s: usize, id: LinkId, nonce: Nonce) {
-        let Some(seed) = self.seeds.get_mut(s) else {
+        let Some(addr) = self.seeds.dialled(s) else {
             return self.out.events.push_back(Output::Close {
                 link: id,
                 last: Vec::new(),
             });
         };
-        seed.dialling = false;
         if self.shutdown.is_some() {
             return self.out.events.push_back(Output::Close {
                 link: id,
                 last: Vec::new(),
             });
         }
-        seed.link = Some(id);
-        let addr = seed.addr;
+        self.seeds.linked(s, id);
         let hs = Handshake::dialler_any(self.local.clone(), nonce);
         let mut link = Link::new(id, None, hs, Vec::new(), now);
         link.connecting = true;
@@ -279,20 +445,7 @@ impl Endpoint {
     /// reaches nobody.
     pub(super) fn seed_dial_failed(&mut self, now: Instant, s: usize) {
         Counters::add(&self.counters.dial_failures, 1);
-        if let Some(seed) = self.seeds.get_mut(s) {
-            seed.dialling = false;
-            log::debug!("{}: seed {} did not answer", self.cfg.name, seed.addr);
-        }
-        self.seeds_if_alone(now);
-    }
-
-    /// Seed link `id` (seed `s`) closed: the seed is idle again.
-    pub(super) fn seed_link_closed(&mut self, now: Instant, s: usize, id: LinkId) {
-        if let Some(seed) = self.seeds.get_mut(s) {
-            if seed.link == Some(id) {
-                seed.link = None;
-            }
-        }
+        self.seeds.dial_failed(s, &self.cfg.name);
         self.seeds_if_alone(now);
     }
 
@@ -301,14 +454,7 @@ impl Endpoint {
         let Some(s) = self.links.get(&id).and_then(|l| l.seed) else {
             return;
         };
-        if let Some(seed) = self.seeds.get_mut(s) {
-            log::debug!(
-                "{}: seed {} is this member's own address; not dialled again",
-                self.cfg.name,
-                seed.addr
-            );
-            seed.own = true;
-        }
+        self.seeds.is_own(s, &self.cfg.name);
         self.close_link(now, id, None, Why::Shutdown);
     }
 
@@ -322,7 +468,7 @@ impl Endpoint {
         let Some(s) = self.links.get(&id).and_then(|l| l.seed) else {
             return;
         };
-        let known = self.by_name.get(peer.name.as_str()).copied();
+        let known = self.peers.id_of(&peer.name);
         let recovered = self
             .journal
             .as_ref()
@@ -368,7 +514,7 @@ impl Endpoint {
         else {
             return;
         };
-        if self.by_name.contains_key(peer.name.as_str()) || self.shutdown.is_some() {
+        if self.peers.id_of(&peer.name).is_some() || self.shutdown.is_some() {
             // Known meanwhile: our answer said we hold nothing of it, which may not be
             // true now. This link goes; the member's own comes or stays.
             return self.close_link(
@@ -417,10 +563,7 @@ impl Endpoint {
         link.dialled = Some(pid);
         link.peer = Some(pid);
         if let Some(s) = link.seed.take() {
-            if let Some(seed) = self.seeds.get_mut(s) {
-                seed.link = None;
-                seed.attempt = 0;
-            }
+            self.seeds.taken(s);
         }
         true
     }
@@ -431,14 +574,13 @@ impl Endpoint {
     fn admit_seeded(&mut self, _now: Instant, name: &str, s: usize) -> usize {
         let shared = (self.new_peer)(name.into());
         let id = shared.id;
-        let addr = self.seeds.get(s).map(|seed| seed.addr);
+        let addr = self.seeds.addr(s);
         log::info!(
             "{}: found '{name}' at seed {}",
             self.cfg.name,
             addr.map_or_else(|| "?".to_string(), |a| a.to_string())
         );
         self.out.events.push_back(Output::Admitted(shared.clone()));
-        self.by_name.insert(shared.name.clone(), id);
         let mut peer = Remote::new(shared, addr.map(Addr::Tcp));
         if let Some(r) = self.journal.as_mut().and_then(|j| j.recovered.remove(name)) {
             peer.restore(&self.cfg, &mut self.out, r);

@@ -45,13 +45,21 @@ impl Endpoint {
                         .get(&peer)
                         .is_some_and(|p| p.gen == gen && p.link.is_none())
                     {
-                        self.dial(now, peer);
+                        self.peers
+                            .dial(peer, self.shutdown.is_some(), &mut self.out.events);
                     }
                 }
                 TimerKind::Handshake { link } => self.handshake_due(now, link),
-                TimerKind::Forget { peer, gen } => self.forget_peer(peer, gen),
+                TimerKind::Forget { peer, gen } => self.peers.forget(
+                    peer,
+                    gen,
+                    self.shutdown.is_some(),
+                    &self.cfg,
+                    &mut self.out,
+                    &mut self.timers,
+                ),
                 TimerKind::Seed { seed, gen } => self.seed_due(seed, gen),
-                TimerKind::Resolve { name, gen } => self.resolve_due(now, name, gen),
+                TimerKind::Resolve { name, gen } => self.resolve_due(name, gen),
                 TimerKind::AckDelay { peer } => self.ack_due(now, peer),
                 TimerKind::Tick => self.tick(now),
                 TimerKind::Deadline => {}
@@ -91,13 +99,14 @@ impl Endpoint {
             return;
         };
         let dialled = link.dialled;
-        if let Some(since) = self.admission.since(id) {
-            let limit = self.admission.deadline(self.cfg.handshake_timeout);
+        if let Some(since) = self.gate.pending.since(id) {
+            let limit = self.gate.pending.deadline(self.cfg.handshake_timeout);
             if now < since + limit {
                 self.timers
                     .add(since + limit, TimerKind::Handshake { link: id });
             } else {
-                self.pending_timed_out(now, id, limit);
+                self.gate.timed_out(limit, &self.cfg, &self.counters);
+                self.close_link(now, id, None, Why::IdleTimeout);
             }
             return;
         }
@@ -106,7 +115,7 @@ impl Endpoint {
             Some(p) => log::warn!(
                 "{}: handshake with '{}' timed out; closing the connection",
                 self.cfg.name,
-                self.peer_name(p)
+                self.peers.name(p)
             ),
             None => log::warn!("{}: handshake timed out; closing connection", self.cfg.name),
         }
@@ -119,7 +128,7 @@ impl Endpoint {
     pub(super) fn tick(&mut self, now: Instant) {
         self.shed_overdue(now);
         self.warn_shedding(now);
-        let ids: Vec<usize> = self.peers.keys().copied().collect();
+        let ids = self.peers.ids();
         for id in ids {
             let Some(p) = self.peers.get_mut(&id) else {
                 continue;
@@ -170,7 +179,7 @@ impl Endpoint {
                 .links
                 .get(&id)
                 .and_then(|l| l.peer)
-                .map(|p| self.peer_name(p));
+                .map(|p| self.peers.name(p));
             log::warn!(
                 "{}: connection to '{}' silent for {:?}; closing it",
                 self.cfg.name,

@@ -1,0 +1,186 @@
+//! The peers: each member's protocol state by id and the ids by name, kept in step (a peer
+//! is held under its name; dropping it drops the name too), and what happens to a peer
+//! alone: its dial, its reconnect with backoff, its retirement, forgetting one admitted at
+//! run time. What also needs its link or the journal stays the endpoint's.
+
+use super::*;
+
+/// The peers by id and by name.
+#[derive(Default)]
+pub(super) struct Roster {
+    by_id: HashMap<usize, Remote, IdHash>,
+    by_name: HashMap<SharedStr, usize, NameHash>,
+}
+
+impl Roster {
+    /// Peer `id`.
+    pub(super) fn get(&self, id: &usize) -> Option<&Remote> {
+        self.by_id.get(id)
+    }
+
+    /// Peer `id`, to change.
+    pub(super) fn get_mut(&mut self, id: &usize) -> Option<&mut Remote> {
+        self.by_id.get_mut(id)
+    }
+
+    /// Every peer.
+    pub(super) fn values(&self) -> impl Iterator<Item = &Remote> {
+        self.by_id.values()
+    }
+
+    /// Every peer's id (a copy: the peers may change while the caller goes through them).
+    pub(super) fn ids(&self) -> Vec<usize> {
+        self.by_id.keys().copied().collect()
+    }
+
+    /// The id of the peer named `name`.
+    pub(super) fn id_of(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Peer `id`'s name (`?` for a peer not held).
+    pub(super) fn name(&self, id: usize) -> SharedStr {
+        self.by_id
+            .get(&id)
+            .map(|p| p.name().clone())
+            .unwrap_or_else(|| "?".into())
+    }
+
+    /// Holds `peer` as `id`, under its name.
+    pub(super) fn insert(&mut self, id: usize, peer: Remote) {
+        self.by_name.insert(peer.name().clone(), id);
+        self.by_id.insert(id, peer);
+    }
+
+    /// Dials peer `id` now if it has an address and no link and the node is not
+    /// `stopping`: the driver opens the connection ([`Output::Dial`]). One without an
+    /// address waits for it to dial in.
+    pub(super) fn dial(&mut self, id: usize, stopping: bool, events: &mut VecDeque<Output>) {
+        let Some(p) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        if p.state == PeerState::Closed || p.link.is_some() || stopping {
+            return;
+        }
+        let Some(addr) = p.addr.clone() else {
+            p.set_state(PeerState::Backoff);
+            return; // no address: it will dial us
+        };
+        let name = p.name().clone();
+        events.push_back(Output::Dial {
+            target: Target::Peer(id),
+            name: Some(name),
+            addr,
+        });
+    }
+
+    /// Peer `id` lost its link or could not be dialled: it is dialled again after its
+    /// backoff, unless it is closed or the node is `stopping`. One without an address waits
+    /// for it to dial in; if it was admitted at run time, it is forgotten if it does not
+    /// within `forget_after`.
+    pub(super) fn schedule_reconnect(
+        &mut self,
+        now: Instant,
+        id: usize,
+        stopping: bool,
+        cfg: &Config,
+        backoff: &mut Backoff,
+        timers: &mut Timers,
+    ) {
+        let Some(p) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        if p.state == PeerState::Closed || stopping {
+            return;
+        }
+        p.set_state(PeerState::Backoff);
+        if p.addr.is_none() {
+            // Nothing to dial: it will dial us. A member admitted at run time is forgotten
+            // if it does not within `forget_after` (a reconnect bumps `gen`, cancelling it).
+            if p.dynamic {
+                p.gen += 1;
+                let gen = p.gen;
+                if let Some(at) = now.checked_add(cfg.forget_after) {
+                    timers.add(at, TimerKind::Forget { peer: id, gen });
+                }
+            }
+            return;
+        }
+        p.gen += 1;
+        let delay = backoff.delay(p.attempt, cfg.backoff_min, cfg.backoff_max);
+        p.attempt = p.attempt.saturating_add(1);
+        let gen = p.gen;
+        timers.add(now + delay, TimerKind::Reconnect { peer: id, gen });
+    }
+
+    /// Terminal transition of peer `id` (`removed` for good, or the node shutting down).
+    pub(super) fn retire(
+        &mut self,
+        id: usize,
+        removed: bool,
+        cfg: &Config,
+        out: &mut Produced,
+        timers: &mut Timers,
+    ) {
+        let Some(p) = self.by_id.get_mut(&id) else {
+            return;
+        };
+        p.retire(cfg, out, removed);
+        if removed {
+            timers.cancel(|k| match k {
+                TimerKind::Reconnect { peer, .. }
+                | TimerKind::AckDelay { peer }
+                | TimerKind::Forget { peer, .. } => *peer == id,
+                _ => false,
+            });
+            self.remove(id);
+        }
+    }
+
+    /// The forget timer of peer `id` (generation `gen`) fired: if that member, admitted at
+    /// run time, is still disconnected since, it is retired as `remove_peer` does (queued
+    /// messages fail, unacknowledged ones are undelivered) and the node forgets it, unless
+    /// the node is `stopping`.
+    pub(super) fn forget(
+        &mut self,
+        id: usize,
+        gen: u64,
+        stopping: bool,
+        cfg: &Config,
+        out: &mut Produced,
+        timers: &mut Timers,
+    ) {
+        let Some(p) = self.by_id.get(&id) else {
+            return;
+        };
+        if !p.dynamic
+            || p.gen != gen
+            || p.link.is_some()
+            || p.state == PeerState::Closed
+            || stopping
+        {
+            return;
+        }
+        let (name, shared) = (p.name().clone(), p.shared.clone());
+        log::info!(
+            "{}: forgetting '{name}', admitted at run time and disconnected for {:?}",
+            cfg.name,
+            cfg.forget_after
+        );
+        self.retire(id, true, cfg, out, timers);
+        out.events.push_back(Output::Forget(shared));
+        emit(cfg, out, || Event::Forgotten {
+            peer: name.to_string(),
+        });
+    }
+
+    /// Drops peer `id`, and its name if the name is still its own.
+    fn remove(&mut self, id: usize) {
+        let Some(p) = self.by_id.remove(&id) else {
+            return;
+        };
+        if self.by_name.get(p.name()) == Some(&id) {
+            self.by_name.remove(p.name());
+        }
+    }
+}
