@@ -21,30 +21,33 @@ impl Endpoint {
                     p.addr = p.addr.take().or_else(|| addr.clone());
                     p.gen += 1; // cancels its forget timer
                                 // The map holds it already; said again, so that it is the one kept.
-                    self.out
+                    self.ctx
+                        .out
                         .events
                         .push_back(Output::Admitted(p.shared.clone()));
                     log::info!(
                         "{}: '{name}' was added while it was being admitted (it dialled in); the admitted member is kept, now with the address given",
-                        self.cfg.name
+                        self.ctx.cfg.name
                     );
                 } else {
                     log::error!(
                         "{}: '{name}' added twice; the second is dropped",
-                        self.cfg.name
+                        self.ctx.cfg.name
                     );
                 }
             }
-            let failed = Remote::new(shared, addr).discard(&self.cfg, &mut self.out);
+            let failed = Remote::new(shared, addr).discard(&self.ctx.cfg, &mut self.ctx.out);
             if failed > 0 {
                 log::warn!(
                     "{}: {failed} messages sent to '{name}' as it was added failed: it was admitted meanwhile",
-                    self.cfg.name
+                    self.ctx.cfg.name
                 );
             }
-            if self.peers.get(&held).is_some_and(|p| p.link.is_none()) && self.shutdown.is_none() {
+            if self.peers.get(&held).is_some_and(|p| p.link.is_none())
+                && self.ctx.shutdown.is_none()
+            {
                 self.peers
-                    .dial(held, self.shutdown.is_some(), &mut self.out.events);
+                    .dial(held, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
             }
             return;
         }
@@ -55,12 +58,12 @@ impl Endpoint {
             .as_mut()
             .and_then(|j| j.recovered.remove(&**peer.name()))
         {
-            peer.restore(&self.cfg, &mut self.out, r);
+            peer.restore(&self.ctx.cfg, &mut self.ctx.out, r);
         }
         self.peers.insert(id, peer);
-        if self.shutdown.is_none() {
+        if self.ctx.shutdown.is_none() {
             self.peers
-                .dial(id, self.shutdown.is_some(), &mut self.out.events);
+                .dial(id, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
         }
     }
 
@@ -72,8 +75,13 @@ impl Endpoint {
             return;
         };
         let (link, name, up) = (p.link, p.name().clone(), p.up);
-        self.peers
-            .retire(id, true, &self.cfg, &mut self.out, &mut self.timers);
+        self.peers.retire(
+            id,
+            true,
+            &self.ctx.cfg,
+            &mut self.ctx.out,
+            &mut self.ctx.timers,
+        );
         if let Some(link) = link {
             self.close_link(
                 now,
@@ -84,12 +92,12 @@ impl Endpoint {
         }
         if up {
             let peer = name.clone();
-            emit(&self.cfg, &mut self.out, || Event::Disconnected {
+            emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Disconnected {
                 peer: peer.to_string(),
                 reason: Why::Removed,
             });
         }
-        emit(&self.cfg, &mut self.out, || Event::Removed {
+        emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Removed {
             peer: name.to_string(),
         });
     }
@@ -99,7 +107,7 @@ impl Endpoint {
         if let Some(link) = self.peers.get(&id).and_then(|p| p.link) {
             log::info!(
                 "{}: disconnecting '{}' on request",
-                self.cfg.name,
+                self.ctx.cfg.name,
                 self.peers.name(id)
             );
             self.close_link(
@@ -113,7 +121,7 @@ impl Endpoint {
 
     /// Publishes what the application queued for peer `id`.
     pub(super) fn publish(&mut self, now: Instant, id: usize) {
-        self.publish_upto(now, id, self.cfg.write_high_water);
+        self.publish_upto(now, id, self.ctx.cfg.write_high_water);
     }
 
     /// [`publish`](Endpoint::publish) with the high-water mark `high`.
@@ -126,7 +134,7 @@ impl Endpoint {
             .and_then(|l| self.links.get_mut(&l))
             .filter(|l| l.established);
         let link_id = link.as_ref().map(|l| l.id);
-        if p.publish(&self.cfg, &mut self.out, link, high, now) {
+        if p.publish(&self.ctx.cfg, &mut self.ctx.out, link, high, now) {
             if let Some(l) = link_id {
                 self.dirty.push_back(l);
             }
@@ -147,7 +155,7 @@ impl Endpoint {
         };
         let link = p.link.and_then(|l| self.links.get_mut(&l));
         let link_id = link.as_ref().map(|l| l.id);
-        if p.ack(&mut self.out, link, false) {
+        if p.ack(&mut self.ctx.out, link, false) {
             if let Some(l) = link_id {
                 self.dirty.push_back(l);
             }
@@ -157,11 +165,11 @@ impl Endpoint {
     /// Begins shutting down: no new messages, no reconnects; what is queued is still
     /// flushed (or, with a journal, journalled) until `deadline`.
     pub(super) fn begin_shutdown(&mut self, now: Instant, deadline: Instant) {
-        if self.shutdown.is_some() {
+        if self.ctx.shutdown.is_some() {
             return;
         }
-        self.shutdown = Some(deadline);
-        self.timers.add(deadline, TimerKind::Deadline);
+        self.ctx.shutdown = Some(deadline);
+        self.ctx.timers.add(deadline, TimerKind::Deadline);
         if let Some(m) = self.members.as_mut() {
             m.leave(now);
         }
@@ -208,8 +216,13 @@ impl Endpoint {
         let links: Vec<LinkId> = self.links.keys().copied().collect();
         let ids = self.peers.ids();
         for id in ids {
-            self.peers
-                .retire(id, false, &self.cfg, &mut self.out, &mut self.timers);
+            self.peers.retire(
+                id,
+                false,
+                &self.ctx.cfg,
+                &mut self.ctx.out,
+                &mut self.ctx.timers,
+            );
         }
         for l in links {
             self.close_link(
@@ -250,7 +263,7 @@ impl Endpoint {
                 if !r.unacked.is_empty() {
                     log::warn!(
                         "{}: the journal holds {} unacknowledged messages to '{name}', which is not configured; they wait until it is added",
-                        self.cfg.name,
+                        self.ctx.cfg.name,
                         r.unacked.len()
                     );
                 }

@@ -24,14 +24,14 @@ impl Endpoint {
         };
         // TLS: the client certificate must name the member the handshake claims.
         if let Err(why) = cert(&peer.name) {
-            Counters::add(&self.counters.tls_failures, 1);
+            Counters::add(&self.ctx.counters.tls_failures, 1);
             log::warn!(
                 "{}: refusing a connection claiming to be '{}': {why}",
-                self.cfg.name,
+                self.ctx.cfg.name,
                 peer.name
             );
             let addr = self.links.get(&id).and_then(|l| l.remote.clone());
-            emit(&self.cfg, &mut self.out, || Event::Refused {
+            emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Refused {
                 peer: Some(peer.name.clone()),
                 addr,
                 reason: RefuseReason::NameMismatch,
@@ -49,7 +49,7 @@ impl Endpoint {
         }
         let pid = match self.peers.id_of(&peer.name) {
             Some(pid) => pid,
-            None if self.cfg.allow_unknown && self.shutdown.is_none() => {
+            None if self.ctx.cfg.allow_unknown && self.ctx.shutdown.is_none() => {
                 self.add_unknown(&peer.name)
             }
             None => {
@@ -188,7 +188,7 @@ impl Endpoint {
         };
         let line = format!(
             "{}: refusing '{}' from {} (launch id {:016x}): another process holds the name at {} (launch id {:016x}; {why}). Two processes run with one member name, or an old one is still running; the refused one retries ({})",
-            self.cfg.name,
+            self.ctx.cfg.name,
             peer.name,
             show(addr),
             peer.launch_id,
@@ -205,7 +205,7 @@ impl Endpoint {
             wire::encode_heartbeat(&mut link.wbuf);
             self.dirty.push_back(link.id);
         }
-        self.counters.refusal(CloseCode::NameInUse);
+        self.ctx.counters.refusal(CloseCode::NameInUse);
         self.refused(id, CloseCode::NameInUse, false);
         self.close_link(
             now,
@@ -254,11 +254,11 @@ impl Endpoint {
                     new_by_us: !accepting,
                     old_by_us: ol.dialled.is_some(),
                     old_established: ol.established,
-                    we_are_smaller: *self.cfg.name < *peer.name,
+                    we_are_smaller: *self.ctx.cfg.name < *peer.name,
                     our_connections: p.desc.connections_with(peer.launch_id),
                     peer_connections,
                 });
-                Counters::add(&self.counters.tie_breaks, 1);
+                Counters::add(&self.ctx.counters.tie_breaks, 1);
                 if resolution == Resolution::NameInUse {
                     // (`name_holder` finds such a link first.)
                     let holder = NameHolder {
@@ -272,7 +272,7 @@ impl Endpoint {
                 if resolution == Resolution::ReplaceOld {
                     log::debug!(
                         "{}: '{}' connected again; replacing the older connection",
-                        self.cfg.name,
+                        self.ctx.cfg.name,
                         peer.name
                     );
                     self.close_link(
@@ -284,7 +284,7 @@ impl Endpoint {
                 } else {
                     log::debug!(
                         "{}: simultaneous connect with '{}'; keeping ours",
-                        self.cfg.name,
+                        self.ctx.cfg.name,
                         peer.name
                     );
                     self.close_link(
@@ -301,7 +301,7 @@ impl Endpoint {
             }
         }
         let p = self.peers.get_mut(&pid)?;
-        p.bind(&self.cfg, &mut self.out, peer);
+        p.bind(&self.ctx.cfg, &mut self.ctx.out, peer);
         let counts = p.counts_for(peer.launch_id);
         p.link = Some(id);
         if p.state != PeerState::Handshaking {
@@ -330,8 +330,8 @@ impl Endpoint {
         };
         self.gate.pending.remove(id);
         match p.establish(
-            &self.cfg,
-            &mut self.out,
+            &self.ctx.cfg,
+            &mut self.ctx.out,
             link,
             peer_received,
             peer_unreliable,
@@ -343,18 +343,18 @@ impl Endpoint {
                     // Never two `Connected` in a row: a link established while another was
                     // announced replaced it (the old one is closed by now).
                     let peer = p.name().clone();
-                    emit(&self.cfg, &mut self.out, || Event::Disconnected {
+                    emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Disconnected {
                         peer: peer.to_string(),
                         reason: Why::Replaced,
                     });
                 }
                 p.up = true;
                 let peer = p.name().clone();
-                emit(&self.cfg, &mut self.out, || Event::Connected {
+                emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Connected {
                     peer: peer.to_string(),
                     incarnation: launch,
                 });
-                Counters::add(&self.counters.handshakes, 1);
+                Counters::add(&self.ctx.counters.handshakes, 1);
                 self.update_gauges();
                 self.dirty.push_back(id);
                 self.deferred.push(pid);
@@ -368,7 +368,7 @@ impl Endpoint {
                 );
             }
             Err(Unestablished::Outdated(why)) => {
-                log::info!("{}: {why}", self.cfg.name);
+                log::info!("{}: {why}", self.ctx.cfg.name);
                 self.close_link(
                     now,
                     id,
@@ -377,7 +377,7 @@ impl Endpoint {
                 );
             }
             Err(Unestablished::Forgotten(why)) => {
-                log::warn!("{}: {why}", self.cfg.name);
+                log::warn!("{}: {why}", self.ctx.cfg.name);
                 self.close_link(
                     now,
                     id,

@@ -42,7 +42,7 @@ impl Endpoint {
                         pending += total;
                         continue;
                     };
-                    match p.admit_run(&mut self.out, &link.rbuf, max, &mut pending) {
+                    match p.admit_run(&mut self.ctx.out, &link.rbuf, max, &mut pending) {
                         // The frame after the run is another kind, or incomplete.
                         Ok(Inflow::Continue) => {}
                         Ok(Inflow::Pause) => {
@@ -52,10 +52,10 @@ impl Endpoint {
                         }
                         Err(e) => {
                             if matches!(e, RecoveryError::WindowExceeded { .. }) {
-                                Counters::add(&self.counters.window_violations, 1);
+                                Counters::add(&self.ctx.counters.window_violations, 1);
                             }
                             self.cut_run(id, Some(pid), std::mem::take(&mut pending));
-                            self.out.push_batch(self.peers.get(&pid));
+                            self.ctx.out.push_batch(self.peers.get(&pid));
                             self.protocol_error(now, id, e.to_string());
                             break;
                         }
@@ -85,7 +85,7 @@ impl Endpoint {
                     let Some(p) = self.peers.get_mut(&pid) else {
                         continue;
                     };
-                    match p.on_data(&mut self.out, flags, seq, payload) {
+                    match p.on_data(&mut self.ctx.out, flags, seq, payload) {
                         Ok(Inflow::Continue) => {}
                         Ok(Inflow::Pause) => {
                             if self.pause(id, pid) {
@@ -94,9 +94,9 @@ impl Endpoint {
                         }
                         Err(e) => {
                             if matches!(e, RecoveryError::WindowExceeded { .. }) {
-                                Counters::add(&self.counters.window_violations, 1);
+                                Counters::add(&self.ctx.counters.window_violations, 1);
                             }
-                            self.out.push_batch(self.peers.get(&pid));
+                            self.ctx.out.push_batch(self.peers.get(&pid));
                             self.protocol_error(now, id, e.to_string());
                             break;
                         }
@@ -105,7 +105,7 @@ impl Endpoint {
                 Ok(Some(wire::Split::Control(bytes))) => self.on_frame(now, id, &bytes, cert),
                 Err(e) => {
                     if let Some(pid) = peer_of_batch {
-                        self.out.push_batch(self.peers.get(&pid));
+                        self.ctx.out.push_batch(self.peers.get(&pid));
                     }
                     self.protocol_error(now, id, e.to_string());
                     break;
@@ -116,7 +116,7 @@ impl Endpoint {
             self.cut_run(id, peer_of_batch, pending);
         }
         if let Some(pid) = peer_of_batch {
-            self.out.push_batch(self.peers.get(&pid));
+            self.ctx.out.push_batch(self.peers.get(&pid));
             self.after_data(now, pid);
         }
     }
@@ -125,13 +125,13 @@ impl Endpoint {
     /// peer `pid`) lies, and cuts the run (see `Remote::cut_run`).
     pub(super) fn cut_run(&mut self, id: LinkId, pid: Option<usize>, upto: usize) {
         let Some(link) = self.links.get_mut(&id) else {
-            self.out.run.clear();
+            self.ctx.out.run.clear();
             return;
         };
         let buf = link.rbuf.split_to(upto).freeze();
         match pid.and_then(|p| self.peers.get(&p)) {
-            Some(p) => p.cut_run(&mut self.out, buf),
-            None => self.out.run.clear(),
+            Some(p) => p.cut_run(&mut self.ctx.out, buf),
+            None => self.ctx.out.run.clear(),
         }
     }
 
@@ -144,14 +144,16 @@ impl Endpoint {
             return;
         };
         let (link_id, before) = (link.id, link.unwritten());
-        let arm = p.after_data(&self.cfg, &mut self.out, link);
+        let arm = p.after_data(&self.ctx.cfg, &mut self.ctx.out, link);
         if link.unwritten() > before {
             self.dirty.push_back(link_id);
         }
         if arm {
             p.acks.timer = true;
-            self.timers
-                .add(now + self.cfg.ack_delay, TimerKind::AckDelay { peer: id });
+            self.ctx.timers.add(
+                now + self.ctx.cfg.ack_delay,
+                TimerKind::AckDelay { peer: id },
+            );
         }
     }
 
@@ -173,10 +175,10 @@ impl Endpoint {
         if !link.paused {
             link.paused = true;
             self.paused.push(id);
-            Counters::add(&self.counters.read_pauses, 1);
+            Counters::add(&self.ctx.counters.read_pauses, 1);
             log::debug!(
                 "{}: '{}' has {held} bytes waiting for delivery, more than its receive window of {window}; not reading it until the handler catches up",
-                self.cfg.name,
+                self.ctx.cfg.name,
                 p.name()
             );
         }
@@ -205,11 +207,11 @@ impl Endpoint {
         // What is in the buffer first, then what the connection holds: the driver reads
         // it (readiness is edge-triggered, so no event would come for bytes already there).
         self.handle_input(now, lid, &|_| Ok(()));
-        self.out.events.push_back(Output::Resume(lid));
+        self.ctx.out.events.push_back(Output::Resume(lid));
     }
 
     pub(super) fn protocol_error(&mut self, now: Instant, id: LinkId, reason: String) {
-        Counters::add(&self.counters.protocol_errors, 1);
+        Counters::add(&self.ctx.counters.protocol_errors, 1);
         let who = self
             .links
             .get(&id)
@@ -218,7 +220,7 @@ impl Endpoint {
             .unwrap_or_else(|| "an unidentified peer".into());
         log::warn!(
             "{}: protocol error from {who}, closing connection: {reason}",
-            self.cfg.name
+            self.ctx.cfg.name
         );
         self.close_link(
             now,
@@ -246,7 +248,7 @@ impl Endpoint {
                 .and_then(|h| h.peer())
                 .map(|p| p.name.clone()),
         };
-        emit(&self.cfg, &mut self.out, || Event::Refused {
+        emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Refused {
             peer,
             addr,
             reason,
@@ -257,9 +259,9 @@ impl Endpoint {
     pub(super) fn refuse(&mut self, now: Instant, id: LinkId, code: CloseCode, reason: &str) {
         log::warn!(
             "{}: refusing connection ({code:?}): {reason}",
-            self.cfg.name
+            self.ctx.cfg.name
         );
-        self.counters.refusal(code);
+        self.ctx.counters.refusal(code);
         self.refused(id, code, false);
         self.close_link(now, id, Some((code, reason)), Why::ProtocolError);
     }
@@ -292,14 +294,14 @@ impl Endpoint {
                 Err(e) => {
                     if e.by_peer && e.code == CloseCode::Superseded {
                         // The peer kept the other of two simultaneous connections.
-                        log::debug!("{}: {e}", self.cfg.name);
+                        log::debug!("{}: {e}", self.ctx.cfg.name);
                         self.close_link(now, id, None, Why::Replaced);
                     } else if e.by_peer && e.code == CloseCode::NameInUse {
                         // A process of our name (another launch) is connected there, or
                         // replaced us: this one retries with backoff, and gets in once the
                         // other is gone.
                         let addr = link.remote.clone();
-                        let ours = self.cfg.launch_id;
+                        let ours = self.ctx.cfg.launch_id;
                         // Once per episode at `error` (until the peer takes a connection).
                         let first = link
                             .dialled
@@ -308,21 +310,21 @@ impl Endpoint {
                             .is_none_or(|p| p.last_conflict.replace(ours) != Some(ours));
                         let line = format!(
                             "{}: {} refuses us: another process with our member name is connected there, or replaced us (launch id here {ours:016x}); check that only one process runs as '{}'. Retrying with backoff",
-                            self.cfg.name,
+                            self.ctx.cfg.name,
                             addr.map_or_else(|| "the peer".to_string(), |a| a.to_string()),
-                            self.cfg.name
+                            self.ctx.cfg.name
                         );
                         if first {
                             log::error!("{line}");
                         } else {
                             log::debug!("{line}");
                         }
-                        self.counters.refusal(e.code);
+                        self.ctx.counters.refusal(e.code);
                         self.refused(id, e.code, true);
                         self.close_link(now, id, None, Why::PeerClosed);
                     } else if e.by_peer {
-                        log::warn!("{}: {e}", self.cfg.name);
-                        self.counters.refusal(e.code);
+                        log::warn!("{}: {e}", self.ctx.cfg.name);
+                        self.ctx.counters.refusal(e.code);
                         self.refused(id, e.code, true);
                         self.close_link(now, id, None, Why::PeerClosed);
                     } else if e.code == CloseCode::NameMismatch && link.seed.is_some() {
@@ -346,7 +348,7 @@ impl Endpoint {
                     return;
                 };
                 p.rtt.answer(id, now, &p.shared.counters.rtt);
-                if let Err(e) = p.on_ack(&self.cfg, &mut self.out, received, credit, now) {
+                if let Err(e) = p.on_ack(&self.ctx.cfg, &mut self.ctx.out, received, credit, now) {
                     self.protocol_error(now, id, e.to_string());
                 }
             }
@@ -362,7 +364,7 @@ impl Endpoint {
                 // nothing was pending would swallow the pool's next request). The ack is
                 // written even when nothing is owed: the prober may be measuring the round
                 // trip (see `RoundTrip::send`).
-                if p.ack(&mut self.out, Some(link), true) {
+                if p.ack(&mut self.ctx.out, Some(link), true) {
                     self.dirty.push_back(id);
                 }
             }
@@ -370,7 +372,7 @@ impl Endpoint {
             Frame::Close { code, reason } => {
                 log::info!(
                     "{}: '{}' closed the connection ({code:?}): {reason}",
-                    self.cfg.name,
+                    self.ctx.cfg.name,
                     self.peers.name(pid)
                 );
                 self.close_link(now, id, None, Why::PeerClosed);

@@ -86,17 +86,18 @@ impl Endpoint {
         let Some(j) = self.journal.as_mut() else {
             return false;
         };
-        if self.out.records.is_empty() || j.marks.failed {
+        if self.ctx.out.records.is_empty() || j.marks.failed {
             return false;
         }
         j.cut += 1;
         let n = j.cut;
-        for id in self.out.awaiting.drain(..) {
+        for id in self.ctx.out.awaiting.drain(..) {
             j.awaiting.push_back((n, id));
         }
-        self.out
+        self.ctx
+            .out
             .batches
-            .push((n, std::mem::take(&mut self.out.records)));
+            .push((n, std::mem::take(&mut self.ctx.out.records)));
         for link in self.links.values_mut() {
             link.gate(n);
         }
@@ -147,24 +148,27 @@ impl Endpoint {
     /// stops (fail-stop). Nothing more is journalled or acknowledged, and nothing not yet
     /// durable leaves; peers resend after our restart what we had not acknowledged.
     pub(super) fn journal_failed(&mut self, now: Instant) {
-        log::error!("{}: journal write failed, stopping the node", self.cfg.name);
-        Counters::add(&self.counters.journal_failures, 1);
+        log::error!(
+            "{}: journal write failed, stopping the node",
+            self.ctx.cfg.name
+        );
+        Counters::add(&self.ctx.counters.journal_failures, 1);
         if let Some(j) = self.journal.as_mut() {
             j.marks.failed = true;
             j.awaiting.clear();
         }
-        self.out.journal_open = false;
-        self.out.records.clear();
-        self.out.awaiting.clear();
-        self.out.batches.clear();
+        self.ctx.out.journal_open = false;
+        self.ctx.out.records.clear();
+        self.ctx.out.awaiting.clear();
+        self.ctx.out.batches.clear();
         // A close already queued carries bytes cut before the failure: none leaves now
         // (the buffer may hold messages the journal could not take).
-        for e in &mut self.out.events {
+        for e in &mut self.ctx.out.events {
             if let Output::Close { last, .. } = e {
                 last.clear();
             }
         }
-        self.out.events.push_back(Output::JournalFailed);
+        self.ctx.out.events.push_back(Output::JournalFailed);
         self.begin_shutdown(now, now);
     }
 }

@@ -155,7 +155,7 @@ impl Endpoint {
     pub(crate) fn verdict_on_accept(&mut self, now: Instant, from: Addr) -> Verdict {
         let open = self.links.len();
         self.gate
-            .verdict(now, &from, open, &self.cfg, &self.counters)
+            .verdict(now, &from, open, &self.ctx.cfg, &self.ctx.counters)
     }
 
     /// A connection accepted from `from` (admitted by [`judge`](Endpoint::verdict_on_accept), which
@@ -177,11 +177,11 @@ impl Endpoint {
         };
         if let Some((victim, own)) = displaced {
             self.gate
-                .displaced(now, victim, &from, own, &self.cfg, &self.counters);
+                .displaced(now, victim, &from, own, &self.ctx.cfg, &self.ctx.counters);
             self.close_link(now, victim, None, Why::Replaced);
         }
-        Counters::add(&self.counters.accepted, 1);
-        log::debug!("{}: accepted connection from {from}", self.cfg.name);
+        Counters::add(&self.ctx.counters.accepted, 1);
+        log::debug!("{}: accepted connection from {from}", self.ctx.cfg.name);
         let mut first = Vec::new();
         let hs = Handshake::acceptor(self.local.clone(), nonce, &mut first);
         let mut link = Link::new(id, None, hs, first, now);
@@ -191,8 +191,9 @@ impl Endpoint {
         self.gate.pending.insert(id, source, now);
         self.update_gauges();
         self.dirty.push_back(id);
-        let deadline = self.gate.pending.deadline(self.cfg.handshake_timeout);
-        self.timers
+        let deadline = self.gate.pending.deadline(self.ctx.cfg.handshake_timeout);
+        self.ctx
+            .timers
             .add(now + deadline, TimerKind::Handshake { link: id });
         // The table just grew: older links may be past the shorter deadline.
         self.shed_overdue(now);
@@ -202,24 +203,29 @@ impl Endpoint {
     /// and owes it nothing. A handshake already under way when a shutdown begins goes on
     /// while the peer is owed messages, so that they are handed over before the node stops.
     pub(super) fn closed_to(&self, p: &Remote) -> bool {
-        p.state == PeerState::Closed || (self.shutdown.is_some() && !p.owes_anything())
+        p.state == PeerState::Closed || (self.ctx.shutdown.is_some() && !p.owes_anything())
     }
 
     /// Whether connections accepted now are refused outright (shutting down).
     pub(crate) fn is_shutting_down(&self) -> bool {
-        self.shutdown.is_some()
+        self.ctx.shutdown.is_some()
     }
 
     /// Logs what the admission rules shed, when a warning is due.
     pub(crate) fn warn_shedding(&mut self, now: Instant) {
-        self.gate.warn(now, &self.cfg.name);
+        self.gate.warn(now, &self.ctx.cfg.name);
     }
 
     /// Closes every pending accepted link past the deadline of the table as it is at
     /// `now`, oldest first (each one closed lengthens the deadline of the rest).
     pub(super) fn shed_overdue(&mut self, now: Instant) {
-        while let Some((id, limit)) = self.gate.pending.overdue(now, self.cfg.handshake_timeout) {
-            self.gate.timed_out(limit, &self.cfg, &self.counters);
+        while let Some((id, limit)) = self
+            .gate
+            .pending
+            .overdue(now, self.ctx.cfg.handshake_timeout)
+        {
+            self.gate
+                .timed_out(limit, &self.ctx.cfg, &self.ctx.counters);
             self.close_link(now, id, None, Why::IdleTimeout);
         }
     }
@@ -228,13 +234,13 @@ impl Endpoint {
     /// link `id`, connecting; the dialler's handshake waits for the acceptor's Hello.
     pub(super) fn dialled(&mut self, now: Instant, peer: usize, id: LinkId, nonce: Nonce) {
         let Some(p) = self.peers.get_mut(&peer) else {
-            return self.out.events.push_back(Output::Close {
+            return self.ctx.out.events.push_back(Output::Close {
                 link: id,
                 last: Vec::new(),
             });
         };
-        if p.state == PeerState::Closed || p.link.is_some() || self.shutdown.is_some() {
-            return self.out.events.push_back(Output::Close {
+        if p.state == PeerState::Closed || p.link.is_some() || self.ctx.shutdown.is_some() {
+            return self.ctx.out.events.push_back(Output::Close {
                 link: id,
                 last: Vec::new(),
             });
@@ -246,9 +252,9 @@ impl Endpoint {
         link.remote = p.addr.clone();
         self.links.insert(id, link);
         self.update_gauges();
-        Counters::add(&self.counters.dialled, 1);
-        self.timers.add(
-            now + self.cfg.handshake_timeout,
+        Counters::add(&self.ctx.counters.dialled, 1);
+        self.ctx.timers.add(
+            now + self.ctx.cfg.handshake_timeout,
             TimerKind::Handshake { link: id },
         );
     }
@@ -256,14 +262,14 @@ impl Endpoint {
     /// The driver could not open a connection for peer `peer` (or get what a dial needs):
     /// retry with backoff.
     pub(super) fn dial_failed(&mut self, now: Instant, peer: usize) {
-        Counters::add(&self.counters.dial_failures, 1);
+        Counters::add(&self.ctx.counters.dial_failures, 1);
         self.peers.schedule_reconnect(
             now,
             peer,
-            self.shutdown.is_some(),
-            &self.cfg,
-            &mut self.backoff,
-            &mut self.timers,
+            self.ctx.shutdown.is_some(),
+            &self.ctx.cfg,
+            &mut self.ctx.backoff,
+            &mut self.ctx.timers,
         );
     }
 
@@ -284,11 +290,11 @@ impl Endpoint {
     pub(super) fn link_failed(&mut self, now: Instant, id: LinkId, why: Why) {
         if let Some(link) = self.links.get(&id) {
             if link.connecting {
-                Counters::add(&self.counters.dial_failures, 1);
+                Counters::add(&self.ctx.counters.dial_failures, 1);
                 if let Some(p) = link.dialled {
                     log::debug!(
                         "{}: connect to '{}' failed",
-                        self.cfg.name,
+                        self.ctx.cfg.name,
                         self.peers.name(p)
                     );
                 }
@@ -306,7 +312,7 @@ impl Endpoint {
         reason: &str,
         from: Option<Addr>,
     ) {
-        Counters::add(&self.counters.tls_failures, 1);
+        Counters::add(&self.ctx.counters.tls_failures, 1);
         let who = match (self.links.get(&id).and_then(|l| l.peer), from) {
             (Some(p), _) => format!("'{}'", self.peers.name(p)),
             (None, Some(a)) => a.to_string(),
@@ -314,7 +320,7 @@ impl Endpoint {
         };
         log::warn!(
             "{}: TLS failure with {who}, closing connection: {reason}",
-            self.cfg.name
+            self.ctx.cfg.name
         );
         self.close_link(now, id, None, Why::Tls);
     }
@@ -348,9 +354,13 @@ impl Endpoint {
                 wire::encode_close(&mut last, code, reason);
             }
         }
-        self.out.events.push_back(Output::Close { link: id, last });
+        self.ctx
+            .out
+            .events
+            .push_back(Output::Close { link: id, last });
         self.update_gauges();
-        self.timers
+        self.ctx
+            .timers
             .cancel(|k| *k == TimerKind::Handshake { link: id });
         if let Some(s) = link.seed {
             self.seeds.link_closed(s, id);
@@ -363,7 +373,7 @@ impl Endpoint {
         if p.link != Some(id) {
             return;
         }
-        p.link_lost(&self.cfg, link.established);
+        p.link_lost(&self.ctx.cfg, link.established);
         if link.established {
             self.seeds_if_alone(now);
         }
@@ -372,7 +382,7 @@ impl Endpoint {
         };
         if std::mem::take(&mut p.up) {
             let peer = p.name().clone();
-            emit(&self.cfg, &mut self.out, || Event::Disconnected {
+            emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Disconnected {
                 peer: peer.to_string(),
                 reason: why,
             });
@@ -381,10 +391,10 @@ impl Endpoint {
             self.peers.schedule_reconnect(
                 now,
                 pid,
-                self.shutdown.is_some(),
-                &self.cfg,
-                &mut self.backoff,
-                &mut self.timers,
+                self.ctx.shutdown.is_some(),
+                &self.ctx.cfg,
+                &mut self.ctx.backoff,
+                &mut self.ctx.timers,
             );
         }
     }
@@ -392,8 +402,11 @@ impl Endpoint {
     pub(super) fn add_unknown(&mut self, name: &str) -> usize {
         let shared = (self.new_peer)(name.into());
         let id = shared.id;
-        log::info!("{}: admitting unknown member '{name}'", self.cfg.name);
-        self.out.events.push_back(Output::Admitted(shared.clone()));
+        log::info!("{}: admitting unknown member '{name}'", self.ctx.cfg.name);
+        self.ctx
+            .out
+            .events
+            .push_back(Output::Admitted(shared.clone()));
         self.add_peer(shared, None);
         if let Some(p) = self.peers.get_mut(&id) {
             p.dynamic = true;

@@ -120,7 +120,10 @@ impl Endpoint {
             };
             match out {
                 membership::Output::Send { to, packet } => {
-                    self.out.events.push_back(Output::Datagram { to, packet });
+                    self.ctx
+                        .out
+                        .events
+                        .push_back(Output::Datagram { to, packet });
                 }
                 membership::Output::Event(e) => {
                     m.view.lock().members = m.swim.members();
@@ -134,7 +137,7 @@ impl Endpoint {
         let MemberEvent::Changed { member, previous } = e else {
             return; // a failed or left member reaped from the view: retired already
         };
-        if member.name == *self.cfg.name {
+        if member.name == *self.ctx.cfg.name {
             return;
         }
         let before = previous.as_ref().map(|p| p.state);
@@ -155,7 +158,7 @@ impl Endpoint {
                     }
                     _ => return,
                 };
-                emit(&self.cfg, &mut self.out, || fact);
+                emit(&self.ctx.cfg, &mut self.ctx.out, || fact);
             }
             State::Failed | State::Left => {
                 if matches!(before, Some(State::Failed | State::Left)) {
@@ -168,7 +171,7 @@ impl Endpoint {
                 } else {
                     Event::MemberLeft { peer: name }
                 };
-                emit(&self.cfg, &mut self.out, || fact);
+                emit(&self.ctx.cfg, &mut self.ctx.out, || fact);
             }
         }
     }
@@ -176,7 +179,7 @@ impl Endpoint {
     /// The view holds `name` live at `addr`: it is a peer with that address (added if the
     /// node does not know it), governed by the view, and dialled if it has no link.
     fn member_live(&mut self, name: &str, addr: SocketAddr) {
-        if self.shutdown.is_some() {
+        if self.ctx.shutdown.is_some() {
             return;
         }
         let id = match self.peers.id_of(name) {
@@ -199,8 +202,11 @@ impl Endpoint {
             }
             None => {
                 let shared = (self.new_peer)(name.into());
-                log::info!("{}: member '{name}' joined at {addr}", self.cfg.name);
-                self.out.events.push_back(Output::Admitted(shared.clone()));
+                log::info!("{}: member '{name}' joined at {addr}", self.ctx.cfg.name);
+                self.ctx
+                    .out
+                    .events
+                    .push_back(Output::Admitted(shared.clone()));
                 let id = shared.id;
                 self.add_peer(shared, Some(Addr::Tcp(addr)));
                 id
@@ -211,7 +217,7 @@ impl Endpoint {
         }
         if self.peers.get(&id).is_some_and(|p| p.link.is_none()) {
             self.peers
-                .dial(id, self.shutdown.is_some(), &mut self.out.events);
+                .dial(id, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
         }
     }
 
@@ -229,7 +235,7 @@ impl Endpoint {
         if !governed {
             log::info!(
                 "{}: member '{name}' {}; it is a configured peer, kept",
-                self.cfg.name,
+                self.ctx.cfg.name,
                 if failed { "failed" } else { "left" }
             );
             return;
@@ -243,15 +249,20 @@ impl Endpoint {
         };
         log::info!(
             "{}: member '{name}' {}: removed",
-            self.cfg.name,
+            self.ctx.cfg.name,
             if failed {
                 "declared failed"
             } else {
                 "left the cluster"
             }
         );
-        self.peers
-            .retire(id, true, &self.cfg, &mut self.out, &mut self.timers);
+        self.peers.retire(
+            id,
+            true,
+            &self.ctx.cfg,
+            &mut self.ctx.out,
+            &mut self.ctx.timers,
+        );
         let why = Why::Removed;
         if let Some(link) = link {
             let reason = if failed {
@@ -263,11 +274,11 @@ impl Endpoint {
         }
         if up {
             let peer: SharedStr = name.into();
-            emit(&self.cfg, &mut self.out, || Event::Disconnected {
+            emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Disconnected {
                 peer: peer.to_string(),
                 reason: why,
             });
         }
-        self.out.events.push_back(Output::Forget(shared));
+        self.ctx.out.events.push_back(Output::Forget(shared));
     }
 }

@@ -415,19 +415,29 @@ pub(crate) type NewPeer = Box<dyn Fn(SharedStr) -> Arc<PeerShared> + Send>;
 /// handshake claims (always `Ok` on plain TCP).
 pub(crate) type CertCheck<'a> = &'a dyn Fn(&str) -> Result<(), String>;
 
+/// The services every part of the endpoint uses: its settings, its counters, its timers
+/// and reconnect backoff, whether it is shutting down, and what it produces.
+pub(crate) struct Ctx {
+    cfg: Config,
+    counters: Arc<NodeCounters>,
+    timers: Timers,
+    backoff: Backoff,
+    /// The shutdown's deadline, once one began.
+    shutdown: Option<Instant>,
+    out: Produced,
+}
+
 /// A member's protocol (see the module doc).
 pub(crate) struct Endpoint {
-    cfg: Config,
+    /// The services its parts share.
+    ctx: Ctx,
     local: LocalIdentity,
     /// The bound of a data frame's length.
     max_len: usize,
-    counters: Arc<NodeCounters>,
     new_peer: NewPeer,
     links: HashMap<LinkId, Link, IdHash>,
     /// The peers, by id and by name.
     peers: Roster,
-    timers: Timers,
-    backoff: Backoff,
     /// Admission of accepted links.
     gate: Gate,
     /// Links with bytes appended to their write buffer since the last write pass.
@@ -437,7 +447,6 @@ pub(crate) struct Endpoint {
     /// Peers whose queued messages are published once the frames written so far have left
     /// (a handshake's last frame goes first: see [`poll`](Endpoint::poll), step 4).
     deferred: Vec<usize>,
-    shutdown: Option<Instant>,
     journal: Option<JournalGate>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
@@ -445,7 +454,6 @@ pub(crate) struct Endpoint {
     seeds: Seeds,
     /// Membership, when configured.
     members: Option<Members>,
-    out: Produced,
 }
 
 impl Endpoint {
@@ -478,41 +486,43 @@ impl Endpoint {
         timers.add(now + cfg.tick, TimerKind::Tick);
         let mut ep = Endpoint {
             max_len: wire::max_frame_len(cfg.max_message),
-            backoff: Backoff::new(cfg.launch_id),
             gate: Gate::new(&cfg),
             local,
-            counters,
             new_peer,
             links: HashMap::default(),
             peers: Roster::default(),
-            timers,
             dirty: VecDeque::new(),
             paused: Vec::new(),
             deferred: Vec::new(),
-            shutdown: None,
             syncs: VecDeque::new(),
             seeds: Seeds::new(&cfg),
             members: cfg
                 .membership
                 .as_ref()
                 .map(|setup| Members::new(&cfg, setup, now)),
-            out: Produced {
-                records: Vec::new(),
-                awaiting: Vec::new(),
-                tasks: VecDeque::new(),
-                events: VecDeque::new(),
-                batch: Vec::new(),
-                oob_batch: Vec::new(),
-                run: RunBuilder::default(),
-                batches: Vec::new(),
-                journal_open: journal.is_some(),
+            ctx: Ctx {
+                backoff: Backoff::new(cfg.launch_id),
+                counters,
+                timers,
+                shutdown: None,
+                out: Produced {
+                    records: Vec::new(),
+                    awaiting: Vec::new(),
+                    tasks: VecDeque::new(),
+                    events: VecDeque::new(),
+                    batch: Vec::new(),
+                    oob_batch: Vec::new(),
+                    run: RunBuilder::default(),
+                    batches: Vec::new(),
+                    journal_open: journal.is_some(),
+                },
+                cfg,
             },
             journal,
-            cfg,
         };
-        ep.seeds.dial_all(&mut ep.out.events);
+        ep.seeds.dial_all(&mut ep.ctx.out.events);
         ep.seeds
-            .resolve_unresolved(now, &ep.cfg, &mut ep.backoff, &mut ep.timers);
+            .resolve_unresolved(now, &ep.ctx.cfg, &mut ep.ctx.backoff, &mut ep.ctx.timers);
         ep
     }
 
@@ -589,15 +599,15 @@ impl Endpoint {
     pub(crate) fn poll(&mut self, now: Instant) -> Option<Output> {
         loop {
             self.pump_members(now);
-            if let Some(t) = self.out.tasks.pop_front() {
+            if let Some(t) = self.ctx.out.tasks.pop_front() {
                 return Some(Output::Task(t));
             }
-            if let Some(e) = self.out.events.pop_front() {
+            if let Some(e) = self.ctx.out.events.pop_front() {
                 return Some(e);
             }
             self.cut_journal();
-            if !self.out.batches.is_empty() {
-                return Some(Output::Journal(self.out.batches.remove(0)));
+            if !self.ctx.out.batches.is_empty() {
+                return Some(Output::Journal(self.ctx.out.batches.remove(0)));
             }
             if let Some(n) = self.syncs.pop_front() {
                 return Some(Output::JournalSync(n));
@@ -624,7 +634,7 @@ impl Endpoint {
     /// When the endpoint next needs [`Input::Timeout`].
     pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         let members = self.members.as_ref().and_then(Members::next_at);
-        match (self.timers.next_at(), members) {
+        match (self.ctx.timers.next_at(), members) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -643,7 +653,7 @@ impl Endpoint {
     /// accepted and that has not said who it is yet, while a member owed messages has no
     /// link (it may be the one dialling).
     pub(crate) fn shutdown_done(&self, now: Instant) -> bool {
-        let Some(deadline) = self.shutdown else {
+        let Some(deadline) = self.ctx.shutdown else {
             return false;
         };
         if now >= deadline {
@@ -693,12 +703,14 @@ impl Endpoint {
     /// Publishes the link gauges after the link set changed.
     fn update_gauges(&self) {
         // Relaxed: gauges for stats only.
-        self.counters
+        self.ctx
+            .counters
             .open
             .store(self.links.len() as u64, Ordering::Relaxed);
         let est = self.links.values().filter(|l| l.established).count() as u64;
-        self.counters.established.store(est, Ordering::Relaxed);
-        self.counters
+        self.ctx.counters.established.store(est, Ordering::Relaxed);
+        self.ctx
+            .counters
             .pending
             .store(self.gate.pending.len() as u64, Ordering::Relaxed);
     }

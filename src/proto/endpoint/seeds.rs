@@ -348,11 +348,15 @@ impl Endpoint {
 
     /// The node may reach nobody now: every idle seed is dialled again after its backoff.
     pub(super) fn seeds_if_alone(&mut self, now: Instant) {
-        if self.seeds.is_empty() || self.shutdown.is_some() || self.reaches_anyone() {
+        if self.seeds.is_empty() || self.ctx.shutdown.is_some() || self.reaches_anyone() {
             return;
         }
-        self.seeds
-            .retry_all(now, &self.cfg, &mut self.backoff, &mut self.timers);
+        self.seeds.retry_all(
+            now,
+            &self.ctx.cfg,
+            &mut self.ctx.backoff,
+            &mut self.ctx.timers,
+        );
     }
 
     /// Seed `s`'s retry timer (generation `gen`) fired: it is dialled again if the node
@@ -360,7 +364,7 @@ impl Endpoint {
     pub(super) fn seed_due(&mut self, s: usize, gen: u64) {
         if self.seeds.is_current(s, gen) && !self.reaches_anyone() {
             self.seeds
-                .dial(s, self.shutdown.is_some(), &mut self.out.events);
+                .dial(s, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
         }
     }
 
@@ -372,9 +376,9 @@ impl Endpoint {
             n,
             gen,
             alone,
-            self.shutdown.is_some(),
-            &self.cfg,
-            &mut self.out.events,
+            self.ctx.shutdown.is_some(),
+            &self.ctx.cfg,
+            &mut self.ctx.out.events,
         );
     }
 
@@ -383,7 +387,7 @@ impl Endpoint {
     /// through; one it no longer gives is not dialled again. While the node still reaches
     /// nobody, the name is resolved again after its backoff.
     pub(super) fn seed_resolved(&mut self, now: Instant, n: usize, addrs: &[SocketAddr]) {
-        let Some(fresh) = self.seeds.resolved(n, addrs, &self.cfg) else {
+        let Some(fresh) = self.seeds.resolved(n, addrs, &self.ctx.cfg) else {
             return;
         };
         if !fresh.is_empty() {
@@ -393,18 +397,18 @@ impl Endpoint {
             }
             for s in fresh {
                 self.seeds
-                    .dial(s, self.shutdown.is_some(), &mut self.out.events);
+                    .dial(s, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
             }
         }
         if !self.reaches_anyone() {
-            let stopping = self.shutdown.is_some();
+            let stopping = self.ctx.shutdown.is_some();
             self.seeds.resolve_later(
                 now,
                 n,
                 stopping,
-                &self.cfg,
-                &mut self.backoff,
-                &mut self.timers,
+                &self.ctx.cfg,
+                &mut self.ctx.backoff,
+                &mut self.ctx.timers,
             );
         } else {
             self.seeds.name_reached(n);
@@ -415,13 +419,13 @@ impl Endpoint {
     /// takes whoever answers.
     pub(super) fn seed_dialled(&mut self, now: Instant, s: usize, id: LinkId, nonce: Nonce) {
         let Some(addr) = self.seeds.dialled(s) else {
-            return self.out.events.push_back(Output::Close {
+            return self.ctx.out.events.push_back(Output::Close {
                 link: id,
                 last: Vec::new(),
             });
         };
-        if self.shutdown.is_some() {
-            return self.out.events.push_back(Output::Close {
+        if self.ctx.shutdown.is_some() {
+            return self.ctx.out.events.push_back(Output::Close {
                 link: id,
                 last: Vec::new(),
             });
@@ -434,9 +438,9 @@ impl Endpoint {
         link.remote = Some(Addr::Tcp(addr));
         self.links.insert(id, link);
         self.update_gauges();
-        Counters::add(&self.counters.dialled, 1);
-        self.timers.add(
-            now + self.cfg.handshake_timeout,
+        Counters::add(&self.ctx.counters.dialled, 1);
+        self.ctx.timers.add(
+            now + self.ctx.cfg.handshake_timeout,
             TimerKind::Handshake { link: id },
         );
     }
@@ -444,8 +448,8 @@ impl Endpoint {
     /// No connection to seed `s` could be opened: tried again with backoff while the node
     /// reaches nobody.
     pub(super) fn seed_dial_failed(&mut self, now: Instant, s: usize) {
-        Counters::add(&self.counters.dial_failures, 1);
-        self.seeds.dial_failed(s, &self.cfg.name);
+        Counters::add(&self.ctx.counters.dial_failures, 1);
+        self.seeds.dial_failed(s, &self.ctx.cfg.name);
         self.seeds_if_alone(now);
     }
 
@@ -454,7 +458,7 @@ impl Endpoint {
         let Some(s) = self.links.get(&id).and_then(|l| l.seed) else {
             return;
         };
-        self.seeds.is_own(s, &self.cfg.name);
+        self.seeds.is_own(s, &self.ctx.cfg.name);
         self.close_link(now, id, None, Why::Shutdown);
     }
 
@@ -475,7 +479,7 @@ impl Endpoint {
             .is_some_and(|j| j.recovered.contains_key(peer.name.as_str()));
         let pid = match known {
             Some(pid) => Some(pid),
-            None if recovered && self.shutdown.is_none() => {
+            None if recovered && self.ctx.shutdown.is_none() => {
                 Some(self.admit_seeded(now, &peer.name, s))
             }
             None => None,
@@ -514,7 +518,7 @@ impl Endpoint {
         else {
             return;
         };
-        if self.peers.id_of(&peer.name).is_some() || self.shutdown.is_some() {
+        if self.peers.id_of(&peer.name).is_some() || self.ctx.shutdown.is_some() {
             // Known meanwhile: our answer said we hold nothing of it, which may not be
             // true now. This link goes; the member's own comes or stays.
             return self.close_link(
@@ -543,7 +547,7 @@ impl Endpoint {
         if p.state == PeerState::Closed || p.link.is_some_and(|l| l != id) {
             log::debug!(
                 "{}: seed link to '{}' closed: connected otherwise",
-                self.cfg.name,
+                self.ctx.cfg.name,
                 p.name()
             );
             self.close_link(
@@ -577,13 +581,16 @@ impl Endpoint {
         let addr = self.seeds.addr(s);
         log::info!(
             "{}: found '{name}' at seed {}",
-            self.cfg.name,
+            self.ctx.cfg.name,
             addr.map_or_else(|| "?".to_string(), |a| a.to_string())
         );
-        self.out.events.push_back(Output::Admitted(shared.clone()));
+        self.ctx
+            .out
+            .events
+            .push_back(Output::Admitted(shared.clone()));
         let mut peer = Remote::new(shared, addr.map(Addr::Tcp));
         if let Some(r) = self.journal.as_mut().and_then(|j| j.recovered.remove(name)) {
-            peer.restore(&self.cfg, &mut self.out, r);
+            peer.restore(&self.ctx.cfg, &mut self.ctx.out, r);
         }
         self.peers.insert(id, peer);
         id

@@ -16,7 +16,7 @@ impl Endpoint {
             return;
         }
         let Some(pid) = link.peer else { return };
-        let low = link.unwritten() < self.cfg.write_high_water / 2;
+        let low = link.unwritten() < self.ctx.cfg.write_high_water / 2;
         let Some(p) = self.peers.get_mut(&pid) else {
             return;
         };
@@ -37,7 +37,7 @@ impl Endpoint {
     /// timeouts that blame a peer (idle, handshake) must never count time it did not look
     /// at its links — bytes that arrived since are read before they are judged.
     pub(super) fn handle_timeout(&mut self, now: Instant) {
-        while let Some((_, t)) = self.timers.pop_due(now) {
+        while let Some((_, t)) = self.ctx.timers.pop_due(now) {
             match t {
                 TimerKind::Reconnect { peer, gen } => {
                     if self
@@ -45,18 +45,21 @@ impl Endpoint {
                         .get(&peer)
                         .is_some_and(|p| p.gen == gen && p.link.is_none())
                     {
-                        self.peers
-                            .dial(peer, self.shutdown.is_some(), &mut self.out.events);
+                        self.peers.dial(
+                            peer,
+                            self.ctx.shutdown.is_some(),
+                            &mut self.ctx.out.events,
+                        );
                     }
                 }
                 TimerKind::Handshake { link } => self.handshake_due(now, link),
                 TimerKind::Forget { peer, gen } => self.peers.forget(
                     peer,
                     gen,
-                    self.shutdown.is_some(),
-                    &self.cfg,
-                    &mut self.out,
-                    &mut self.timers,
+                    self.ctx.shutdown.is_some(),
+                    &self.ctx.cfg,
+                    &mut self.ctx.out,
+                    &mut self.ctx.timers,
                 ),
                 TimerKind::Seed { seed, gen } => self.seed_due(seed, gen),
                 TimerKind::Resolve { name, gen } => self.resolve_due(name, gen),
@@ -66,9 +69,10 @@ impl Endpoint {
             }
         }
         // Relaxed: a gauge for stats.
-        self.counters
+        self.ctx
+            .counters
             .timers
-            .store(self.timers.len() as u64, Ordering::Relaxed);
+            .store(self.ctx.timers.len() as u64, Ordering::Relaxed);
     }
 
     /// The ack timer of peer `id` fired.
@@ -85,8 +89,10 @@ impl Endpoint {
         if let Some(p) = self.peers.get_mut(&id) {
             if p.acks.behind(&p.desc) && !p.acks.timer && p.link.is_some() {
                 p.acks.timer = true;
-                self.timers
-                    .add(now + self.cfg.ack_delay, TimerKind::AckDelay { peer: id });
+                self.ctx.timers.add(
+                    now + self.ctx.cfg.ack_delay,
+                    TimerKind::AckDelay { peer: id },
+                );
             }
         }
     }
@@ -100,24 +106,29 @@ impl Endpoint {
         };
         let dialled = link.dialled;
         if let Some(since) = self.gate.pending.since(id) {
-            let limit = self.gate.pending.deadline(self.cfg.handshake_timeout);
+            let limit = self.gate.pending.deadline(self.ctx.cfg.handshake_timeout);
             if now < since + limit {
-                self.timers
+                self.ctx
+                    .timers
                     .add(since + limit, TimerKind::Handshake { link: id });
             } else {
-                self.gate.timed_out(limit, &self.cfg, &self.counters);
+                self.gate
+                    .timed_out(limit, &self.ctx.cfg, &self.ctx.counters);
                 self.close_link(now, id, None, Why::IdleTimeout);
             }
             return;
         }
-        Counters::add(&self.counters.handshake_timeouts, 1);
+        Counters::add(&self.ctx.counters.handshake_timeouts, 1);
         match dialled {
             Some(p) => log::warn!(
                 "{}: handshake with '{}' timed out; closing the connection",
-                self.cfg.name,
+                self.ctx.cfg.name,
                 self.peers.name(p)
             ),
-            None => log::warn!("{}: handshake timed out; closing connection", self.cfg.name),
+            None => log::warn!(
+                "{}: handshake timed out; closing connection",
+                self.ctx.cfg.name
+            ),
         }
         self.close_link(now, id, None, Why::IdleTimeout);
     }
@@ -135,7 +146,7 @@ impl Endpoint {
             };
             let link = p.link.and_then(|l| self.links.get_mut(&l));
             let link_id = link.as_ref().map(|l| l.id);
-            if p.tick(&self.cfg, &mut self.out, link, now) {
+            if p.tick(&self.ctx.cfg, &mut self.ctx.out, link, now) {
                 if let Some(l) = link_id {
                     self.dirty.push_back(l);
                 }
@@ -152,7 +163,9 @@ impl Endpoint {
             }
         }
         self.check_liveness(now);
-        self.timers.add(now + self.cfg.tick, TimerKind::Tick);
+        self.ctx
+            .timers
+            .add(now + self.ctx.cfg.tick, TimerKind::Tick);
     }
 
     /// Heartbeats on quiet established links (any traffic suppresses them), and failure
@@ -166,15 +179,15 @@ impl Endpoint {
                 continue;
             }
             let unread = now.saturating_duration_since(link.last_read);
-            if !link.paused && unread >= self.cfg.idle_timeout {
+            if !link.paused && unread >= self.ctx.cfg.idle_timeout {
                 silent.push(link.id);
-            } else if now.saturating_duration_since(link.last_write) >= self.cfg.heartbeat {
+            } else if now.saturating_duration_since(link.last_write) >= self.ctx.cfg.heartbeat {
                 wire::encode_heartbeat(&mut link.wbuf);
                 self.dirty.push_back(link.id);
             }
         }
         for id in silent {
-            Counters::add(&self.counters.idle_timeouts, 1);
+            Counters::add(&self.ctx.counters.idle_timeouts, 1);
             let who = self
                 .links
                 .get(&id)
@@ -182,9 +195,9 @@ impl Endpoint {
                 .map(|p| self.peers.name(p));
             log::warn!(
                 "{}: connection to '{}' silent for {:?}; closing it",
-                self.cfg.name,
+                self.ctx.cfg.name,
                 who.as_deref().unwrap_or("?"),
-                self.cfg.idle_timeout
+                self.ctx.cfg.idle_timeout
             );
             self.close_link(
                 now,
