@@ -119,47 +119,11 @@ impl Endpoint {
         }
     }
 
-    /// Publishes what the application queued for peer `id`.
-    pub(super) fn publish(&mut self, now: Instant, id: usize) {
-        self.publish_upto(now, id, self.ctx.cfg.write_high_water);
-    }
-
-    /// [`publish`](Endpoint::publish) with the high-water mark `high`.
-    pub(super) fn publish_upto(&mut self, now: Instant, id: usize, high: usize) {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        let link = p
-            .link
-            .and_then(|l| self.links.get_mut(&l))
-            .filter(|l| l.established);
-        let link_id = link.as_ref().map(|l| l.id);
-        if p.publish(&self.ctx.cfg, &mut self.ctx.out, link, high, now) {
-            if let Some(l) = link_id {
-                self.dirty.push_back(l);
-            }
-        }
-    }
-
     /// Returns peer `id`'s receive credit now (the pool asked: half the window consumed,
     /// or a paused link back within its window).
     pub(super) fn flush_credit(&mut self, now: Instant, id: usize) {
-        self.ack(id);
+        self.links.ack(id, &mut self.peers, &mut self.ctx);
         self.resume_peer(now, id);
-    }
-
-    /// Writes an ack to peer `id` if one is owed.
-    pub(super) fn ack(&mut self, id: usize) {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        let link = p.link.and_then(|l| self.links.get_mut(&l));
-        let link_id = link.as_ref().map(|l| l.id);
-        if p.ack(&mut self.ctx.out, link, false) {
-            if let Some(l) = link_id {
-                self.dirty.push_back(l);
-            }
-        }
     }
 
     /// Begins shutting down: no new messages, no reconnects; what is queued is still
@@ -184,11 +148,11 @@ impl Endpoint {
             p.shared.outbox.window().close();
             let connected = p
                 .link
-                .is_some_and(|l| self.links.get(&l).is_some_and(|l| l.established));
+                .is_some_and(|l| self.links.table.get(&l).is_some_and(|l| l.established));
             // With a journal, what is queued for a disconnected peer is journalled now and
             // resent after the restart.
             if connected || self.journal.is_some() {
-                self.publish(now, id);
+                self.links.publish(now, id, &mut self.peers, &mut self.ctx);
             }
         }
     }
@@ -200,7 +164,8 @@ impl Endpoint {
     pub(super) fn sync_journal_now(&mut self, now: Instant) -> Option<u64> {
         let ids = self.peers.ids();
         for id in ids {
-            self.publish_upto(now, id, usize::MAX);
+            self.links
+                .publish_upto(now, id, usize::MAX, &mut self.peers, &mut self.ctx);
         }
         self.cut_journal();
         self.journal
@@ -213,7 +178,7 @@ impl Endpoint {
     /// cut into a batch. Returns, with a journal, what the node needs to record the pool's
     /// last progress once the writer has given the journal back.
     pub(crate) fn finish(&mut self, now: Instant) -> Option<Vec<StoppedPeer>> {
-        let links: Vec<LinkId> = self.links.keys().copied().collect();
+        let links: Vec<LinkId> = self.links.table.keys().copied().collect();
         let ids = self.peers.ids();
         for id in ids {
             self.peers.retire(

@@ -30,7 +30,7 @@ impl Endpoint {
                 self.ctx.cfg.name,
                 peer.name
             );
-            let addr = self.links.get(&id).and_then(|l| l.remote.clone());
+            let addr = self.links.table.get(&id).and_then(|l| l.remote.clone());
             emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Refused {
                 peer: Some(peer.name.clone()),
                 addr,
@@ -62,12 +62,12 @@ impl Endpoint {
         else {
             return;
         };
-        let Some(link) = self.links.get_mut(&id) else {
+        let Some(link) = self.links.table.get_mut(&id) else {
             return;
         };
         let Some(hs) = link.hs.as_mut() else { return };
         hs.accept(received, connections, unreliable, &mut link.wbuf);
-        self.dirty.push_back(id);
+        self.links.dirty.push_back(id);
         self.establish(now, id, peer_received, peer_unreliable);
     }
 
@@ -76,7 +76,7 @@ impl Endpoint {
     /// tie-break, no new incarnation, the link does not yet speak for the peer. We answer
     /// with our counts for the incarnation it names and adopt the link on Ready.
     pub(super) fn answer_hello(&mut self, now: Instant, id: LinkId, peer: &PeerIdentity) {
-        let Some(pid) = self.links.get(&id).and_then(|l| l.dialled) else {
+        let Some(pid) = self.links.table.get(&id).and_then(|l| l.dialled) else {
             return self.seed_hello(now, id, peer);
         };
         let Some(p) = self.peers.get(&pid) else {
@@ -94,13 +94,13 @@ impl Endpoint {
             return;
         };
         let (received, connections, unreliable) = p.counts_for(peer.launch_id);
-        let Some(link) = self.links.get_mut(&id) else {
+        let Some(link) = self.links.table.get_mut(&id) else {
             return;
         };
         let Some(hs) = link.hs.as_mut() else { return };
         hs.accept(received, connections, unreliable, &mut link.wbuf);
         link.asked_at = now;
-        self.dirty.push_back(id);
+        self.links.dirty.push_back(id);
     }
 
     /// Dialler: Ready arrived (and authenticated the acceptor, with a secret). Adopt the
@@ -112,7 +112,7 @@ impl Endpoint {
         peer_received: u64,
         peer_unreliable: u64,
     ) {
-        let Some(link) = self.links.get(&id) else {
+        let Some(link) = self.links.table.get(&id) else {
             return;
         };
         let (Some(pid), Some(peer)) = (
@@ -135,7 +135,7 @@ impl Endpoint {
         let live = p
             .link
             .filter(|&o| o != id)
-            .and_then(|o| self.links.get(&o))
+            .and_then(|o| self.links.table.get(&o))
             .filter(|l| l.established && l.launch.is_some_and(|l| l != launch));
         if let Some(l) = live {
             return Some(NameHolder {
@@ -145,7 +145,7 @@ impl Endpoint {
             });
         }
         if p.replaced.contains(launch) {
-            let current = p.link.and_then(|o| self.links.get(&o));
+            let current = p.link.and_then(|o| self.links.table.get(&o));
             return Some(NameHolder {
                 launch: p.desc.remote_launch().unwrap_or_default(),
                 addr: current.and_then(|l| l.remote.clone()),
@@ -169,7 +169,7 @@ impl Endpoint {
         peer: &PeerIdentity,
         holder: NameHolder,
     ) {
-        let addr = self.links.get(&id).and_then(|l| l.remote.clone());
+        let addr = self.links.table.get(&id).and_then(|l| l.remote.clone());
         let show = |a: Option<Addr>| a.map_or_else(|| "?".to_string(), |a| a.to_string());
         let first = match self.peers.get_mut(&pid) {
             Some(p) => p.last_conflict.replace(peer.launch_id) != Some(peer.launch_id),
@@ -201,12 +201,13 @@ impl Endpoint {
         } else {
             log::debug!("{line}");
         }
-        if let Some(link) = holder.link.and_then(|o| self.links.get_mut(&o)) {
+        if let Some(link) = holder.link.and_then(|o| self.links.table.get_mut(&o)) {
             wire::encode_heartbeat(&mut link.wbuf);
-            self.dirty.push_back(link.id);
+            self.links.dirty.push_back(link.id);
         }
         self.ctx.counters.refusal(CloseCode::NameInUse);
-        self.refused(id, CloseCode::NameInUse, false);
+        self.links
+            .refused(id, CloseCode::NameInUse, false, &self.peers, &mut self.ctx);
         self.close_link(
             now,
             id,
@@ -247,7 +248,7 @@ impl Endpoint {
         let p = self.peers.get(&pid)?;
         // Tie-break against the link that speaks for this peer now, if another.
         if let Some(other) = p.link.filter(|&o| o != id) {
-            if let Some(ol) = self.links.get(&other) {
+            if let Some(ol) = self.links.table.get(&other) {
                 let stale = matches!(ol.launch, Some(l) if l != peer.launch_id);
                 let resolution = resolve(TieBreak {
                     stale,
@@ -307,7 +308,7 @@ impl Endpoint {
         if p.state != PeerState::Handshaking {
             p.set_state(PeerState::Handshaking);
         }
-        let link = self.links.get_mut(&id)?;
+        let link = self.links.table.get_mut(&id)?;
         link.peer = Some(pid);
         link.launch = Some(peer.launch_id);
         Some(counts)
@@ -321,7 +322,7 @@ impl Endpoint {
         peer_received: u64,
         peer_unreliable: u64,
     ) {
-        let Some(link) = self.links.get_mut(&id) else {
+        let Some(link) = self.links.table.get_mut(&id) else {
             return;
         };
         let Some(pid) = link.peer else { return };
@@ -355,8 +356,9 @@ impl Endpoint {
                     incarnation: launch,
                 });
                 Counters::add(&self.ctx.counters.handshakes, 1);
-                self.update_gauges();
-                self.dirty.push_back(id);
+                self.links
+                    .update_gauges(self.gate.pending.len(), &self.ctx.counters);
+                self.links.dirty.push_back(id);
                 self.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {

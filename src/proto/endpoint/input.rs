@@ -11,7 +11,7 @@ impl Endpoint {
     /// frame and data frames together frames the data by the data limit). The turn's
     /// messages go to their sender's queues in one push at the end.
     pub(super) fn handle_input(&mut self, now: Instant, id: LinkId, cert: CertCheck<'_>) {
-        if let Some(link) = self.links.get_mut(&id) {
+        if let Some(link) = self.links.table.get_mut(&id) {
             link.last_read = now;
             if let Some(p) = link.peer.filter(|_| link.established) {
                 if let Some(p) = self.peers.get(&p) {
@@ -24,7 +24,7 @@ impl Endpoint {
         // (regular messages found and admitted, taken off together when the run is cut).
         let mut pending = 0usize;
         // Until the link is closed by a frame, paused, or no complete frame is left.
-        while let Some(link) = self.links.get_mut(&id) {
+        while let Some(link) = self.links.table.get_mut(&id) {
             if link.paused {
                 break;
             }
@@ -46,7 +46,7 @@ impl Endpoint {
                         // The frame after the run is another kind, or incomplete.
                         Ok(Inflow::Continue) => {}
                         Ok(Inflow::Pause) => {
-                            if self.pause(id, pid) {
+                            if self.links.pause(id, pid, &self.peers, &self.ctx) {
                                 break;
                             }
                         }
@@ -54,7 +54,13 @@ impl Endpoint {
                             if matches!(e, RecoveryError::WindowExceeded { .. }) {
                                 Counters::add(&self.ctx.counters.window_violations, 1);
                             }
-                            self.cut_run(id, Some(pid), std::mem::take(&mut pending));
+                            self.links.cut_run(
+                                id,
+                                Some(pid),
+                                std::mem::take(&mut pending),
+                                &self.peers,
+                                &mut self.ctx,
+                            );
                             self.ctx.out.push_batch(self.peers.get(&pid));
                             self.protocol_error(now, id, e.to_string());
                             break;
@@ -65,9 +71,15 @@ impl Endpoint {
             }
             // Anything else is split off on its own, after the run before it.
             if pending > 0 {
-                self.cut_run(id, peer_of_batch, std::mem::take(&mut pending));
+                self.links.cut_run(
+                    id,
+                    peer_of_batch,
+                    std::mem::take(&mut pending),
+                    &self.peers,
+                    &mut self.ctx,
+                );
             }
-            let Some(link) = self.links.get_mut(&id) else {
+            let Some(link) = self.links.table.get_mut(&id) else {
                 break;
             };
             match wire::split_frame(&mut link.rbuf, max) {
@@ -88,7 +100,7 @@ impl Endpoint {
                     match p.on_data(&mut self.ctx.out, flags, seq, payload) {
                         Ok(Inflow::Continue) => {}
                         Ok(Inflow::Pause) => {
-                            if self.pause(id, pid) {
+                            if self.links.pause(id, pid, &self.peers, &self.ctx) {
                                 break;
                             }
                         }
@@ -113,76 +125,14 @@ impl Endpoint {
             }
         }
         if pending > 0 {
-            self.cut_run(id, peer_of_batch, pending);
+            self.links
+                .cut_run(id, peer_of_batch, pending, &self.peers, &mut self.ctx);
         }
         if let Some(pid) = peer_of_batch {
             self.ctx.out.push_batch(self.peers.get(&pid));
-            self.after_data(now, pid);
+            self.links
+                .after_data(now, pid, &mut self.peers, &mut self.ctx);
         }
-    }
-
-    /// Takes the first `upto` bytes off link `id`'s read buffer, where the turn's run (of
-    /// peer `pid`) lies, and cuts the run (see `Remote::cut_run`).
-    pub(super) fn cut_run(&mut self, id: LinkId, pid: Option<usize>, upto: usize) {
-        let Some(link) = self.links.get_mut(&id) else {
-            self.ctx.out.run.clear();
-            return;
-        };
-        let buf = link.rbuf.split_to(upto).freeze();
-        match pid.and_then(|p| self.peers.get(&p)) {
-            Some(p) => p.cut_run(&mut self.ctx.out, buf),
-            None => self.ctx.out.run.clear(),
-        }
-    }
-
-    /// After data from peer `id`: an ack now if enough is owed, else a delayed ack armed.
-    pub(super) fn after_data(&mut self, now: Instant, id: usize) {
-        let Some(p) = self.peers.get_mut(&id) else {
-            return;
-        };
-        let Some(link) = p.link.and_then(|l| self.links.get_mut(&l)) else {
-            return;
-        };
-        let (link_id, before) = (link.id, link.unwritten());
-        let arm = p.after_data(&self.ctx.cfg, &mut self.ctx.out, link);
-        if link.unwritten() > before {
-            self.dirty.push_back(link_id);
-        }
-        if arm {
-            p.acks.timer = true;
-            self.ctx.timers.add(
-                now + self.ctx.cfg.ack_delay,
-                TimerKind::AckDelay { peer: id },
-            );
-        }
-    }
-
-    /// Stops reading link `id` of peer `pid`, which holds more than its receive window:
-    /// its bytes stay where they are (for a connection, in the kernel: TCP pushes back on
-    /// the peer) until the handler brings it back within the window. Returns `false` if it
-    /// is already back within.
-    pub(super) fn pause(&mut self, id: LinkId, pid: usize) -> bool {
-        let Some(p) = self.peers.get(&pid) else {
-            return false;
-        };
-        if !p.shared.credit.pause() {
-            return false;
-        }
-        let (held, window) = (p.shared.credit.held(), p.shared.credit.window());
-        let Some(link) = self.links.get_mut(&id) else {
-            return false;
-        };
-        if !link.paused {
-            link.paused = true;
-            self.paused.push(id);
-            Counters::add(&self.ctx.counters.read_pauses, 1);
-            log::debug!(
-                "{}: '{}' has {held} bytes waiting for delivery, more than its receive window of {window}; not reading it until the handler catches up",
-                self.ctx.cfg.name,
-                p.name()
-            );
-        }
-        true
     }
 
     /// Resumes reading peer `id`'s link if it was paused and the peer is back within its
@@ -195,11 +145,11 @@ impl Endpoint {
         let Some(lid) = p.link else {
             return;
         };
-        if !self.links.get(&lid).is_some_and(|l| l.paused) || !p.shared.credit.resume() {
+        if !self.links.table.get(&lid).is_some_and(|l| l.paused) || !p.shared.credit.resume() {
             return;
         }
-        self.paused.retain(|&l| l != lid);
-        let Some(link) = self.links.get_mut(&lid) else {
+        self.links.paused.retain(|&l| l != lid);
+        let Some(link) = self.links.table.get_mut(&lid) else {
             return;
         };
         link.paused = false;
@@ -214,6 +164,7 @@ impl Endpoint {
         Counters::add(&self.ctx.counters.protocol_errors, 1);
         let who = self
             .links
+            .table
             .get(&id)
             .and_then(|l| l.peer)
             .map(|p| self.peers.name(p))
@@ -230,39 +181,14 @@ impl Endpoint {
         );
     }
 
-    /// Tells the application that the handshake on link `id` was refused with `code` (by
-    /// the other side: `by_peer`), if that is a refusal of who the other side is.
-    pub(super) fn refused(&mut self, id: LinkId, code: CloseCode, by_peer: bool) {
-        let Some(reason) = refusal(code) else {
-            return;
-        };
-        let Some(link) = self.links.get(&id) else {
-            return;
-        };
-        let addr = link.remote.clone();
-        let peer = match link.peer.or(link.dialled) {
-            Some(p) => Some(self.peers.name(p).to_string()),
-            None => link
-                .hs
-                .as_ref()
-                .and_then(|h| h.peer())
-                .map(|p| p.name.clone()),
-        };
-        emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Refused {
-            peer,
-            addr,
-            reason,
-            by_peer,
-        });
-    }
-
     pub(super) fn refuse(&mut self, now: Instant, id: LinkId, code: CloseCode, reason: &str) {
         log::warn!(
             "{}: refusing connection ({code:?}): {reason}",
             self.ctx.cfg.name
         );
         self.ctx.counters.refusal(code);
-        self.refused(id, code, false);
+        self.links
+            .refused(id, code, false, &self.peers, &mut self.ctx);
         self.close_link(now, id, Some((code, reason)), Why::ProtocolError);
     }
 
@@ -273,7 +199,7 @@ impl Endpoint {
             Ok(None) => return self.protocol_error(now, id, "truncated frame".into()),
             Err(e) => return self.protocol_error(now, id, e.to_string()),
         };
-        let Some(link) = self.links.get_mut(&id) else {
+        let Some(link) = self.links.table.get_mut(&id) else {
             return;
         };
         if let Some(hs) = link.hs.as_mut() {
@@ -320,12 +246,14 @@ impl Endpoint {
                             log::debug!("{line}");
                         }
                         self.ctx.counters.refusal(e.code);
-                        self.refused(id, e.code, true);
+                        self.links
+                            .refused(id, e.code, true, &self.peers, &mut self.ctx);
                         self.close_link(now, id, None, Why::PeerClosed);
                     } else if e.by_peer {
                         log::warn!("{}: {e}", self.ctx.cfg.name);
                         self.ctx.counters.refusal(e.code);
-                        self.refused(id, e.code, true);
+                        self.links
+                            .refused(id, e.code, true, &self.peers, &mut self.ctx);
                         self.close_link(now, id, None, Why::PeerClosed);
                     } else if e.code == CloseCode::NameMismatch && link.seed.is_some() {
                         // Only our own name is refused to a seed's dial: it is our address.
@@ -356,7 +284,7 @@ impl Endpoint {
                 let Some(p) = self.peers.get_mut(&pid) else {
                     return;
                 };
-                let Some(link) = self.links.get_mut(&id) else {
+                let Some(link) = self.links.table.get_mut(&id) else {
                     return;
                 };
                 // Answered with every byte of credit we hold, even below half a window (an
@@ -365,7 +293,7 @@ impl Endpoint {
                 // written even when nothing is owed: the prober may be measuring the round
                 // trip (see `RoundTrip::send`).
                 if p.ack(&mut self.ctx.out, Some(link), true) {
-                    self.dirty.push_back(id);
+                    self.links.dirty.push_back(id);
                 }
             }
             Frame::Heartbeat => {}

@@ -98,7 +98,7 @@ impl Endpoint {
             .out
             .batches
             .push((n, std::mem::take(&mut self.ctx.out.records)));
-        for link in self.links.values_mut() {
+        for link in self.links.table.values_mut() {
             link.gate(n);
         }
         true
@@ -129,17 +129,17 @@ impl Endpoint {
                 continue;
             };
             p.journal.made_durable();
-            let link = p.link.and_then(|l| self.links.get_mut(&l));
+            let link = p.link.and_then(|l| self.links.table.get_mut(&l));
             let link_id = link.as_ref().map(|l| l.id);
             if p.write_ack(link, false) {
                 if let Some(l) = link_id {
-                    self.dirty.push_back(l);
+                    self.links.dirty.push_back(l);
                 }
             }
         }
         if released {
-            for link in self.links.values().filter(|l| l.wants_write()) {
-                self.dirty.push_back(link.id);
+            for link in self.links.table.values().filter(|l| l.wants_write()) {
+                self.links.dirty.push_back(link.id);
             }
         }
     }

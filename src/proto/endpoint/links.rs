@@ -153,7 +153,7 @@ impl Endpoint {
     /// Judges a connection just accepted from `from` at `now` (before anything is spent on
     /// it).
     pub(crate) fn verdict_on_accept(&mut self, now: Instant, from: Addr) -> Verdict {
-        let open = self.links.len();
+        let open = self.links.table.len();
         self.gate
             .verdict(now, &from, open, &self.ctx.cfg, &self.ctx.counters)
     }
@@ -187,10 +187,11 @@ impl Endpoint {
         let mut link = Link::new(id, None, hs, first, now);
         let source = admission::source_of(from.source_ip());
         link.remote = Some(from);
-        self.links.insert(id, link);
+        self.links.table.insert(id, link);
         self.gate.pending.insert(id, source, now);
-        self.update_gauges();
-        self.dirty.push_back(id);
+        self.links
+            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
+        self.links.dirty.push_back(id);
         let deadline = self.gate.pending.deadline(self.ctx.cfg.handshake_timeout);
         self.ctx
             .timers
@@ -250,8 +251,9 @@ impl Endpoint {
         p.set_state(PeerState::Connecting);
         let mut link = Link::new(id, Some(peer), hs, Vec::new(), now);
         link.remote = p.addr.clone();
-        self.links.insert(id, link);
-        self.update_gauges();
+        self.links.table.insert(id, link);
+        self.links
+            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
         Counters::add(&self.ctx.counters.dialled, 1);
         self.ctx.timers.add(
             now + self.ctx.cfg.handshake_timeout,
@@ -273,22 +275,10 @@ impl Endpoint {
         );
     }
 
-    /// A dialled link's connection completed.
-    pub(super) fn connected(&mut self, id: LinkId) {
-        let Some(link) = self.links.get_mut(&id) else {
-            return;
-        };
-        link.connecting = false;
-        if let Some(p) = link.dialled.and_then(|p| self.peers.get_mut(&p)) {
-            p.set_state(PeerState::Handshaking);
-        }
-        self.dirty.push_back(id);
-    }
-
     /// The link's connection failed or the peer closed it (EOF), `why`: it is closed
     /// without a Close frame.
     pub(super) fn link_failed(&mut self, now: Instant, id: LinkId, why: Why) {
-        if let Some(link) = self.links.get(&id) {
+        if let Some(link) = self.links.table.get(&id) {
             if link.connecting {
                 Counters::add(&self.ctx.counters.dial_failures, 1);
                 if let Some(p) = link.dialled {
@@ -313,7 +303,7 @@ impl Endpoint {
         from: Option<Addr>,
     ) {
         Counters::add(&self.ctx.counters.tls_failures, 1);
-        let who = match (self.links.get(&id).and_then(|l| l.peer), from) {
+        let who = match (self.links.table.get(&id).and_then(|l| l.peer), from) {
             (Some(p), _) => format!("'{}'", self.peers.name(p)),
             (None, Some(a)) => a.to_string(),
             (None, None) => "an unidentified peer".to_owned(),
@@ -337,10 +327,10 @@ impl Endpoint {
     ) {
         let journal_ok = self.journal_ok();
         self.gate.pending.remove(id);
-        let Some(link) = self.links.remove(&id) else {
+        let Some(link) = self.links.table.remove(&id) else {
             return;
         };
-        self.paused.retain(|&l| l != id);
+        self.links.paused.retain(|&l| l != id);
         let mut last = Vec::new();
         if let Some((code, reason)) = close {
             if journal_ok && !link.connecting {
@@ -358,7 +348,8 @@ impl Endpoint {
             .out
             .events
             .push_back(Output::Close { link: id, last });
-        self.update_gauges();
+        self.links
+            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
         self.ctx
             .timers
             .cancel(|k| *k == TimerKind::Handshake { link: id });

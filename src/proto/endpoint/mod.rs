@@ -56,6 +56,7 @@ mod links;
 mod members;
 mod roster;
 mod seeds;
+mod table;
 mod time;
 
 pub(crate) use journal::{JournalGate, StoppedJournal, StoppedPeer};
@@ -65,6 +66,7 @@ pub(crate) use members::{MembersView, MembershipSetup};
 use roster::Roster;
 use seeds::Seeds;
 pub(crate) use seeds::Target;
+use table::Links;
 
 /// The protocol's settings.
 #[derive(Clone)]
@@ -435,15 +437,12 @@ pub(crate) struct Endpoint {
     /// The bound of a data frame's length.
     max_len: usize,
     new_peer: NewPeer,
-    links: HashMap<LinkId, Link, IdHash>,
+    /// The links, with those that have bytes to write and those paused.
+    links: Links,
     /// The peers, by id and by name.
     peers: Roster,
     /// Admission of accepted links.
     gate: Gate,
-    /// Links with bytes appended to their write buffer since the last write pass.
-    dirty: VecDeque<LinkId>,
-    /// Links whose reading is paused.
-    paused: Vec<LinkId>,
     /// Peers whose queued messages are published once the frames written so far have left
     /// (a handshake's last frame goes first: see [`poll`](Endpoint::poll), step 4).
     deferred: Vec<usize>,
@@ -489,10 +488,8 @@ impl Endpoint {
             gate: Gate::new(&cfg),
             local,
             new_peer,
-            links: HashMap::default(),
+            links: Links::new(),
             peers: Roster::default(),
-            dirty: VecDeque::new(),
-            paused: Vec::new(),
             deferred: Vec::new(),
             syncs: VecDeque::new(),
             seeds: Seeds::new(&cfg),
@@ -538,7 +535,7 @@ impl Endpoint {
                 let n = self.sync_journal_now(now);
                 self.syncs.push_back(n);
             }
-            Input::Publish(id) => self.publish(now, id),
+            Input::Publish(id) => self.links.publish(now, id, &mut self.peers, &mut self.ctx),
             Input::FlushCredit(id) => self.flush_credit(now, id),
             Input::Dialled {
                 target: Target::Peer(peer),
@@ -552,7 +549,7 @@ impl Endpoint {
             } => self.seed_dialled(now, s, link, nonce),
             Input::DialFailed(Target::Peer(peer)) => self.dial_failed(now, peer),
             Input::DialFailed(Target::Seed(s)) => self.seed_dial_failed(now, s),
-            Input::Connected(link) => self.connected(link),
+            Input::Connected(link) => self.links.connected(link, &mut self.peers),
             Input::Accepted {
                 link,
                 from,
@@ -560,7 +557,7 @@ impl Endpoint {
                 nonce,
             } => self.accepted(now, link, from, verdict, nonce),
             Input::Read { link, cert } => self.handle_input(now, link, cert),
-            Input::Writable(link) => self.dirty.push_back(link),
+            Input::Writable(link) => self.links.dirty.push_back(link),
             Input::Wrote { link, n } => self.wrote(now, link, n),
             Input::Failed { link, why } => self.link_failed(now, link, why),
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
@@ -612,8 +609,8 @@ impl Endpoint {
             if let Some(n) = self.syncs.pop_front() {
                 return Some(Output::JournalSync(n));
             }
-            if let Some(id) = self.dirty.pop_front() {
-                if self.links.get(&id).is_none_or(|l| l.connecting) {
+            if let Some(id) = self.links.dirty.pop_front() {
+                if self.links.table.get(&id).is_none_or(|l| l.connecting) {
                     continue; // closed since, or not connected yet
                 }
                 if !self.journal_ok() {
@@ -626,7 +623,7 @@ impl Endpoint {
                 return None;
             }
             for id in std::mem::take(&mut self.deferred) {
-                self.publish(now, id);
+                self.links.publish(now, id, &mut self.peers, &mut self.ctx);
             }
         }
     }
@@ -642,7 +639,7 @@ impl Endpoint {
 
     /// A link, to move bytes between its buffers and its connection.
     pub(crate) fn link_mut(&mut self, id: LinkId) -> Option<&mut Link> {
-        self.links.get_mut(&id)
+        self.links.table.get_mut(&id)
     }
 
     /// Whether the endpoint is shutting down and done: everything queued to connected
@@ -661,7 +658,7 @@ impl Endpoint {
         }
         let mut owed_unlinked = false;
         let peers_done = self.peers.values().all(|p| {
-            match p.link.and_then(|l| self.links.get(&l)) {
+            match p.link.and_then(|l| self.links.table.get(&l)) {
                 // Flushed: everything queued is published, written and acknowledged.
                 Some(l) if l.established => !p.owes_anything() && l.unwritten() == 0,
                 Some(l) if !l.connecting => !p.owes_anything(),
@@ -680,6 +677,7 @@ impl Endpoint {
             && !(owed_unlinked
                 && self
                     .links
+                    .table
                     .values()
                     .any(|l| l.dialled.is_none() && l.peer.is_none() && !l.established))
     }
@@ -693,26 +691,11 @@ impl Endpoint {
     /// The bytes of link `id` that may be written now: all of them without a journal; with
     /// one, those whose journal records are durable (`appended`).
     pub(crate) fn to_write(&self, id: LinkId) -> Option<&[u8]> {
-        let link = self.links.get(&id)?;
+        let link = self.links.table.get(&id)?;
         Some(match &self.journal {
             None => link.to_write(),
             Some(j) => link.durable_part(j.marks.appended, j.cut),
         })
-    }
-
-    /// Publishes the link gauges after the link set changed.
-    fn update_gauges(&self) {
-        // Relaxed: gauges for stats only.
-        self.ctx
-            .counters
-            .open
-            .store(self.links.len() as u64, Ordering::Relaxed);
-        let est = self.links.values().filter(|l| l.established).count() as u64;
-        self.ctx.counters.established.store(est, Ordering::Relaxed);
-        self.ctx
-            .counters
-            .pending
-            .store(self.gate.pending.len() as u64, Ordering::Relaxed);
     }
 
     /// Peer `id`, for the simulation's checks.
@@ -724,6 +707,6 @@ impl Endpoint {
     /// Every link, for the simulation's checks.
     #[cfg(any(test, all(cohort_internals, not(loom))))]
     pub(crate) fn links(&self) -> impl Iterator<Item = &Link> {
-        self.links.values()
+        self.links.table.values()
     }
 }

@@ -343,7 +343,7 @@ impl Seeds {
 impl Endpoint {
     /// Whether any link is established (the node reaches at least one member).
     fn reaches_anyone(&self) -> bool {
-        self.links.values().any(|l| l.established)
+        self.links.table.values().any(|l| l.established)
     }
 
     /// The node may reach nobody now: every idle seed is dialled again after its backoff.
@@ -436,8 +436,9 @@ impl Endpoint {
         link.connecting = true;
         link.seed = Some(s);
         link.remote = Some(Addr::Tcp(addr));
-        self.links.insert(id, link);
-        self.update_gauges();
+        self.links.table.insert(id, link);
+        self.links
+            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
         Counters::add(&self.ctx.counters.dialled, 1);
         self.ctx.timers.add(
             now + self.ctx.cfg.handshake_timeout,
@@ -455,7 +456,7 @@ impl Endpoint {
 
     /// The handshake on seed link `id` named us: the seed is our own address.
     pub(super) fn seed_is_own(&mut self, now: Instant, id: LinkId) {
-        let Some(s) = self.links.get(&id).and_then(|l| l.seed) else {
+        let Some(s) = self.links.table.get(&id).and_then(|l| l.seed) else {
             return;
         };
         self.seeds.is_own(s, &self.ctx.cfg.name);
@@ -469,7 +470,7 @@ impl Endpoint {
     /// stranger (nothing received from it) and make it a peer only once Ready proves who it
     /// is.
     pub(super) fn seed_hello(&mut self, now: Instant, id: LinkId, peer: &PeerIdentity) {
-        let Some(s) = self.links.get(&id).and_then(|l| l.seed) else {
+        let Some(s) = self.links.table.get(&id).and_then(|l| l.seed) else {
             return;
         };
         let known = self.peers.id_of(&peer.name);
@@ -486,13 +487,13 @@ impl Endpoint {
         };
         let Some(pid) = pid else {
             // A stranger so far: nothing received from it, no connection with it.
-            let Some(link) = self.links.get_mut(&id) else {
+            let Some(link) = self.links.table.get_mut(&id) else {
                 return;
             };
             let Some(hs) = link.hs.as_mut() else { return };
             hs.accept(0, 0, 0, &mut link.wbuf);
             link.asked_at = now;
-            self.dirty.push_back(id);
+            self.links.dirty.push_back(id);
             return;
         };
         if !self.seed_takes(now, id, pid) {
@@ -511,7 +512,7 @@ impl Endpoint {
         peer_received: u64,
         peer_unreliable: u64,
     ) {
-        let Some(link) = self.links.get(&id) else {
+        let Some(link) = self.links.table.get(&id) else {
             return;
         };
         let (Some(s), Some(peer)) = (link.seed, link.hs.as_ref().and_then(|h| h.peer()).cloned())
@@ -561,7 +562,7 @@ impl Endpoint {
         p.gen += 1; // a reconnect timer of its own does nothing now
         p.link = Some(id);
         p.set_state(PeerState::Handshaking);
-        let Some(link) = self.links.get_mut(&id) else {
+        let Some(link) = self.links.table.get_mut(&id) else {
             return false;
         };
         link.dialled = Some(pid);

@@ -8,7 +8,7 @@ impl Endpoint {
     /// is empty. A drained established link's acks count as sent, and a link below its
     /// low-water mark gets more of its peer's queue.
     pub(super) fn wrote(&mut self, now: Instant, id: LinkId, n: usize) {
-        let Some(link) = self.links.get_mut(&id) else {
+        let Some(link) = self.links.table.get_mut(&id) else {
             return;
         };
         let drained = link.wrote(n, now);
@@ -28,7 +28,7 @@ impl Endpoint {
             p.acks.written(&mut p.desc);
         }
         if low && p.has_queued() {
-            self.publish(now, pid);
+            self.links.publish(now, pid, &mut self.peers, &mut self.ctx);
         }
     }
 
@@ -80,7 +80,7 @@ impl Endpoint {
         if let Some(p) = self.peers.get_mut(&id) {
             p.acks.timer = false;
         }
-        self.ack(id);
+        self.links.ack(id, &mut self.peers, &mut self.ctx);
         if self.journal.is_none() {
             return;
         }
@@ -101,7 +101,7 @@ impl Endpoint {
     /// the table as it is now (shorter under pressure; re-armed if the table emptied
     /// since); our own dial always has the whole `handshake_timeout`.
     pub(super) fn handshake_due(&mut self, now: Instant, id: LinkId) {
-        let Some(link) = self.links.get(&id).filter(|l| !l.established) else {
+        let Some(link) = self.links.table.get(&id).filter(|l| !l.established) else {
             return;
         };
         let dialled = link.dialled;
@@ -144,19 +144,20 @@ impl Endpoint {
             let Some(p) = self.peers.get_mut(&id) else {
                 continue;
             };
-            let link = p.link.and_then(|l| self.links.get_mut(&l));
+            let link = p.link.and_then(|l| self.links.table.get_mut(&l));
             let link_id = link.as_ref().map(|l| l.id);
             if p.tick(&self.ctx.cfg, &mut self.ctx.out, link, now) {
                 if let Some(l) = link_id {
-                    self.dirty.push_back(l);
+                    self.links.dirty.push_back(l);
                 }
             }
         }
-        if !self.paused.is_empty() {
+        if !self.links.paused.is_empty() {
             let ids: Vec<usize> = self
+                .links
                 .paused
                 .iter()
-                .filter_map(|l| self.links.get(l).and_then(|l| l.peer))
+                .filter_map(|l| self.links.table.get(l).and_then(|l| l.peer))
                 .collect();
             for id in ids {
                 self.resume_peer(now, id);
@@ -174,7 +175,7 @@ impl Endpoint {
     /// ours, not the peer's.
     pub(super) fn check_liveness(&mut self, now: Instant) {
         let mut silent = Vec::new();
-        for link in self.links.values_mut() {
+        for link in self.links.table.values_mut() {
             if !link.established {
                 continue;
             }
@@ -183,13 +184,14 @@ impl Endpoint {
                 silent.push(link.id);
             } else if now.saturating_duration_since(link.last_write) >= self.ctx.cfg.heartbeat {
                 wire::encode_heartbeat(&mut link.wbuf);
-                self.dirty.push_back(link.id);
+                self.links.dirty.push_back(link.id);
             }
         }
         for id in silent {
             Counters::add(&self.ctx.counters.idle_timeouts, 1);
             let who = self
                 .links
+                .table
                 .get(&id)
                 .and_then(|l| l.peer)
                 .map(|p| self.peers.name(p));
