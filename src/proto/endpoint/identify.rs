@@ -82,12 +82,12 @@ impl Endpoint {
         let Some(p) = self.peers.get(&pid) else {
             return self.refuse(now, id, CloseCode::Removed, "member removed");
         };
-        if self.closed_to(p) {
+        if self.ctx.closed_to(p) {
             return self.refuse(now, id, CloseCode::Shutdown, "member closed");
         }
         // Another process holds the name: no counts for this one (zeros would tell it that
         // we lost our state for it).
-        if let Some(holder) = self.name_holder(pid, id, peer.launch_id) {
+        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, &self.peers) {
             return self.refuse_name_in_use(now, id, pid, peer, holder);
         }
         let Some(p) = self.peers.get(&pid) else {
@@ -124,35 +124,6 @@ impl Endpoint {
         if self.adopt(now, id, pid, &peer, false, None).is_some() {
             self.establish(now, id, peer_received, peer_unreliable);
         }
-    }
-
-    /// Whether another process holds peer `pid`'s name against link `id`, whose handshake
-    /// claims incarnation `launch`: an established link of another incarnation speaks for
-    /// the peer (that process is alive as far as we can tell), or `launch` was replaced here
-    /// by a newer incarnation (whatever process has it is not the one the name belongs to).
-    pub(super) fn name_holder(&self, pid: usize, id: LinkId, launch: u64) -> Option<NameHolder> {
-        let p = self.peers.get(&pid)?;
-        let live = p
-            .link
-            .filter(|&o| o != id)
-            .and_then(|o| self.links.table.get(&o))
-            .filter(|l| l.established && l.launch.is_some_and(|l| l != launch));
-        if let Some(l) = live {
-            return Some(NameHolder {
-                launch: l.launch.unwrap_or_default(),
-                addr: l.remote.clone(),
-                link: Some(l.id),
-            });
-        }
-        if p.replaced.contains(launch) {
-            let current = p.link.and_then(|o| self.links.table.get(&o));
-            return Some(NameHolder {
-                launch: p.desc.remote_launch().unwrap_or_default(),
-                addr: current.and_then(|l| l.remote.clone()),
-                link: None,
-            });
-        }
-        None
     }
 
     /// Refuses link `id`, whose handshake claims peer `pid`'s name as incarnation `peer`,
@@ -237,11 +208,11 @@ impl Endpoint {
             self.refuse(now, id, CloseCode::Removed, "member removed");
             return None;
         };
-        if self.closed_to(p) {
+        if self.ctx.closed_to(p) {
             self.refuse(now, id, CloseCode::Shutdown, "member closed");
             return None;
         }
-        if let Some(holder) = self.name_holder(pid, id, peer.launch_id) {
+        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, &self.peers) {
             self.refuse_name_in_use(now, id, pid, peer, holder);
             return None;
         }

@@ -200,13 +200,6 @@ impl Endpoint {
         self.shed_overdue(now);
     }
 
-    /// Whether a handshake with `p` is refused: it is closed, or the node is shutting down
-    /// and owes it nothing. A handshake already under way when a shutdown begins goes on
-    /// while the peer is owed messages, so that they are handed over before the node stops.
-    pub(super) fn closed_to(&self, p: &Remote) -> bool {
-        p.state == PeerState::Closed || (self.ctx.shutdown.is_some() && !p.owes_anything())
-    }
-
     /// Whether connections accepted now are refused outright (shutting down).
     pub(crate) fn is_shutting_down(&self) -> bool {
         self.ctx.shutdown.is_some()
@@ -258,20 +251,6 @@ impl Endpoint {
         self.ctx.timers.add(
             now + self.ctx.cfg.handshake_timeout,
             TimerKind::Handshake { link: id },
-        );
-    }
-
-    /// The driver could not open a connection for peer `peer` (or get what a dial needs):
-    /// retry with backoff.
-    pub(super) fn dial_failed(&mut self, now: Instant, peer: usize) {
-        Counters::add(&self.ctx.counters.dial_failures, 1);
-        self.peers.schedule_reconnect(
-            now,
-            peer,
-            self.ctx.shutdown.is_some(),
-            &self.ctx.cfg,
-            &mut self.ctx.backoff,
-            &mut self.ctx.timers,
         );
     }
 
@@ -355,7 +334,7 @@ impl Endpoint {
             .cancel(|k| *k == TimerKind::Handshake { link: id });
         if let Some(s) = link.seed {
             self.seeds.link_closed(s, id);
-            self.seeds_if_alone(now);
+            self.seeds.retry_if_alone(now, &self.links, &mut self.ctx);
         }
         let Some(pid) = link.peer else { return };
         let Some(p) = self.peers.get_mut(&pid) else {
@@ -366,7 +345,7 @@ impl Endpoint {
         }
         p.link_lost(&self.ctx.cfg, link.established);
         if link.established {
-            self.seeds_if_alone(now);
+            self.seeds.retry_if_alone(now, &self.links, &mut self.ctx);
         }
         let Some(p) = self.peers.get_mut(&pid) else {
             return;

@@ -429,6 +429,15 @@ pub(crate) struct Ctx {
     out: Produced,
 }
 
+impl Ctx {
+    /// Whether a handshake with `p` is refused: it is closed, or the node is shutting down
+    /// and owes it nothing. A handshake already under way when a shutdown begins goes on
+    /// while the peer is owed messages, so that they are handed over before the node stops.
+    pub(super) fn closed_to(&self, p: &Remote) -> bool {
+        p.state == PeerState::Closed || (self.shutdown.is_some() && !p.owes_anything())
+    }
+}
+
 /// A member's protocol (see the module doc).
 pub(crate) struct Endpoint {
     /// The services its parts share.
@@ -547,7 +556,9 @@ impl Endpoint {
                 link,
                 nonce,
             } => self.seed_dialled(now, s, link, nonce),
-            Input::DialFailed(Target::Peer(peer)) => self.dial_failed(now, peer),
+            Input::DialFailed(Target::Peer(peer)) => {
+                self.peers.dial_failed(now, peer, &mut self.ctx)
+            }
             Input::DialFailed(Target::Seed(s)) => self.seed_dial_failed(now, s),
             Input::Connected(link) => self.links.connected(link, &mut self.peers),
             Input::Accepted {
@@ -558,7 +569,10 @@ impl Endpoint {
             } => self.accepted(now, link, from, verdict, nonce),
             Input::Read { link, cert } => self.handle_input(now, link, cert),
             Input::Writable(link) => self.links.dirty.push_back(link),
-            Input::Wrote { link, n } => self.wrote(now, link, n),
+            Input::Wrote { link, n } => {
+                self.links
+                    .wrote(now, link, n, &mut self.peers, &mut self.ctx)
+            }
             Input::Failed { link, why } => self.link_failed(now, link, why),
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
             Input::JournalMarks(marks) => self.journal_progress(now, marks),

@@ -183,4 +183,18 @@ impl Roster {
             self.by_name.remove(p.name());
         }
     }
+
+    /// The driver could not open a connection for peer `peer` (or get what a dial needs):
+    /// retry with backoff.
+    pub(super) fn dial_failed(&mut self, now: Instant, peer: usize, ctx: &mut Ctx) {
+        Counters::add(&ctx.counters.dial_failures, 1);
+        self.schedule_reconnect(
+            now,
+            peer,
+            ctx.shutdown.is_some(),
+            &ctx.cfg,
+            &mut ctx.backoff,
+            &mut ctx.timers,
+        );
+    }
 }

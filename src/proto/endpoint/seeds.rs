@@ -214,16 +214,8 @@ impl Seeds {
     }
 
     /// Seed name `n`'s timer (generation `gen`) fired: the driver resolves it if the node
-    /// is still `alone` (reaches nobody) and not `stopping`.
-    pub(super) fn resolve_due(
-        &mut self,
-        n: usize,
-        gen: u64,
-        alone: bool,
-        stopping: bool,
-        cfg: &Config,
-        events: &mut VecDeque<Output>,
-    ) {
+    /// is still `alone` (reaches nobody) and not stopping.
+    pub(super) fn resolve_due(&mut self, n: usize, gen: u64, alone: bool, ctx: &mut Ctx) {
         let Some(name) = self.names.get_mut(n) else {
             return;
         };
@@ -231,15 +223,15 @@ impl Seeds {
             return;
         }
         name.due = false;
-        if !alone || stopping {
+        if !alone || ctx.shutdown.is_some() {
             name.attempt = 0;
             return;
         }
-        let Some((host, _)) = cfg.seed_names.get(n) else {
+        let Some((host, _)) = ctx.cfg.seed_names.get(n) else {
             return;
         };
         name.resolving = true;
-        events.push_back(Output::Resolve {
+        ctx.out.events.push_back(Output::Resolve {
             name: n,
             host: host.clone(),
         });
@@ -338,50 +330,25 @@ impl Seeds {
             seed.attempt = 0;
         }
     }
-}
-
-impl Endpoint {
-    /// Whether any link is established (the node reaches at least one member).
-    fn reaches_anyone(&self) -> bool {
-        self.links.table.values().any(|l| l.established)
-    }
 
     /// The node may reach nobody now: every idle seed is dialled again after its backoff.
-    pub(super) fn seeds_if_alone(&mut self, now: Instant) {
-        if self.seeds.is_empty() || self.ctx.shutdown.is_some() || self.reaches_anyone() {
+    pub(super) fn retry_if_alone(&mut self, now: Instant, links: &Links, ctx: &mut Ctx) {
+        if self.is_empty() || ctx.shutdown.is_some() || links.reaches_anyone() {
             return;
         }
-        self.seeds.retry_all(
-            now,
-            &self.ctx.cfg,
-            &mut self.ctx.backoff,
-            &mut self.ctx.timers,
-        );
+        self.retry_all(now, &ctx.cfg, &mut ctx.backoff, &mut ctx.timers);
     }
 
     /// Seed `s`'s retry timer (generation `gen`) fired: it is dialled again if the node
     /// still reaches nobody.
-    pub(super) fn seed_due(&mut self, s: usize, gen: u64) {
-        if self.seeds.is_current(s, gen) && !self.reaches_anyone() {
-            self.seeds
-                .dial(s, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
+    pub(super) fn due(&mut self, s: usize, gen: u64, links: &Links, ctx: &mut Ctx) {
+        if self.is_current(s, gen) && !links.reaches_anyone() {
+            self.dial(s, ctx.shutdown.is_some(), &mut ctx.out.events);
         }
     }
+}
 
-    /// Seed name `n`'s timer (generation `gen`) fired: the driver resolves it if the node
-    /// still reaches nobody.
-    pub(super) fn resolve_due(&mut self, n: usize, gen: u64) {
-        let alone = !self.reaches_anyone();
-        self.seeds.resolve_due(
-            n,
-            gen,
-            alone,
-            self.ctx.shutdown.is_some(),
-            &self.ctx.cfg,
-            &mut self.ctx.out.events,
-        );
-    }
-
+impl Endpoint {
     /// Seed name `n` resolved to `addrs` (none: it did not resolve, and the addresses it
     /// gave before stay). A new address is dialled at once and given to membership to join
     /// through; one it no longer gives is not dialled again. While the node still reaches
@@ -400,7 +367,7 @@ impl Endpoint {
                     .dial(s, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
             }
         }
-        if !self.reaches_anyone() {
+        if !self.links.reaches_anyone() {
             let stopping = self.ctx.shutdown.is_some();
             self.seeds.resolve_later(
                 now,
@@ -451,7 +418,7 @@ impl Endpoint {
     pub(super) fn seed_dial_failed(&mut self, now: Instant, s: usize) {
         Counters::add(&self.ctx.counters.dial_failures, 1);
         self.seeds.dial_failed(s, &self.ctx.cfg.name);
-        self.seeds_if_alone(now);
+        self.seeds.retry_if_alone(now, &self.links, &mut self.ctx);
     }
 
     /// The handshake on seed link `id` named us: the seed is our own address.

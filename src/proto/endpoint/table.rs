@@ -196,4 +196,106 @@ impl Links {
         counters.established.store(est, Ordering::Relaxed);
         counters.pending.store(pending as u64, Ordering::Relaxed);
     }
+
+    /// `n` bytes of link `id`'s write buffer were written at `now`; `drained`: the buffer
+    /// is empty. A drained established link's acks count as sent, and a link below its
+    /// low-water mark gets more of its peer's queue.
+    pub(super) fn wrote(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        n: usize,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        let Some(link) = self.table.get_mut(&id) else {
+            return;
+        };
+        let drained = link.wrote(n, now);
+        if !link.established {
+            return;
+        }
+        let Some(pid) = link.peer else { return };
+        let low = link.unwritten() < ctx.cfg.write_high_water / 2;
+        let Some(p) = peers.get_mut(&pid) else {
+            return;
+        };
+        if p.link != Some(id) {
+            return;
+        }
+        if drained {
+            // Every ack in the buffer has been written: now it counts as sent.
+            p.acks.written(&mut p.desc);
+        }
+        if low && p.has_queued() {
+            self.publish(now, pid, peers, ctx);
+        }
+    }
+
+    /// The ack timer of peer `id` fired (`journalled`: the node journals).
+    pub(super) fn ack_due(
+        &mut self,
+        now: Instant,
+        id: usize,
+        journalled: bool,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        if let Some(p) = peers.get_mut(&id) {
+            p.acks.timer = false;
+        }
+        self.ack(id, peers, ctx);
+        if !journalled {
+            return;
+        }
+        // The handler may not have reached what arrived: ask again later while an ack is
+        // owed.
+        if let Some(p) = peers.get_mut(&id) {
+            if p.acks.behind(&p.desc) && !p.acks.timer && p.link.is_some() {
+                p.acks.timer = true;
+                ctx.timers
+                    .add(now + ctx.cfg.ack_delay, TimerKind::AckDelay { peer: id });
+            }
+        }
+    }
+
+    /// Whether another process holds peer `pid`'s name against link `id`, whose handshake
+    /// claims incarnation `launch`: an established link of another incarnation speaks for
+    /// the peer (that process is alive as far as we can tell), or `launch` was replaced here
+    /// by a newer incarnation (whatever process has it is not the one the name belongs to).
+    pub(super) fn name_holder(
+        &self,
+        pid: usize,
+        id: LinkId,
+        launch: u64,
+        peers: &Roster,
+    ) -> Option<NameHolder> {
+        let p = peers.get(&pid)?;
+        let live = p
+            .link
+            .filter(|&o| o != id)
+            .and_then(|o| self.table.get(&o))
+            .filter(|l| l.established && l.launch.is_some_and(|l| l != launch));
+        if let Some(l) = live {
+            return Some(NameHolder {
+                launch: l.launch.unwrap_or_default(),
+                addr: l.remote.clone(),
+                link: Some(l.id),
+            });
+        }
+        if p.replaced.contains(launch) {
+            let current = p.link.and_then(|o| self.table.get(&o));
+            return Some(NameHolder {
+                launch: p.desc.remote_launch().unwrap_or_default(),
+                addr: current.and_then(|l| l.remote.clone()),
+                link: None,
+            });
+        }
+        None
+    }
+
+    /// Whether any link is established (the node reaches at least one member).
+    pub(super) fn reaches_anyone(&self) -> bool {
+        self.table.values().any(|l| l.established)
+    }
 }

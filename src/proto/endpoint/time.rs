@@ -4,34 +4,6 @@
 use super::*;
 
 impl Endpoint {
-    /// `n` bytes of link `id`'s write buffer were written at `now`; `drained`: the buffer
-    /// is empty. A drained established link's acks count as sent, and a link below its
-    /// low-water mark gets more of its peer's queue.
-    pub(super) fn wrote(&mut self, now: Instant, id: LinkId, n: usize) {
-        let Some(link) = self.links.table.get_mut(&id) else {
-            return;
-        };
-        let drained = link.wrote(n, now);
-        if !link.established {
-            return;
-        }
-        let Some(pid) = link.peer else { return };
-        let low = link.unwritten() < self.ctx.cfg.write_high_water / 2;
-        let Some(p) = self.peers.get_mut(&pid) else {
-            return;
-        };
-        if p.link != Some(id) {
-            return;
-        }
-        if drained {
-            // Every ack in the buffer has been written: now it counts as sent.
-            p.acks.written(&mut p.desc);
-        }
-        if low && p.has_queued() {
-            self.links.publish(now, pid, &mut self.peers, &mut self.ctx);
-        }
-    }
-
     /// Runs every timer due at `now`. A driver passes the time its view of the links was
     /// last refreshed (the IO thread: when its last `poll` returned), not the present:
     /// timeouts that blame a peer (idle, handshake) must never count time it did not look
@@ -61,9 +33,20 @@ impl Endpoint {
                     &mut self.ctx.out,
                     &mut self.ctx.timers,
                 ),
-                TimerKind::Seed { seed, gen } => self.seed_due(seed, gen),
-                TimerKind::Resolve { name, gen } => self.resolve_due(name, gen),
-                TimerKind::AckDelay { peer } => self.ack_due(now, peer),
+                TimerKind::Seed { seed, gen } => {
+                    self.seeds.due(seed, gen, &self.links, &mut self.ctx)
+                }
+                TimerKind::Resolve { name, gen } => {
+                    let alone = !self.links.reaches_anyone();
+                    self.seeds.resolve_due(name, gen, alone, &mut self.ctx)
+                }
+                TimerKind::AckDelay { peer } => self.links.ack_due(
+                    now,
+                    peer,
+                    self.journal.is_some(),
+                    &mut self.peers,
+                    &mut self.ctx,
+                ),
                 TimerKind::Tick => self.tick(now),
                 TimerKind::Deadline => {}
             }
@@ -73,28 +56,6 @@ impl Endpoint {
             .counters
             .timers
             .store(self.ctx.timers.len() as u64, Ordering::Relaxed);
-    }
-
-    /// The ack timer of peer `id` fired.
-    pub(super) fn ack_due(&mut self, now: Instant, id: usize) {
-        if let Some(p) = self.peers.get_mut(&id) {
-            p.acks.timer = false;
-        }
-        self.links.ack(id, &mut self.peers, &mut self.ctx);
-        if self.journal.is_none() {
-            return;
-        }
-        // The handler may not have reached what arrived: ask again later while an ack is
-        // owed.
-        if let Some(p) = self.peers.get_mut(&id) {
-            if p.acks.behind(&p.desc) && !p.acks.timer && p.link.is_some() {
-                p.acks.timer = true;
-                self.ctx.timers.add(
-                    now + self.ctx.cfg.ack_delay,
-                    TimerKind::AckDelay { peer: id },
-                );
-            }
-        }
     }
 
     /// The handshake timer of link `id` fired. An accepted link is held to the deadline of
