@@ -167,7 +167,9 @@ impl Endpoint {
             self.links
                 .publish_upto(now, id, usize::MAX, &mut self.peers, &mut self.ctx);
         }
-        self.cut_journal();
+        if let Some(j) = self.journal.as_mut() {
+            j.cut(&mut self.links, &mut self.ctx.out);
+        }
         self.journal
             .as_ref()
             .filter(|j| !j.marks.failed)
@@ -197,7 +199,9 @@ impl Endpoint {
                 Why::Shutdown,
             );
         }
-        self.cut_journal();
+        if let Some(j) = self.journal.as_mut() {
+            j.cut(&mut self.links, &mut self.ctx.out);
+        }
         let j = self.journal.as_ref()?;
         if j.marks.failed {
             return None;

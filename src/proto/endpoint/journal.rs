@@ -27,6 +27,69 @@ impl JournalGate {
             FsyncPolicy::EveryBatch | FsyncPolicy::Never => self.marks.appended,
         }
     }
+
+    /// Cuts this turn's records into the next batch for the journal's writer, and gates
+    /// every link's unwritten bytes behind it: nothing leaves before the journal holds it.
+    /// [`Endpoint::poll`] cuts before it gives out any write, and hands the batches to
+    /// the driver for the writer ([`Output::Journal`]). Returns whether a batch was cut.
+    pub(super) fn cut(&mut self, links: &mut Links, out: &mut Produced) -> bool {
+        if out.records.is_empty() || self.marks.failed {
+            return false;
+        }
+        self.cut += 1;
+        let n = self.cut;
+        for id in out.awaiting.drain(..) {
+            self.awaiting.push_back((n, id));
+        }
+        out.batches.push((n, std::mem::take(&mut out.records)));
+        for link in links.table.values_mut() {
+            link.gate(n);
+        }
+        true
+    }
+
+    /// The journal's writer moved its marks: bytes whose records are now appended may
+    /// leave (their links are marked to write), progress whose records are now durable is
+    /// acknowledged. Returns whether they report a failure (the node must stop).
+    pub(super) fn progress(
+        &mut self,
+        marks: WriterMarks,
+        peers: &mut Roster,
+        links: &mut Links,
+    ) -> bool {
+        if self.marks == marks || self.marks.failed {
+            return false;
+        }
+        let released = marks.appended > self.marks.appended;
+        self.marks = marks;
+        if marks.failed {
+            return true;
+        }
+        let durable = self.ack_mark();
+        while let Some(&(n, id)) = self.awaiting.front() {
+            if n > durable {
+                break;
+            }
+            self.awaiting.pop_front();
+            let Some(p) = peers.get_mut(&id) else {
+                continue;
+            };
+            p.journal.made_durable();
+            let link = p.link.and_then(|l| links.table.get_mut(&l));
+            let link_id = link.as_ref().map(|l| l.id);
+            if p.write_ack(link, false) {
+                if let Some(l) = link_id {
+                    links.dirty.push_back(l);
+                }
+            }
+        }
+        if released {
+            for link in links.table.values().filter(|l| l.wants_write()) {
+                links.dirty.push_back(link.id);
+            }
+        }
+        false
+    }
 }
 
 /// The journal after the IO thread has stopped, with what is needed to record how far the
@@ -78,72 +141,6 @@ impl StoppedJournal {
 }
 
 impl Endpoint {
-    /// Cuts this turn's records into the next batch for the journal's writer, and gates
-    /// every link's unwritten bytes behind it: nothing leaves before the journal holds it.
-    /// [`poll`](Endpoint::poll) cuts before it gives out any write, and hands the batches to
-    /// the driver for the writer ([`Output::Journal`]). Returns whether a batch was cut.
-    pub(super) fn cut_journal(&mut self) -> bool {
-        let Some(j) = self.journal.as_mut() else {
-            return false;
-        };
-        if self.ctx.out.records.is_empty() || j.marks.failed {
-            return false;
-        }
-        j.cut += 1;
-        let n = j.cut;
-        for id in self.ctx.out.awaiting.drain(..) {
-            j.awaiting.push_back((n, id));
-        }
-        self.ctx
-            .out
-            .batches
-            .push((n, std::mem::take(&mut self.ctx.out.records)));
-        for link in self.links.table.values_mut() {
-            link.gate(n);
-        }
-        true
-    }
-
-    /// The journal's writer moved its marks: bytes whose records are now appended may
-    /// leave (their links are marked to write), progress whose records are now durable is
-    /// acknowledged; a failure stops the node.
-    pub(super) fn journal_progress(&mut self, now: Instant, marks: WriterMarks) {
-        let Some(j) = self.journal.as_mut() else {
-            return;
-        };
-        if j.marks == marks || j.marks.failed {
-            return;
-        }
-        let released = marks.appended > j.marks.appended;
-        j.marks = marks;
-        if marks.failed {
-            return self.journal_failed(now);
-        }
-        let durable = j.ack_mark();
-        while let Some(&(n, id)) = j.awaiting.front() {
-            if n > durable {
-                break;
-            }
-            j.awaiting.pop_front();
-            let Some(p) = self.peers.get_mut(&id) else {
-                continue;
-            };
-            p.journal.made_durable();
-            let link = p.link.and_then(|l| self.links.table.get_mut(&l));
-            let link_id = link.as_ref().map(|l| l.id);
-            if p.write_ack(link, false) {
-                if let Some(l) = link_id {
-                    self.links.dirty.push_back(l);
-                }
-            }
-        }
-        if released {
-            for link in self.links.table.values().filter(|l| l.wants_write()) {
-                self.links.dirty.push_back(link.id);
-            }
-        }
-    }
-
     /// A journal write or sync failed: durability can no longer be promised, so the node
     /// stops (fail-stop). Nothing more is journalled or acknowledged, and nothing not yet
     /// durable leaves; peers resend after our restart what we had not acknowledged.

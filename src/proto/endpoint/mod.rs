@@ -575,7 +575,15 @@ impl Endpoint {
             }
             Input::Failed { link, why } => self.link_failed(now, link, why),
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
-            Input::JournalMarks(marks) => self.journal_progress(now, marks),
+            Input::JournalMarks(marks) => {
+                let failed = self
+                    .journal
+                    .as_mut()
+                    .is_some_and(|j| j.progress(marks, &mut self.peers, &mut self.links));
+                if failed {
+                    self.journal_failed(now);
+                }
+            }
             Input::Datagram { from, data } => {
                 if let Some(m) = self.members.as_mut() {
                     m.packet(now, from, data);
@@ -616,7 +624,9 @@ impl Endpoint {
             if let Some(e) = self.ctx.out.events.pop_front() {
                 return Some(e);
             }
-            self.cut_journal();
+            if let Some(j) = self.journal.as_mut() {
+                j.cut(&mut self.links, &mut self.ctx.out);
+            }
             if !self.ctx.out.batches.is_empty() {
                 return Some(Output::Journal(self.ctx.out.batches.remove(0)));
             }
