@@ -46,8 +46,7 @@ impl Endpoint {
             if self.peers.get(&held).is_some_and(|p| p.link.is_none())
                 && self.ctx.shutdown.is_none()
             {
-                self.peers
-                    .dial(held, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
+                self.peers.dial(held, &mut self.ctx);
             }
             return;
         }
@@ -62,8 +61,7 @@ impl Endpoint {
         }
         self.peers.insert(id, peer);
         if self.ctx.shutdown.is_none() {
-            self.peers
-                .dial(id, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
+            self.peers.dial(id, &mut self.ctx);
         }
     }
 
@@ -75,13 +73,7 @@ impl Endpoint {
             return;
         };
         let (link, name, up) = (p.link, p.name().clone(), p.up);
-        self.peers.retire(
-            id,
-            true,
-            &self.ctx.cfg,
-            &mut self.ctx.out,
-            &mut self.ctx.timers,
-        );
+        self.peers.retire(id, true, &mut self.ctx);
         if let Some(link) = link {
             self.close_link(
                 now,
@@ -183,13 +175,7 @@ impl Endpoint {
         let links: Vec<LinkId> = self.links.table.keys().copied().collect();
         let ids = self.peers.ids();
         for id in ids {
-            self.peers.retire(
-                id,
-                false,
-                &self.ctx.cfg,
-                &mut self.ctx.out,
-                &mut self.ctx.timers,
-            );
+            self.peers.retire(id, false, &mut self.ctx);
         }
         for l in links {
             self.close_link(

@@ -358,14 +358,7 @@ impl Endpoint {
             });
         }
         if p.state != PeerState::Closed {
-            self.peers.schedule_reconnect(
-                now,
-                pid,
-                self.ctx.shutdown.is_some(),
-                &self.ctx.cfg,
-                &mut self.ctx.backoff,
-                &mut self.ctx.timers,
-            );
+            self.peers.schedule_reconnect(now, pid, &mut self.ctx);
         }
     }
 

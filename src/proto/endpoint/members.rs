@@ -216,8 +216,7 @@ impl Endpoint {
             m.governed.insert(name.into());
         }
         if self.peers.get(&id).is_some_and(|p| p.link.is_none()) {
-            self.peers
-                .dial(id, self.ctx.shutdown.is_some(), &mut self.ctx.out.events);
+            self.peers.dial(id, &mut self.ctx);
         }
     }
 
@@ -256,13 +255,7 @@ impl Endpoint {
                 "left the cluster"
             }
         );
-        self.peers.retire(
-            id,
-            true,
-            &self.ctx.cfg,
-            &mut self.ctx.out,
-            &mut self.ctx.timers,
-        );
+        self.peers.retire(id, true, &mut self.ctx);
         let why = Why::Removed;
         if let Some(link) = link {
             let reason = if failed {

@@ -53,13 +53,13 @@ impl Roster {
     }
 
     /// Dials peer `id` now if it has an address and no link and the node is not
-    /// `stopping`: the driver opens the connection ([`Output::Dial`]). One without an
+    /// stopping: the driver opens the connection ([`Output::Dial`]). One without an
     /// address waits for it to dial in.
-    pub(super) fn dial(&mut self, id: usize, stopping: bool, events: &mut VecDeque<Output>) {
+    pub(super) fn dial(&mut self, id: usize, ctx: &mut Ctx) {
         let Some(p) = self.by_id.get_mut(&id) else {
             return;
         };
-        if p.state == PeerState::Closed || p.link.is_some() || stopping {
+        if p.state == PeerState::Closed || p.link.is_some() || ctx.shutdown.is_some() {
             return;
         }
         let Some(addr) = p.addr.clone() else {
@@ -67,7 +67,7 @@ impl Roster {
             return; // no address: it will dial us
         };
         let name = p.name().clone();
-        events.push_back(Output::Dial {
+        ctx.out.events.push_back(Output::Dial {
             target: Target::Peer(id),
             name: Some(name),
             addr,
@@ -75,22 +75,14 @@ impl Roster {
     }
 
     /// Peer `id` lost its link or could not be dialled: it is dialled again after its
-    /// backoff, unless it is closed or the node is `stopping`. One without an address waits
+    /// backoff, unless it is closed or the node is stopping. One without an address waits
     /// for it to dial in; if it was admitted at run time, it is forgotten if it does not
     /// within `forget_after`.
-    pub(super) fn schedule_reconnect(
-        &mut self,
-        now: Instant,
-        id: usize,
-        stopping: bool,
-        cfg: &Config,
-        backoff: &mut Backoff,
-        timers: &mut Timers,
-    ) {
+    pub(super) fn schedule_reconnect(&mut self, now: Instant, id: usize, ctx: &mut Ctx) {
         let Some(p) = self.by_id.get_mut(&id) else {
             return;
         };
-        if p.state == PeerState::Closed || stopping {
+        if p.state == PeerState::Closed || ctx.shutdown.is_some() {
             return;
         }
         p.set_state(PeerState::Backoff);
@@ -100,34 +92,30 @@ impl Roster {
             if p.dynamic {
                 p.gen += 1;
                 let gen = p.gen;
-                if let Some(at) = now.checked_add(cfg.forget_after) {
-                    timers.add(at, TimerKind::Forget { peer: id, gen });
+                if let Some(at) = now.checked_add(ctx.cfg.forget_after) {
+                    ctx.timers.add(at, TimerKind::Forget { peer: id, gen });
                 }
             }
             return;
         }
         p.gen += 1;
-        let delay = backoff.delay(p.attempt, cfg.backoff_min, cfg.backoff_max);
+        let delay = ctx
+            .backoff
+            .delay(p.attempt, ctx.cfg.backoff_min, ctx.cfg.backoff_max);
         p.attempt = p.attempt.saturating_add(1);
         let gen = p.gen;
-        timers.add(now + delay, TimerKind::Reconnect { peer: id, gen });
+        ctx.timers
+            .add(now + delay, TimerKind::Reconnect { peer: id, gen });
     }
 
     /// Terminal transition of peer `id` (`removed` for good, or the node shutting down).
-    pub(super) fn retire(
-        &mut self,
-        id: usize,
-        removed: bool,
-        cfg: &Config,
-        out: &mut Produced,
-        timers: &mut Timers,
-    ) {
+    pub(super) fn retire(&mut self, id: usize, removed: bool, ctx: &mut Ctx) {
         let Some(p) = self.by_id.get_mut(&id) else {
             return;
         };
-        p.retire(cfg, out, removed);
+        p.retire(&ctx.cfg, &mut ctx.out, removed);
         if removed {
-            timers.cancel(|k| match k {
+            ctx.timers.cancel(|k| match k {
                 TimerKind::Reconnect { peer, .. }
                 | TimerKind::AckDelay { peer }
                 | TimerKind::Forget { peer, .. } => *peer == id,
@@ -140,16 +128,8 @@ impl Roster {
     /// The forget timer of peer `id` (generation `gen`) fired: if that member, admitted at
     /// run time, is still disconnected since, it is retired as `remove_peer` does (queued
     /// messages fail, unacknowledged ones are undelivered) and the node forgets it, unless
-    /// the node is `stopping`.
-    pub(super) fn forget(
-        &mut self,
-        id: usize,
-        gen: u64,
-        stopping: bool,
-        cfg: &Config,
-        out: &mut Produced,
-        timers: &mut Timers,
-    ) {
+    /// the node is stopping.
+    pub(super) fn forget(&mut self, id: usize, gen: u64, ctx: &mut Ctx) {
         let Some(p) = self.by_id.get(&id) else {
             return;
         };
@@ -157,19 +137,19 @@ impl Roster {
             || p.gen != gen
             || p.link.is_some()
             || p.state == PeerState::Closed
-            || stopping
+            || ctx.shutdown.is_some()
         {
             return;
         }
         let (name, shared) = (p.name().clone(), p.shared.clone());
         log::info!(
             "{}: forgetting '{name}', admitted at run time and disconnected for {:?}",
-            cfg.name,
-            cfg.forget_after
+            ctx.cfg.name,
+            ctx.cfg.forget_after
         );
-        self.retire(id, true, cfg, out, timers);
-        out.events.push_back(Output::Forget(shared));
-        emit(cfg, out, || Event::Forgotten {
+        self.retire(id, true, ctx);
+        ctx.out.events.push_back(Output::Forget(shared));
+        emit(&ctx.cfg, &mut ctx.out, || Event::Forgotten {
             peer: name.to_string(),
         });
     }
@@ -188,13 +168,6 @@ impl Roster {
     /// retry with backoff.
     pub(super) fn dial_failed(&mut self, now: Instant, peer: usize, ctx: &mut Ctx) {
         Counters::add(&ctx.counters.dial_failures, 1);
-        self.schedule_reconnect(
-            now,
-            peer,
-            ctx.shutdown.is_some(),
-            &ctx.cfg,
-            &mut ctx.backoff,
-            &mut ctx.timers,
-        );
+        self.schedule_reconnect(now, peer, ctx);
     }
 }

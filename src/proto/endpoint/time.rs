@@ -17,22 +17,11 @@ impl Endpoint {
                         .get(&peer)
                         .is_some_and(|p| p.gen == gen && p.link.is_none())
                     {
-                        self.peers.dial(
-                            peer,
-                            self.ctx.shutdown.is_some(),
-                            &mut self.ctx.out.events,
-                        );
+                        self.peers.dial(peer, &mut self.ctx);
                     }
                 }
                 TimerKind::Handshake { link } => self.handshake_due(now, link),
-                TimerKind::Forget { peer, gen } => self.peers.forget(
-                    peer,
-                    gen,
-                    self.ctx.shutdown.is_some(),
-                    &self.ctx.cfg,
-                    &mut self.ctx.out,
-                    &mut self.ctx.timers,
-                ),
+                TimerKind::Forget { peer, gen } => self.peers.forget(peer, gen, &mut self.ctx),
                 TimerKind::Seed { seed, gen } => {
                     self.seeds.due(seed, gen, &self.links, &mut self.ctx)
                 }
