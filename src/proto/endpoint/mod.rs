@@ -559,7 +559,9 @@ impl Endpoint {
             Input::DialFailed(Target::Peer(peer)) => {
                 self.peers.dial_failed(now, peer, &mut self.ctx)
             }
-            Input::DialFailed(Target::Seed(s)) => self.seed_dial_failed(now, s),
+            Input::DialFailed(Target::Seed(s)) => {
+                self.seeds.dial_failed(now, s, &self.links, &mut self.ctx)
+            }
             Input::Connected(link) => self.links.connected(link, &mut self.peers),
             Input::Accepted {
                 link,

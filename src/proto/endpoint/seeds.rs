@@ -295,12 +295,15 @@ impl Seeds {
         }
     }
 
-    /// No connection to seed `s` could be opened.
-    pub(super) fn dial_failed(&mut self, s: usize, node: &str) {
+    /// No connection to seed `s` could be opened: tried again with backoff while the node
+    /// reaches nobody.
+    pub(super) fn dial_failed(&mut self, now: Instant, s: usize, links: &Links, ctx: &mut Ctx) {
+        Counters::add(&ctx.counters.dial_failures, 1);
         if let Some(seed) = self.list.get_mut(s) {
             seed.dialling = false;
-            log::debug!("{node}: seed {} did not answer", seed.addr);
+            log::debug!("{}: seed {} did not answer", ctx.cfg.name, seed.addr);
         }
+        self.retry_if_alone(now, links, ctx);
     }
 
     /// Seed link `id` (seed `s`) closed: the seed is idle again.
@@ -411,14 +414,6 @@ impl Endpoint {
             now + self.ctx.cfg.handshake_timeout,
             TimerKind::Handshake { link: id },
         );
-    }
-
-    /// No connection to seed `s` could be opened: tried again with backoff while the node
-    /// reaches nobody.
-    pub(super) fn seed_dial_failed(&mut self, now: Instant, s: usize) {
-        Counters::add(&self.ctx.counters.dial_failures, 1);
-        self.seeds.dial_failed(s, &self.ctx.cfg.name);
-        self.seeds.retry_if_alone(now, &self.links, &mut self.ctx);
     }
 
     /// The handshake on seed link `id` named us: the seed is our own address.
