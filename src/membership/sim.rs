@@ -905,7 +905,7 @@ fn loss_figures(n: usize, seed: u64, secs: u64) -> (usize, usize, u64, f64, f64)
 /// membership::sim::figures_table -- --ignored --nocapture` (simulated time: the figures do
 /// not depend on the machine).
 #[test]
-#[ignore]
+#[ignore = "makes the figures of docs/benchmarks.md; run by hand"]
 fn figures_table() {
     println!("| members | converge | detect (all) | packets/s/member | bytes/s/member |");
     println!("|---|---|---|---|---|");
@@ -929,7 +929,7 @@ fn figures_table() {
 /// More seeds than the tests run: `cargo test --lib membership::sim::loss_sweep --
 /// --ignored --nocapture` (false failures under 5% loss, 30 simulated minutes per seed).
 #[test]
-#[ignore]
+#[ignore = "a long sweep over many seeds; run by hand"]
 fn loss_sweep() {
     for n in [16, 32, 64] {
         let mut failures = 0;
@@ -950,7 +950,7 @@ fn loss_sweep() {
 /// and all at once with 5% of packets lost; then the packets and bytes each member sent
 /// until the views converged.
 #[test]
-#[ignore]
+#[ignore = "a long sweep over many seeds; run by hand"]
 fn convergence_sweep() {
     for (chain, loss) in [(false, 0.0), (true, 0.0), (false, 0.05)] {
         for n in [16, 32, 64] {

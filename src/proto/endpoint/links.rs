@@ -244,6 +244,13 @@ impl Endpoint {
         p.set_state(PeerState::Connecting);
         let mut link = Link::new(id, Some(peer), hs, Vec::new(), now);
         link.remote = p.addr.clone();
+        self.open_dialled(now, link);
+    }
+
+    /// A connection this node dials (to a peer or a seed) enters the link table, counted,
+    /// with its handshake's deadline.
+    pub(super) fn open_dialled(&mut self, now: Instant, link: Link) {
+        let id = link.id;
         self.links.table.insert(id, link);
         self.links
             .update_gauges(self.gate.pending.len(), &self.ctx.counters);

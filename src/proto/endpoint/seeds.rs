@@ -406,14 +406,7 @@ impl Endpoint {
         link.connecting = true;
         link.seed = Some(s);
         link.remote = Some(Addr::Tcp(addr));
-        self.links.table.insert(id, link);
-        self.links
-            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
-        Counters::add(&self.ctx.counters.dialled, 1);
-        self.ctx.timers.add(
-            now + self.ctx.cfg.handshake_timeout,
-            TimerKind::Handshake { link: id },
-        );
+        self.open_dialled(now, link);
     }
 
     /// The handshake on seed link `id` named us: the seed is our own address.
