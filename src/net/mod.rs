@@ -18,12 +18,11 @@ pub use idle::IdleStrategy;
 pub(crate) use io::IoThread;
 pub(crate) use socket::{check_unix_path, Listener};
 
-use crate::deliver::{MemberQueue, OobQueue, PeerCreditSink, Pool, Progress};
-use crate::flow::RecvCredit;
+use crate::deliver::Pool;
 use crate::handoff::{Abandon, Commands, Handoff};
 pub(crate) use crate::handoff::{Completion, Outcome};
 use crate::journal::{Journal, Recovered};
-use crate::peer::PeerShared;
+use crate::peer::{PeerShared, PeerWiring};
 use crate::proto::{NodeCounters, StoppedJournal, Unacked};
 use crate::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use crate::sync::{Arc, Mutex, SharedStr};
@@ -124,12 +123,8 @@ pub(crate) struct IoShared {
     /// Commands for the IO thread; closed as it stops (see [`Commands`]).
     pub(crate) commands: Commands<Command>,
     next_peer: AtomicUsize,
-    /// Pool threads that may deliver one sender's out-of-band messages at once.
-    oob_limit: usize,
-    /// Requests one peer may have in flight from this node.
-    max_requests: usize,
-    /// The node journals: peers track how far their streams have been handled.
-    journalled: bool,
+    /// What every peer's shared state is wired with.
+    wiring: PeerWiring,
     /// The journal's counters as of its last write (journalling nodes only).
     pub(crate) journal_stats: Mutex<Option<crate::journal::JournalStats>>,
     /// The journal, handed over by the IO thread when it exits.
@@ -149,13 +144,17 @@ impl IoShared {
         oob_limit: usize,
         max_requests: usize,
     ) -> IoShared {
+        let handoff = Arc::new(Handoff::new(Box::new(waker)));
         IoShared {
-            handoff: Arc::new(Handoff::new(Box::new(waker))),
+            wiring: PeerWiring {
+                handoff: handoff.clone(),
+                journalled,
+                oob_limit,
+                max_requests,
+            },
+            handoff,
             commands: Commands::new(),
             next_peer: AtomicUsize::new(0),
-            oob_limit,
-            max_requests,
-            journalled,
             journal_stats: Mutex::new(None),
             stopped_journal: Mutex::new(None),
         }
@@ -196,28 +195,12 @@ impl IoShared {
     }
 
     /// Builds the shared state of a new peer, wiring its receive credit to this IO thread.
-    pub(crate) fn new_peer(self: &Arc<Self>, name: SharedStr, window: u64) -> Arc<PeerShared> {
-        let id = self.next_peer_id();
-        let credit = Arc::new(RecvCredit::new());
-        let progress = self.journalled.then(|| Arc::new(Progress::new(0)));
-        let sink = PeerCreditSink::new(id, credit.clone(), progress.clone(), self.handoff.clone());
-        let oob_sink = Arc::new(PeerCreditSink::new(
-            id,
-            credit.clone(),
-            progress.clone(),
-            self.handoff.clone(),
-        ));
-        let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink)));
-        let oob = Arc::new(OobQueue::new(name.clone(), self.oob_limit, oob_sink));
-        Arc::new(PeerShared::new(
-            id,
+    pub(crate) fn new_peer(&self, name: SharedStr, window: u64) -> Arc<PeerShared> {
+        Arc::new(PeerShared::wired(
+            self.next_peer_id(),
             name,
             window,
-            credit,
-            member,
-            oob,
-            progress,
-            self.max_requests,
+            &self.wiring,
         ))
     }
 }

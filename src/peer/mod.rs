@@ -24,9 +24,9 @@ pub(crate) use outbox::Owed;
 pub use outbox::{Ledger, Outbox, Outgoing, Return};
 pub use requests::{Failure, Requests, Slot};
 
-use crate::deliver::{MemberQueue, OobQueue, Progress};
+use crate::deliver::{MemberQueue, OobQueue, PeerCreditSink, Progress};
 use crate::flow::RecvCredit;
-use crate::handoff::Scheduled;
+use crate::handoff::{Handoff, Scheduled};
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use crate::sync::{wait_until, Arc, Condvar, Mutex, RwLock, SharedStr};
 use crate::util::NameHash;
@@ -317,8 +317,53 @@ impl fmt::Debug for PeerShared {
     }
 }
 
+/// What a node's peers share, whichever peer: set at start, read by [`PeerShared::wired`].
+#[derive(Clone, Debug)]
+pub(crate) struct PeerWiring {
+    /// Where deliverers report consumption (the IO thread's hand-off).
+    pub(crate) handoff: Arc<Handoff>,
+    /// The node journals: peers track how far their streams have been handled.
+    pub(crate) journalled: bool,
+    /// Pool threads that may deliver one sender's out-of-band messages at once.
+    pub(crate) oob_limit: usize,
+    /// Requests one peer may have in flight from this node.
+    pub(crate) max_requests: usize,
+}
+
 impl PeerShared {
-    // Its parts, wired together by `IoShared::new_peer` (and the simulation).
+    /// Peer `id`'s shared state as a node makes it: its receive credit and, journalling,
+    /// its progress, with its member and out-of-band queues reporting both to the IO
+    /// thread through `wiring.handoff`.
+    pub(crate) fn wired(
+        id: usize,
+        name: SharedStr,
+        window: u64,
+        wiring: &PeerWiring,
+    ) -> PeerShared {
+        let credit = Arc::new(RecvCredit::new());
+        let progress = wiring.journalled.then(|| Arc::new(Progress::new(0)));
+        let sink =
+            || PeerCreditSink::new(id, credit.clone(), progress.clone(), wiring.handoff.clone());
+        let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink())));
+        let oob = Arc::new(OobQueue::new(
+            name.clone(),
+            wiring.oob_limit,
+            Arc::new(sink()),
+        ));
+        PeerShared::new(
+            id,
+            name,
+            window,
+            credit,
+            member,
+            oob,
+            progress,
+            wiring.max_requests,
+        )
+    }
+
+    // Its parts, wired together by [`wired`](PeerShared::wired) (or, without a receive
+    // side, by the internals' `shared`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         id: usize,
