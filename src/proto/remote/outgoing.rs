@@ -2,12 +2,13 @@
 //! queue (or is filtered, expires, or fails, its permits back), the sweep of a disconnected
 //! peer's queue, and the peer's acks and credit coming back.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
 use super::Remote;
 use crate::journal::Record;
-use crate::peer::{Counters, Failure, Outgoing, PeerInfo, PeerShared, Return};
+use crate::peer::{Counters, Failure, Ledger, Outgoing, PeerInfo, PeerShared, Return};
 use crate::proto::endpoint::{Config, Output, Produced};
 use crate::proto::link::Link;
 use crate::proto::recovery::{Descriptor, RecoveryError, Unacked};
@@ -80,6 +81,131 @@ impl Tally {
     }
 }
 
+/// The outgoing stream on this side of the shared outbox: messages taken from it and not
+/// yet published (the socket buffer was full, or a message waits for a connection), the
+/// window bytes published and not yet credited back, and what the peer accepts.
+pub(crate) struct Outbound {
+    /// Taken from the shared outbox, not yet published (the socket buffer was full).
+    pub(super) pending: VecDeque<Outgoing>,
+    /// Window bytes published and not yet credited back by the peer.
+    pub(super) ledger: Ledger,
+    /// Largest payload the peer accepts (from its handshake).
+    pub(super) peer_max_message: usize,
+    /// A reply larger than the peer accepts was turned into a status (warned once).
+    warned_reply_too_large: bool,
+}
+
+impl Default for Outbound {
+    fn default() -> Outbound {
+        Outbound {
+            pending: VecDeque::new(),
+            ledger: Ledger::default(),
+            peer_max_message: usize::MAX,
+            warned_reply_too_large: false,
+        }
+    }
+}
+
+impl Outbound {
+    /// Whether anything is queued or pending for publication (`shared`: the peer's).
+    pub(crate) fn has_queued(&self, shared: &PeerShared) -> bool {
+        !self.pending.is_empty() || !shared.outbox.is_empty()
+    }
+
+    /// Sweeps the queue of a disconnected peer (for a connected one, both are checked at
+    /// publish time): fails the messages whose ttl passed (reported to the application), and
+    /// withdraws the requests their requesters gave up, so their permits come back before
+    /// the peer does. Returns whether it looked (a message with a ttl was ever queued, or a
+    /// request was given up since the last sweep).
+    pub(super) fn sweep_queued(
+        &mut self,
+        shared: &PeerShared,
+        cfg: &Config,
+        out: &mut Produced,
+        now: Instant,
+    ) -> bool {
+        let withdrawals = shared.take_withdrawals();
+        if !withdrawals && !shared.ttl_queued() {
+            return false;
+        }
+        shared.outbox.take_into(&mut self.pending);
+        let expired = |m: &Outgoing| m.deadline.is_some_and(|d| now >= d);
+        let withdrawn = |m: &Outgoing| {
+            withdrawals && request_of(m).is_some_and(|id| !shared.requests.is_waiting(id))
+        };
+        let (mut n, mut bytes, mut w, mut w_bytes) = (0u64, 0u64, 0u64, 0u64);
+        let mut lost = Vec::new();
+        if self.pending.iter().any(|m| expired(m) || withdrawn(m)) {
+            let queued = std::mem::take(&mut self.pending);
+            for m in queued {
+                if withdrawn(&m) {
+                    w += 1;
+                    w_bytes += m.payload.len() as u64;
+                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+                } else if expired(&m) {
+                    n += 1;
+                    bytes += m.payload.len() as u64;
+                    lost.push(unsent(shared, Return::Expired, m));
+                } else {
+                    self.pending.push_back(m);
+                }
+            }
+        }
+        count_withdrawn(cfg, shared, w, w_bytes);
+        if n > 0 {
+            Counters::add(&shared.counters.expired, n);
+            Counters::add(&shared.counters.failed, n);
+            Counters::add(&shared.counters.failed_bytes, bytes);
+            log::debug!(
+                "{}: {n} messages to '{}' expired while queued",
+                cfg.name,
+                shared.name
+            );
+        }
+        report_unsent(shared, out, lost);
+        true
+    }
+
+    /// Fails every message not yet published, giving back its permits; they are reported
+    /// to the application's hook through `out`. Returns how many. A request its requester
+    /// gave up (timed out, or dropped its handle) is withdrawn instead, as at publish: its
+    /// caller was told already, so it is neither failed nor reported.
+    pub(super) fn fail_queued(
+        &mut self,
+        shared: &PeerShared,
+        cfg: &Config,
+        out: &mut Produced,
+    ) -> u64 {
+        shared.outbox.take_into(&mut self.pending);
+        let (mut w, mut w_bytes) = (0u64, 0u64);
+        for m in std::mem::take(&mut self.pending) {
+            if request_of(&m).is_some_and(|id| !shared.requests.is_waiting(id)) {
+                w += 1;
+                w_bytes += m.payload.len() as u64;
+                shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+            } else {
+                self.pending.push_back(m);
+            }
+        }
+        count_withdrawn(cfg, shared, w, w_bytes);
+        let queued = shared.outbox.fail_queued(&mut self.pending);
+        let n = queued.len() as u64;
+        let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
+        let lost: Vec<Unacked> = queued
+            .into_iter()
+            .map(|m| Unacked {
+                seq: 0,
+                flags: m.flags,
+                payload: m.payload,
+            })
+            .collect();
+        Counters::add(&shared.counters.failed_bytes, bytes);
+        Counters::add(&shared.counters.failed, n);
+        report_unsent(shared, out, lost);
+        n
+    }
+}
+
 impl Remote {
     /// Publishes queued messages to `link` (established, or `None`) while its write buffer
     /// is below `high`. This is where a message gets its sequence number, enters the
@@ -120,7 +246,7 @@ impl Remote {
         // reschedules the peer.
         while let Some(mut m) = shared
             .outbox
-            .next_to_publish(&shared.scheduled, &mut self.pending)
+            .next_to_publish(&shared.scheduled, &mut self.outbound.pending)
         {
             let stop = match link.as_deref() {
                 Some(l) => l.unwritten() >= high,
@@ -130,19 +256,22 @@ impl Remote {
                 None => m.deadline.is_some() && high != usize::MAX,
             };
             if stop {
-                self.pending.push_front(m);
+                self.outbound.pending.push_front(m);
                 // The socket is backed up: the writable event resumes this peer. Stay
                 // marked scheduled so that senders do not wake the IO thread for
                 // nothing on every message meanwhile.
                 shared.scheduled.hold();
                 break;
             }
-            if m.is_reply() && !m.is_status() && m.payload.len() > self.peer_max_message {
+            if m.is_reply() && !m.is_status() && m.payload.len() > self.outbound.peer_max_message {
                 // Within its room but more than the requester takes in one frame (a
                 // room its builder would not give): it learns why at once instead.
                 let len = m.payload().len() as u64;
-                let room = self.peer_max_message.saturating_sub(wire::REQUEST_ID_BYTES);
-                if !std::mem::replace(&mut self.warned_reply_too_large, true) {
+                let room = self
+                    .outbound
+                    .peer_max_message
+                    .saturating_sub(wire::REQUEST_ID_BYTES);
+                if !std::mem::replace(&mut self.outbound.warned_reply_too_large, true) {
                     log::warn!(
                         "a reply of {len} bytes to '{}' is more than it accepts ({room} \
                          bytes, though its request reserved more); it is told the reply \
@@ -180,11 +309,12 @@ impl Remote {
                     continue;
                 }
             }
-            if len > self.peer_max_message {
+            if len > self.outbound.peer_max_message {
                 // Accepted before the peer's limit was known (the send checks it once
                 // it is): its request, if it is one, fails now, not at its timeout.
                 if let Some(id) = request {
                     let max = self
+                        .outbound
                         .peer_max_message
                         .saturating_sub(wire::REQUEST_HEADER_BYTES);
                     let len = m.payload().len();
@@ -235,12 +365,12 @@ impl Remote {
                 self.desc.publish_unreliable(c);
                 wire::encode_data(&mut l.wbuf, flags, None, &payload);
             }
-            self.ledger.publish(permit);
+            self.outbound.ledger.publish(permit);
             tally.sent += 1;
             tally.sent_bytes += len as u64;
         }
         let wrote = tally.sent > 0 && link.is_some();
-        tally.count(cfg, shared, self.peer_max_message);
+        tally.count(cfg, shared, self.outbound.peer_max_message);
         report_unsent(shared, out, lost);
         self.note_unacked();
         wrote
@@ -253,90 +383,6 @@ impl Remote {
             .counters
             .unacked
             .store(self.desc.unacked_len() as u64, Ordering::Relaxed);
-    }
-
-    /// Sweeps the queue of a disconnected peer (for a connected one, both are checked at
-    /// publish time): fails the messages whose ttl passed (reported to the application), and
-    /// withdraws the requests their requesters gave up, so their permits come back before
-    /// the peer does. Returns whether it looked (a message with a ttl was ever queued, or a
-    /// request was given up since the last sweep).
-    pub(crate) fn sweep_queued(&mut self, cfg: &Config, out: &mut Produced, now: Instant) -> bool {
-        let withdrawals = self.shared.take_withdrawals();
-        if !withdrawals && !self.shared.ttl_queued() {
-            return false;
-        }
-        self.shared.outbox.take_into(&mut self.pending);
-        let shared = &self.shared;
-        let expired = |m: &Outgoing| m.deadline.is_some_and(|d| now >= d);
-        let withdrawn = |m: &Outgoing| {
-            withdrawals && request_of(m).is_some_and(|id| !shared.requests.is_waiting(id))
-        };
-        let (mut n, mut bytes, mut w, mut w_bytes) = (0u64, 0u64, 0u64, 0u64);
-        let mut lost = Vec::new();
-        if self.pending.iter().any(|m| expired(m) || withdrawn(m)) {
-            let queued = std::mem::take(&mut self.pending);
-            for m in queued {
-                if withdrawn(&m) {
-                    w += 1;
-                    w_bytes += m.payload.len() as u64;
-                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
-                } else if expired(&m) {
-                    n += 1;
-                    bytes += m.payload.len() as u64;
-                    lost.push(unsent(shared, Return::Expired, m));
-                } else {
-                    self.pending.push_back(m);
-                }
-            }
-        }
-        count_withdrawn(cfg, shared, w, w_bytes);
-        if n > 0 {
-            Counters::add(&shared.counters.expired, n);
-            Counters::add(&shared.counters.failed, n);
-            Counters::add(&shared.counters.failed_bytes, bytes);
-            log::debug!(
-                "{}: {n} messages to '{}' expired while queued",
-                cfg.name,
-                shared.name
-            );
-        }
-        report_unsent(&self.shared, out, lost);
-        true
-    }
-
-    /// Fails every message not yet published, giving back its permits; they are reported
-    /// to the application's hook through `out`. Returns how many. A request its requester
-    /// gave up (timed out, or dropped its handle) is withdrawn instead, as at publish: its
-    /// caller was told already, so it is neither failed nor reported.
-    pub(super) fn fail_queued(&mut self, cfg: &Config, out: &mut Produced) -> u64 {
-        self.shared.outbox.take_into(&mut self.pending);
-        let shared = &self.shared;
-        let (mut w, mut w_bytes) = (0u64, 0u64);
-        for m in std::mem::take(&mut self.pending) {
-            if request_of(&m).is_some_and(|id| !shared.requests.is_waiting(id)) {
-                w += 1;
-                w_bytes += m.payload.len() as u64;
-                shared.outbox.give_back(Return::Withdrawn, m.into_permit());
-            } else {
-                self.pending.push_back(m);
-            }
-        }
-        count_withdrawn(cfg, shared, w, w_bytes);
-        let queued = self.shared.outbox.fail_queued(&mut self.pending);
-        let n = queued.len() as u64;
-        let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
-        let lost: Vec<Unacked> = queued
-            .into_iter()
-            .map(|m| Unacked {
-                seq: 0,
-                flags: m.flags,
-                payload: m.payload,
-            })
-            .collect();
-        Counters::add(&self.shared.counters.failed_bytes, bytes);
-        Counters::add(&self.shared.counters.failed, n);
-        report_unsent(&self.shared, out, lost);
-        n
     }
 
     /// An ack from the peer: retires what it acknowledges, gives back the credit it returns
@@ -367,8 +413,8 @@ impl Remote {
         if credit > 0 {
             // Never give back more than was taken: credit beyond what is outstanding (a
             // confused or malicious peer, or credit from before its restart) is clamped.
-            let outstanding = self.ledger.uncredited();
-            let c = self.shared.outbox.credit(&mut self.ledger, credit);
+            let outstanding = self.outbound.ledger.uncredited();
+            let c = self.shared.outbox.credit(&mut self.outbound.ledger, credit);
             if c < credit && self.journal.restored {
                 log::debug!(
                     "{}: '{}' returned {credit} bytes of credit for messages from before our restart; {c} applied",
