@@ -81,131 +81,6 @@ impl Tally {
     }
 }
 
-/// The outgoing stream on this side of the shared outbox: messages taken from it and not
-/// yet published (the socket buffer was full, or a message waits for a connection), the
-/// window bytes published and not yet credited back, and what the peer accepts.
-pub(crate) struct Outbound {
-    /// Taken from the shared outbox, not yet published (the socket buffer was full).
-    pub(super) pending: VecDeque<Outgoing>,
-    /// Window bytes published and not yet credited back by the peer.
-    pub(super) ledger: Ledger,
-    /// Largest payload the peer accepts (from its handshake).
-    pub(super) peer_max_message: usize,
-    /// A reply larger than the peer accepts was turned into a status (warned once).
-    warned_reply_too_large: bool,
-}
-
-impl Default for Outbound {
-    fn default() -> Outbound {
-        Outbound {
-            pending: VecDeque::new(),
-            ledger: Ledger::default(),
-            peer_max_message: usize::MAX,
-            warned_reply_too_large: false,
-        }
-    }
-}
-
-impl Outbound {
-    /// Whether anything is queued or pending for publication (`shared`: the peer's).
-    pub(crate) fn has_queued(&self, shared: &PeerShared) -> bool {
-        !self.pending.is_empty() || !shared.outbox.is_empty()
-    }
-
-    /// Sweeps the queue of a disconnected peer (for a connected one, both are checked at
-    /// publish time): fails the messages whose ttl passed (reported to the application), and
-    /// withdraws the requests their requesters gave up, so their permits come back before
-    /// the peer does. Returns whether it looked (a message with a ttl was ever queued, or a
-    /// request was given up since the last sweep).
-    pub(super) fn sweep_queued(
-        &mut self,
-        shared: &PeerShared,
-        cfg: &Config,
-        out: &mut Produced,
-        now: Instant,
-    ) -> bool {
-        let withdrawals = shared.take_withdrawals();
-        if !withdrawals && !shared.ttl_queued() {
-            return false;
-        }
-        shared.outbox.take_into(&mut self.pending);
-        let expired = |m: &Outgoing| m.deadline.is_some_and(|d| now >= d);
-        let withdrawn = |m: &Outgoing| {
-            withdrawals && request_of(m).is_some_and(|id| !shared.requests.is_waiting(id))
-        };
-        let (mut n, mut bytes, mut w, mut w_bytes) = (0u64, 0u64, 0u64, 0u64);
-        let mut lost = Vec::new();
-        if self.pending.iter().any(|m| expired(m) || withdrawn(m)) {
-            let queued = std::mem::take(&mut self.pending);
-            for m in queued {
-                if withdrawn(&m) {
-                    w += 1;
-                    w_bytes += m.payload.len() as u64;
-                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
-                } else if expired(&m) {
-                    n += 1;
-                    bytes += m.payload.len() as u64;
-                    lost.push(unsent(shared, Return::Expired, m));
-                } else {
-                    self.pending.push_back(m);
-                }
-            }
-        }
-        count_withdrawn(cfg, shared, w, w_bytes);
-        if n > 0 {
-            Counters::add(&shared.counters.expired, n);
-            Counters::add(&shared.counters.failed, n);
-            Counters::add(&shared.counters.failed_bytes, bytes);
-            log::debug!(
-                "{}: {n} messages to '{}' expired while queued",
-                cfg.name,
-                shared.name
-            );
-        }
-        report_unsent(shared, out, lost);
-        true
-    }
-
-    /// Fails every message not yet published, giving back its permits; they are reported
-    /// to the application's hook through `out`. Returns how many. A request its requester
-    /// gave up (timed out, or dropped its handle) is withdrawn instead, as at publish: its
-    /// caller was told already, so it is neither failed nor reported.
-    pub(super) fn fail_queued(
-        &mut self,
-        shared: &PeerShared,
-        cfg: &Config,
-        out: &mut Produced,
-    ) -> u64 {
-        shared.outbox.take_into(&mut self.pending);
-        let (mut w, mut w_bytes) = (0u64, 0u64);
-        for m in std::mem::take(&mut self.pending) {
-            if request_of(&m).is_some_and(|id| !shared.requests.is_waiting(id)) {
-                w += 1;
-                w_bytes += m.payload.len() as u64;
-                shared.outbox.give_back(Return::Withdrawn, m.into_permit());
-            } else {
-                self.pending.push_back(m);
-            }
-        }
-        count_withdrawn(cfg, shared, w, w_bytes);
-        let queued = shared.outbox.fail_queued(&mut self.pending);
-        let n = queued.len() as u64;
-        let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
-        let lost: Vec<Unacked> = queued
-            .into_iter()
-            .map(|m| Unacked {
-                seq: 0,
-                flags: m.flags,
-                payload: m.payload,
-            })
-            .collect();
-        Counters::add(&shared.counters.failed_bytes, bytes);
-        Counters::add(&shared.counters.failed, n);
-        report_unsent(shared, out, lost);
-        n
-    }
-}
-
 impl Remote {
     /// Publishes queued messages to `link` (established, or `None`) while its write buffer
     /// is below `high`. This is where a message gets its sequence number, enters the
@@ -430,6 +305,131 @@ impl Remote {
             }
         }
         Ok(())
+    }
+}
+
+/// The outgoing stream on this side of the shared outbox: messages taken from it and not
+/// yet published (the socket buffer was full, or a message waits for a connection), the
+/// window bytes published and not yet credited back, and what the peer accepts.
+pub(crate) struct Outbound {
+    /// Taken from the shared outbox, not yet published (the socket buffer was full).
+    pub(super) pending: VecDeque<Outgoing>,
+    /// Window bytes published and not yet credited back by the peer.
+    pub(super) ledger: Ledger,
+    /// Largest payload the peer accepts (from its handshake).
+    pub(super) peer_max_message: usize,
+    /// A reply larger than the peer accepts was turned into a status (warned once).
+    warned_reply_too_large: bool,
+}
+
+impl Default for Outbound {
+    fn default() -> Outbound {
+        Outbound {
+            pending: VecDeque::new(),
+            ledger: Ledger::default(),
+            peer_max_message: usize::MAX,
+            warned_reply_too_large: false,
+        }
+    }
+}
+
+impl Outbound {
+    /// Whether anything is queued or pending for publication (`shared`: the peer's).
+    pub(crate) fn has_queued(&self, shared: &PeerShared) -> bool {
+        !self.pending.is_empty() || !shared.outbox.is_empty()
+    }
+
+    /// Sweeps the queue of a disconnected peer (for a connected one, both are checked at
+    /// publish time): fails the messages whose ttl passed (reported to the application), and
+    /// withdraws the requests their requesters gave up, so their permits come back before
+    /// the peer does. Returns whether it looked (a message with a ttl was ever queued, or a
+    /// request was given up since the last sweep).
+    pub(super) fn sweep_queued(
+        &mut self,
+        shared: &PeerShared,
+        cfg: &Config,
+        out: &mut Produced,
+        now: Instant,
+    ) -> bool {
+        let withdrawals = shared.take_withdrawals();
+        if !withdrawals && !shared.ttl_queued() {
+            return false;
+        }
+        shared.outbox.take_into(&mut self.pending);
+        let expired = |m: &Outgoing| m.deadline.is_some_and(|d| now >= d);
+        let withdrawn = |m: &Outgoing| {
+            withdrawals && request_of(m).is_some_and(|id| !shared.requests.is_waiting(id))
+        };
+        let (mut n, mut bytes, mut w, mut w_bytes) = (0u64, 0u64, 0u64, 0u64);
+        let mut lost = Vec::new();
+        if self.pending.iter().any(|m| expired(m) || withdrawn(m)) {
+            let queued = std::mem::take(&mut self.pending);
+            for m in queued {
+                if withdrawn(&m) {
+                    w += 1;
+                    w_bytes += m.payload.len() as u64;
+                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+                } else if expired(&m) {
+                    n += 1;
+                    bytes += m.payload.len() as u64;
+                    lost.push(unsent(shared, Return::Expired, m));
+                } else {
+                    self.pending.push_back(m);
+                }
+            }
+        }
+        count_withdrawn(cfg, shared, w, w_bytes);
+        if n > 0 {
+            Counters::add(&shared.counters.expired, n);
+            Counters::add(&shared.counters.failed, n);
+            Counters::add(&shared.counters.failed_bytes, bytes);
+            log::debug!(
+                "{}: {n} messages to '{}' expired while queued",
+                cfg.name,
+                shared.name
+            );
+        }
+        report_unsent(shared, out, lost);
+        true
+    }
+
+    /// Fails every message not yet published, giving back its permits; they are reported
+    /// to the application's hook through `out`. Returns how many. A request its requester
+    /// gave up (timed out, or dropped its handle) is withdrawn instead, as at publish: its
+    /// caller was told already, so it is neither failed nor reported.
+    pub(super) fn fail_queued(
+        &mut self,
+        shared: &PeerShared,
+        cfg: &Config,
+        out: &mut Produced,
+    ) -> u64 {
+        shared.outbox.take_into(&mut self.pending);
+        let (mut w, mut w_bytes) = (0u64, 0u64);
+        for m in std::mem::take(&mut self.pending) {
+            if request_of(&m).is_some_and(|id| !shared.requests.is_waiting(id)) {
+                w += 1;
+                w_bytes += m.payload.len() as u64;
+                shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+            } else {
+                self.pending.push_back(m);
+            }
+        }
+        count_withdrawn(cfg, shared, w, w_bytes);
+        let queued = shared.outbox.fail_queued(&mut self.pending);
+        let n = queued.len() as u64;
+        let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
+        let lost: Vec<Unacked> = queued
+            .into_iter()
+            .map(|m| Unacked {
+                seq: 0,
+                flags: m.flags,
+                payload: m.payload,
+            })
+            .collect();
+        Counters::add(&shared.counters.failed_bytes, bytes);
+        Counters::add(&shared.counters.failed, n);
+        report_unsent(shared, out, lost);
+        n
     }
 }
 
