@@ -13,111 +13,105 @@ use super::{Error, Node, PeerSender, PendingReply, Sender};
 use crate::codec::{decode, encode};
 use crate::deliver::Delivery;
 
+/// The typed send variants, written once for the three handles that have them ([`Sender`],
+/// [`PeerSender`], [`Node`]) over their byte variants (`send_variants!`): each encodes the
+/// value, calls the handle's like-named byte method (with `to`, the peer's name, where the
+/// handle names one on each call) and, for a request, decodes the reply. The caller gives
+/// each variant's rustdoc, or `see Sender` for "Feature `codec`: see [`Sender::…`]" on all
+/// of them.
+macro_rules! typed_variants {
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send_typed) => {
+        $(#[$doc])*
+        pub fn send_typed<T: Serialize + ?Sized>(&self, $($to: &str,)? value: &T) -> Result<(), Error> {
+            self.send($($to,)? encode(value)?).map_err(Error::from)
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] request_typed) => {
+        $(#[$doc])*
+        pub fn request_typed<Q, R>(
+            &self,
+            $($to: &str,)?
+            request: &Q,
+            timeout: Duration,
+        ) -> Result<R, Error>
+        where
+            Q: Serialize + ?Sized,
+            R: DeserializeOwned,
+        {
+            let reply = self.request($($to,)? encode(request)?, timeout)?;
+            Ok(decode(&reply)?)
+        }
+    };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send_request_typed) => {
+        $(#[$doc])*
+        #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
+        pub fn send_request_typed<Q: Serialize + ?Sized>(
+            &self,
+            $($to: &str,)?
+            request: &Q,
+        ) -> Result<PendingReply, Error> {
+            Ok(self.send_request($($to,)? encode(request)?)?)
+        }
+    };
+    (see Sender ($($to:ident)?)) => {
+        typed_variants! { ($($to)?)
+            #[doc = "Feature `codec`: see [`Sender::send_typed`]."] send_typed;
+            #[doc = "Feature `codec`: see [`Sender::request_typed`]."] request_typed;
+            #[doc = "Feature `codec`: see [`Sender::send_request_typed`]."] send_request_typed;
+        }
+    };
+    ($to:tt $($(#[$doc:meta])* $name:ident;)*) => {
+        $(typed_variants!(@one $to [$(#[$doc])*] $name);)*
+    };
+}
+
 impl Sender {
-    /// Feature `codec`: sends `value`, encoded (see [`codec`](crate::codec)), as a regular
-    /// message: [`send`](Sender::send) with typed values. Blocks while the window is full,
-    /// and fails as `send` does, or with [`Error::Codec`] if `value` cannot be encoded
-    /// (nothing is sent then). The value stays the caller's; on failure, nothing was
-    /// queued.
-    ///
-    /// ```
-    /// use serde::{Deserialize, Serialize};
-    ///
-    /// #[derive(Serialize, Deserialize, Debug, PartialEq)]
-    /// struct Tick { n: u64, label: String }
-    ///
-    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let (beta, inbox) = cohort::Node::builder("beta").start_with_inbox()?;
-    /// let alpha = cohort::Node::builder("alpha").peer("beta", beta.local_addr()).start()?;
-    /// beta.add_peer("alpha", alpha.local_addr())?;
-    /// alpha.sender().send_typed("beta", &Tick { n: 1, label: "one".into() })?;
-    /// let d = inbox.recv_timeout(std::time::Duration::from_secs(10))?;
-    /// assert_eq!(d.decode::<Tick>()?, Tick { n: 1, label: "one".into() });
-    /// # alpha.shutdown(std::time::Duration::from_secs(5))?;
-    /// # beta.shutdown(std::time::Duration::from_secs(5))?;
-    /// # Ok(()) }
-    /// ```
-    pub fn send_typed<T: Serialize + ?Sized>(&self, to: &str, value: &T) -> Result<(), Error> {
-        self.send(to, encode(value)?).map_err(Error::from)
-    }
+    typed_variants! { (to)
+        /// Feature `codec`: sends `value`, encoded (see [`codec`](crate::codec)), as a regular
+        /// message: [`send`](Sender::send) with typed values. Blocks while the window is full,
+        /// and fails as `send` does, or with [`Error::Codec`] if `value` cannot be encoded
+        /// (nothing is sent then). The value stays the caller's; on failure, nothing was
+        /// queued.
+        ///
+        /// ```
+        /// use serde::{Deserialize, Serialize};
+        ///
+        /// #[derive(Serialize, Deserialize, Debug, PartialEq)]
+        /// struct Tick { n: u64, label: String }
+        ///
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// let (beta, inbox) = cohort::Node::builder("beta").start_with_inbox()?;
+        /// let alpha = cohort::Node::builder("alpha").peer("beta", beta.local_addr()).start()?;
+        /// beta.add_peer("alpha", alpha.local_addr())?;
+        /// alpha.sender().send_typed("beta", &Tick { n: 1, label: "one".into() })?;
+        /// let d = inbox.recv_timeout(std::time::Duration::from_secs(10))?;
+        /// assert_eq!(d.decode::<Tick>()?, Tick { n: 1, label: "one".into() });
+        /// # alpha.shutdown(std::time::Duration::from_secs(5))?;
+        /// # beta.shutdown(std::time::Duration::from_secs(5))?;
+        /// # Ok(()) }
+        /// ```
+        send_typed;
 
-    /// Feature `codec`: sends `request`, encoded, as a request, and decodes its reply into
-    /// an `R`: [`request`](Sender::request) with typed values. Fails as `request` does, or
-    /// with [`Error::Codec`] if the request cannot be encoded (nothing is sent) or the
-    /// reply does not decode as an `R`. See the [`codec`](crate::codec) module's example.
-    pub fn request_typed<Q, R>(&self, to: &str, request: &Q, timeout: Duration) -> Result<R, Error>
-    where
-        Q: Serialize + ?Sized,
-        R: DeserializeOwned,
-    {
-        let reply = self.request(to, encode(request)?, timeout)?;
-        Ok(decode(&reply)?)
-    }
+        /// Feature `codec`: sends `request`, encoded, as a request, and decodes its reply into
+        /// an `R`: [`request`](Sender::request) with typed values. Fails as `request` does, or
+        /// with [`Error::Codec`] if the request cannot be encoded (nothing is sent) or the
+        /// reply does not decode as an `R`. See the [`codec`](crate::codec) module's example.
+        request_typed;
 
-    /// Feature `codec`: sends `request`, encoded, as a request, and returns at once with
-    /// the handle to wait on: [`send_request`](Sender::send_request) with a typed request.
-    /// Take the reply with [`PendingReply::wait_typed`], or await the handle and
-    /// [`decode`] the bytes.
-    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request_typed<Q: Serialize + ?Sized>(
-        &self,
-        to: &str,
-        request: &Q,
-    ) -> Result<PendingReply, Error> {
-        Ok(self.send_request(to, encode(request)?)?)
+        /// Feature `codec`: sends `request`, encoded, as a request, and returns at once with
+        /// the handle to wait on: [`send_request`](Sender::send_request) with a typed request.
+        /// Take the reply with [`PendingReply::wait_typed`], or await the handle and
+        /// [`decode`] the bytes.
+        send_request_typed;
     }
 }
 
 impl PeerSender {
-    /// Feature `codec`: see [`Sender::send_typed`].
-    pub fn send_typed<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), Error> {
-        self.send(encode(value)?).map_err(Error::from)
-    }
-
-    /// Feature `codec`: see [`Sender::request_typed`].
-    pub fn request_typed<Q, R>(&self, request: &Q, timeout: Duration) -> Result<R, Error>
-    where
-        Q: Serialize + ?Sized,
-        R: DeserializeOwned,
-    {
-        let reply = self.request(encode(request)?, timeout)?;
-        Ok(decode(&reply)?)
-    }
-
-    /// Feature `codec`: see [`Sender::send_request_typed`].
-    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request_typed<Q: Serialize + ?Sized>(
-        &self,
-        request: &Q,
-    ) -> Result<PendingReply, Error> {
-        Ok(self.send_request(encode(request)?)?)
-    }
+    typed_variants!(see Sender ());
 }
 
 impl Node {
-    /// Feature `codec`: see [`Sender::send_typed`].
-    pub fn send_typed<T: Serialize + ?Sized>(&self, to: &str, value: &T) -> Result<(), Error> {
-        self.sender().send_typed(to, value)
-    }
-
-    /// Feature `codec`: see [`Sender::request_typed`].
-    pub fn request_typed<Q, R>(&self, to: &str, request: &Q, timeout: Duration) -> Result<R, Error>
-    where
-        Q: Serialize + ?Sized,
-        R: DeserializeOwned,
-    {
-        self.sender().request_typed(to, request, timeout)
-    }
-
-    /// Feature `codec`: see [`Sender::send_request_typed`].
-    #[must_use = "the reply is only seen through the PendingReply; dropping it gives the request up"]
-    pub fn send_request_typed<Q: Serialize + ?Sized>(
-        &self,
-        to: &str,
-        request: &Q,
-    ) -> Result<PendingReply, Error> {
-        self.sender().send_request_typed(to, request)
-    }
+    typed_variants!(see Sender (to));
 }
 
 impl PendingReply {

@@ -395,6 +395,12 @@ impl PeerShared {
         }
     }
 
+    /// Whether the node journals this peer's stream (it tracks how far the application
+    /// handled it).
+    pub(crate) fn journalled(&self) -> bool {
+        self.progress.is_some()
+    }
+
     pub(crate) fn note_ttl(&self) {
         // Relaxed: a hint for the IO thread's sweep; a late sweep only delays expiry.
         if !self.uses_ttl.load(Ordering::Relaxed) {

@@ -396,15 +396,45 @@ impl Produced {
         self.journal_open
     }
 
+    /// Cuts the turn's run of peer `shared`: its messages, found in `buf` (the front of the
+    /// read buffer, just taken off), are counted received and held, and queued for this
+    /// peer's one push at the end of the turn (after any message queued before them).
+    pub(crate) fn cut_run(&mut self, shared: &PeerShared, buf: bytes::Bytes) {
+        let run = &mut self.run;
+        if run.unflushed > 0 {
+            run.held = shared.credit.received(std::mem::take(&mut run.unflushed));
+            shared.counters.note_held(run.held);
+        }
+        if run.frames.is_empty() {
+            return; // duplicates only
+        }
+        Counters::add(&shared.counters.received, run.frames.len() as u64);
+        Counters::add(&shared.counters.received_bytes, run.bytes);
+        run.bytes = 0;
+        let n = run.frames.len();
+        let frames = std::mem::replace(&mut run.frames, Vec::with_capacity(n));
+        self.batch
+            .push(crate::deliver::Run::new(buf, run.epoch, frames).into());
+    }
+
     /// Pushes the messages split from one read to peer `p`'s queues (dropped if the peer
-    /// is gone).
+    /// is gone): regular ones to its member queue (one deliverer at a time), out-of-band
+    /// ones to its OOB queue (at most its share of the pool's threads); the pool tasks to
+    /// run them go to `tasks`.
     fn push_batch(&mut self, p: Option<&Remote>) {
-        match p {
-            Some(p) => p.push_batch(self),
-            None => {
-                self.batch.clear();
-                self.oob_batch.clear();
-                self.run.clear();
+        let Some(p) = p else {
+            self.batch.clear();
+            self.oob_batch.clear();
+            self.run.clear();
+            return;
+        };
+        let (member, oob) = (&p.shared.member, &p.shared.oob);
+        if !self.batch.is_empty() && member.push(self.batch.drain(..)) {
+            self.tasks.push_back(Task::Member(member.clone()));
+        }
+        if !self.oob_batch.is_empty() {
+            for _ in 0..oob.push(self.oob_batch.drain(..)) {
+                self.tasks.push_back(Task::Oob(oob.clone()));
             }
         }
     }

@@ -39,7 +39,7 @@ impl Links {
         };
         let buf = link.rbuf.split_to(upto).freeze();
         match pid.and_then(|p| peers.get(&p)) {
-            Some(p) => p.cut_run(&mut ctx.out, buf),
+            Some(p) => ctx.out.cut_run(&p.shared, buf),
             None => ctx.out.run.clear(),
         }
     }
@@ -227,7 +227,7 @@ impl Links {
             // Every ack in the buffer has been written: now it counts as sent.
             p.acks.written(&mut p.desc);
         }
-        if low && p.has_queued() {
+        if low && p.outbound.has_queued(&p.shared) {
             self.publish(now, pid, peers, ctx);
         }
     }

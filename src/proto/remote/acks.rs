@@ -42,17 +42,6 @@ impl Acks {
 }
 
 impl Remote {
-    /// What we acknowledge of `received` messages of the peer's stream: every one — or,
-    /// with a journal, only what the journal holds as delivered (acks and handshakes
-    /// alike).
-    pub(super) fn acknowledgeable(&self, received: u64) -> u64 {
-        if self.journalled() {
-            received.min(self.journal.durable.0)
-        } else {
-            received
-        }
-    }
-
     /// After data: an ack now if enough is owed (`Some(true)`: written to `link`), else
     /// returns whether a delayed ack must be armed.
     pub(crate) fn after_data(&mut self, cfg: &Config, out: &mut Produced, link: &mut Link) -> bool {
@@ -61,7 +50,7 @@ impl Remote {
             self.ack(out, Some(link), false);
             // With a journal the ack covers only what the handler has done and the disk
             // holds: if that is not everything received, come back for the rest.
-            return self.journalled() && self.acks.behind(&self.desc) && !self.acks.timer;
+            return self.shared.journalled() && self.acks.behind(&self.desc) && !self.acks.timer;
         }
         (self.desc.ack_owed() || self.acks.forced) && !self.acks.timer
     }
@@ -81,10 +70,12 @@ impl Remote {
         let Some(link) = link.filter(|l| l.established) else {
             return false;
         };
-        let journalled = self.journalled();
+        let journalled = self.shared.journalled();
         // With a journal, only what the journal holds on disk: the messages recorded as
         // delivered and the credit recorded with them.
-        let received = self.acknowledgeable(self.desc.received());
+        let received = self
+            .journal
+            .acknowledgeable(&self.shared, self.desc.received());
         let force = force || std::mem::take(&mut self.acks.forced);
         let credit_owed = if journalled {
             self.journal

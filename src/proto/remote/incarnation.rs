@@ -67,7 +67,8 @@ impl Remote {
     /// computes them without binding).
     pub(crate) fn counts_for(&self, launch: u64) -> (u64, u64, u64) {
         (
-            self.acknowledgeable(self.desc.received_from(launch)),
+            self.journal
+                .acknowledgeable(&self.shared, self.desc.received_from(launch)),
             self.desc.connections_with(launch),
             self.desc.unreliable_received_from(launch),
         )
@@ -83,9 +84,10 @@ impl Remote {
         self.shared
             .credit
             .set_window(peer.window.min(cfg.recv_window));
-        self.peer_max_message = peer.max_message as usize;
+        self.outbound.peer_max_message = peer.max_message as usize;
         // Senders refuse a larger message from now on (kept while disconnected).
-        self.shared.learn_max_message(self.peer_max_message);
+        self.shared
+            .learn_max_message(self.outbound.peer_max_message);
         let replaced = self.desc.remote_launch().filter(|&l| l != peer.launch_id);
         let restarted = replaced.is_some();
         let first = self.desc.remote_launch().is_none();
@@ -141,8 +143,8 @@ impl Remote {
             .iter()
             .map(|m| crate::flow::frame_cost(m.flags, &m.payload))
             .sum();
-        let mut outstanding = self.ledger.retire();
-        self.ledger.publish(outstanding.take(keep));
+        let mut outstanding = self.outbound.ledger.retire();
+        self.outbound.ledger.publish(outstanding.take(keep));
         self.shared.outbox.give_back(Return::Retired, outstanding);
         for m in unsent {
             number(&mut self.desc, out, &self.shared.name, m.flags, m.payload);
@@ -189,7 +191,7 @@ impl Remote {
         self.restart_stream();
         self.shared
             .outbox
-            .give_back(Return::Retired, self.ledger.retire());
+            .give_back(Return::Retired, self.outbound.ledger.retire());
         report_undelivered(&self.shared, out, old);
     }
 
@@ -245,7 +247,7 @@ impl Remote {
         let resumed = match self.desc.resume(peer_received) {
             Ok(rest) => {
                 for u in rest {
-                    if u.payload.len() > self.peer_max_message && oversized.is_none() {
+                    if u.payload.len() > self.outbound.peer_max_message && oversized.is_none() {
                         oversized = Some((u.seq, u.payload.len()));
                     }
                     wire::encode_data(&mut link.wbuf, u.flags, Some(u.seq), &u.payload);
@@ -282,7 +284,7 @@ impl Remote {
                 "{}: journalled message {seq} to '{}' has {len} bytes, more than the {} it accepts: it cannot be delivered; give every member the same max_message",
                 cfg.name,
                 self.shared.name,
-                self.peer_max_message
+                self.outbound.peer_max_message
             );
         }
         // Every unacked message is on this link now.
@@ -302,6 +304,7 @@ impl Remote {
         // back now, from the peer's count of what it received. Never more than is
         // outstanding: a peer that restarted from its journal counts from zero again.
         let lost = self
+            .outbound
             .ledger
             .forget(self.desc.unreliable_lost(peer_unreliable));
         if lost.bytes() > 0 {

@@ -1,11 +1,12 @@
 //! Receiving: data frames admitted against the peer's window (one at a time, or a read's
-//! regular messages as one run), receive credit held for them, and the push of a read's
-//! messages to the peer's delivery queues.
+//! regular messages as one run) and receive credit held for them. The run is cut, and a
+//! read's messages pushed to the peer's delivery queues, by what the turn produces
+//! ([`Produced::cut_run`], [`Produced::push_batch`]).
 
 use bytes::{Buf, Bytes};
 
 use super::Remote;
-use crate::deliver::{Delivery, ReplyRoom, Task};
+use crate::deliver::{Delivery, ReplyRoom};
 use crate::peer::{Counters, Failure};
 use crate::proto::endpoint::Produced;
 use crate::proto::recovery::{Receive, RecoveryError};
@@ -116,7 +117,7 @@ impl Remote {
     /// count itself, as for a single message.
     ///
     /// [`on_data`]: Remote::on_data
-    /// [`cut_run`]: Remote::cut_run
+    /// [`cut_run`]: Produced::cut_run
     pub(crate) fn on_run_data(
         &mut self,
         out: &mut Produced,
@@ -190,44 +191,5 @@ impl Remote {
             }
         }
         Ok(Inflow::Continue)
-    }
-
-    /// Cuts the turn's run: its messages, found in `buf` (the front of the read buffer,
-    /// just taken off), are counted received and held, and queued for this peer's one
-    /// push at the end of the turn (after any message queued before them).
-    pub(crate) fn cut_run(&self, out: &mut Produced, buf: Bytes) {
-        let run = &mut out.run;
-        if run.unflushed > 0 {
-            run.held = self
-                .shared
-                .credit
-                .received(std::mem::take(&mut run.unflushed));
-            self.shared.counters.note_held(run.held);
-        }
-        if run.frames.is_empty() {
-            return; // duplicates only
-        }
-        Counters::add(&self.shared.counters.received, run.frames.len() as u64);
-        Counters::add(&self.shared.counters.received_bytes, run.bytes);
-        run.bytes = 0;
-        let n = run.frames.len();
-        let frames = std::mem::replace(&mut run.frames, Vec::with_capacity(n));
-        out.batch
-            .push(crate::deliver::Run::new(buf, run.epoch, frames).into());
-    }
-
-    /// Hands the messages split from one read to this peer's queues: regular ones to its
-    /// member queue (one deliverer at a time), out-of-band ones to its OOB queue (at most
-    /// its share of the pool's threads); the pool tasks to run them go to `out`.
-    pub(crate) fn push_batch(&self, out: &mut Produced) {
-        let (member, oob) = (&self.shared.member, &self.shared.oob);
-        if !out.batch.is_empty() && member.push(out.batch.drain(..)) {
-            out.tasks.push_back(Task::Member(member.clone()));
-        }
-        if !out.oob_batch.is_empty() {
-            for _ in 0..oob.push(out.oob_batch.drain(..)) {
-                out.tasks.push_back(Task::Oob(oob.clone()));
-            }
-        }
     }
 }

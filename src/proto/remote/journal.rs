@@ -4,6 +4,7 @@
 
 use super::{report_undelivered, Remote};
 use crate::journal::{Record, RecoveredPeer};
+use crate::peer::PeerShared;
 use crate::proto::endpoint::{Config, Produced};
 use crate::proto::recovery::{Descriptor, Unacked};
 
@@ -29,6 +30,17 @@ impl JournalView {
     /// bytes of its unreliable messages handled.
     pub(crate) fn recorded(&self) -> ((u64, u64), u64) {
         (self.recorded, self.recorded_unreliable)
+    }
+
+    /// What we acknowledge of `received` messages of the peer's stream (`shared`: the
+    /// peer's): every one — or, with a journal, only what the journal holds as delivered
+    /// (acks and handshakes alike).
+    pub(super) fn acknowledgeable(&self, shared: &PeerShared, received: u64) -> u64 {
+        if shared.journalled() {
+            received.min(self.durable.0)
+        } else {
+            received
+        }
     }
 
     /// What the journal recorded is now durable: acks may carry it.
@@ -123,7 +135,7 @@ impl Remote {
         let cost = r.published.saturating_sub(r.credit_seen).max(unacked_cost);
         let permit = self.shared.outbox.window().take_up_to(cost);
         let charged = permit.bytes();
-        self.ledger.publish(permit);
+        self.outbound.ledger.publish(permit);
         self.desc = Descriptor::restore(
             launch,
             sent,

@@ -16,14 +16,13 @@
 //! | file | concern |
 //! |---|---|
 //! | `mod.rs` | the state, its lifecycle (`set_state`, `link_lost`, `retire`, `discard`) |
-//! | `outgoing.rs` | publishing (`number`: a sequence number and a journal record; filters, expiry), acks and credit received |
-//! | `incoming.rs` | data frames admitted against the peer's window, runs, the push to the delivery queues ([`Inflow`]) |
+//! | `outgoing.rs` | publishing (`number`: a sequence number and a journal record; filters, expiry), acks and credit received; the outgoing stream (`Outbound`: messages taken and not published, their sweep and failure, the ledger) |
+//! | `incoming.rs` | data frames admitted against the peer's window, runs ([`Inflow`]); the run is cut and pushed to the delivery queues by [`Produced`] |
 //! | `acks.rs` | the ack policy (`Acks`): when an ack is owed, what it carries, when it counts as written |
-//! | `journal.rs` | the journal's view of the peer's stream (`JournalView`): progress recorded and durable, the restore at start |
+//! | `journal.rs` | the journal's view of the peer's stream (`JournalView`): progress recorded and durable (what acks may carry), the restore at start |
 //! | `incarnation.rs` | the handshake's counts, binding an incarnation ([`Replaced`]), resuming on a handshake ([`Unestablished`]), forgetting |
 //! | `probes.rs` | the housekeeping tick: credit probes, round-trip probes (`RoundTrip`), block warnings |
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
 use super::endpoint::{Config, Output, Produced};
@@ -31,7 +30,7 @@ use super::link::LinkId;
 use super::recovery::{Descriptor, Unacked};
 use crate::addr::Addr;
 use crate::journal::Record;
-use crate::peer::{Counters, Ledger, Outgoing, PeerShared, PeerState};
+use crate::peer::{Counters, PeerShared, PeerState};
 use crate::sync::{Arc, SharedStr};
 
 mod acks;
@@ -46,6 +45,7 @@ use incarnation::Replaced;
 pub(crate) use incarnation::Unestablished;
 pub(crate) use incoming::Inflow;
 use journal::JournalView;
+use outgoing::Outbound;
 use probes::RoundTrip;
 
 /// One peer's protocol state across its links (see the module doc).
@@ -67,16 +67,11 @@ pub(crate) struct Remote {
     /// Admitted at run time (an unknown member that dialled in): forgotten after
     /// `forget_after` disconnected.
     pub(crate) dynamic: bool,
-    /// Taken from the shared outbox, not yet published (the socket buffer was full).
-    pending: VecDeque<Outgoing>,
-    /// Window bytes published and not yet credited back by the peer.
-    ledger: Ledger,
+    /// The outgoing stream on this side: messages taken and not yet published, window
+    /// bytes not yet credited back, the peer's limit.
+    pub(crate) outbound: Outbound,
     /// The ack policy's state: a timer armed, an ack not yet written out, one forced.
     pub(crate) acks: Acks,
-    /// Largest payload the peer accepts (from its handshake).
-    peer_max_message: usize,
-    /// A reply larger than the peer accepts was turned into a status (warned once).
-    warned_reply_too_large: bool,
     /// The peer's send window (from its handshake): what it may have received here and not
     /// yet credited back, enforced.
     peer_window: u64,
@@ -117,11 +112,8 @@ impl Remote {
             gen: 0,
             up: false,
             dynamic: false,
-            pending: VecDeque::new(),
-            ledger: Ledger::default(),
+            outbound: Outbound::default(),
             acks: Acks::default(),
-            peer_max_message: usize::MAX,
-            warned_reply_too_large: false,
             peer_window: 0,
             acked_at: None,
             last_probe: None,
@@ -164,18 +156,9 @@ impl Remote {
         self.shared.set_state(next);
     }
 
-    fn journalled(&self) -> bool {
-        self.shared.progress.is_some()
-    }
-
-    /// Whether anything is queued or pending for publication.
-    pub(crate) fn has_queued(&self) -> bool {
-        !self.pending.is_empty() || !self.shared.outbox.is_empty()
-    }
-
     /// Whether anything queued to the peer is not acknowledged yet, published or not.
     pub(crate) fn owes_anything(&self) -> bool {
-        self.has_queued() || self.desc.unacked_len() > 0
+        self.outbound.has_queued(&self.shared) || self.desc.unacked_len() > 0
     }
 
     /// Drops a state for the peer that never took part: the endpoint already holds one for
@@ -184,8 +167,8 @@ impl Remote {
     /// many messages failed.
     pub(crate) fn discard(mut self, cfg: &Config, out: &mut Produced) -> u64 {
         self.set_state(PeerState::Closed);
-        let failed = self.fail_queued(cfg, out);
-        self.shared.outbox.retire(&mut self.ledger);
+        let failed = self.outbound.fail_queued(&self.shared, cfg, out);
+        self.shared.outbox.retire(&mut self.outbound.ledger);
         self.shared.requests.close();
         failed
     }
@@ -210,9 +193,9 @@ impl Remote {
     pub(crate) fn retire(&mut self, cfg: &Config, out: &mut Produced, removed: bool) {
         self.set_state(PeerState::Closed);
         self.gen += 1;
-        let failed = self.fail_queued(cfg, out);
+        let failed = self.outbound.fail_queued(&self.shared, cfg, out);
         let mut unacked = self.desc.drain_unacked();
-        self.shared.outbox.retire(&mut self.ledger);
+        self.shared.outbox.retire(&mut self.outbound.ledger);
         // Closed for good: requests waiting for its replies fail now, and no new ones go.
         self.shared.requests.close();
         let name = self.shared.name.clone();

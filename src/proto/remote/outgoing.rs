@@ -2,12 +2,13 @@
 //! queue (or is filtered, expires, or fails, its permits back), the sweep of a disconnected
 //! peer's queue, and the peer's acks and credit coming back.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Instant;
 
 use super::Remote;
 use crate::journal::Record;
-use crate::peer::{Counters, Failure, Outgoing, PeerInfo, PeerShared, Return};
+use crate::peer::{Counters, Failure, Ledger, Outgoing, PeerInfo, PeerShared, Return};
 use crate::proto::endpoint::{Config, Output, Produced};
 use crate::proto::link::Link;
 use crate::proto::recovery::{Descriptor, RecoveryError, Unacked};
@@ -120,7 +121,7 @@ impl Remote {
         // reschedules the peer.
         while let Some(mut m) = shared
             .outbox
-            .next_to_publish(&shared.scheduled, &mut self.pending)
+            .next_to_publish(&shared.scheduled, &mut self.outbound.pending)
         {
             let stop = match link.as_deref() {
                 Some(l) => l.unwritten() >= high,
@@ -130,19 +131,22 @@ impl Remote {
                 None => m.deadline.is_some() && high != usize::MAX,
             };
             if stop {
-                self.pending.push_front(m);
+                self.outbound.pending.push_front(m);
                 // The socket is backed up: the writable event resumes this peer. Stay
                 // marked scheduled so that senders do not wake the IO thread for
                 // nothing on every message meanwhile.
                 shared.scheduled.hold();
                 break;
             }
-            if m.is_reply() && !m.is_status() && m.payload.len() > self.peer_max_message {
+            if m.is_reply() && !m.is_status() && m.payload.len() > self.outbound.peer_max_message {
                 // Within its room but more than the requester takes in one frame (a
                 // room its builder would not give): it learns why at once instead.
                 let len = m.payload().len() as u64;
-                let room = self.peer_max_message.saturating_sub(wire::REQUEST_ID_BYTES);
-                if !std::mem::replace(&mut self.warned_reply_too_large, true) {
+                let room = self
+                    .outbound
+                    .peer_max_message
+                    .saturating_sub(wire::REQUEST_ID_BYTES);
+                if !std::mem::replace(&mut self.outbound.warned_reply_too_large, true) {
                     log::warn!(
                         "a reply of {len} bytes to '{}' is more than it accepts ({room} \
                          bytes, though its request reserved more); it is told the reply \
@@ -180,11 +184,12 @@ impl Remote {
                     continue;
                 }
             }
-            if len > self.peer_max_message {
+            if len > self.outbound.peer_max_message {
                 // Accepted before the peer's limit was known (the send checks it once
                 // it is): its request, if it is one, fails now, not at its timeout.
                 if let Some(id) = request {
                     let max = self
+                        .outbound
                         .peer_max_message
                         .saturating_sub(wire::REQUEST_HEADER_BYTES);
                     let len = m.payload().len();
@@ -235,12 +240,12 @@ impl Remote {
                 self.desc.publish_unreliable(c);
                 wire::encode_data(&mut l.wbuf, flags, None, &payload);
             }
-            self.ledger.publish(permit);
+            self.outbound.ledger.publish(permit);
             tally.sent += 1;
             tally.sent_bytes += len as u64;
         }
         let wrote = tally.sent > 0 && link.is_some();
-        tally.count(cfg, shared, self.peer_max_message);
+        tally.count(cfg, shared, self.outbound.peer_max_message);
         report_unsent(shared, out, lost);
         self.note_unacked();
         wrote
@@ -255,18 +260,102 @@ impl Remote {
             .store(self.desc.unacked_len() as u64, Ordering::Relaxed);
     }
 
+    /// An ack from the peer: retires what it acknowledges, gives back the credit it returns
+    /// (never more than is outstanding). `Err` if it acknowledges what was never sent.
+    pub(crate) fn on_ack(
+        &mut self,
+        cfg: &Config,
+        out: &mut Produced,
+        received: u64,
+        credit: u64,
+        now: Instant,
+    ) -> Result<(), RecoveryError> {
+        self.attempt = 0; // the peer took the connection: backoff starts over
+        let acked = self.desc.acked();
+        self.desc.on_ack(received)?;
+        if self.desc.acked() > acked {
+            self.acked_at = Some(now);
+            self.note_unacked();
+        }
+        let credit = self.desc.on_credit(credit);
+        if (self.desc.acked() > acked || credit > 0) && out.journal_open() {
+            out.records.push(Record::Acked {
+                peer: self.shared.name.clone(),
+                up_to: self.desc.acked(),
+                credit: self.desc.credit_seen(),
+            });
+        }
+        if credit > 0 {
+            // Never give back more than was taken: credit beyond what is outstanding (a
+            // confused or malicious peer, or credit from before its restart) is clamped.
+            let outstanding = self.outbound.ledger.uncredited();
+            let c = self.shared.outbox.credit(&mut self.outbound.ledger, credit);
+            if c < credit && self.journal.restored {
+                log::debug!(
+                    "{}: '{}' returned {credit} bytes of credit for messages from before our restart; {c} applied",
+                    cfg.name,
+                    self.shared.name,
+                );
+            } else if c < credit {
+                log::warn!(
+                    "{}: '{}' returned {credit} bytes of credit with only {outstanding} outstanding; clamped",
+                    cfg.name,
+                    self.shared.name,
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The outgoing stream on this side of the shared outbox: messages taken from it and not
+/// yet published (the socket buffer was full, or a message waits for a connection), the
+/// window bytes published and not yet credited back, and what the peer accepts.
+pub(crate) struct Outbound {
+    /// Taken from the shared outbox, not yet published (the socket buffer was full).
+    pub(super) pending: VecDeque<Outgoing>,
+    /// Window bytes published and not yet credited back by the peer.
+    pub(super) ledger: Ledger,
+    /// Largest payload the peer accepts (from its handshake).
+    pub(super) peer_max_message: usize,
+    /// A reply larger than the peer accepts was turned into a status (warned once).
+    warned_reply_too_large: bool,
+}
+
+impl Default for Outbound {
+    fn default() -> Outbound {
+        Outbound {
+            pending: VecDeque::new(),
+            ledger: Ledger::default(),
+            peer_max_message: usize::MAX,
+            warned_reply_too_large: false,
+        }
+    }
+}
+
+impl Outbound {
+    /// Whether anything is queued or pending for publication (`shared`: the peer's).
+    pub(crate) fn has_queued(&self, shared: &PeerShared) -> bool {
+        !self.pending.is_empty() || !shared.outbox.is_empty()
+    }
+
     /// Sweeps the queue of a disconnected peer (for a connected one, both are checked at
     /// publish time): fails the messages whose ttl passed (reported to the application), and
     /// withdraws the requests their requesters gave up, so their permits come back before
     /// the peer does. Returns whether it looked (a message with a ttl was ever queued, or a
     /// request was given up since the last sweep).
-    pub(crate) fn sweep_queued(&mut self, cfg: &Config, out: &mut Produced, now: Instant) -> bool {
-        let withdrawals = self.shared.take_withdrawals();
-        if !withdrawals && !self.shared.ttl_queued() {
+    pub(super) fn sweep_queued(
+        &mut self,
+        shared: &PeerShared,
+        cfg: &Config,
+        out: &mut Produced,
+        now: Instant,
+    ) -> bool {
+        let withdrawals = shared.take_withdrawals();
+        if !withdrawals && !shared.ttl_queued() {
             return false;
         }
-        self.shared.outbox.take_into(&mut self.pending);
-        let shared = &self.shared;
+        shared.outbox.take_into(&mut self.pending);
         let expired = |m: &Outgoing| m.deadline.is_some_and(|d| now >= d);
         let withdrawn = |m: &Outgoing| {
             withdrawals && request_of(m).is_some_and(|id| !shared.requests.is_waiting(id))
@@ -300,7 +389,7 @@ impl Remote {
                 shared.name
             );
         }
-        report_unsent(&self.shared, out, lost);
+        report_unsent(shared, out, lost);
         true
     }
 
@@ -308,9 +397,13 @@ impl Remote {
     /// to the application's hook through `out`. Returns how many. A request its requester
     /// gave up (timed out, or dropped its handle) is withdrawn instead, as at publish: its
     /// caller was told already, so it is neither failed nor reported.
-    pub(super) fn fail_queued(&mut self, cfg: &Config, out: &mut Produced) -> u64 {
-        self.shared.outbox.take_into(&mut self.pending);
-        let shared = &self.shared;
+    pub(super) fn fail_queued(
+        &mut self,
+        shared: &PeerShared,
+        cfg: &Config,
+        out: &mut Produced,
+    ) -> u64 {
+        shared.outbox.take_into(&mut self.pending);
         let (mut w, mut w_bytes) = (0u64, 0u64);
         for m in std::mem::take(&mut self.pending) {
             if request_of(&m).is_some_and(|id| !shared.requests.is_waiting(id)) {
@@ -322,7 +415,7 @@ impl Remote {
             }
         }
         count_withdrawn(cfg, shared, w, w_bytes);
-        let queued = self.shared.outbox.fail_queued(&mut self.pending);
+        let queued = shared.outbox.fail_queued(&mut self.pending);
         let n = queued.len() as u64;
         let bytes: u64 = queued.iter().map(|m| m.payload.len() as u64).sum();
         let lost: Vec<Unacked> = queued
@@ -333,57 +426,10 @@ impl Remote {
                 payload: m.payload,
             })
             .collect();
-        Counters::add(&self.shared.counters.failed_bytes, bytes);
-        Counters::add(&self.shared.counters.failed, n);
-        report_unsent(&self.shared, out, lost);
+        Counters::add(&shared.counters.failed_bytes, bytes);
+        Counters::add(&shared.counters.failed, n);
+        report_unsent(shared, out, lost);
         n
-    }
-
-    /// An ack from the peer: retires what it acknowledges, gives back the credit it returns
-    /// (never more than is outstanding). `Err` if it acknowledges what was never sent.
-    pub(crate) fn on_ack(
-        &mut self,
-        cfg: &Config,
-        out: &mut Produced,
-        received: u64,
-        credit: u64,
-        now: Instant,
-    ) -> Result<(), RecoveryError> {
-        self.attempt = 0; // the peer took the connection: backoff starts over
-        let acked = self.desc.acked();
-        self.desc.on_ack(received)?;
-        if self.desc.acked() > acked {
-            self.acked_at = Some(now);
-            self.note_unacked();
-        }
-        let credit = self.desc.on_credit(credit);
-        if (self.desc.acked() > acked || credit > 0) && out.journal_open() {
-            out.records.push(Record::Acked {
-                peer: self.shared.name.clone(),
-                up_to: self.desc.acked(),
-                credit: self.desc.credit_seen(),
-            });
-        }
-        if credit > 0 {
-            // Never give back more than was taken: credit beyond what is outstanding (a
-            // confused or malicious peer, or credit from before its restart) is clamped.
-            let outstanding = self.ledger.uncredited();
-            let c = self.shared.outbox.credit(&mut self.ledger, credit);
-            if c < credit && self.journal.restored {
-                log::debug!(
-                    "{}: '{}' returned {credit} bytes of credit for messages from before our restart; {c} applied",
-                    cfg.name,
-                    self.shared.name,
-                );
-            } else if c < credit {
-                log::warn!(
-                    "{}: '{}' returned {credit} bytes of credit with only {outstanding} outstanding; clamped",
-                    cfg.name,
-                    self.shared.name,
-                );
-            }
-        }
-        Ok(())
     }
 }
 

@@ -57,7 +57,8 @@ impl Remote {
         }
         if established {
             if let Some(l) = link.as_deref_mut() {
-                let owed = self.desc.acked() < self.desc.sent() || self.ledger.uncredited() > 0;
+                let owed =
+                    self.desc.acked() < self.desc.sent() || self.outbound.ledger.uncredited() > 0;
                 wrote |= self.rtt.send(cfg, l, now, owed);
             }
         }
@@ -67,7 +68,10 @@ impl Remote {
             && !self.shared.member.is_running();
         if residual {
             wrote |= self.ack(out, link, false);
-        } else if !established && self.sweep_queued(cfg, out, now) && cfg.journalled {
+        } else if !established
+            && self.outbound.sweep_queued(&self.shared, cfg, out, now)
+            && cfg.journalled
+        {
             // What waited behind an expired message is journalled now.
             self.publish(cfg, out, None, cfg.write_high_water, now);
         }

@@ -1,7 +1,8 @@
 //! A member admitted as it dials in (`allow_unknown_members`), and the node adding the same
 //! name while that admission is on its way: one peer for the name, whatever the order.
 
-use super::harness::{peer_shared, Settings, Sim, Spec, WINDOW};
+use super::harness::Sim;
+use super::member::{peer_shared, Settings, Spec, WINDOW};
 use crate::proto::Input;
 
 const ALPHA: usize = 0;

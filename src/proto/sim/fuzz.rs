@@ -11,7 +11,8 @@
 //! range, and a short input is padded with zeros. Schedules are capped at [`MAX_STEPS`]
 //! steps so one input stays fast.
 
-use super::harness::{Settings, Side, Sim, Step};
+use super::harness::{Sim, Step};
+use super::member::{Settings, Side};
 
 /// Steps read from one input at most.
 pub(crate) const MAX_STEPS: usize = 512;

@@ -10,7 +10,7 @@
 //!
 //! ## Members
 //!
-//! Any number of members ([`harness::Spec`]): each has a name and a launch id — two members
+//! Any number of members ([`member::Spec`]): each has a name and a launch id — two members
 //! may claim the same name with different launch ids (two processes for one name, or a
 //! [`harness::Sim::restart`] starts a new process at an old one's address while the
 //! simulation runs) — and the peers it
@@ -66,6 +66,8 @@
 mod admitted;
 pub(crate) mod fuzz;
 mod harness;
+mod member;
+mod network;
 mod oracle;
 #[cfg(test)]
 mod pair;

@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use super::harness::{Side, Sim, WINDOW};
+use super::harness::Sim;
+use super::member::{Side, WINDOW};
 use crate::proto::LinkId;
 use crate::sync::SharedStr;
 

@@ -5,7 +5,8 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
-use super::harness::{Settings, Side, Sim, Stats, Step, A, B};
+use super::harness::{Sim, Stats, Step};
+use super::member::{Settings, Side, A, B};
 use crate::peer::Outgoing;
 use crate::proto::Input;
 use crate::wire;

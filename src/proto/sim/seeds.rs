@@ -2,7 +2,8 @@
 //! streams with it as with a configured peer. (A member's own address among its seeds is
 //! tested over real sockets: the simulation does not connect a member to itself.)
 
-use super::harness::{Settings, Sim, Spec};
+use super::harness::Sim;
+use super::member::{Settings, Spec};
 
 const ALPHA: usize = 0;
 const BETA: usize = 1;

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use super::harness::{Settings, Side, Sim, Spec, Step};
+use super::harness::{Sim, Step};
+use super::member::{Settings, Side, Spec};
 use crate::sync::atomic::Ordering;
 
 const NAMES: [&str; 3] = ["alpha", "beta", "gamma"];

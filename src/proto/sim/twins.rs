@@ -15,7 +15,8 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::TestRunner;
 
-use super::harness::{Settings, Side, Sim, Spec, Stats, Step};
+use super::harness::{Sim, Stats, Step};
+use super::member::{Settings, Side, Spec};
 use crate::events::RefuseReason;
 
 const HUB: Side = 0;
