@@ -11,11 +11,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::deliver::{Delivery, MemberQueue, OobQueue, PeerCreditSink, RunOutcome, Task};
+use crate::deliver::{Delivery, RunOutcome, Task};
 use crate::events::{DisconnectReason as Why, RefuseReason};
-use crate::flow::RecvCredit;
 use crate::handoff::{Handoff, Wake};
-use crate::peer::PeerShared;
+use crate::peer::{PeerShared, PeerWiring};
 use crate::proto::{Config, Descriptor, Endpoint, NodeCounters, Secret, Target};
 use crate::sync::{Arc, SharedStr};
 
@@ -197,14 +196,13 @@ pub(super) fn peer_shared(
     journal: bool,
     handoff: &Arc<Handoff>,
 ) -> Arc<PeerShared> {
-    let credit = Arc::new(RecvCredit::new());
-    let progress = journal.then(|| Arc::new(crate::deliver::Progress::new(0)));
-    let sink = || PeerCreditSink::new(id, credit.clone(), progress.clone(), handoff.clone());
-    let member = Arc::new(MemberQueue::new(name.clone(), Box::new(sink())));
-    let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(sink())));
-    Arc::new(PeerShared::new(
-        id, name, WINDOW, credit, member, oob, progress, 16,
-    ))
+    let wiring = PeerWiring {
+        handoff: handoff.clone(),
+        journalled: journal,
+        oob_limit: 1,
+        max_requests: 16,
+    };
+    Arc::new(PeerShared::wired(id, name, WINDOW, &wiring))
 }
 
 impl Member {
