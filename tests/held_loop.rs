@@ -4,7 +4,9 @@
 //! silence), and must not make them wait for the rest of its turn to learn that a
 //! handshake went through. Real TCP on 127.0.0.1. The loop is held in the middle of a turn
 //! by its outbound filter (which runs on the IO thread when a message is published), the
-//! way the CPU scheduler holds it when it takes the core away.
+//! way the CPU scheduler holds it when it takes the core away; the time it is held for is
+//! made by moving the node's clock forward (`Node::advance_clock`) once the peer's bytes
+//! wait in its socket, not slept through.
 //!
 //! Also here, the back-pressure path the mesh harness (`examples/mesh.rs`) pointed at:
 //! bytes left in a socket while reading is paused (its peer holds more than the receive
@@ -32,6 +34,28 @@ const CLUSTER: &str = "t-held";
 
 /// The payload that makes a node's outbound filter hold its IO thread.
 const HOLD: &[u8] = b"hold the loop";
+
+/// Waits until at least `bytes` wait unread in the socket [`receive_queue`] finds.
+fn wait_unread(what: &str, port: u16, remote: Option<u16>, bytes: u64) {
+    wait_until_or(
+        PATIENCE,
+        || receive_queue(port, remote).is_some_and(|q| q >= bytes),
+        || {
+            format!(
+                "{what} waiting unread ({:?} of {bytes} bytes)",
+                receive_queue(port, remote)
+            )
+        },
+    );
+}
+
+/// Waits until `node`'s IO thread has judged its timeouts as of `at` or later (on its
+/// clock, which `Node::advance_clock` moved to `at`).
+fn wait_judged(node: &Node, at: Instant) {
+    wait_until("timeouts judged after the clock moved", PATIENCE, || {
+        node.timeouts_judged_at().is_some_and(|j| j >= at)
+    });
+}
 
 /// Holds a node's IO thread inside its outbound filter, in the middle of a loop turn, from
 /// the moment it publishes a [`HOLD`] message (or the payload given to [`Hold::on`]) until
@@ -119,8 +143,9 @@ fn read_frame(s: &mut TcpStream) -> Option<Vec<u8>> {
 }
 
 /// Bytes waiting unread in the receive queue of the established TCP socket whose local
-/// port is `port` (from `/proc/net/tcp`), if there is exactly one such socket.
-fn receive_queue(port: u16) -> Option<u64> {
+/// port is `port` (and whose remote port is `remote`, if given), from `/proc/net/tcp`, if
+/// there is exactly one such socket.
+fn receive_queue(port: u16, remote: Option<u16>) -> Option<u64> {
     let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
     let mut found = None;
     for line in table.lines().skip(1) {
@@ -132,7 +157,11 @@ fn receive_queue(port: u16) -> Option<u64> {
             .rsplit(':')
             .next()
             .and_then(|p| u16::from_str_radix(p, 16).ok());
-        if local_port != Some(port) {
+        let remote_port = f[2]
+            .rsplit(':')
+            .next()
+            .and_then(|p| u16::from_str_radix(p, 16).ok());
+        if local_port != Some(port) || remote.is_some_and(|r| remote_port != Some(r)) {
             continue;
         }
         if found.is_some() {
@@ -146,9 +175,10 @@ fn receive_queue(port: u16) -> Option<u64> {
     found
 }
 
-/// `b`, whose IO thread is held mid-turn for three idle timeouts while `a` keeps writing to
-/// it, does not close the connection for silence: `a`'s messages and heartbeats were
-/// waiting in the socket, and the loop had not looked. (Before, the turn went on to the
+/// `b`, whose IO thread is held mid-turn for three idle timeouts (on its clock, moved
+/// forward while it is held) while `a`'s messages reach its socket, does not close the
+/// connection for silence: `a`'s messages were waiting in the socket, and the loop had not
+/// looked. (Before, the turn went on to the
 /// housekeeping tick, which measured the silence up to the present and closed the
 /// connection; the mesh harness saw such connections closed with 128 000 unread bytes in
 /// their socket.)
@@ -182,8 +212,11 @@ fn a_held_loop_does_not_blame_a_peer_whose_bytes_wait_unread() {
     for i in 0..N {
         a.send("held-b", payload(i, 64)).expect("send");
     }
-    // Pacing the fault: held for three idle timeouts, with a's bytes arriving meanwhile.
-    thread::sleep(3 * IDLE);
+    // b's only connection is the one it accepted from a, at its listening port.
+    let frames = N * wire::data_frame_len(true, 64) as u64;
+    wait_unread("a's messages", b.local_addr().port(), None, frames);
+    // The fault: held for three idle timeouts, as b's clock counts them.
+    let later = b.advance_clock(3 * IDLE);
     hold.release();
 
     wait_until_or(
@@ -191,6 +224,7 @@ fn a_held_loop_does_not_blame_a_peer_whose_bytes_wait_unread() {
         || order.count_from("held-a") == N,
         || format!("everything from a delivered:\n{}", b.stats()),
     );
+    wait_judged(&b, later);
     order.assert_ok();
     let s = b.stats();
     assert_eq!(
@@ -302,9 +336,10 @@ impl Paused {
     }
 }
 
-/// Reading paused (the peer holds more than the receive window) for three idle timeouts,
-/// while the peer keeps writing, is not the peer's silence: its bytes wait in the socket,
-/// and the connection stays.
+/// Reading paused (the peer holds more than the receive window) for three idle timeouts
+/// (on the node's clock, moved forward while paused), with the peer's messages written
+/// meanwhile, is not the peer's silence: its bytes wait in the socket, and the connection
+/// stays.
 #[test]
 fn reading_paused_for_a_peer_over_its_receive_window_is_not_silence() {
     const N: u64 = 100;
@@ -313,8 +348,12 @@ fn reading_paused_for_a_peer_over_its_receive_window_is_not_silence() {
     for i in 0..N {
         p.a.send(p.b.name(), payload(i, 64)).expect("send");
     }
-    // Pacing the fault: paused for three idle timeouts, with a's heartbeats arriving.
-    thread::sleep(3 * IDLE);
+    let frames = N * wire::data_frame_len(true, 64) as u64;
+    wait_unread("a's messages", p.b.local_addr().port(), None, frames);
+    // The fault: paused for three idle timeouts, as b's clock counts them, and judged so
+    // while still paused.
+    let later = p.b.advance_clock(3 * IDLE);
+    wait_judged(&p.b, later);
     p.drain(N);
     let s = p.b.stats();
     assert_eq!(
@@ -348,11 +387,11 @@ fn bytes_left_in_a_paused_socket_are_read_without_a_new_edge() {
     let port = p.b.local_addr().port();
     wait_until_or(
         PATIENCE,
-        || receive_queue(port).is_some_and(|q| q >= burst),
+        || receive_queue(port, None).is_some_and(|q| q >= burst),
         || {
             format!(
                 "the burst waiting in b's socket ({:?} of {burst} bytes)",
-                receive_queue(port)
+                receive_queue(port, None)
             )
         },
     );
@@ -362,7 +401,8 @@ fn bytes_left_in_a_paused_socket_are_read_without_a_new_edge() {
 }
 
 /// A dialler whose loop is held while the acceptor's Ready arrives, and past its handshake
-/// deadline, reads the Ready before it judges the deadline: the handshake completed in
+/// deadline (on its clock, moved forward while it is held), reads the Ready before it
+/// judges the deadline: the handshake completed in
 /// time as far as the peer is concerned, and the loop had not looked. (Before, the turn
 /// went on to the timers and closed the connection as a handshake timeout.)
 #[test]
@@ -386,7 +426,6 @@ fn a_handshake_deadline_passing_while_the_loop_is_held_is_judged_after_a_poll() 
     // b dials a member played by hand, here.
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr: SocketAddr = listener.local_addr().expect("addr");
-    let dialled = Instant::now();
     b.add_peer("hsd-r", addr).expect("add_peer");
     let (mut s, _) = listener.accept().expect("accept b's dial");
     s.set_read_timeout(Some(PATIENCE)).expect("timeout");
@@ -400,11 +439,13 @@ fn a_handshake_deadline_passing_while_the_loop_is_held_is_judged_after_a_poll() 
     hs.accept(0, 0, 0, &mut ready);
 
     // Hold b's loop (publishing to c), answer while it is held, and keep it held until
-    // its handshake deadline has passed (pacing the fault).
+    // its handshake deadline has passed, as its clock counts it (the fault).
     b.send("hsd-c", HOLD).expect("send");
     hold.wait_held();
     s.write_all(&ready).expect("write Ready");
-    thread::sleep((dialled + HANDSHAKE + HANDSHAKE / 4).saturating_duration_since(Instant::now()));
+    let b_port = s.peer_addr().expect("b's address").port();
+    wait_unread("the Ready", b_port, Some(addr.port()), ready.len() as u64);
+    let later = b.advance_clock(HANDSHAKE + HANDSHAKE / 4);
     hold.release();
 
     wait_until_or(
@@ -412,6 +453,7 @@ fn a_handshake_deadline_passing_while_the_loop_is_held_is_judged_after_a_poll() 
         || is_connected(&b, "hsd-r") || b.stats().connections.handshake_timeouts > 0,
         || format!("the handshake judged:\n{}", b.stats()),
     );
+    wait_judged(&b, later);
     let st = b.stats();
     assert_eq!(
         st.connections.handshake_timeouts, 0,

@@ -337,6 +337,48 @@ fn an_oob_flood_into_a_slow_handler_leaves_another_sender_its_share_of_the_pool(
     shutdown_all(&[flooder, streamer, b]);
 }
 
+/// Makes `span` pass on the clocks of `nodes` (`Node::advance_clock`), `step` at a time:
+/// after each step every node has judged its timeouts as of its new time and heard from
+/// each of its peers since the step, before the next. The time passes with every loop
+/// running (one jump of the whole span would be a loop that did not look for that long,
+/// the fault of `tests/held_loop.rs`); a step well short of the idle timeout leaves room
+/// for a peer's heartbeats as between two ticks. Stops early once a node has closed a
+/// connection for silence (the caller's checks then say so).
+fn pass_time(nodes: &[&Node], span: Duration, step: Duration) {
+    let mut passed = Duration::ZERO;
+    while passed < span {
+        let moved: Vec<Instant> = nodes.iter().map(|n| n.advance_clock(step)).collect();
+        for (n, at) in nodes.iter().zip(moved) {
+            wait_until_or(
+                PATIENCE,
+                || {
+                    let st = n.stats();
+                    let heard = st
+                        .peers
+                        .iter()
+                        .all(|p| p.last_heard.is_some_and(|h| h < step));
+                    n.timeouts_judged_at().is_some_and(|j| j >= at)
+                        && (heard || st.connections.idle_timeouts > 0)
+                },
+                || {
+                    format!(
+                        "{} judged, and heard from every peer:\n{}",
+                        n.name(),
+                        n.stats()
+                    )
+                },
+            );
+        }
+        if nodes
+            .iter()
+            .any(|n| n.stats().connections.idle_timeouts > 0)
+        {
+            return;
+        }
+        passed += step;
+    }
+}
+
 #[test]
 fn a_handler_blocked_past_the_idle_timeout_stalls_only_its_sender_and_is_not_silence() {
     const BLOCKED: u64 = 5_000;
@@ -392,9 +434,9 @@ fn a_handler_blocked_past_the_idle_timeout_stalls_only_its_sender_and_is_not_sil
     wait_until("the other member's stream delivered", PATIENCE, || {
         check.count_from(other.name()) == STREAM
     });
-    // Blocked for several idle timeouts: acks, credit probes and heartbeats keep both
-    // connections alive while nothing of `a`'s is handled.
-    std::thread::sleep(idle * 4);
+    // Blocked for four idle timeouts, on every member's clock: acks, credit probes and
+    // heartbeats keep both connections alive while nothing of `a`'s is handled.
+    pass_time(&[&a, &other, &b], idle * 4, idle / 4);
     let st = b.stats();
     assert_eq!(blocked.load(Ordering::SeqCst), 0, "the gate held:\n{st}");
     assert_eq!(st.connections.idle_timeouts, 0, "{st}");

@@ -103,12 +103,13 @@ impl IoThread {
             }
             None => (None, None),
         };
+        let now = parts.shared.clock.now();
         let endpoint = Endpoint::new(
             parts.config.proto.clone(),
             parts.counters.clone(),
             journal,
             new_peer,
-            Instant::now(),
+            now,
         );
         Ok(IoThread {
             cfg: parts.config,
@@ -133,7 +134,7 @@ impl IoThread {
             accept_pending: false,
             scratch: Vec::new(),
             periodic: parts.periodic.map(|p| {
-                let first = Instant::now() + p.every;
+                let first = now + p.every;
                 (p, first)
             }),
         })
@@ -144,17 +145,17 @@ impl IoThread {
         let mut events = Events::with_capacity(1024);
         // The configured peers first (their journalled streams are restored as they are
         // added), then a word about journalled streams no configured peer claimed.
-        self.handle_requests(Instant::now());
+        self.handle_requests(self.shared.clock.now());
         self.endpoint.warn_unclaimed();
-        self.drain(Instant::now());
+        self.drain(self.shared.clock.now());
         let (spin_for, adaptive) = match self.cfg.idle {
             IdleStrategy::Block => (Duration::ZERO, false),
             IdleStrategy::Adaptive(d) => (d, true),
             IdleStrategy::Spin(d) => (d, false),
         };
-        let mut spin = Spin::new(spin_for, adaptive, Instant::now());
+        let mut spin = Spin::new(spin_for, adaptive, self.shared.clock.now());
         loop {
-            let now = Instant::now();
+            let now = self.shared.clock.now();
             if let Some(allowed) = spin.account(now) {
                 self.pool.allow_spin(allowed);
             }
@@ -182,7 +183,7 @@ impl IoThread {
             // What the loop knows of its sockets is as of now: bytes that arrive later in
             // this turn are seen at the next poll, however long the turn takes (a
             // descheduled IO thread, a slow callback). Timeouts are judged as of this instant.
-            let polled_at = Instant::now();
+            let polled_at = self.shared.clock.now();
             spin.waited(polled_at.saturating_duration_since(now));
             for ev in events.iter() {
                 match ev.token() {
@@ -197,7 +198,7 @@ impl IoThread {
                     }
                 }
             }
-            let now = Instant::now();
+            let now = self.shared.clock.now();
             if self.accept_pending {
                 self.accept_all(now);
             }
@@ -210,6 +211,7 @@ impl IoThread {
                 spin.active(now);
             } else if idle_spin {
                 // Nothing came in: give the core to whoever may be about to send to us.
+                // The real clock: how long the yield took, for the spin's accounting.
                 let before = Instant::now();
                 std::thread::yield_now();
                 if let Some(allowed) = spin.yielded(before.elapsed()) {
@@ -218,9 +220,10 @@ impl IoThread {
             }
             self.process_read_pending();
             self.endpoint.handle(polled_at, Input::Timeout);
+            self.shared.clock.judged(polled_at);
             self.drain(now);
             self.run_periodic(polled_at);
-            if self.endpoint.shutdown_done(Instant::now()) {
+            if self.endpoint.shutdown_done(self.shared.clock.now()) {
                 break;
             }
         }
@@ -487,7 +490,7 @@ impl IoThread {
     }
 
     fn finish(&mut self) {
-        let now = Instant::now();
+        let now = self.shared.clock.now();
         let peers = self.endpoint.finish(now);
         self.drain(now);
         // The writer appends and syncs what it was handed, then gives the journal back: the
@@ -679,7 +682,7 @@ impl IoThread {
     }
 
     fn conn_event(&mut self, id: LinkId, readable: bool, hup: bool, writable: bool) {
-        let now = Instant::now();
+        let now = self.shared.clock.now();
         let Some(conn) = self.conns.get_mut(&id) else {
             return; // stale token: a spurious event for a connection already closed
         };
@@ -727,7 +730,7 @@ impl IoThread {
     fn read_link(&mut self, id: LinkId, hup: bool) {
         let mut total = 0usize;
         loop {
-            let now = Instant::now();
+            let now = self.shared.clock.now();
             let (Some(conn), Some(link)) = (self.conns.get_mut(&id), self.endpoint.link_mut(id))
             else {
                 return;

@@ -3,6 +3,7 @@
 //! talk to it through [`IoShared`]: its commands, and the [`Handoff`] lists with one
 //! `Waker`, woken at most once per batch of requests.
 
+mod clock;
 mod conn;
 mod idle;
 mod io;
@@ -13,6 +14,7 @@ use std::time::Instant;
 
 use crate::addr::Addr;
 
+pub(crate) use clock::Clock;
 pub(crate) use conn::TlsSetup;
 pub use idle::IdleStrategy;
 pub(crate) use io::IoThread;
@@ -129,6 +131,9 @@ pub(crate) struct IoShared {
     pub(crate) journal_stats: Mutex<Option<crate::journal::JournalStats>>,
     /// The journal, handed over by the IO thread when it exits.
     pub(crate) stopped_journal: Mutex<Option<StoppedJournal>>,
+    /// Where the IO thread reads the time, and what hands it instants (a test's clock in
+    /// cohort's own builds; `Instant::now()`, zero-sized, in the application's).
+    pub(crate) clock: Clock,
 }
 
 impl std::fmt::Debug for IoShared {
@@ -157,6 +162,7 @@ impl IoShared {
             next_peer: AtomicUsize::new(0),
             journal_stats: Mutex::new(None),
             stopped_journal: Mutex::new(None),
+            clock: Clock::new(),
         }
     }
 

@@ -640,6 +640,29 @@ impl Node {
         self.sources().collect()
     }
 
+    /// Not API: moves this node's clock forward by `by` — the clock its IO thread reads
+    /// the time on (the real time plus what the tests added) — and wakes the IO thread;
+    /// returns the clock's reading just after. A test makes time pass with it (a loop held
+    /// for three idle timeouts) instead of sleeping through it. Built only with `--cfg
+    /// cohort_internals`.
+    #[cfg(cohort_internals)]
+    #[doc(hidden)]
+    pub fn advance_clock(&self, by: Duration) -> Instant {
+        let now = self.io.clock.advance(by);
+        self.io.wake();
+        now
+    }
+
+    /// Not API: the latest instant, on this node's clock, that its IO thread judged its
+    /// timeouts (idle links, handshake deadlines, timers) at; a test waits for it to pass
+    /// what [`advance_clock`](Node::advance_clock) returned. Built only with `--cfg
+    /// cohort_internals`.
+    #[cfg(cohort_internals)]
+    #[doc(hidden)]
+    pub fn timeouts_judged_at(&self) -> Option<Instant> {
+        self.io.clock.judged_at()
+    }
+
     fn sources(&self) -> StatsSources {
         StatsSources {
             name: self.name.clone(),
@@ -705,7 +728,11 @@ impl Node {
         if self.shut.swap(true, Ordering::AcqRel) {
             return Ok(ShutdownReport::default());
         }
-        self.io.command(Command::Shutdown { deadline });
+        // The IO thread's deadline, on its clock (the real one outside cohort's tests).
+        let io_deadline = self.io.clock.now() + timeout;
+        self.io.command(Command::Shutdown {
+            deadline: io_deadline,
+        });
         let mut stuck = Vec::new();
         // The IO thread leaves its loop by the deadline; give it a moment past it to close.
         if self
@@ -858,7 +885,9 @@ impl StatsSources {
     /// A snapshot of every counter.
     fn collect(&self) -> Stats {
         let peers: Vec<Arc<PeerShared>> = self.peers.read().values().cloned().collect();
-        let mut out: Vec<PeerStats> = peers.iter().map(|p| peer_stats(p)).collect();
+        // One reading for every peer, on the clock the IO thread notes reads with.
+        let now = self.io.clock.now();
+        let mut out: Vec<PeerStats> = peers.iter().map(|p| peer_stats(p, now)).collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
         let c = &self.counters;
         let g = |a: &crate::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
@@ -908,7 +937,7 @@ impl StatsSources {
     }
 }
 
-fn peer_stats(p: &PeerShared) -> PeerStats {
+fn peer_stats(p: &PeerShared, now: Instant) -> PeerStats {
     let c = &p.counters;
     // Read the outcomes before accepted: accepted is bumped first, so queued >= 0.
     let sent = Counters::get(&c.sent);
@@ -957,7 +986,7 @@ fn peer_stats(p: &PeerShared) -> PeerStats {
         unacked: Counters::get(&c.unacked),
         rtt: c.rtt.smoothed(),
         rtt_last: c.rtt.last(),
-        last_heard: c.heard.since(Instant::now()),
+        last_heard: c.heard.since(now),
         requests_in_flight: p.requests.in_flight(),
         replies: p.requests.answered(),
         late_replies: p.requests.late(),

@@ -1335,7 +1335,8 @@ impl SendCore {
         }
         let deadline = opts.ttl.map(|t| {
             peer.note_ttl();
-            Instant::now() + t
+            // On the clock the IO thread judges it with.
+            self.io.clock.now() + t
         });
         // A request's payload is copied behind its id: keep the caller's to hand back.
         let (m, kept) = match kind {
