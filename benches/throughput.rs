@@ -140,6 +140,10 @@ impl CohortFanIn {
         let per_source = n / self.sources.len() as u64;
         let target = self.received.expect(per_source * self.sources.len() as u64);
         let send_all = |source: &Node| {
+            // Each source its own payload (different senders send different data): one
+            // shared by every sending thread would make its reference count a cache line
+            // they all fight over, which no application has and raw TCP does not pay.
+            let payload = Bytes::copy_from_slice(payload);
             for _ in 0..per_source {
                 source
                     .send_with("sink", payload.clone(), opts)

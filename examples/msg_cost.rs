@@ -95,6 +95,10 @@ fn cohort(
         for source in &sources {
             let payload = &payload;
             s.spawn(move || {
+                // Each source its own payload (different senders send different data):
+                // one shared by every sending thread would make its reference count a
+                // cache line they all fight over, which no application has.
+                let payload = Bytes::copy_from_slice(payload);
                 if batch > 1 {
                     let mut left = per;
                     while left > 0 {
