@@ -53,6 +53,7 @@ impl Endpoint {
         let id = shared.id;
         let mut peer = Remote::new(shared, addr);
         if let Some(r) = self
+            .ctx
             .journal
             .as_mut()
             .and_then(|j| j.recovered.remove(&**peer.name()))
@@ -143,7 +144,7 @@ impl Endpoint {
                 .is_some_and(|l| self.links.table.get(&l).is_some_and(|l| l.established));
             // With a journal, what is queued for a disconnected peer is journalled now and
             // resent after the restart.
-            if connected || self.journal.is_some() {
+            if connected || self.ctx.journal.is_some() {
                 self.links.publish(now, id, &mut self.peers, &mut self.ctx);
             }
         }
@@ -159,10 +160,11 @@ impl Endpoint {
             self.links
                 .publish_upto(now, id, usize::MAX, &mut self.peers, &mut self.ctx);
         }
-        if let Some(j) = self.journal.as_mut() {
+        if let Some(j) = self.ctx.journal.as_mut() {
             j.cut(&mut self.links, &mut self.ctx.out);
         }
-        self.journal
+        self.ctx
+            .journal
             .as_ref()
             .filter(|j| !j.marks.failed)
             .map(|j| j.cut)
@@ -185,10 +187,10 @@ impl Endpoint {
                 Why::Shutdown,
             );
         }
-        if let Some(j) = self.journal.as_mut() {
+        if let Some(j) = self.ctx.journal.as_mut() {
             j.cut(&mut self.links, &mut self.ctx.out);
         }
-        let j = self.journal.as_ref()?;
+        let j = self.ctx.journal.as_ref()?;
         if j.marks.failed {
             return None;
         }
@@ -213,7 +215,7 @@ impl Endpoint {
     /// Warns about journalled peers that are not configured (their messages stay in the
     /// journal until the member is added).
     pub(crate) fn warn_unclaimed(&self) {
-        if let Some(j) = &self.journal {
+        if let Some(j) = &self.ctx.journal {
             for (name, r) in &j.recovered {
                 if !r.unacked.is_empty() {
                     log::warn!(

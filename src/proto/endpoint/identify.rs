@@ -300,7 +300,7 @@ impl Endpoint {
         let Some(p) = self.peers.get_mut(&pid) else {
             return;
         };
-        self.gate.pending.remove(id);
+        self.links.gate.pending.remove(id);
         match p.establish(
             &self.ctx.cfg,
             &mut self.ctx.out,
@@ -327,8 +327,7 @@ impl Endpoint {
                     incarnation: launch,
                 });
                 Counters::add(&self.ctx.counters.handshakes, 1);
-                self.links
-                    .update_gauges(self.gate.pending.len(), &self.ctx.counters);
+                self.links.update_gauges(&self.ctx.counters);
                 self.links.dirty.push_back(id);
                 self.deferred.push(pid);
             }

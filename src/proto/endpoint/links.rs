@@ -154,7 +154,8 @@ impl Endpoint {
     /// it).
     pub(crate) fn verdict_on_accept(&mut self, now: Instant, from: Addr) -> Verdict {
         let open = self.links.table.len();
-        self.gate
+        self.links
+            .gate
             .verdict(now, &from, open, &self.ctx.cfg, &self.ctx.counters)
     }
 
@@ -176,7 +177,8 @@ impl Endpoint {
             Verdict::Admit | Verdict::Full | Verdict::SourceBurst => None,
         };
         if let Some((victim, own)) = displaced {
-            self.gate
+            self.links
+                .gate
                 .displaced(now, victim, &from, own, &self.ctx.cfg, &self.ctx.counters);
             self.close_link(now, victim, None, Why::Replaced);
         }
@@ -188,11 +190,14 @@ impl Endpoint {
         let source = admission::source_of(from.source_ip());
         link.remote = Some(from);
         self.links.table.insert(id, link);
-        self.gate.pending.insert(id, source, now);
-        self.links
-            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
+        self.links.gate.pending.insert(id, source, now);
+        self.links.update_gauges(&self.ctx.counters);
         self.links.dirty.push_back(id);
-        let deadline = self.gate.pending.deadline(self.ctx.cfg.handshake_timeout);
+        let deadline = self
+            .links
+            .gate
+            .pending
+            .deadline(self.ctx.cfg.handshake_timeout);
         self.ctx
             .timers
             .add(now + deadline, TimerKind::Handshake { link: id });
@@ -207,18 +212,20 @@ impl Endpoint {
 
     /// Logs what the admission rules shed, when a warning is due.
     pub(crate) fn warn_shedding(&mut self, now: Instant) {
-        self.gate.warn(now, &self.ctx.cfg.name);
+        self.links.gate.warn(now, &self.ctx.cfg.name);
     }
 
     /// Closes every pending accepted link past the deadline of the table as it is at
     /// `now`, oldest first (each one closed lengthens the deadline of the rest).
     pub(super) fn shed_overdue(&mut self, now: Instant) {
         while let Some((id, limit)) = self
+            .links
             .gate
             .pending
             .overdue(now, self.ctx.cfg.handshake_timeout)
         {
-            self.gate
+            self.links
+                .gate
                 .timed_out(limit, &self.ctx.cfg, &self.ctx.counters);
             self.close_link(now, id, None, Why::IdleTimeout);
         }
@@ -252,8 +259,7 @@ impl Endpoint {
     pub(super) fn open_dialled(&mut self, now: Instant, link: Link) {
         let id = link.id;
         self.links.table.insert(id, link);
-        self.links
-            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
+        self.links.update_gauges(&self.ctx.counters);
         Counters::add(&self.ctx.counters.dialled, 1);
         self.ctx.timers.add(
             now + self.ctx.cfg.handshake_timeout,
@@ -311,8 +317,8 @@ impl Endpoint {
         close: Option<(CloseCode, &str)>,
         why: Why,
     ) {
-        let journal_ok = self.journal_ok();
-        self.gate.pending.remove(id);
+        let journal_ok = self.ctx.journal_ok();
+        self.links.gate.pending.remove(id);
         let Some(link) = self.links.table.remove(&id) else {
             return;
         };
@@ -323,10 +329,7 @@ impl Endpoint {
                 // What may leave of the buffer, then the Close. With a journal, bytes whose
                 // records are not durable yet stay behind (nothing leaves before the journal
                 // holds it): they are unacknowledged, resent after the next handshake.
-                last = match &self.journal {
-                    None => link.to_write().to_vec(),
-                    Some(j) => link.durable_part(j.marks.appended, j.cut).to_vec(),
-                };
+                last = self.ctx.may_leave(&link).to_vec();
                 wire::encode_close(&mut last, code, reason);
             }
         }
@@ -334,8 +337,7 @@ impl Endpoint {
             .out
             .events
             .push_back(Output::Close { link: id, last });
-        self.links
-            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
+        self.links.update_gauges(&self.ctx.counters);
         self.ctx
             .timers
             .cancel(|k| *k == TimerKind::Handshake { link: id });

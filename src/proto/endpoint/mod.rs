@@ -427,6 +427,8 @@ pub(crate) struct Ctx {
     /// The shutdown's deadline, once one began.
     shutdown: Option<Instant>,
     out: Produced,
+    /// The journal's gate, for a node that journals.
+    journal: Option<JournalGate>,
 }
 
 impl Ctx {
@@ -435,6 +437,21 @@ impl Ctx {
     /// while the peer is owed messages, so that they are handed over before the node stops.
     pub(super) fn closed_to(&self, p: &Remote) -> bool {
         p.state == PeerState::Closed || (self.shutdown.is_some() && !p.owes_anything())
+    }
+
+    /// Whether no journal write or sync has failed (always true without a journal): after
+    /// a failure, bytes in write buffers may hold messages the journal lacks.
+    pub(super) fn journal_ok(&self) -> bool {
+        self.journal.as_ref().is_none_or(|j| !j.marks.failed)
+    }
+
+    /// The bytes of `link` that may be written now: all of them without a journal; with
+    /// one, those whose journal records are durable (`appended`).
+    pub(super) fn may_leave<'l>(&self, link: &'l Link) -> &'l [u8] {
+        match &self.journal {
+            None => link.to_write(),
+            Some(j) => link.durable_part(j.marks.appended, j.cut),
+        }
     }
 }
 
@@ -450,12 +467,9 @@ pub(crate) struct Endpoint {
     links: Links,
     /// The peers, by id and by name.
     peers: Roster,
-    /// Admission of accepted links.
-    gate: Gate,
     /// Peers whose queued messages are published once the frames written so far have left
     /// (a handshake's last frame goes first: see [`poll`](Endpoint::poll), step 4).
     deferred: Vec<usize>,
-    journal: Option<JournalGate>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
     /// The seeds: addresses dialled without a name, and the names they were given by.
@@ -494,10 +508,9 @@ impl Endpoint {
         timers.add(now + cfg.tick, TimerKind::Tick);
         let mut ep = Endpoint {
             max_len: wire::max_frame_len(cfg.max_message),
-            gate: Gate::new(&cfg),
             local,
             new_peer,
-            links: Links::new(),
+            links: Links::new(&cfg),
             peers: Roster::default(),
             deferred: Vec::new(),
             syncs: VecDeque::new(),
@@ -523,8 +536,8 @@ impl Endpoint {
                     journal_open: journal.is_some(),
                 },
                 cfg,
+                journal,
             },
-            journal,
         };
         ep.seeds.dial_all(&mut ep.ctx.out.events);
         ep.seeds
@@ -579,6 +592,7 @@ impl Endpoint {
             Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
             Input::JournalMarks(marks) => {
                 let failed = self
+                    .ctx
                     .journal
                     .as_mut()
                     .is_some_and(|j| j.progress(marks, &mut self.peers, &mut self.links));
@@ -626,7 +640,7 @@ impl Endpoint {
             if let Some(e) = self.ctx.out.events.pop_front() {
                 return Some(e);
             }
-            if let Some(j) = self.journal.as_mut() {
+            if let Some(j) = self.ctx.journal.as_mut() {
                 j.cut(&mut self.links, &mut self.ctx.out);
             }
             if !self.ctx.out.batches.is_empty() {
@@ -639,7 +653,7 @@ impl Endpoint {
                 if self.links.table.get(&id).is_none_or(|l| l.connecting) {
                     continue; // closed since, or not connected yet
                 }
-                if !self.journal_ok() {
+                if !self.ctx.journal_ok() {
                     self.link_failed(now, id, Why::Shutdown);
                     continue;
                 }
@@ -708,20 +722,11 @@ impl Endpoint {
                     .any(|l| l.dialled.is_none() && l.peer.is_none() && !l.established))
     }
 
-    /// Whether no journal write or sync has failed (always true without a journal): after
-    /// a failure, bytes in write buffers may hold messages the journal lacks.
-    pub(crate) fn journal_ok(&self) -> bool {
-        self.journal.as_ref().is_none_or(|j| !j.marks.failed)
-    }
-
     /// The bytes of link `id` that may be written now: all of them without a journal; with
     /// one, those whose journal records are durable (`appended`).
     pub(crate) fn to_write(&self, id: LinkId) -> Option<&[u8]> {
         let link = self.links.table.get(&id)?;
-        Some(match &self.journal {
-            None => link.to_write(),
-            Some(j) => link.durable_part(j.marks.appended, j.cut),
-        })
+        Some(self.ctx.may_leave(link))
     }
 
     /// Peer `id`, for the simulation's checks.

@@ -430,6 +430,7 @@ impl Endpoint {
         };
         let known = self.peers.id_of(&peer.name);
         let recovered = self
+            .ctx
             .journal
             .as_ref()
             .is_some_and(|j| j.recovered.contains_key(peer.name.as_str()));
@@ -545,7 +546,12 @@ impl Endpoint {
             .events
             .push_back(Output::Admitted(shared.clone()));
         let mut peer = Remote::new(shared, addr.map(Addr::Tcp));
-        if let Some(r) = self.journal.as_mut().and_then(|j| j.recovered.remove(name)) {
+        if let Some(r) = self
+            .ctx
+            .journal
+            .as_mut()
+            .and_then(|j| j.recovered.remove(name))
+        {
             peer.restore(&self.ctx.cfg, &mut self.ctx.out, r);
         }
         self.peers.insert(id, peer);

@@ -5,21 +5,25 @@
 
 use super::*;
 
-/// Every link, with the write and pause lists that follow them.
+/// Every link, with the write and pause lists that follow them and the admission of those
+/// accepted (the pending table of those still in their handshake).
 pub(super) struct Links {
     pub(super) table: HashMap<LinkId, Link, IdHash>,
     /// Links with bytes appended to their write buffer since the last write pass.
     pub(super) dirty: VecDeque<LinkId>,
     /// Links whose reading is paused.
     pub(super) paused: Vec<LinkId>,
+    /// Admission of accepted links.
+    pub(super) gate: Gate,
 }
 
 impl Links {
-    pub(super) fn new() -> Links {
+    pub(super) fn new(cfg: &Config) -> Links {
         Links {
             table: HashMap::default(),
             dirty: VecDeque::new(),
             paused: Vec::new(),
+            gate: Gate::new(cfg),
         }
     }
 
@@ -187,14 +191,16 @@ impl Links {
     }
 
     /// Publishes the link gauges after the link set changed.
-    pub(super) fn update_gauges(&self, pending: usize, counters: &NodeCounters) {
+    pub(super) fn update_gauges(&self, counters: &NodeCounters) {
         // Relaxed: gauges for stats only.
         counters
             .open
             .store(self.table.len() as u64, Ordering::Relaxed);
         let est = self.table.values().filter(|l| l.established).count() as u64;
         counters.established.store(est, Ordering::Relaxed);
-        counters.pending.store(pending as u64, Ordering::Relaxed);
+        counters
+            .pending
+            .store(self.gate.pending.len() as u64, Ordering::Relaxed);
     }
 
     /// `n` bytes of link `id`'s write buffer were written at `now`; `drained`: the buffer

@@ -32,7 +32,7 @@ impl Endpoint {
                 TimerKind::AckDelay { peer } => self.links.ack_due(
                     now,
                     peer,
-                    self.journal.is_some(),
+                    self.ctx.journal.is_some(),
                     &mut self.peers,
                     &mut self.ctx,
                 ),
@@ -55,14 +55,19 @@ impl Endpoint {
             return;
         };
         let dialled = link.dialled;
-        if let Some(since) = self.gate.pending.since(id) {
-            let limit = self.gate.pending.deadline(self.ctx.cfg.handshake_timeout);
+        if let Some(since) = self.links.gate.pending.since(id) {
+            let limit = self
+                .links
+                .gate
+                .pending
+                .deadline(self.ctx.cfg.handshake_timeout);
             if now < since + limit {
                 self.ctx
                     .timers
                     .add(since + limit, TimerKind::Handshake { link: id });
             } else {
-                self.gate
+                self.links
+                    .gate
                     .timed_out(limit, &self.ctx.cfg, &self.ctx.counters);
                 self.close_link(now, id, None, Why::IdleTimeout);
             }
