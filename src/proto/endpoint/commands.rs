@@ -76,11 +76,13 @@ impl Endpoint {
         let (link, name, up) = (p.link, p.name().clone(), p.up);
         self.peers.retire(id, true, &mut self.ctx);
         if let Some(link) = link {
-            self.close_link(
+            self.links.close(
                 now,
                 link,
                 Some((CloseCode::Removed, "member removed")),
                 Why::Removed,
+                &mut self.peers,
+                &mut self.ctx,
             );
         }
         if up {
@@ -103,11 +105,13 @@ impl Endpoint {
                 self.ctx.cfg.name,
                 self.peers.name(id)
             );
-            self.close_link(
+            self.links.close(
                 now,
                 link,
                 Some((CloseCode::Other, "disconnect requested")),
                 Why::Requested,
+                &mut self.peers,
+                &mut self.ctx,
             );
         }
     }
@@ -180,13 +184,16 @@ impl Endpoint {
             self.peers.retire(id, false, &mut self.ctx);
         }
         for l in links {
-            self.close_link(
+            self.links.close(
                 now,
                 l,
                 Some((CloseCode::Shutdown, "node shutting down")),
                 Why::Shutdown,
+                &mut self.peers,
+                &mut self.ctx,
             );
         }
+        self.seeds.after_closes(now, &mut self.links, &mut self.ctx);
         if let Some(j) = self.ctx.journal.as_mut() {
             j.cut(&mut self.links, &mut self.ctx.out);
         }

@@ -37,7 +37,7 @@ impl Endpoint {
                 reason: RefuseReason::NameMismatch,
                 by_peer: false,
             });
-            return self.close_link(
+            return self.links.close(
                 now,
                 id,
                 Some((
@@ -45,6 +45,8 @@ impl Endpoint {
                     "TLS certificate not valid for the member name claimed",
                 )),
                 Why::Tls,
+                &mut self.peers,
+                &mut self.ctx,
             );
         }
         let pid = match self.peers.id_of(&peer.name) {
@@ -54,7 +56,13 @@ impl Endpoint {
             }
             None => {
                 let reason = format!("member '{}' is not configured here", peer.name);
-                return self.refuse(now, id, CloseCode::UnknownMember, &reason);
+                return self.links.refuse(
+                    now,
+                    id,
+                    (CloseCode::UnknownMember, &reason),
+                    &mut self.peers,
+                    &mut self.ctx,
+                );
             }
         };
         let Some((received, connections, unreliable)) =
@@ -80,10 +88,22 @@ impl Endpoint {
             return self.seed_hello(now, id, peer);
         };
         let Some(p) = self.peers.get(&pid) else {
-            return self.refuse(now, id, CloseCode::Removed, "member removed");
+            return self.links.refuse(
+                now,
+                id,
+                (CloseCode::Removed, "member removed"),
+                &mut self.peers,
+                &mut self.ctx,
+            );
         };
         if self.ctx.closed_to(p) {
-            return self.refuse(now, id, CloseCode::Shutdown, "member closed");
+            return self.links.refuse(
+                now,
+                id,
+                (CloseCode::Shutdown, "member closed"),
+                &mut self.peers,
+                &mut self.ctx,
+            );
         }
         // Another process holds the name: no counts for this one (zeros would tell it that
         // we lost our state for it).
@@ -179,7 +199,7 @@ impl Endpoint {
         self.ctx.counters.refusal(CloseCode::NameInUse);
         self.links
             .refused(id, CloseCode::NameInUse, false, &self.peers, &mut self.ctx);
-        self.close_link(
+        self.links.close(
             now,
             id,
             Some((
@@ -187,6 +207,8 @@ impl Endpoint {
                 "another process holds this member name",
             )),
             Why::ProtocolError,
+            &mut self.peers,
+            &mut self.ctx,
         );
     }
 
@@ -205,11 +227,23 @@ impl Endpoint {
         peer_connections: Option<u64>,
     ) -> Option<(u64, u64, u64)> {
         let Some(p) = self.peers.get(&pid) else {
-            self.refuse(now, id, CloseCode::Removed, "member removed");
+            self.links.refuse(
+                now,
+                id,
+                (CloseCode::Removed, "member removed"),
+                &mut self.peers,
+                &mut self.ctx,
+            );
             return None;
         };
         if self.ctx.closed_to(p) {
-            self.refuse(now, id, CloseCode::Shutdown, "member closed");
+            self.links.refuse(
+                now,
+                id,
+                (CloseCode::Shutdown, "member closed"),
+                &mut self.peers,
+                &mut self.ctx,
+            );
             return None;
         }
         if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, &self.peers) {
@@ -247,11 +281,13 @@ impl Endpoint {
                         self.ctx.cfg.name,
                         peer.name
                     );
-                    self.close_link(
+                    self.links.close(
                         now,
                         other,
                         Some((CloseCode::Superseded, "replaced by a newer connection")),
                         Why::Replaced,
+                        &mut self.peers,
+                        &mut self.ctx,
                     );
                 } else {
                     log::debug!(
@@ -259,7 +295,7 @@ impl Endpoint {
                         self.ctx.cfg.name,
                         peer.name
                     );
-                    self.close_link(
+                    self.links.close(
                         now,
                         id,
                         Some((
@@ -267,6 +303,8 @@ impl Endpoint {
                             "simultaneous connect lost the tie-break",
                         )),
                         Why::Replaced,
+                        &mut self.peers,
+                        &mut self.ctx,
                     );
                     return None;
                 }
@@ -332,32 +370,41 @@ impl Endpoint {
                 self.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
-                self.close_link(
+                self.links.close(
                     now,
                     id,
                     Some((CloseCode::Superseded, "superseded")),
                     Why::Replaced,
+                    &mut self.peers,
+                    &mut self.ctx,
                 );
             }
             Err(Unestablished::Outdated(why)) => {
                 log::info!("{}: {why}", self.ctx.cfg.name);
-                self.close_link(
+                self.links.close(
                     now,
                     id,
                     Some((CloseCode::Superseded, "superseded")),
                     Why::Replaced,
+                    &mut self.peers,
+                    &mut self.ctx,
                 );
             }
             Err(Unestablished::Forgotten(why)) => {
                 log::warn!("{}: {why}", self.ctx.cfg.name);
-                self.close_link(
+                self.links.close(
                     now,
                     id,
                     Some((CloseCode::Other, "state reset")),
                     Why::ProtocolError,
+                    &mut self.peers,
+                    &mut self.ctx,
                 );
             }
-            Err(Unestablished::Violation(e)) => self.protocol_error(now, id, e),
+            Err(Unestablished::Violation(e)) => {
+                self.links
+                    .protocol_error(now, id, e, &mut self.peers, &mut self.ctx)
+            }
         }
     }
 }

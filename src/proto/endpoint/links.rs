@@ -180,7 +180,14 @@ impl Endpoint {
             self.links
                 .gate
                 .displaced(now, victim, &from, own, &self.ctx.cfg, &self.ctx.counters);
-            self.close_link(now, victim, None, Why::Replaced);
+            self.links.close(
+                now,
+                victim,
+                None,
+                Why::Replaced,
+                &mut self.peers,
+                &mut self.ctx,
+            );
         }
         Counters::add(&self.ctx.counters.accepted, 1);
         log::debug!("{}: accepted connection from {from}", self.ctx.cfg.name);
@@ -202,7 +209,7 @@ impl Endpoint {
             .timers
             .add(now + deadline, TimerKind::Handshake { link: id });
         // The table just grew: older links may be past the shorter deadline.
-        self.shed_overdue(now);
+        self.links.shed_overdue(now, &mut self.peers, &mut self.ctx);
     }
 
     /// Whether connections accepted now are refused outright (shutting down).
@@ -213,22 +220,6 @@ impl Endpoint {
     /// Logs what the admission rules shed, when a warning is due.
     pub(crate) fn warn_shedding(&mut self, now: Instant) {
         self.links.gate.warn(now, &self.ctx.cfg.name);
-    }
-
-    /// Closes every pending accepted link past the deadline of the table as it is at
-    /// `now`, oldest first (each one closed lengthens the deadline of the rest).
-    pub(super) fn shed_overdue(&mut self, now: Instant) {
-        while let Some((id, limit)) = self
-            .links
-            .gate
-            .pending
-            .overdue(now, self.ctx.cfg.handshake_timeout)
-        {
-            self.links
-                .gate
-                .timed_out(limit, &self.ctx.cfg, &self.ctx.counters);
-            self.close_link(now, id, None, Why::IdleTimeout);
-        }
     }
 
     /// The driver opened a connection for peer `peer` (after [`Output::Dial`]): it becomes
@@ -251,124 +242,7 @@ impl Endpoint {
         p.set_state(PeerState::Connecting);
         let mut link = Link::new(id, Some(peer), hs, Vec::new(), now);
         link.remote = p.addr.clone();
-        self.open_dialled(now, link);
-    }
-
-    /// A connection this node dials (to a peer or a seed) enters the link table, counted,
-    /// with its handshake's deadline.
-    pub(super) fn open_dialled(&mut self, now: Instant, link: Link) {
-        let id = link.id;
-        self.links.table.insert(id, link);
-        self.links.update_gauges(&self.ctx.counters);
-        Counters::add(&self.ctx.counters.dialled, 1);
-        self.ctx.timers.add(
-            now + self.ctx.cfg.handshake_timeout,
-            TimerKind::Handshake { link: id },
-        );
-    }
-
-    /// The link's connection failed or the peer closed it (EOF), `why`: it is closed
-    /// without a Close frame.
-    pub(super) fn link_failed(&mut self, now: Instant, id: LinkId, why: Why) {
-        if let Some(link) = self.links.table.get(&id) {
-            if link.connecting {
-                Counters::add(&self.ctx.counters.dial_failures, 1);
-                if let Some(p) = link.dialled {
-                    log::debug!(
-                        "{}: connect to '{}' failed",
-                        self.ctx.cfg.name,
-                        self.peers.name(p)
-                    );
-                }
-            }
-        }
-        self.close_link(now, id, None, why);
-    }
-
-    /// A TLS failure on link `id` (handshake, certificate, or a certificate not valid for
-    /// the member name claimed): closed, counted.
-    pub(super) fn tls_failed(
-        &mut self,
-        now: Instant,
-        id: LinkId,
-        reason: &str,
-        from: Option<Addr>,
-    ) {
-        Counters::add(&self.ctx.counters.tls_failures, 1);
-        let who = match (self.links.table.get(&id).and_then(|l| l.peer), from) {
-            (Some(p), _) => format!("'{}'", self.peers.name(p)),
-            (None, Some(a)) => a.to_string(),
-            (None, None) => "an unidentified peer".to_owned(),
-        };
-        log::warn!(
-            "{}: TLS failure with {who}, closing connection: {reason}",
-            self.ctx.cfg.name
-        );
-        self.close_link(now, id, None, Why::Tls);
-    }
-
-    /// Closes a link (after writing `close`, best effort) and, if it spoke for a peer,
-    /// moves the peer to `Backoff` and schedules a reconnect. `why`: what the application
-    /// is told if the link was the peer's established one.
-    pub(super) fn close_link(
-        &mut self,
-        now: Instant,
-        id: LinkId,
-        close: Option<(CloseCode, &str)>,
-        why: Why,
-    ) {
-        let journal_ok = self.ctx.journal_ok();
-        self.links.gate.pending.remove(id);
-        let Some(link) = self.links.table.remove(&id) else {
-            return;
-        };
-        self.links.paused.retain(|&l| l != id);
-        let mut last = Vec::new();
-        if let Some((code, reason)) = close {
-            if journal_ok && !link.connecting {
-                // What may leave of the buffer, then the Close. With a journal, bytes whose
-                // records are not durable yet stay behind (nothing leaves before the journal
-                // holds it): they are unacknowledged, resent after the next handshake.
-                last = self.ctx.may_leave(&link).to_vec();
-                wire::encode_close(&mut last, code, reason);
-            }
-        }
-        self.ctx
-            .out
-            .events
-            .push_back(Output::Close { link: id, last });
-        self.links.update_gauges(&self.ctx.counters);
-        self.ctx
-            .timers
-            .cancel(|k| *k == TimerKind::Handshake { link: id });
-        if let Some(s) = link.seed {
-            self.seeds.link_closed(s, id);
-            self.seeds.retry_if_alone(now, &self.links, &mut self.ctx);
-        }
-        let Some(pid) = link.peer else { return };
-        let Some(p) = self.peers.get_mut(&pid) else {
-            return;
-        };
-        if p.link != Some(id) {
-            return;
-        }
-        p.link_lost(&self.ctx.cfg, link.established);
-        if link.established {
-            self.seeds.retry_if_alone(now, &self.links, &mut self.ctx);
-        }
-        let Some(p) = self.peers.get_mut(&pid) else {
-            return;
-        };
-        if std::mem::take(&mut p.up) {
-            let peer = p.name().clone();
-            emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Disconnected {
-                peer: peer.to_string(),
-                reason: why,
-            });
-        }
-        if p.state != PeerState::Closed {
-            self.peers.schedule_reconnect(now, pid, &mut self.ctx);
-        }
+        self.links.open_dialled(now, link, &mut self.ctx);
     }
 
     pub(super) fn add_unknown(&mut self, name: &str) -> usize {
@@ -384,5 +258,144 @@ impl Endpoint {
             p.dynamic = true;
         }
         id
+    }
+}
+
+/// What the links closed in a step owe the seeds, settled once the step is done
+/// ([`Seeds::after_closes`]): a seed whose link closed is idle again, and a node that lost
+/// a seed's link or an established one may reach nobody now.
+#[derive(Debug, Default)]
+pub(super) struct SeedsOwed {
+    /// Seed links closed: (seed, link).
+    pub(super) idle: Vec<(usize, LinkId)>,
+    /// The node may reach nobody now.
+    pub(super) maybe_alone: bool,
+}
+
+impl Links {
+    /// Closes every pending accepted link past the deadline of the table as it is at
+    /// `now`, oldest first (each one closed lengthens the deadline of the rest).
+    pub(super) fn shed_overdue(&mut self, now: Instant, peers: &mut Roster, ctx: &mut Ctx) {
+        while let Some((id, limit)) = self.gate.pending.overdue(now, ctx.cfg.handshake_timeout) {
+            self.gate.timed_out(limit, &ctx.cfg, &ctx.counters);
+            self.close(now, id, None, Why::IdleTimeout, peers, ctx);
+        }
+    }
+
+    /// A connection this node dials (to a peer or a seed) enters the link table, counted,
+    /// with its handshake's deadline.
+    pub(super) fn open_dialled(&mut self, now: Instant, link: Link, ctx: &mut Ctx) {
+        let id = link.id;
+        self.table.insert(id, link);
+        self.update_gauges(&ctx.counters);
+        Counters::add(&ctx.counters.dialled, 1);
+        ctx.timers.add(
+            now + ctx.cfg.handshake_timeout,
+            TimerKind::Handshake { link: id },
+        );
+    }
+
+    /// The link's connection failed or the peer closed it (EOF), `why`: it is closed
+    /// without a Close frame.
+    pub(super) fn failed(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        why: Why,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        if let Some(link) = self.table.get(&id) {
+            if link.connecting {
+                Counters::add(&ctx.counters.dial_failures, 1);
+                if let Some(p) = link.dialled {
+                    log::debug!("{}: connect to '{}' failed", ctx.cfg.name, peers.name(p));
+                }
+            }
+        }
+        self.close(now, id, None, why, peers, ctx);
+    }
+
+    /// A TLS failure on link `id` (handshake, certificate, or a certificate not valid for
+    /// the member name claimed): closed, counted.
+    pub(super) fn tls_failed(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        reason: &str,
+        from: Option<Addr>,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        Counters::add(&ctx.counters.tls_failures, 1);
+        let who = match (self.table.get(&id).and_then(|l| l.peer), from) {
+            (Some(p), _) => format!("'{}'", peers.name(p)),
+            (None, Some(a)) => a.to_string(),
+            (None, None) => "an unidentified peer".to_owned(),
+        };
+        log::warn!(
+            "{}: TLS failure with {who}, closing connection: {reason}",
+            ctx.cfg.name
+        );
+        self.close(now, id, None, Why::Tls, peers, ctx);
+    }
+
+    /// Closes a link (after writing `close`, best effort) and, if it spoke for a peer,
+    /// moves the peer to `Backoff` and schedules a reconnect. `why`: what the application
+    /// is told if the link was the peer's established one. What the close means to the
+    /// seeds waits in [`SeedsOwed`] until the step is done.
+    pub(super) fn close(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        close: Option<(CloseCode, &str)>,
+        why: Why,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        self.gate.pending.remove(id);
+        let Some(link) = self.table.remove(&id) else {
+            return;
+        };
+        self.paused.retain(|&l| l != id);
+        let mut last = Vec::new();
+        if let Some((code, reason)) = close {
+            if ctx.journal_ok() && !link.connecting {
+                // What may leave of the buffer, then the Close. With a journal, bytes whose
+                // records are not durable yet stay behind (nothing leaves before the journal
+                // holds it): they are unacknowledged, resent after the next handshake.
+                last = ctx.may_leave(&link).to_vec();
+                wire::encode_close(&mut last, code, reason);
+            }
+        }
+        ctx.out.events.push_back(Output::Close { link: id, last });
+        self.update_gauges(&ctx.counters);
+        ctx.timers
+            .cancel(|k| *k == TimerKind::Handshake { link: id });
+        if let Some(s) = link.seed {
+            self.seeds_owed.idle.push((s, id));
+            self.seeds_owed.maybe_alone = true;
+        }
+        let Some(pid) = link.peer else { return };
+        let Some(p) = peers.get_mut(&pid) else {
+            return;
+        };
+        if p.link != Some(id) {
+            return;
+        }
+        p.link_lost(&ctx.cfg, link.established);
+        if link.established {
+            self.seeds_owed.maybe_alone = true;
+        }
+        if std::mem::take(&mut p.up) {
+            let peer = p.name().clone();
+            emit(&ctx.cfg, &mut ctx.out, || Event::Disconnected {
+                peer: peer.to_string(),
+                reason: why,
+            });
+        }
+        if p.state != PeerState::Closed {
+            peers.schedule_reconnect(now, pid, ctx);
+        }
     }
 }

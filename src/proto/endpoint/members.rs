@@ -263,7 +263,14 @@ impl Endpoint {
             } else {
                 "left the cluster"
             };
-            self.close_link(now, link, Some((CloseCode::Removed, reason)), why);
+            self.links.close(
+                now,
+                link,
+                Some((CloseCode::Removed, reason)),
+                why,
+                &mut self.peers,
+                &mut self.ctx,
+            );
         }
         if up {
             let peer: SharedStr = name.into();

@@ -60,7 +60,7 @@ mod table;
 mod time;
 
 pub(crate) use journal::{JournalGate, StoppedJournal, StoppedPeer};
-use links::Gate;
+use links::{Gate, SeedsOwed};
 use members::Members;
 pub(crate) use members::{MembersView, MembershipSetup};
 use roster::Roster;
@@ -588,8 +588,14 @@ impl Endpoint {
                 self.links
                     .wrote(now, link, n, &mut self.peers, &mut self.ctx)
             }
-            Input::Failed { link, why } => self.link_failed(now, link, why),
-            Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
+            Input::Failed { link, why } => {
+                self.links
+                    .failed(now, link, why, &mut self.peers, &mut self.ctx)
+            }
+            Input::TlsFailed { link, reason, from } => {
+                self.links
+                    .tls_failed(now, link, reason, from, &mut self.peers, &mut self.ctx)
+            }
             Input::JournalMarks(marks) => {
                 let failed = self
                     .ctx
@@ -613,6 +619,7 @@ impl Endpoint {
                 }
             }
         }
+        self.seeds.after_closes(now, &mut self.links, &mut self.ctx);
     }
 
     /// The next thing the driver must do, or `None` when there is nothing more until the
@@ -634,6 +641,7 @@ impl Endpoint {
     pub(crate) fn poll(&mut self, now: Instant) -> Option<Output> {
         loop {
             self.pump_members(now);
+            self.seeds.after_closes(now, &mut self.links, &mut self.ctx);
             if let Some(t) = self.ctx.out.tasks.pop_front() {
                 return Some(Output::Task(t));
             }
@@ -654,7 +662,8 @@ impl Endpoint {
                     continue; // closed since, or not connected yet
                 }
                 if !self.ctx.journal_ok() {
-                    self.link_failed(now, id, Why::Shutdown);
+                    self.links
+                        .failed(now, id, Why::Shutdown, &mut self.peers, &mut self.ctx);
                     continue;
                 }
                 return Some(Output::Transmit(id));

@@ -306,13 +306,22 @@ impl Seeds {
         self.retry_if_alone(now, links, ctx);
     }
 
-    /// Seed link `id` (seed `s`) closed: the seed is idle again.
-    pub(super) fn link_closed(&mut self, s: usize, id: LinkId) {
-        if let Some(seed) = self.list.get_mut(s) {
-            if seed.link == Some(id) {
-                seed.link = None;
+    /// Settles what the links closed in the step just done owe the seeds
+    /// ([`SeedsOwed`]): a seed whose link closed is idle again, and if the node may reach
+    /// nobody now, every idle seed is dialled again after its backoff.
+    pub(super) fn after_closes(&mut self, now: Instant, links: &mut Links, ctx: &mut Ctx) {
+        if !links.seeds_owed.maybe_alone {
+            return; // every close that owes the seeds anything sets it
+        }
+        let owed = std::mem::take(&mut links.seeds_owed);
+        for (s, id) in owed.idle {
+            if let Some(seed) = self.list.get_mut(s) {
+                if seed.link == Some(id) {
+                    seed.link = None;
+                }
             }
         }
+        self.retry_if_alone(now, links, ctx);
     }
 
     /// The handshake there named us: seed `s` is our own address, never dialled again.
@@ -406,7 +415,7 @@ impl Endpoint {
         link.connecting = true;
         link.seed = Some(s);
         link.remote = Some(Addr::Tcp(addr));
-        self.open_dialled(now, link);
+        self.links.open_dialled(now, link, &mut self.ctx);
     }
 
     /// The handshake on seed link `id` named us: the seed is our own address.
@@ -415,7 +424,8 @@ impl Endpoint {
             return;
         };
         self.seeds.is_own(s, &self.ctx.cfg.name);
-        self.close_link(now, id, None, Why::Shutdown);
+        self.links
+            .close(now, id, None, Why::Shutdown, &mut self.peers, &mut self.ctx);
     }
 
     /// Dialler on seed link `id`: the Hello of whoever answers arrived (not authenticated
@@ -478,11 +488,13 @@ impl Endpoint {
         if self.peers.id_of(&peer.name).is_some() || self.ctx.shutdown.is_some() {
             // Known meanwhile: our answer said we hold nothing of it, which may not be
             // true now. This link goes; the member's own comes or stays.
-            return self.close_link(
+            return self.links.close(
                 now,
                 id,
                 Some((CloseCode::Superseded, "connected otherwise meanwhile")),
                 Why::Replaced,
+                &mut self.peers,
+                &mut self.ctx,
             );
         }
         let pid = self.admit_seeded(now, &peer.name, s);
@@ -498,7 +510,8 @@ impl Endpoint {
     /// done then); otherwise the seed link closes. Returns whether it took it.
     fn seed_takes(&mut self, now: Instant, id: LinkId, pid: usize) -> bool {
         let Some(p) = self.peers.get_mut(&pid) else {
-            self.close_link(now, id, None, Why::Removed);
+            self.links
+                .close(now, id, None, Why::Removed, &mut self.peers, &mut self.ctx);
             return false;
         };
         if p.state == PeerState::Closed || p.link.is_some_and(|l| l != id) {
@@ -507,11 +520,13 @@ impl Endpoint {
                 self.ctx.cfg.name,
                 p.name()
             );
-            self.close_link(
+            self.links.close(
                 now,
                 id,
                 Some((CloseCode::Superseded, "connected otherwise")),
                 Why::Replaced,
+                &mut self.peers,
+                &mut self.ctx,
             );
             return false;
         }

@@ -15,6 +15,8 @@ pub(super) struct Links {
     pub(super) paused: Vec<LinkId>,
     /// Admission of accepted links.
     pub(super) gate: Gate,
+    /// What links closed owe the seeds, until the step is done.
+    pub(super) seeds_owed: SeedsOwed,
 }
 
 impl Links {
@@ -24,6 +26,7 @@ impl Links {
             dirty: VecDeque::new(),
             paused: Vec::new(),
             gate: Gate::new(cfg),
+            seeds_owed: SeedsOwed::default(),
         }
     }
 
