@@ -52,7 +52,7 @@ impl Endpoint {
         let pid = match self.peers.id_of(&peer.name) {
             Some(pid) => pid,
             None if self.ctx.cfg.allow_unknown && self.ctx.shutdown.is_none() => {
-                self.add_unknown(&peer.name)
+                self.peers.admit_unknown(&peer.name, &mut self.ctx)
             }
             None => {
                 let reason = format!("member '{}' is not configured here", peer.name);

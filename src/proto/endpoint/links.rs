@@ -244,21 +244,6 @@ impl Endpoint {
         link.remote = p.addr.clone();
         self.links.open_dialled(now, link, &mut self.ctx);
     }
-
-    pub(super) fn add_unknown(&mut self, name: &str) -> usize {
-        let shared = (self.new_peer)(name.into());
-        let id = shared.id;
-        log::info!("{}: admitting unknown member '{name}'", self.ctx.cfg.name);
-        self.ctx
-            .out
-            .events
-            .push_back(Output::Admitted(shared.clone()));
-        self.add_peer(shared, None);
-        if let Some(p) = self.peers.get_mut(&id) {
-            p.dynamic = true;
-        }
-        id
-    }
 }
 
 /// What the links closed in a step owe the seeds, settled once the step is done

@@ -462,7 +462,6 @@ pub(crate) struct Endpoint {
     local: LocalIdentity,
     /// The bound of a data frame's length.
     max_len: usize,
-    new_peer: NewPeer,
     /// The links, with those that have bytes to write and those paused.
     links: Links,
     /// The peers, by id and by name.
@@ -509,9 +508,8 @@ impl Endpoint {
         let mut ep = Endpoint {
             max_len: wire::max_frame_len(cfg.max_message),
             local,
-            new_peer,
             links: Links::new(&cfg),
-            peers: Roster::default(),
+            peers: Roster::new(new_peer),
             deferred: Vec::new(),
             syncs: VecDeque::new(),
             seeds: Seeds::new(&cfg),
@@ -549,9 +547,14 @@ impl Endpoint {
     /// comes out of [`poll`](Endpoint::poll), which the driver drains next.
     pub(crate) fn handle(&mut self, now: Instant, input: Input<'_>) {
         match input {
-            Input::AddPeer { peer, addr } => self.add_peer(peer, addr),
-            Input::RemovePeer(id) => self.remove_peer(now, id),
-            Input::Disconnect(id) => self.disconnect(now, id),
+            Input::AddPeer { peer, addr } => self.peers.add(peer, addr, &mut self.ctx),
+            Input::RemovePeer(id) => {
+                self.peers
+                    .remove_peer(now, id, &mut self.links, &mut self.ctx)
+            }
+            Input::Disconnect(id) => self
+                .peers
+                .disconnect(now, id, &mut self.links, &mut self.ctx),
             Input::Shutdown { deadline } => self.begin_shutdown(now, deadline),
             Input::SyncJournal => {
                 let n = self.sync_journal_now(now);
@@ -640,7 +643,9 @@ impl Endpoint {
     /// instead (its buffer may hold messages the journal lacks).
     pub(crate) fn poll(&mut self, now: Instant) -> Option<Output> {
         loop {
-            self.pump_members(now);
+            if let Some(m) = self.members.as_mut() {
+                m.pump(now, &mut self.peers, &mut self.links, &mut self.ctx);
+            }
             self.seeds.after_closes(now, &mut self.links, &mut self.ctx);
             if let Some(t) = self.ctx.out.tasks.pop_front() {
                 return Some(Output::Task(t));

@@ -446,9 +446,11 @@ impl Endpoint {
             .is_some_and(|j| j.recovered.contains_key(peer.name.as_str()));
         let pid = match known {
             Some(pid) => Some(pid),
-            None if recovered && self.ctx.shutdown.is_none() => {
-                Some(self.admit_seeded(now, &peer.name, s))
-            }
+            None if recovered && self.ctx.shutdown.is_none() => Some(self.peers.admit_seeded(
+                &peer.name,
+                self.seeds.addr(s),
+                &mut self.ctx,
+            )),
             None => None,
         };
         let Some(pid) = pid else {
@@ -497,7 +499,9 @@ impl Endpoint {
                 &mut self.ctx,
             );
         }
-        let pid = self.admit_seeded(now, &peer.name, s);
+        let pid = self
+            .peers
+            .admit_seeded(&peer.name, self.seeds.addr(s), &mut self.ctx);
         if !self.seed_takes(now, id, pid) {
             return;
         }
@@ -542,34 +546,5 @@ impl Endpoint {
             self.seeds.taken(s);
         }
         true
-    }
-
-    /// A member found at seed `s` becomes a peer: the node's map learns it
-    /// ([`Output::Admitted`]), it is dialled at the seed's address when its link is lost,
-    /// and it is never forgotten. Its stream is the journal's, if the journal has one.
-    fn admit_seeded(&mut self, _now: Instant, name: &str, s: usize) -> usize {
-        let shared = (self.new_peer)(name.into());
-        let id = shared.id;
-        let addr = self.seeds.addr(s);
-        log::info!(
-            "{}: found '{name}' at seed {}",
-            self.ctx.cfg.name,
-            addr.map_or_else(|| "?".to_string(), |a| a.to_string())
-        );
-        self.ctx
-            .out
-            .events
-            .push_back(Output::Admitted(shared.clone()));
-        let mut peer = Remote::new(shared, addr.map(Addr::Tcp));
-        if let Some(r) = self
-            .ctx
-            .journal
-            .as_mut()
-            .and_then(|j| j.recovered.remove(name))
-        {
-            peer.restore(&self.ctx.cfg, &mut self.ctx.out, r);
-        }
-        self.peers.insert(id, peer);
-        id
     }
 }
