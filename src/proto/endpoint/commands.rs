@@ -203,7 +203,7 @@ impl Endpoint {
                 &mut self.ctx,
             );
         }
-        self.seeds.after_closes(now, &mut self.links, &mut self.ctx);
+        self.seeds.settle(now, &mut self.links, &mut self.ctx);
         if let Some(j) = self.ctx.journal.as_mut() {
             j.cut(&mut self.links, &mut self.ctx.out);
         }

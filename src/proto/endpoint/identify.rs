@@ -4,7 +4,27 @@
 
 use super::*;
 
+/// The handshake's decisions on a link, over the parts they touch: the link table, the
+/// peers and the services, nothing else (what they learn of a seed waits in
+/// [`SeedsOwed`]). Made for the step that needs it (`Handshakes { links, peers, ctx }`).
+pub(super) struct Handshakes<'a> {
+    pub(super) links: &'a mut Links,
+    pub(super) peers: &'a mut Roster,
+    pub(super) ctx: &'a mut Ctx,
+}
+
 impl Endpoint {
+    /// The handshake's decisions, over the parts they touch.
+    pub(super) fn handshakes(&mut self) -> Handshakes<'_> {
+        Handshakes {
+            links: &mut self.links,
+            peers: &mut self.peers,
+            ctx: &mut self.ctx,
+        }
+    }
+}
+
+impl Handshakes<'_> {
     /// A link said who it is. An accepted one (`resume`: the dialler's received counts,
     /// reliable messages and unreliable window bytes) is authenticated by now when a secret
     /// is configured: it is adopted and answered with Ready, and established. A dialled one
@@ -45,14 +65,14 @@ impl Endpoint {
                     "TLS certificate not valid for the member name claimed",
                 )),
                 Why::Tls,
-                &mut self.peers,
-                &mut self.ctx,
+                self.peers,
+                self.ctx,
             );
         }
         let pid = match self.peers.id_of(&peer.name) {
             Some(pid) => pid,
             None if self.ctx.cfg.allow_unknown && self.ctx.shutdown.is_none() => {
-                self.peers.admit_unknown(&peer.name, &mut self.ctx)
+                self.peers.admit_unknown(&peer.name, self.ctx)
             }
             None => {
                 let reason = format!("member '{}' is not configured here", peer.name);
@@ -60,8 +80,8 @@ impl Endpoint {
                     now,
                     id,
                     (CloseCode::UnknownMember, &reason),
-                    &mut self.peers,
-                    &mut self.ctx,
+                    self.peers,
+                    self.ctx,
                 );
             }
         };
@@ -92,8 +112,8 @@ impl Endpoint {
                 now,
                 id,
                 (CloseCode::Removed, "member removed"),
-                &mut self.peers,
-                &mut self.ctx,
+                self.peers,
+                self.ctx,
             );
         };
         if self.ctx.closed_to(p) {
@@ -101,13 +121,13 @@ impl Endpoint {
                 now,
                 id,
                 (CloseCode::Shutdown, "member closed"),
-                &mut self.peers,
-                &mut self.ctx,
+                self.peers,
+                self.ctx,
             );
         }
         // Another process holds the name: no counts for this one (zeros would tell it that
         // we lost our state for it).
-        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, &self.peers) {
+        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, self.peers) {
             return self.refuse_name_in_use(now, id, pid, peer, holder);
         }
         let Some(p) = self.peers.get(&pid) else {
@@ -198,7 +218,7 @@ impl Endpoint {
         }
         self.ctx.counters.refusal(CloseCode::NameInUse);
         self.links
-            .refused(id, CloseCode::NameInUse, false, &self.peers, &mut self.ctx);
+            .refused(id, CloseCode::NameInUse, false, self.peers, self.ctx);
         self.links.close(
             now,
             id,
@@ -207,8 +227,8 @@ impl Endpoint {
                 "another process holds this member name",
             )),
             Why::ProtocolError,
-            &mut self.peers,
-            &mut self.ctx,
+            self.peers,
+            self.ctx,
         );
     }
 
@@ -231,8 +251,8 @@ impl Endpoint {
                 now,
                 id,
                 (CloseCode::Removed, "member removed"),
-                &mut self.peers,
-                &mut self.ctx,
+                self.peers,
+                self.ctx,
             );
             return None;
         };
@@ -241,12 +261,12 @@ impl Endpoint {
                 now,
                 id,
                 (CloseCode::Shutdown, "member closed"),
-                &mut self.peers,
-                &mut self.ctx,
+                self.peers,
+                self.ctx,
             );
             return None;
         }
-        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, &self.peers) {
+        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, self.peers) {
             self.refuse_name_in_use(now, id, pid, peer, holder);
             return None;
         }
@@ -286,8 +306,8 @@ impl Endpoint {
                         other,
                         Some((CloseCode::Superseded, "replaced by a newer connection")),
                         Why::Replaced,
-                        &mut self.peers,
-                        &mut self.ctx,
+                        self.peers,
+                        self.ctx,
                     );
                 } else {
                     log::debug!(
@@ -303,8 +323,8 @@ impl Endpoint {
                             "simultaneous connect lost the tie-break",
                         )),
                         Why::Replaced,
-                        &mut self.peers,
-                        &mut self.ctx,
+                        self.peers,
+                        self.ctx,
                     );
                     return None;
                 }
@@ -367,7 +387,7 @@ impl Endpoint {
                 Counters::add(&self.ctx.counters.handshakes, 1);
                 self.links.update_gauges(&self.ctx.counters);
                 self.links.dirty.push_back(id);
-                self.deferred.push(pid);
+                self.links.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
                 self.links.close(
@@ -375,8 +395,8 @@ impl Endpoint {
                     id,
                     Some((CloseCode::Superseded, "superseded")),
                     Why::Replaced,
-                    &mut self.peers,
-                    &mut self.ctx,
+                    self.peers,
+                    self.ctx,
                 );
             }
             Err(Unestablished::Outdated(why)) => {
@@ -386,8 +406,8 @@ impl Endpoint {
                     id,
                     Some((CloseCode::Superseded, "superseded")),
                     Why::Replaced,
-                    &mut self.peers,
-                    &mut self.ctx,
+                    self.peers,
+                    self.ctx,
                 );
             }
             Err(Unestablished::Forgotten(why)) => {
@@ -397,13 +417,12 @@ impl Endpoint {
                     id,
                     Some((CloseCode::Other, "state reset")),
                     Why::ProtocolError,
-                    &mut self.peers,
-                    &mut self.ctx,
+                    self.peers,
+                    self.ctx,
                 );
             }
             Err(Unestablished::Violation(e)) => {
-                self.links
-                    .protocol_error(now, id, e, &mut self.peers, &mut self.ctx)
+                self.links.protocol_error(now, id, e, self.peers, self.ctx)
             }
         }
     }

@@ -29,7 +29,7 @@ impl Endpoint {
                 break;
             }
             let (established, peer) = (link.established, link.peer);
-            let max = link.frame_limit(self.max_len);
+            let max = link.frame_limit(self.ctx.max_len);
             // The hot path: regular messages on an established link join the run, as many
             // as follow one another (one look-up of the link and the peer for them all).
             if let (Ok(Some(wire::Peek::Data { flags, total, .. })), Some(pid)) = (
@@ -186,7 +186,7 @@ impl Endpoint {
 
     /// A control frame (any frame but data) on link `id`.
     pub(super) fn on_frame(&mut self, now: Instant, id: LinkId, bytes: &[u8], cert: CertCheck<'_>) {
-        let frame = match wire::decode(bytes, self.max_len) {
+        let frame = match wire::decode(bytes, self.ctx.max_len) {
             Ok(Some((f, _))) => f,
             Ok(None) => {
                 return self.links.protocol_error(
@@ -219,12 +219,15 @@ impl Endpoint {
                     peer_unreliable,
                 }) => {
                     let resume = peer_received.map(|r| (r, peer_unreliable.unwrap_or(0)));
-                    self.on_identified(now, id, peer, resume, peer_connections, cert)
+                    self.handshakes()
+                        .on_identified(now, id, peer, resume, peer_connections, cert)
                 }
                 Ok(HsEvent::Established {
                     peer_received,
                     peer_unreliable,
-                }) => self.on_established(now, id, peer_received, peer_unreliable),
+                }) => self
+                    .handshakes()
+                    .on_established(now, id, peer_received, peer_unreliable),
                 Err(e) => {
                     if e.by_peer && e.code == CloseCode::Superseded {
                         // The peer kept the other of two simultaneous connections.
@@ -286,7 +289,7 @@ impl Endpoint {
                         );
                     } else if e.code == CloseCode::NameMismatch && link.seed.is_some() {
                         // Only our own name is refused to a seed's dial: it is our address.
-                        self.seed_is_own(now, id);
+                        self.handshakes().seed_is_own(now, id);
                     } else if e.code == CloseCode::Protocol {
                         // A frame the handshake cannot take (malformed, or not the one its
                         // step expects): a protocol error, not a refusal of who the peer is.

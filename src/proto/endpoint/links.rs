@@ -159,6 +159,34 @@ impl Endpoint {
             .verdict(now, &from, open, &self.ctx.cfg, &self.ctx.counters)
     }
 
+    /// Whether connections accepted now are refused outright (shutting down).
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.ctx.shutdown.is_some()
+    }
+
+    /// Logs what the admission rules shed, when a warning is due.
+    pub(crate) fn warn_shedding(&mut self, now: Instant) {
+        self.links.gate.warn(now, &self.ctx.cfg.name);
+    }
+}
+
+/// What a step learnt about the seeds through their links, settled once the step is done
+/// ([`Seeds::settle`]): a seed that is our own address, a seed whose link a member took
+/// (its job done), a seed whose link closed (idle again), and whether the node, having
+/// lost a seed's link or an established one, may reach nobody now.
+#[derive(Debug, Default)]
+pub(super) struct SeedsOwed {
+    /// Seeds whose handshake named us.
+    pub(super) own: Vec<usize>,
+    /// Seeds whose link was taken by the member found there.
+    pub(super) taken: Vec<usize>,
+    /// Seed links closed: (seed, link).
+    pub(super) idle: Vec<(usize, LinkId)>,
+    /// The node may reach nobody now.
+    pub(super) maybe_alone: bool,
+}
+
+impl Handshakes<'_> {
     /// A connection accepted from `from` (admitted by [`judge`](Endpoint::verdict_on_accept), which
     /// may have named a pending link to displace) becomes link `id`: the acceptor's
     /// handshake starts (its Hello is written), with the deadline of the pending table as it
@@ -180,19 +208,13 @@ impl Endpoint {
             self.links
                 .gate
                 .displaced(now, victim, &from, own, &self.ctx.cfg, &self.ctx.counters);
-            self.links.close(
-                now,
-                victim,
-                None,
-                Why::Replaced,
-                &mut self.peers,
-                &mut self.ctx,
-            );
+            self.links
+                .close(now, victim, None, Why::Replaced, self.peers, self.ctx);
         }
         Counters::add(&self.ctx.counters.accepted, 1);
         log::debug!("{}: accepted connection from {from}", self.ctx.cfg.name);
         let mut first = Vec::new();
-        let hs = Handshake::acceptor(self.local.clone(), nonce, &mut first);
+        let hs = Handshake::acceptor(self.ctx.local.clone(), nonce, &mut first);
         let mut link = Link::new(id, None, hs, first, now);
         let source = admission::source_of(from.source_ip());
         link.remote = Some(from);
@@ -209,17 +231,7 @@ impl Endpoint {
             .timers
             .add(now + deadline, TimerKind::Handshake { link: id });
         // The table just grew: older links may be past the shorter deadline.
-        self.links.shed_overdue(now, &mut self.peers, &mut self.ctx);
-    }
-
-    /// Whether connections accepted now are refused outright (shutting down).
-    pub(crate) fn is_shutting_down(&self) -> bool {
-        self.ctx.shutdown.is_some()
-    }
-
-    /// Logs what the admission rules shed, when a warning is due.
-    pub(crate) fn warn_shedding(&mut self, now: Instant) {
-        self.links.gate.warn(now, &self.ctx.cfg.name);
+        self.links.shed_overdue(now, self.peers, self.ctx);
     }
 
     /// The driver opened a connection for peer `peer` (after [`Output::Dial`]): it becomes
@@ -237,24 +249,13 @@ impl Endpoint {
                 last: Vec::new(),
             });
         }
-        let hs = Handshake::dialler(self.local.clone(), p.name().to_string(), nonce);
+        let hs = Handshake::dialler(self.ctx.local.clone(), p.name().to_string(), nonce);
         p.link = Some(id);
         p.set_state(PeerState::Connecting);
         let mut link = Link::new(id, Some(peer), hs, Vec::new(), now);
         link.remote = p.addr.clone();
-        self.links.open_dialled(now, link, &mut self.ctx);
+        self.links.open_dialled(now, link, self.ctx);
     }
-}
-
-/// What the links closed in a step owe the seeds, settled once the step is done
-/// ([`Seeds::after_closes`]): a seed whose link closed is idle again, and a node that lost
-/// a seed's link or an established one may reach nobody now.
-#[derive(Debug, Default)]
-pub(super) struct SeedsOwed {
-    /// Seed links closed: (seed, link).
-    pub(super) idle: Vec<(usize, LinkId)>,
-    /// The node may reach nobody now.
-    pub(super) maybe_alone: bool,
 }
 
 impl Links {

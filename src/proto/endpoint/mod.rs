@@ -59,6 +59,7 @@ mod seeds;
 mod table;
 mod time;
 
+use identify::Handshakes;
 pub(crate) use journal::{JournalGate, StoppedJournal, StoppedPeer};
 use links::{Gate, SeedsOwed};
 use members::Members;
@@ -417,8 +418,9 @@ pub(crate) type NewPeer = Box<dyn Fn(SharedStr) -> Arc<PeerShared> + Send>;
 /// handshake claims (always `Ok` on plain TCP).
 pub(crate) type CertCheck<'a> = &'a dyn Fn(&str) -> Result<(), String>;
 
-/// The services every part of the endpoint uses: its settings, its counters, its timers
-/// and reconnect backoff, whether it is shutting down, and what it produces.
+/// The services every part of the endpoint uses: its settings (and who it is in a
+/// handshake, the bound of a frame), its counters, its timers and reconnect backoff,
+/// whether it is shutting down, what it produces, and the journal's gate.
 pub(crate) struct Ctx {
     cfg: Config,
     counters: Arc<NodeCounters>,
@@ -429,6 +431,10 @@ pub(crate) struct Ctx {
     out: Produced,
     /// The journal's gate, for a node that journals.
     journal: Option<JournalGate>,
+    /// Who this member is, as its handshakes say.
+    local: LocalIdentity,
+    /// The bound of a data frame's length.
+    max_len: usize,
 }
 
 impl Ctx {
@@ -459,16 +465,10 @@ impl Ctx {
 pub(crate) struct Endpoint {
     /// The services its parts share.
     ctx: Ctx,
-    local: LocalIdentity,
-    /// The bound of a data frame's length.
-    max_len: usize,
     /// The links, with those that have bytes to write and those paused.
     links: Links,
     /// The peers, by id and by name.
     peers: Roster,
-    /// Peers whose queued messages are published once the frames written so far have left
-    /// (a handshake's last frame goes first: see [`poll`](Endpoint::poll), step 4).
-    deferred: Vec<usize>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
     /// The seeds: addresses dialled without a name, and the names they were given by.
@@ -506,11 +506,8 @@ impl Endpoint {
         let mut timers = Timers::default();
         timers.add(now + cfg.tick, TimerKind::Tick);
         let mut ep = Endpoint {
-            max_len: wire::max_frame_len(cfg.max_message),
-            local,
             links: Links::new(&cfg),
             peers: Roster::new(new_peer),
-            deferred: Vec::new(),
             syncs: VecDeque::new(),
             seeds: Seeds::new(&cfg),
             members: cfg
@@ -533,6 +530,8 @@ impl Endpoint {
                     batches: Vec::new(),
                     journal_open: journal.is_some(),
                 },
+                max_len: wire::max_frame_len(cfg.max_message),
+                local,
                 cfg,
                 journal,
             },
@@ -566,12 +565,14 @@ impl Endpoint {
                 target: Target::Peer(peer),
                 link,
                 nonce,
-            } => self.dialled(now, peer, link, nonce),
+            } => self.handshakes().dialled(now, peer, link, nonce),
             Input::Dialled {
                 target: Target::Seed(s),
                 link,
                 nonce,
-            } => self.seed_dialled(now, s, link, nonce),
+            } => self
+                .seeds
+                .opened(now, s, link, nonce, &mut self.links, &mut self.ctx),
             Input::DialFailed(Target::Peer(peer)) => {
                 self.peers.dial_failed(now, peer, &mut self.ctx)
             }
@@ -584,7 +585,7 @@ impl Endpoint {
                 from,
                 verdict,
                 nonce,
-            } => self.accepted(now, link, from, verdict, nonce),
+            } => self.handshakes().accepted(now, link, from, verdict, nonce),
             Input::Read { link, cert } => self.handle_input(now, link, cert),
             Input::Writable(link) => self.links.dirty.push_back(link),
             Input::Wrote { link, n } => {
@@ -622,7 +623,7 @@ impl Endpoint {
                 }
             }
         }
-        self.seeds.after_closes(now, &mut self.links, &mut self.ctx);
+        self.seeds.settle(now, &mut self.links, &mut self.ctx);
     }
 
     /// The next thing the driver must do, or `None` when there is nothing more until the
@@ -646,7 +647,7 @@ impl Endpoint {
             if let Some(m) = self.members.as_mut() {
                 m.pump(now, &mut self.peers, &mut self.links, &mut self.ctx);
             }
-            self.seeds.after_closes(now, &mut self.links, &mut self.ctx);
+            self.seeds.settle(now, &mut self.links, &mut self.ctx);
             if let Some(t) = self.ctx.out.tasks.pop_front() {
                 return Some(Output::Task(t));
             }
@@ -673,10 +674,10 @@ impl Endpoint {
                 }
                 return Some(Output::Transmit(id));
             }
-            if self.deferred.is_empty() {
+            if self.links.deferred.is_empty() {
                 return None;
             }
-            for id in std::mem::take(&mut self.deferred) {
+            for id in std::mem::take(&mut self.links.deferred) {
                 self.links.publish(now, id, &mut self.peers, &mut self.ctx);
             }
         }

@@ -48,20 +48,16 @@ impl Roster {
     /// A member found at seed address `addr` becomes a peer: the node's map learns it, it
     /// is dialled at the seed's address when its link is lost, and it is never forgotten.
     /// Its stream is the journal's, if the journal has one. Returns its id.
-    pub(super) fn admit_seeded(
-        &mut self,
-        name: &str,
-        addr: Option<SocketAddr>,
-        ctx: &mut Ctx,
-    ) -> usize {
+    pub(super) fn admit_seeded(&mut self, name: &str, addr: Option<Addr>, ctx: &mut Ctx) -> usize {
         log::info!(
             "{}: found '{name}' at seed {}",
             ctx.cfg.name,
-            addr.map_or_else(|| "?".to_string(), |a| a.to_string())
+            addr.as_ref()
+                .map_or_else(|| "?".to_string(), |a| a.to_string())
         );
         let shared = self.admit(name, ctx);
         let id = shared.id;
-        let mut peer = Remote::new(shared, addr.map(Addr::Tcp));
+        let mut peer = Remote::new(shared, addr);
         if let Some(r) = ctx.journal.as_mut().and_then(|j| j.recovered.remove(name)) {
             peer.restore(&ctx.cfg, &mut ctx.out, r);
         }

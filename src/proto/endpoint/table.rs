@@ -17,6 +17,9 @@ pub(super) struct Links {
     pub(super) gate: Gate,
     /// What links closed owe the seeds, until the step is done.
     pub(super) seeds_owed: SeedsOwed,
+    /// Peers whose queued messages are published once the frames written so far have left
+    /// (a handshake's last frame goes first: see [`Endpoint::poll`], step 4).
+    pub(super) deferred: Vec<usize>,
 }
 
 impl Links {
@@ -27,6 +30,7 @@ impl Links {
             paused: Vec::new(),
             gate: Gate::new(cfg),
             seeds_owed: SeedsOwed::default(),
+            deferred: Vec::new(),
         }
     }
 
