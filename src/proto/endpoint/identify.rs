@@ -25,6 +25,105 @@ impl Endpoint {
 }
 
 impl Handshakes<'_> {
+    /// Closes link `id` ([`Links::close`]).
+    pub(super) fn close(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        close: Option<(CloseCode, &str)>,
+        why: Why,
+    ) {
+        self.links.close(now, id, close, why, self.peers, self.ctx);
+    }
+
+    /// Refuses the handshake on link `id` ([`Links::refuse`]).
+    pub(super) fn refuse(&mut self, now: Instant, id: LinkId, refusal: (CloseCode, &str)) {
+        self.links.refuse(now, id, refusal, self.peers, self.ctx);
+    }
+
+    /// Closes link `id` for a protocol error ([`Links::protocol_error`]).
+    pub(super) fn protocol_error(&mut self, now: Instant, id: LinkId, reason: String) {
+        self.links
+            .protocol_error(now, id, reason, self.peers, self.ctx);
+    }
+
+    /// A handshake frame on link `id`, whose handshake is under way: who the other side
+    /// is, its Ready, or its refusal (or a frame the handshake cannot take).
+    pub(super) fn on_frame(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        frame: &Frame,
+        cert: CertCheck<'_>,
+    ) {
+        let Some(link) = self.links.table.get_mut(&id) else {
+            return;
+        };
+        let Some(hs) = link.hs.as_mut() else { return };
+        match hs.on_frame(frame) {
+            Ok(HsEvent::Identified {
+                peer,
+                peer_received,
+                peer_connections,
+                peer_unreliable,
+            }) => {
+                let resume = peer_received.map(|r| (r, peer_unreliable.unwrap_or(0)));
+                self.on_identified(now, id, peer, resume, peer_connections, cert)
+            }
+            Ok(HsEvent::Established {
+                peer_received,
+                peer_unreliable,
+            }) => self.on_established(now, id, peer_received, peer_unreliable),
+            Err(e) => {
+                if e.by_peer && e.code == CloseCode::Superseded {
+                    // The peer kept the other of two simultaneous connections.
+                    log::debug!("{}: {e}", self.ctx.cfg.name);
+                    self.close(now, id, None, Why::Replaced);
+                } else if e.by_peer && e.code == CloseCode::NameInUse {
+                    // A process of our name (another launch) is connected there, or
+                    // replaced us: this one retries with backoff, and gets in once the
+                    // other is gone.
+                    let addr = link.remote.clone();
+                    let ours = self.ctx.cfg.launch_id;
+                    // Once per episode at `error` (until the peer takes a connection).
+                    let first = link
+                        .dialled
+                        .or(link.peer)
+                        .and_then(|p| self.peers.get_mut(&p))
+                        .is_none_or(|p| p.last_conflict.replace(ours) != Some(ours));
+                    let line = format!(
+                        "{}: {} refuses us: another process with our member name is connected there, or replaced us (launch id here {ours:016x}); check that only one process runs as '{}'. Retrying with backoff",
+                        self.ctx.cfg.name,
+                        addr.map_or_else(|| "the peer".to_string(), |a| a.to_string()),
+                        self.ctx.cfg.name
+                    );
+                    if first {
+                        log::error!("{line}");
+                    } else {
+                        log::debug!("{line}");
+                    }
+                    self.ctx.counters.refusal(e.code);
+                    self.links.refused(id, e.code, true, self.peers, self.ctx);
+                    self.close(now, id, None, Why::PeerClosed);
+                } else if e.by_peer {
+                    log::warn!("{}: {e}", self.ctx.cfg.name);
+                    self.ctx.counters.refusal(e.code);
+                    self.links.refused(id, e.code, true, self.peers, self.ctx);
+                    self.close(now, id, None, Why::PeerClosed);
+                } else if e.code == CloseCode::NameMismatch && link.seed.is_some() {
+                    // Only our own name is refused to a seed's dial: it is our address.
+                    self.seed_is_own(now, id);
+                } else if e.code == CloseCode::Protocol {
+                    // A frame the handshake cannot take (malformed, or not the one its
+                    // step expects): a protocol error, not a refusal of who the peer is.
+                    self.protocol_error(now, id, e.reason);
+                } else {
+                    self.refuse(now, id, (e.code, &e.reason));
+                }
+            }
+        }
+    }
+
     /// A link said who it is. An accepted one (`resume`: the dialler's received counts,
     /// reliable messages and unreliable window bytes) is authenticated by now when a secret
     /// is configured: it is adopted and answered with Ready, and established. A dialled one
@@ -57,7 +156,7 @@ impl Handshakes<'_> {
                 reason: RefuseReason::NameMismatch,
                 by_peer: false,
             });
-            return self.links.close(
+            return self.close(
                 now,
                 id,
                 Some((
@@ -65,8 +164,6 @@ impl Handshakes<'_> {
                     "TLS certificate not valid for the member name claimed",
                 )),
                 Why::Tls,
-                self.peers,
-                self.ctx,
             );
         }
         let pid = match self.peers.id_of(&peer.name) {
@@ -76,13 +173,7 @@ impl Handshakes<'_> {
             }
             None => {
                 let reason = format!("member '{}' is not configured here", peer.name);
-                return self.links.refuse(
-                    now,
-                    id,
-                    (CloseCode::UnknownMember, &reason),
-                    self.peers,
-                    self.ctx,
-                );
+                return self.refuse(now, id, (CloseCode::UnknownMember, &reason));
             }
         };
         let Some((received, connections, unreliable)) =
@@ -108,22 +199,10 @@ impl Handshakes<'_> {
             return self.seed_hello(now, id, peer);
         };
         let Some(p) = self.peers.get(&pid) else {
-            return self.links.refuse(
-                now,
-                id,
-                (CloseCode::Removed, "member removed"),
-                self.peers,
-                self.ctx,
-            );
+            return self.refuse(now, id, (CloseCode::Removed, "member removed"));
         };
         if self.ctx.closed_to(p) {
-            return self.links.refuse(
-                now,
-                id,
-                (CloseCode::Shutdown, "member closed"),
-                self.peers,
-                self.ctx,
-            );
+            return self.refuse(now, id, (CloseCode::Shutdown, "member closed"));
         }
         // Another process holds the name: no counts for this one (zeros would tell it that
         // we lost our state for it).
@@ -219,7 +298,7 @@ impl Handshakes<'_> {
         self.ctx.counters.refusal(CloseCode::NameInUse);
         self.links
             .refused(id, CloseCode::NameInUse, false, self.peers, self.ctx);
-        self.links.close(
+        self.close(
             now,
             id,
             Some((
@@ -227,8 +306,6 @@ impl Handshakes<'_> {
                 "another process holds this member name",
             )),
             Why::ProtocolError,
-            self.peers,
-            self.ctx,
         );
     }
 
@@ -247,23 +324,11 @@ impl Handshakes<'_> {
         peer_connections: Option<u64>,
     ) -> Option<(u64, u64, u64)> {
         let Some(p) = self.peers.get(&pid) else {
-            self.links.refuse(
-                now,
-                id,
-                (CloseCode::Removed, "member removed"),
-                self.peers,
-                self.ctx,
-            );
+            self.refuse(now, id, (CloseCode::Removed, "member removed"));
             return None;
         };
         if self.ctx.closed_to(p) {
-            self.links.refuse(
-                now,
-                id,
-                (CloseCode::Shutdown, "member closed"),
-                self.peers,
-                self.ctx,
-            );
+            self.refuse(now, id, (CloseCode::Shutdown, "member closed"));
             return None;
         }
         if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, self.peers) {
@@ -301,13 +366,11 @@ impl Handshakes<'_> {
                         self.ctx.cfg.name,
                         peer.name
                     );
-                    self.links.close(
+                    self.close(
                         now,
                         other,
                         Some((CloseCode::Superseded, "replaced by a newer connection")),
                         Why::Replaced,
-                        self.peers,
-                        self.ctx,
                     );
                 } else {
                     log::debug!(
@@ -315,7 +378,7 @@ impl Handshakes<'_> {
                         self.ctx.cfg.name,
                         peer.name
                     );
-                    self.links.close(
+                    self.close(
                         now,
                         id,
                         Some((
@@ -323,8 +386,6 @@ impl Handshakes<'_> {
                             "simultaneous connect lost the tie-break",
                         )),
                         Why::Replaced,
-                        self.peers,
-                        self.ctx,
                     );
                     return None;
                 }
@@ -390,40 +451,32 @@ impl Handshakes<'_> {
                 self.links.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
-                self.links.close(
+                self.close(
                     now,
                     id,
                     Some((CloseCode::Superseded, "superseded")),
                     Why::Replaced,
-                    self.peers,
-                    self.ctx,
                 );
             }
             Err(Unestablished::Outdated(why)) => {
                 log::info!("{}: {why}", self.ctx.cfg.name);
-                self.links.close(
+                self.close(
                     now,
                     id,
                     Some((CloseCode::Superseded, "superseded")),
                     Why::Replaced,
-                    self.peers,
-                    self.ctx,
                 );
             }
             Err(Unestablished::Forgotten(why)) => {
                 log::warn!("{}: {why}", self.ctx.cfg.name);
-                self.links.close(
+                self.close(
                     now,
                     id,
                     Some((CloseCode::Other, "state reset")),
                     Why::ProtocolError,
-                    self.peers,
-                    self.ctx,
                 );
             }
-            Err(Unestablished::Violation(e)) => {
-                self.links.protocol_error(now, id, e, self.peers, self.ctx)
-            }
+            Err(Unestablished::Violation(e)) => self.protocol_error(now, id, e),
         }
     }
 }

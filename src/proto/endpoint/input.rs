@@ -207,111 +207,11 @@ impl Endpoint {
                 )
             }
         };
-        let Some(link) = self.links.table.get_mut(&id) else {
+        let Some(link) = self.links.table.get(&id) else {
             return;
         };
-        if let Some(hs) = link.hs.as_mut() {
-            match hs.on_frame(&frame) {
-                Ok(HsEvent::Identified {
-                    peer,
-                    peer_received,
-                    peer_connections,
-                    peer_unreliable,
-                }) => {
-                    let resume = peer_received.map(|r| (r, peer_unreliable.unwrap_or(0)));
-                    self.handshakes()
-                        .on_identified(now, id, peer, resume, peer_connections, cert)
-                }
-                Ok(HsEvent::Established {
-                    peer_received,
-                    peer_unreliable,
-                }) => self
-                    .handshakes()
-                    .on_established(now, id, peer_received, peer_unreliable),
-                Err(e) => {
-                    if e.by_peer && e.code == CloseCode::Superseded {
-                        // The peer kept the other of two simultaneous connections.
-                        log::debug!("{}: {e}", self.ctx.cfg.name);
-                        self.links.close(
-                            now,
-                            id,
-                            None,
-                            Why::Replaced,
-                            &mut self.peers,
-                            &mut self.ctx,
-                        );
-                    } else if e.by_peer && e.code == CloseCode::NameInUse {
-                        // A process of our name (another launch) is connected there, or
-                        // replaced us: this one retries with backoff, and gets in once the
-                        // other is gone.
-                        let addr = link.remote.clone();
-                        let ours = self.ctx.cfg.launch_id;
-                        // Once per episode at `error` (until the peer takes a connection).
-                        let first = link
-                            .dialled
-                            .or(link.peer)
-                            .and_then(|p| self.peers.get_mut(&p))
-                            .is_none_or(|p| p.last_conflict.replace(ours) != Some(ours));
-                        let line = format!(
-                            "{}: {} refuses us: another process with our member name is connected there, or replaced us (launch id here {ours:016x}); check that only one process runs as '{}'. Retrying with backoff",
-                            self.ctx.cfg.name,
-                            addr.map_or_else(|| "the peer".to_string(), |a| a.to_string()),
-                            self.ctx.cfg.name
-                        );
-                        if first {
-                            log::error!("{line}");
-                        } else {
-                            log::debug!("{line}");
-                        }
-                        self.ctx.counters.refusal(e.code);
-                        self.links
-                            .refused(id, e.code, true, &self.peers, &mut self.ctx);
-                        self.links.close(
-                            now,
-                            id,
-                            None,
-                            Why::PeerClosed,
-                            &mut self.peers,
-                            &mut self.ctx,
-                        );
-                    } else if e.by_peer {
-                        log::warn!("{}: {e}", self.ctx.cfg.name);
-                        self.ctx.counters.refusal(e.code);
-                        self.links
-                            .refused(id, e.code, true, &self.peers, &mut self.ctx);
-                        self.links.close(
-                            now,
-                            id,
-                            None,
-                            Why::PeerClosed,
-                            &mut self.peers,
-                            &mut self.ctx,
-                        );
-                    } else if e.code == CloseCode::NameMismatch && link.seed.is_some() {
-                        // Only our own name is refused to a seed's dial: it is our address.
-                        self.handshakes().seed_is_own(now, id);
-                    } else if e.code == CloseCode::Protocol {
-                        // A frame the handshake cannot take (malformed, or not the one its
-                        // step expects): a protocol error, not a refusal of who the peer is.
-                        self.links.protocol_error(
-                            now,
-                            id,
-                            e.reason,
-                            &mut self.peers,
-                            &mut self.ctx,
-                        );
-                    } else {
-                        self.links.refuse(
-                            now,
-                            id,
-                            (e.code, &e.reason),
-                            &mut self.peers,
-                            &mut self.ctx,
-                        );
-                    }
-                }
-            }
-            return;
+        if link.hs.is_some() {
+            return self.handshakes().on_frame(now, id, &frame, cert);
         }
         let Some(pid) = link.peer else { return };
         match frame {

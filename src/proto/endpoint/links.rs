@@ -208,8 +208,7 @@ impl Handshakes<'_> {
             self.links
                 .gate
                 .displaced(now, victim, &from, own, &self.ctx.cfg, &self.ctx.counters);
-            self.links
-                .close(now, victim, None, Why::Replaced, self.peers, self.ctx);
+            self.close(now, victim, None, Why::Replaced);
         }
         Counters::add(&self.ctx.counters.accepted, 1);
         log::debug!("{}: accepted connection from {from}", self.ctx.cfg.name);

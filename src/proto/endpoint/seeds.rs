@@ -511,13 +511,11 @@ impl Handshakes<'_> {
         if self.peers.id_of(&peer.name).is_some() || self.ctx.shutdown.is_some() {
             // Known meanwhile: our answer said we hold nothing of it, which may not be
             // true now. This link goes; the member's own comes or stays.
-            return self.links.close(
+            return self.close(
                 now,
                 id,
                 Some((CloseCode::Superseded, "connected otherwise meanwhile")),
                 Why::Replaced,
-                self.peers,
-                self.ctx,
             );
         }
         let pid = self.peers.admit_seeded(&peer.name, at, self.ctx);
@@ -543,13 +541,11 @@ impl Handshakes<'_> {
                 self.ctx.cfg.name,
                 p.name()
             );
-            self.links.close(
+            self.close(
                 now,
                 id,
                 Some((CloseCode::Superseded, "connected otherwise")),
                 Why::Replaced,
-                self.peers,
-                self.ctx,
             );
             return false;
         }
