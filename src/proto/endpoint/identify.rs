@@ -1,6 +1,8 @@
-//! The handshake's decisions: who a link speaks for, a name held by another live process,
-//! the tie-break between two links for one peer, incarnations, and the link established
-//! (resend what the peer lacks, then new messages).
+//! The handshake's decisions ([`Handshakes`], over the link table, the peers and the
+//! [`Ctx`] only): a handshake frame taken, who a link speaks for, a name held by another
+//! live process, the tie-break between two links for one peer, incarnations, and the link
+//! established (resend what the peer lacks, then new messages). A seed's handshake is in
+//! `seeds.rs`, a link's handshake starting in `links.rs`.
 
 use super::*;
 

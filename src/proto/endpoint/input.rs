@@ -1,6 +1,7 @@
 //! Bytes read on a link: frames split under the bound of the link's state, data admitted
 //! to its sender's queues (with back-pressure: a link paused past its peer's window),
-//! control frames, and refusals and protocol errors.
+//! control frames (a handshake's go to [`Handshakes`]), and refusals and protocol errors
+//! ([`Links::refuse`], [`Links::protocol_error`]).
 
 use super::*;
 

@@ -1,7 +1,9 @@
 //! Links opening and closing: admission of accepted connections (the pending table's
-//! verdicts, displacement, deadlines under pressure), dials and their outcome, a link's
-//! close and what it means for its peer (reconnected with backoff, or retired: see
-//! `roster.rs`).
+//! verdicts, displacement, deadlines under pressure), an accepted or dialled link entering
+//! the table with its handshake, a failure, and [`Links::close`]: a link's close and what it
+//! means for its peer (reconnected with backoff, or retired: see `roster.rs`), with only the
+//! roster and the [`Ctx`] at hand. What a close means to the seeds ([`SeedsOwed`]) is
+//! settled by `Seeds` once the step is done.
 
 use super::*;
 

@@ -1,7 +1,9 @@
 //! The link table: every link by id, with the links that have bytes to write and those
-//! whose reading is paused; what touches only the links, the peers and the services
-//! ([`Ctx`]) together: publishing and acks written, data's acks and pauses, a run cut
-//! off a read buffer, a refusal told, the link gauges.
+//! whose reading is paused, the admission of accepted ones ([`Gate`]), and the peers
+//! published once a handshake's last frame is out; what touches only the links, the peers
+//! and the services ([`Ctx`]) together: publishing and acks written, data's acks and
+//! pauses, a run cut off a read buffer, a refusal told, the link gauges. Closing a link and
+//! the reasons for it are in `links.rs`, `input.rs` and `time.rs`.
 
 use super::*;
 

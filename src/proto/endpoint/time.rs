@@ -1,5 +1,5 @@
-//! Writes reported back, and the timers: delayed acks, handshake deadlines, the
-//! housekeeping tick, liveness.
+//! The timers: delayed acks, handshake deadlines ([`Links::handshake_due`]), the
+//! housekeeping tick, liveness ([`Links::check_liveness`]).
 
 use super::*;
 
