@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl Endpoint {
+impl Roster {
     /// Starts managing a peer (restoring its journalled stream, dialling it if it has an
     /// address).
     ///
@@ -12,105 +12,120 @@ impl Endpoint {
     /// node's): the admitted peer, which holds the connection and its stream, becomes the
     /// configured one — it gains the address and is no longer forgotten — and the state the
     /// command brought is discarded (what was sent to it meanwhile fails and is reported).
-    pub(super) fn add_peer(&mut self, shared: Arc<PeerShared>, addr: Option<Addr>) {
-        if let Some(held) = self.peers.id_of(&shared.name) {
+    pub(super) fn add(&mut self, shared: Arc<PeerShared>, addr: Option<Addr>, ctx: &mut Ctx) {
+        if let Some(held) = self.id_of(&shared.name) {
             let name = shared.name.clone();
-            if let Some(p) = self.peers.get_mut(&held) {
+            if let Some(p) = self.get_mut(&held) {
                 if p.dynamic {
                     p.dynamic = false;
                     p.addr = p.addr.take().or_else(|| addr.clone());
                     p.gen += 1; // cancels its forget timer
                                 // The map holds it already; said again, so that it is the one kept.
-                    self.ctx
-                        .out
-                        .events
-                        .push_back(Output::Admitted(p.shared.clone()));
+                    ctx.out.events.push_back(Output::Admitted(p.shared.clone()));
                     log::info!(
                         "{}: '{name}' was added while it was being admitted (it dialled in); the admitted member is kept, now with the address given",
-                        self.ctx.cfg.name
+                        ctx.cfg.name
                     );
                 } else {
                     log::error!(
                         "{}: '{name}' added twice; the second is dropped",
-                        self.ctx.cfg.name
+                        ctx.cfg.name
                     );
                 }
             }
-            let failed = Remote::new(shared, addr).discard(&self.ctx.cfg, &mut self.ctx.out);
+            let failed = Remote::new(shared, addr).discard(&ctx.cfg, &mut ctx.out);
             if failed > 0 {
                 log::warn!(
                     "{}: {failed} messages sent to '{name}' as it was added failed: it was admitted meanwhile",
-                    self.ctx.cfg.name
+                    ctx.cfg.name
                 );
             }
-            if self.peers.get(&held).is_some_and(|p| p.link.is_none())
-                && self.ctx.shutdown.is_none()
-            {
-                self.peers.dial(held, &mut self.ctx);
+            if self.get(&held).is_some_and(|p| p.link.is_none()) && ctx.shutdown.is_none() {
+                self.dial(held, ctx);
             }
             return;
         }
         let id = shared.id;
         let mut peer = Remote::new(shared, addr);
-        if let Some(r) = self
+        if let Some(r) = ctx
             .journal
             .as_mut()
             .and_then(|j| j.recovered.remove(&**peer.name()))
         {
-            peer.restore(&self.ctx.cfg, &mut self.ctx.out, r);
+            peer.restore(&ctx.cfg, &mut ctx.out, r);
         }
-        self.peers.insert(id, peer);
-        if self.ctx.shutdown.is_none() {
-            self.peers.dial(id, &mut self.ctx);
+        self.insert(id, peer);
+        if ctx.shutdown.is_none() {
+            self.dial(id, ctx);
         }
     }
 
-    /// Closes peer `id` for good: fails what is queued (giving back its permits), closes
-    /// its window and link. A reconnect timer still pending finds no peer and does nothing;
-    /// a link completing later finds no peer and is refused.
-    pub(super) fn remove_peer(&mut self, now: Instant, id: usize) {
-        let Some(p) = self.peers.get(&id) else {
-            return;
-        };
-        let (link, name, up) = (p.link, p.name().clone(), p.up);
-        self.peers.retire(id, true, &mut self.ctx);
+    /// Retires peer `id` for good (`remove_peer`, or the membership declared it failed or
+    /// gone): what is queued fails (giving back its permits), its window closes, its link
+    /// closes with `reason`, and the application is told it disconnected if it was
+    /// connected. A reconnect timer still pending finds no peer and does nothing; a link
+    /// completing later finds no peer and is refused. Returns its shared state.
+    pub(super) fn remove_member(
+        &mut self,
+        now: Instant,
+        id: usize,
+        reason: &str,
+        links: &mut Links,
+        ctx: &mut Ctx,
+    ) -> Option<Arc<PeerShared>> {
+        let p = self.get(&id)?;
+        let (link, name, up, shared) = (p.link, p.name().clone(), p.up, p.shared.clone());
+        self.retire(id, true, ctx);
         if let Some(link) = link {
-            self.close_link(
-                now,
-                link,
-                Some((CloseCode::Removed, "member removed")),
-                Why::Removed,
-            );
+            let close = Some((CloseCode::Removed, reason));
+            links.close(now, link, close, Why::Removed, self, ctx);
         }
         if up {
-            let peer = name.clone();
-            emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Disconnected {
-                peer: peer.to_string(),
+            emit(&ctx.cfg, &mut ctx.out, || Event::Disconnected {
+                peer: name.to_string(),
                 reason: Why::Removed,
             });
         }
-        emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Removed {
-            peer: name.to_string(),
-        });
+        Some(shared)
+    }
+
+    /// `remove_peer`: retires peer `id` for good ([`remove_member`](Roster::remove_member))
+    /// and tells the application it was removed.
+    pub(super) fn remove_peer(
+        &mut self,
+        now: Instant,
+        id: usize,
+        links: &mut Links,
+        ctx: &mut Ctx,
+    ) {
+        if let Some(shared) = self.remove_member(now, id, "member removed", links, ctx) {
+            emit(&ctx.cfg, &mut ctx.out, || Event::Removed {
+                peer: shared.name.to_string(),
+            });
+        }
     }
 
     /// Drops the peer's link; recovery brings it back.
-    pub(super) fn disconnect(&mut self, now: Instant, id: usize) {
-        if let Some(link) = self.peers.get(&id).and_then(|p| p.link) {
+    pub(super) fn disconnect(&mut self, now: Instant, id: usize, links: &mut Links, ctx: &mut Ctx) {
+        if let Some(link) = self.get(&id).and_then(|p| p.link) {
             log::info!(
                 "{}: disconnecting '{}' on request",
-                self.ctx.cfg.name,
-                self.peers.name(id)
+                ctx.cfg.name,
+                self.name(id)
             );
-            self.close_link(
+            links.close(
                 now,
                 link,
                 Some((CloseCode::Other, "disconnect requested")),
                 Why::Requested,
+                self,
+                ctx,
             );
         }
     }
+}
 
+impl Endpoint {
     /// Returns peer `id`'s receive credit now (the pool asked: half the window consumed,
     /// or a paused link back within its window).
     pub(super) fn flush_credit(&mut self, now: Instant, id: usize) {
@@ -143,7 +158,7 @@ impl Endpoint {
                 .is_some_and(|l| self.links.table.get(&l).is_some_and(|l| l.established));
             // With a journal, what is queued for a disconnected peer is journalled now and
             // resent after the restart.
-            if connected || self.journal.is_some() {
+            if connected || self.ctx.journal.is_some() {
                 self.links.publish(now, id, &mut self.peers, &mut self.ctx);
             }
         }
@@ -159,10 +174,11 @@ impl Endpoint {
             self.links
                 .publish_upto(now, id, usize::MAX, &mut self.peers, &mut self.ctx);
         }
-        if let Some(j) = self.journal.as_mut() {
+        if let Some(j) = self.ctx.journal.as_mut() {
             j.cut(&mut self.links, &mut self.ctx.out);
         }
-        self.journal
+        self.ctx
+            .journal
             .as_ref()
             .filter(|j| !j.marks.failed)
             .map(|j| j.cut)
@@ -178,17 +194,20 @@ impl Endpoint {
             self.peers.retire(id, false, &mut self.ctx);
         }
         for l in links {
-            self.close_link(
+            self.links.close(
                 now,
                 l,
                 Some((CloseCode::Shutdown, "node shutting down")),
                 Why::Shutdown,
+                &mut self.peers,
+                &mut self.ctx,
             );
         }
-        if let Some(j) = self.journal.as_mut() {
+        self.seeds.settle(now, &mut self.links, &mut self.ctx);
+        if let Some(j) = self.ctx.journal.as_mut() {
             j.cut(&mut self.links, &mut self.ctx.out);
         }
-        let j = self.journal.as_ref()?;
+        let j = self.ctx.journal.as_ref()?;
         if j.marks.failed {
             return None;
         }
@@ -213,7 +232,7 @@ impl Endpoint {
     /// Warns about journalled peers that are not configured (their messages stay in the
     /// journal until the member is added).
     pub(crate) fn warn_unclaimed(&self) {
-        if let Some(j) = &self.journal {
+        if let Some(j) = &self.ctx.journal {
             for (name, r) in &j.recovered {
                 if !r.unacked.is_empty() {
                     log::warn!(

@@ -1,10 +1,131 @@
-//! The handshake's decisions: who a link speaks for, a name held by another live process,
-//! the tie-break between two links for one peer, incarnations, and the link established
-//! (resend what the peer lacks, then new messages).
+//! The handshake's decisions ([`Handshakes`], over the link table, the peers and the
+//! [`Ctx`] only): a handshake frame taken, who a link speaks for, a name held by another
+//! live process, the tie-break between two links for one peer, incarnations, and the link
+//! established (resend what the peer lacks, then new messages). A seed's handshake is in
+//! `seeds.rs`, a link's handshake starting in `links.rs`.
 
 use super::*;
 
+/// The handshake's decisions on a link, over the parts they touch: the link table, the
+/// peers and the services, nothing else (what they learn of a seed waits in
+/// [`SeedsOwed`]). Made for the step that needs it (`Handshakes { links, peers, ctx }`).
+pub(super) struct Handshakes<'a> {
+    pub(super) links: &'a mut Links,
+    pub(super) peers: &'a mut Roster,
+    pub(super) ctx: &'a mut Ctx,
+}
+
 impl Endpoint {
+    /// The handshake's decisions, over the parts they touch.
+    pub(super) fn handshakes(&mut self) -> Handshakes<'_> {
+        Handshakes {
+            links: &mut self.links,
+            peers: &mut self.peers,
+            ctx: &mut self.ctx,
+        }
+    }
+}
+
+impl Handshakes<'_> {
+    /// Closes link `id` ([`Links::close`]).
+    pub(super) fn close(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        close: Option<(CloseCode, &str)>,
+        why: Why,
+    ) {
+        self.links.close(now, id, close, why, self.peers, self.ctx);
+    }
+
+    /// Refuses the handshake on link `id` ([`Links::refuse`]).
+    pub(super) fn refuse(&mut self, now: Instant, id: LinkId, refusal: (CloseCode, &str)) {
+        self.links.refuse(now, id, refusal, self.peers, self.ctx);
+    }
+
+    /// Closes link `id` for a protocol error ([`Links::protocol_error`]).
+    pub(super) fn protocol_error(&mut self, now: Instant, id: LinkId, reason: String) {
+        self.links
+            .protocol_error(now, id, reason, self.peers, self.ctx);
+    }
+
+    /// A handshake frame on link `id`, whose handshake is under way: who the other side
+    /// is, its Ready, or its refusal (or a frame the handshake cannot take).
+    pub(super) fn on_frame(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        frame: &Frame,
+        cert: CertCheck<'_>,
+    ) {
+        let Some(link) = self.links.table.get_mut(&id) else {
+            return;
+        };
+        let Some(hs) = link.hs.as_mut() else { return };
+        match hs.on_frame(frame) {
+            Ok(HsEvent::Identified {
+                peer,
+                peer_received,
+                peer_connections,
+                peer_unreliable,
+            }) => {
+                let resume = peer_received.map(|r| (r, peer_unreliable.unwrap_or(0)));
+                self.on_identified(now, id, peer, resume, peer_connections, cert)
+            }
+            Ok(HsEvent::Established {
+                peer_received,
+                peer_unreliable,
+            }) => self.on_established(now, id, peer_received, peer_unreliable),
+            Err(e) => {
+                if e.by_peer && e.code == CloseCode::Superseded {
+                    // The peer kept the other of two simultaneous connections.
+                    log::debug!("{}: {e}", self.ctx.cfg.name);
+                    self.close(now, id, None, Why::Replaced);
+                } else if e.by_peer && e.code == CloseCode::NameInUse {
+                    // A process of our name (another launch) is connected there, or
+                    // replaced us: this one retries with backoff, and gets in once the
+                    // other is gone.
+                    let addr = link.remote.clone();
+                    let ours = self.ctx.cfg.launch_id;
+                    // Once per episode at `error` (until the peer takes a connection).
+                    let first = link
+                        .dialled
+                        .or(link.peer)
+                        .and_then(|p| self.peers.get_mut(&p))
+                        .is_none_or(|p| p.last_conflict.replace(ours) != Some(ours));
+                    let line = format!(
+                        "{}: {} refuses us: another process with our member name is connected there, or replaced us (launch id here {ours:016x}); check that only one process runs as '{}'. Retrying with backoff",
+                        self.ctx.cfg.name,
+                        addr.map_or_else(|| "the peer".to_string(), |a| a.to_string()),
+                        self.ctx.cfg.name
+                    );
+                    if first {
+                        log::error!("{line}");
+                    } else {
+                        log::debug!("{line}");
+                    }
+                    self.ctx.counters.refusal(e.code);
+                    self.links.refused(id, e.code, true, self.peers, self.ctx);
+                    self.close(now, id, None, Why::PeerClosed);
+                } else if e.by_peer {
+                    log::warn!("{}: {e}", self.ctx.cfg.name);
+                    self.ctx.counters.refusal(e.code);
+                    self.links.refused(id, e.code, true, self.peers, self.ctx);
+                    self.close(now, id, None, Why::PeerClosed);
+                } else if e.code == CloseCode::NameMismatch && link.seed.is_some() {
+                    // Only our own name is refused to a seed's dial: it is our address.
+                    self.seed_is_own(now, id);
+                } else if e.code == CloseCode::Protocol {
+                    // A frame the handshake cannot take (malformed, or not the one its
+                    // step expects): a protocol error, not a refusal of who the peer is.
+                    self.protocol_error(now, id, e.reason);
+                } else {
+                    self.refuse(now, id, (e.code, &e.reason));
+                }
+            }
+        }
+    }
+
     /// A link said who it is. An accepted one (`resume`: the dialler's received counts,
     /// reliable messages and unreliable window bytes) is authenticated by now when a secret
     /// is configured: it is adopted and answered with Ready, and established. A dialled one
@@ -37,7 +158,7 @@ impl Endpoint {
                 reason: RefuseReason::NameMismatch,
                 by_peer: false,
             });
-            return self.close_link(
+            return self.close(
                 now,
                 id,
                 Some((
@@ -50,11 +171,11 @@ impl Endpoint {
         let pid = match self.peers.id_of(&peer.name) {
             Some(pid) => pid,
             None if self.ctx.cfg.allow_unknown && self.ctx.shutdown.is_none() => {
-                self.add_unknown(&peer.name)
+                self.peers.admit_unknown(&peer.name, self.ctx)
             }
             None => {
                 let reason = format!("member '{}' is not configured here", peer.name);
-                return self.refuse(now, id, CloseCode::UnknownMember, &reason);
+                return self.refuse(now, id, (CloseCode::UnknownMember, &reason));
             }
         };
         let Some((received, connections, unreliable)) =
@@ -80,14 +201,14 @@ impl Endpoint {
             return self.seed_hello(now, id, peer);
         };
         let Some(p) = self.peers.get(&pid) else {
-            return self.refuse(now, id, CloseCode::Removed, "member removed");
+            return self.refuse(now, id, (CloseCode::Removed, "member removed"));
         };
         if self.ctx.closed_to(p) {
-            return self.refuse(now, id, CloseCode::Shutdown, "member closed");
+            return self.refuse(now, id, (CloseCode::Shutdown, "member closed"));
         }
         // Another process holds the name: no counts for this one (zeros would tell it that
         // we lost our state for it).
-        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, &self.peers) {
+        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, self.peers) {
             return self.refuse_name_in_use(now, id, pid, peer, holder);
         }
         let Some(p) = self.peers.get(&pid) else {
@@ -178,8 +299,8 @@ impl Endpoint {
         }
         self.ctx.counters.refusal(CloseCode::NameInUse);
         self.links
-            .refused(id, CloseCode::NameInUse, false, &self.peers, &mut self.ctx);
-        self.close_link(
+            .refused(id, CloseCode::NameInUse, false, self.peers, self.ctx);
+        self.close(
             now,
             id,
             Some((
@@ -205,14 +326,14 @@ impl Endpoint {
         peer_connections: Option<u64>,
     ) -> Option<(u64, u64, u64)> {
         let Some(p) = self.peers.get(&pid) else {
-            self.refuse(now, id, CloseCode::Removed, "member removed");
+            self.refuse(now, id, (CloseCode::Removed, "member removed"));
             return None;
         };
         if self.ctx.closed_to(p) {
-            self.refuse(now, id, CloseCode::Shutdown, "member closed");
+            self.refuse(now, id, (CloseCode::Shutdown, "member closed"));
             return None;
         }
-        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, &self.peers) {
+        if let Some(holder) = self.links.name_holder(pid, id, peer.launch_id, self.peers) {
             self.refuse_name_in_use(now, id, pid, peer, holder);
             return None;
         }
@@ -247,7 +368,7 @@ impl Endpoint {
                         self.ctx.cfg.name,
                         peer.name
                     );
-                    self.close_link(
+                    self.close(
                         now,
                         other,
                         Some((CloseCode::Superseded, "replaced by a newer connection")),
@@ -259,7 +380,7 @@ impl Endpoint {
                         self.ctx.cfg.name,
                         peer.name
                     );
-                    self.close_link(
+                    self.close(
                         now,
                         id,
                         Some((
@@ -300,7 +421,7 @@ impl Endpoint {
         let Some(p) = self.peers.get_mut(&pid) else {
             return;
         };
-        self.gate.pending.remove(id);
+        self.links.gate.pending.remove(id);
         match p.establish(
             &self.ctx.cfg,
             &mut self.ctx.out,
@@ -327,13 +448,12 @@ impl Endpoint {
                     incarnation: launch,
                 });
                 Counters::add(&self.ctx.counters.handshakes, 1);
-                self.links
-                    .update_gauges(self.gate.pending.len(), &self.ctx.counters);
+                self.links.update_gauges(&self.ctx.counters);
                 self.links.dirty.push_back(id);
-                self.deferred.push(pid);
+                self.links.deferred.push(pid);
             }
             Err(Unestablished::Superseded) => {
-                self.close_link(
+                self.close(
                     now,
                     id,
                     Some((CloseCode::Superseded, "superseded")),
@@ -342,7 +462,7 @@ impl Endpoint {
             }
             Err(Unestablished::Outdated(why)) => {
                 log::info!("{}: {why}", self.ctx.cfg.name);
-                self.close_link(
+                self.close(
                     now,
                     id,
                     Some((CloseCode::Superseded, "superseded")),
@@ -351,7 +471,7 @@ impl Endpoint {
             }
             Err(Unestablished::Forgotten(why)) => {
                 log::warn!("{}: {why}", self.ctx.cfg.name);
-                self.close_link(
+                self.close(
                     now,
                     id,
                     Some((CloseCode::Other, "state reset")),

@@ -1,6 +1,7 @@
 //! Bytes read on a link: frames split under the bound of the link's state, data admitted
 //! to its sender's queues (with back-pressure: a link paused past its peer's window),
-//! control frames, and refusals and protocol errors.
+//! control frames (a handshake's go to [`Handshakes`]), and refusals and protocol errors
+//! ([`Links::refuse`], [`Links::protocol_error`]).
 
 use super::*;
 
@@ -29,7 +30,7 @@ impl Endpoint {
                 break;
             }
             let (established, peer) = (link.established, link.peer);
-            let max = link.frame_limit(self.max_len);
+            let max = link.frame_limit(self.ctx.max_len);
             // The hot path: regular messages on an established link join the run, as many
             // as follow one another (one look-up of the link and the peer for them all).
             if let (Ok(Some(wire::Peek::Data { flags, total, .. })), Some(pid)) = (
@@ -62,7 +63,13 @@ impl Endpoint {
                                 &mut self.ctx,
                             );
                             self.ctx.out.push_batch(self.peers.get(&pid));
-                            self.protocol_error(now, id, e.to_string());
+                            self.links.protocol_error(
+                                now,
+                                id,
+                                e.to_string(),
+                                &mut self.peers,
+                                &mut self.ctx,
+                            );
                             break;
                         }
                     }
@@ -90,7 +97,13 @@ impl Endpoint {
                     payload,
                 })) => {
                     let Some(pid) = peer.filter(|_| established) else {
-                        self.protocol_error(now, id, "data before the handshake completed".into());
+                        self.links.protocol_error(
+                            now,
+                            id,
+                            "data before the handshake completed".into(),
+                            &mut self.peers,
+                            &mut self.ctx,
+                        );
                         break;
                     };
                     peer_of_batch = Some(pid);
@@ -109,7 +122,13 @@ impl Endpoint {
                                 Counters::add(&self.ctx.counters.window_violations, 1);
                             }
                             self.ctx.out.push_batch(self.peers.get(&pid));
-                            self.protocol_error(now, id, e.to_string());
+                            self.links.protocol_error(
+                                now,
+                                id,
+                                e.to_string(),
+                                &mut self.peers,
+                                &mut self.ctx,
+                            );
                             break;
                         }
                     }
@@ -119,7 +138,13 @@ impl Endpoint {
                     if let Some(pid) = peer_of_batch {
                         self.ctx.out.push_batch(self.peers.get(&pid));
                     }
-                    self.protocol_error(now, id, e.to_string());
+                    self.links.protocol_error(
+                        now,
+                        id,
+                        e.to_string(),
+                        &mut self.peers,
+                        &mut self.ctx,
+                    );
                     break;
                 }
             }
@@ -160,114 +185,34 @@ impl Endpoint {
         self.ctx.out.events.push_back(Output::Resume(lid));
     }
 
-    pub(super) fn protocol_error(&mut self, now: Instant, id: LinkId, reason: String) {
-        Counters::add(&self.ctx.counters.protocol_errors, 1);
-        let who = self
-            .links
-            .table
-            .get(&id)
-            .and_then(|l| l.peer)
-            .map(|p| self.peers.name(p))
-            .unwrap_or_else(|| "an unidentified peer".into());
-        log::warn!(
-            "{}: protocol error from {who}, closing connection: {reason}",
-            self.ctx.cfg.name
-        );
-        self.close_link(
-            now,
-            id,
-            Some((CloseCode::Protocol, &reason)),
-            Why::ProtocolError,
-        );
-    }
-
-    pub(super) fn refuse(&mut self, now: Instant, id: LinkId, code: CloseCode, reason: &str) {
-        log::warn!(
-            "{}: refusing connection ({code:?}): {reason}",
-            self.ctx.cfg.name
-        );
-        self.ctx.counters.refusal(code);
-        self.links
-            .refused(id, code, false, &self.peers, &mut self.ctx);
-        self.close_link(now, id, Some((code, reason)), Why::ProtocolError);
-    }
-
     /// A control frame (any frame but data) on link `id`.
     pub(super) fn on_frame(&mut self, now: Instant, id: LinkId, bytes: &[u8], cert: CertCheck<'_>) {
-        let frame = match wire::decode(bytes, self.max_len) {
+        let frame = match wire::decode(bytes, self.ctx.max_len) {
             Ok(Some((f, _))) => f,
-            Ok(None) => return self.protocol_error(now, id, "truncated frame".into()),
-            Err(e) => return self.protocol_error(now, id, e.to_string()),
-        };
-        let Some(link) = self.links.table.get_mut(&id) else {
-            return;
-        };
-        if let Some(hs) = link.hs.as_mut() {
-            match hs.on_frame(&frame) {
-                Ok(HsEvent::Identified {
-                    peer,
-                    peer_received,
-                    peer_connections,
-                    peer_unreliable,
-                }) => {
-                    let resume = peer_received.map(|r| (r, peer_unreliable.unwrap_or(0)));
-                    self.on_identified(now, id, peer, resume, peer_connections, cert)
-                }
-                Ok(HsEvent::Established {
-                    peer_received,
-                    peer_unreliable,
-                }) => self.on_established(now, id, peer_received, peer_unreliable),
-                Err(e) => {
-                    if e.by_peer && e.code == CloseCode::Superseded {
-                        // The peer kept the other of two simultaneous connections.
-                        log::debug!("{}: {e}", self.ctx.cfg.name);
-                        self.close_link(now, id, None, Why::Replaced);
-                    } else if e.by_peer && e.code == CloseCode::NameInUse {
-                        // A process of our name (another launch) is connected there, or
-                        // replaced us: this one retries with backoff, and gets in once the
-                        // other is gone.
-                        let addr = link.remote.clone();
-                        let ours = self.ctx.cfg.launch_id;
-                        // Once per episode at `error` (until the peer takes a connection).
-                        let first = link
-                            .dialled
-                            .or(link.peer)
-                            .and_then(|p| self.peers.get_mut(&p))
-                            .is_none_or(|p| p.last_conflict.replace(ours) != Some(ours));
-                        let line = format!(
-                            "{}: {} refuses us: another process with our member name is connected there, or replaced us (launch id here {ours:016x}); check that only one process runs as '{}'. Retrying with backoff",
-                            self.ctx.cfg.name,
-                            addr.map_or_else(|| "the peer".to_string(), |a| a.to_string()),
-                            self.ctx.cfg.name
-                        );
-                        if first {
-                            log::error!("{line}");
-                        } else {
-                            log::debug!("{line}");
-                        }
-                        self.ctx.counters.refusal(e.code);
-                        self.links
-                            .refused(id, e.code, true, &self.peers, &mut self.ctx);
-                        self.close_link(now, id, None, Why::PeerClosed);
-                    } else if e.by_peer {
-                        log::warn!("{}: {e}", self.ctx.cfg.name);
-                        self.ctx.counters.refusal(e.code);
-                        self.links
-                            .refused(id, e.code, true, &self.peers, &mut self.ctx);
-                        self.close_link(now, id, None, Why::PeerClosed);
-                    } else if e.code == CloseCode::NameMismatch && link.seed.is_some() {
-                        // Only our own name is refused to a seed's dial: it is our address.
-                        self.seed_is_own(now, id);
-                    } else if e.code == CloseCode::Protocol {
-                        // A frame the handshake cannot take (malformed, or not the one its
-                        // step expects): a protocol error, not a refusal of who the peer is.
-                        self.protocol_error(now, id, e.reason);
-                    } else {
-                        self.refuse(now, id, e.code, &e.reason);
-                    }
-                }
+            Ok(None) => {
+                return self.links.protocol_error(
+                    now,
+                    id,
+                    "truncated frame".into(),
+                    &mut self.peers,
+                    &mut self.ctx,
+                )
             }
+            Err(e) => {
+                return self.links.protocol_error(
+                    now,
+                    id,
+                    e.to_string(),
+                    &mut self.peers,
+                    &mut self.ctx,
+                )
+            }
+        };
+        let Some(link) = self.links.table.get(&id) else {
             return;
+        };
+        if link.hs.is_some() {
+            return self.handshakes().on_frame(now, id, &frame, cert);
         }
         let Some(pid) = link.peer else { return };
         match frame {
@@ -277,7 +222,13 @@ impl Endpoint {
                 };
                 p.rtt.answer(id, now, &p.shared.counters.rtt);
                 if let Err(e) = p.on_ack(&self.ctx.cfg, &mut self.ctx.out, received, credit, now) {
-                    self.protocol_error(now, id, e.to_string());
+                    self.links.protocol_error(
+                        now,
+                        id,
+                        e.to_string(),
+                        &mut self.peers,
+                        &mut self.ctx,
+                    );
                 }
             }
             Frame::Probe => {
@@ -303,12 +254,75 @@ impl Endpoint {
                     self.ctx.cfg.name,
                     self.peers.name(pid)
                 );
-                self.close_link(now, id, None, Why::PeerClosed);
+                self.links.close(
+                    now,
+                    id,
+                    None,
+                    Why::PeerClosed,
+                    &mut self.peers,
+                    &mut self.ctx,
+                );
             }
             Frame::Data { .. } => unreachable!("data frames are split off by split_frame"),
             Frame::Hello(_) | Frame::HelloReply(..) | Frame::Ready { .. } => {
-                self.protocol_error(now, id, "handshake frame after the handshake".into())
+                self.links.protocol_error(
+                    now,
+                    id,
+                    "handshake frame after the handshake".into(),
+                    &mut self.peers,
+                    &mut self.ctx,
+                )
             }
         }
+    }
+}
+
+impl Links {
+    /// Link `id` broke the protocol (`reason`): counted, logged, closed with a Close frame
+    /// saying why.
+    pub(super) fn protocol_error(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        reason: String,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        Counters::add(&ctx.counters.protocol_errors, 1);
+        let who = self
+            .table
+            .get(&id)
+            .and_then(|l| l.peer)
+            .map(|p| peers.name(p))
+            .unwrap_or_else(|| "an unidentified peer".into());
+        log::warn!(
+            "{}: protocol error from {who}, closing connection: {reason}",
+            ctx.cfg.name
+        );
+        let close = Some((CloseCode::Protocol, reason.as_str()));
+        self.close(now, id, close, Why::ProtocolError, peers, ctx);
+    }
+
+    /// Refuses the handshake on link `id` with `code` (`reason` in the Close frame):
+    /// counted, told to the application if it refuses who the other side is, closed.
+    pub(super) fn refuse(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        (code, reason): (CloseCode, &str),
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        log::warn!("{}: refusing connection ({code:?}): {reason}", ctx.cfg.name);
+        ctx.counters.refusal(code);
+        self.refused(id, code, false, peers, ctx);
+        self.close(
+            now,
+            id,
+            Some((code, reason)),
+            Why::ProtocolError,
+            peers,
+            ctx,
+        );
     }
 }

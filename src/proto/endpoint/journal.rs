@@ -150,7 +150,7 @@ impl Endpoint {
             self.ctx.cfg.name
         );
         Counters::add(&self.ctx.counters.journal_failures, 1);
-        if let Some(j) = self.journal.as_mut() {
+        if let Some(j) = self.ctx.journal.as_mut() {
             j.marks.failed = true;
             j.awaiting.clear();
         }

@@ -1,7 +1,9 @@
 //! Links opening and closing: admission of accepted connections (the pending table's
-//! verdicts, displacement, deadlines under pressure), dials and their outcome, a link's
-//! close and what it means for its peer (reconnected with backoff, or retired: see
-//! `roster.rs`).
+//! verdicts, displacement, deadlines under pressure), an accepted or dialled link entering
+//! the table with its handshake, a failure, and [`Links::close`]: a link's close and what it
+//! means for its peer (reconnected with backoff, or retired: see `roster.rs`), with only the
+//! roster and the [`Ctx`] at hand. What a close means to the seeds ([`SeedsOwed`]) is
+//! settled by `Seeds` once the step is done.
 
 use super::*;
 
@@ -154,10 +156,39 @@ impl Endpoint {
     /// it).
     pub(crate) fn verdict_on_accept(&mut self, now: Instant, from: Addr) -> Verdict {
         let open = self.links.table.len();
-        self.gate
+        self.links
+            .gate
             .verdict(now, &from, open, &self.ctx.cfg, &self.ctx.counters)
     }
 
+    /// Whether connections accepted now are refused outright (shutting down).
+    pub(crate) fn is_shutting_down(&self) -> bool {
+        self.ctx.shutdown.is_some()
+    }
+
+    /// Logs what the admission rules shed, when a warning is due.
+    pub(crate) fn warn_shedding(&mut self, now: Instant) {
+        self.links.gate.warn(now, &self.ctx.cfg.name);
+    }
+}
+
+/// What a step learnt about the seeds through their links, settled once the step is done
+/// ([`Seeds::settle`]): a seed that is our own address, a seed whose link a member took
+/// (its job done), a seed whose link closed (idle again), and whether the node, having
+/// lost a seed's link or an established one, may reach nobody now.
+#[derive(Debug, Default)]
+pub(super) struct SeedsOwed {
+    /// Seeds whose handshake named us.
+    pub(super) own: Vec<usize>,
+    /// Seeds whose link was taken by the member found there.
+    pub(super) taken: Vec<usize>,
+    /// Seed links closed: (seed, link).
+    pub(super) idle: Vec<(usize, LinkId)>,
+    /// The node may reach nobody now.
+    pub(super) maybe_alone: bool,
+}
+
+impl Handshakes<'_> {
     /// A connection accepted from `from` (admitted by [`judge`](Endpoint::verdict_on_accept), which
     /// may have named a pending link to displace) becomes link `id`: the acceptor's
     /// handshake starts (its Hello is written), with the deadline of the pending table as it
@@ -176,52 +207,32 @@ impl Endpoint {
             Verdict::Admit | Verdict::Full | Verdict::SourceBurst => None,
         };
         if let Some((victim, own)) = displaced {
-            self.gate
+            self.links
+                .gate
                 .displaced(now, victim, &from, own, &self.ctx.cfg, &self.ctx.counters);
-            self.close_link(now, victim, None, Why::Replaced);
+            self.close(now, victim, None, Why::Replaced);
         }
         Counters::add(&self.ctx.counters.accepted, 1);
         log::debug!("{}: accepted connection from {from}", self.ctx.cfg.name);
         let mut first = Vec::new();
-        let hs = Handshake::acceptor(self.local.clone(), nonce, &mut first);
+        let hs = Handshake::acceptor(self.ctx.local.clone(), nonce, &mut first);
         let mut link = Link::new(id, None, hs, first, now);
         let source = admission::source_of(from.source_ip());
         link.remote = Some(from);
         self.links.table.insert(id, link);
-        self.gate.pending.insert(id, source, now);
-        self.links
-            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
+        self.links.gate.pending.insert(id, source, now);
+        self.links.update_gauges(&self.ctx.counters);
         self.links.dirty.push_back(id);
-        let deadline = self.gate.pending.deadline(self.ctx.cfg.handshake_timeout);
+        let deadline = self
+            .links
+            .gate
+            .pending
+            .deadline(self.ctx.cfg.handshake_timeout);
         self.ctx
             .timers
             .add(now + deadline, TimerKind::Handshake { link: id });
         // The table just grew: older links may be past the shorter deadline.
-        self.shed_overdue(now);
-    }
-
-    /// Whether connections accepted now are refused outright (shutting down).
-    pub(crate) fn is_shutting_down(&self) -> bool {
-        self.ctx.shutdown.is_some()
-    }
-
-    /// Logs what the admission rules shed, when a warning is due.
-    pub(crate) fn warn_shedding(&mut self, now: Instant) {
-        self.gate.warn(now, &self.ctx.cfg.name);
-    }
-
-    /// Closes every pending accepted link past the deadline of the table as it is at
-    /// `now`, oldest first (each one closed lengthens the deadline of the rest).
-    pub(super) fn shed_overdue(&mut self, now: Instant) {
-        while let Some((id, limit)) = self
-            .gate
-            .pending
-            .overdue(now, self.ctx.cfg.handshake_timeout)
-        {
-            self.gate
-                .timed_out(limit, &self.ctx.cfg, &self.ctx.counters);
-            self.close_link(now, id, None, Why::IdleTimeout);
-        }
+        self.links.shed_overdue(now, self.peers, self.ctx);
     }
 
     /// The driver opened a connection for peer `peer` (after [`Output::Dial`]): it becomes
@@ -239,44 +250,57 @@ impl Endpoint {
                 last: Vec::new(),
             });
         }
-        let hs = Handshake::dialler(self.local.clone(), p.name().to_string(), nonce);
+        let hs = Handshake::dialler(self.ctx.local.clone(), p.name().to_string(), nonce);
         p.link = Some(id);
         p.set_state(PeerState::Connecting);
         let mut link = Link::new(id, Some(peer), hs, Vec::new(), now);
         link.remote = p.addr.clone();
-        self.open_dialled(now, link);
+        self.links.open_dialled(now, link, self.ctx);
+    }
+}
+
+impl Links {
+    /// Closes every pending accepted link past the deadline of the table as it is at
+    /// `now`, oldest first (each one closed lengthens the deadline of the rest).
+    pub(super) fn shed_overdue(&mut self, now: Instant, peers: &mut Roster, ctx: &mut Ctx) {
+        while let Some((id, limit)) = self.gate.pending.overdue(now, ctx.cfg.handshake_timeout) {
+            self.gate.timed_out(limit, &ctx.cfg, &ctx.counters);
+            self.close(now, id, None, Why::IdleTimeout, peers, ctx);
+        }
     }
 
     /// A connection this node dials (to a peer or a seed) enters the link table, counted,
     /// with its handshake's deadline.
-    pub(super) fn open_dialled(&mut self, now: Instant, link: Link) {
+    pub(super) fn open_dialled(&mut self, now: Instant, link: Link, ctx: &mut Ctx) {
         let id = link.id;
-        self.links.table.insert(id, link);
-        self.links
-            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
-        Counters::add(&self.ctx.counters.dialled, 1);
-        self.ctx.timers.add(
-            now + self.ctx.cfg.handshake_timeout,
+        self.table.insert(id, link);
+        self.update_gauges(&ctx.counters);
+        Counters::add(&ctx.counters.dialled, 1);
+        ctx.timers.add(
+            now + ctx.cfg.handshake_timeout,
             TimerKind::Handshake { link: id },
         );
     }
 
     /// The link's connection failed or the peer closed it (EOF), `why`: it is closed
     /// without a Close frame.
-    pub(super) fn link_failed(&mut self, now: Instant, id: LinkId, why: Why) {
-        if let Some(link) = self.links.table.get(&id) {
+    pub(super) fn failed(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        why: Why,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        if let Some(link) = self.table.get(&id) {
             if link.connecting {
-                Counters::add(&self.ctx.counters.dial_failures, 1);
+                Counters::add(&ctx.counters.dial_failures, 1);
                 if let Some(p) = link.dialled {
-                    log::debug!(
-                        "{}: connect to '{}' failed",
-                        self.ctx.cfg.name,
-                        self.peers.name(p)
-                    );
+                    log::debug!("{}: connect to '{}' failed", ctx.cfg.name, peers.name(p));
                 }
             }
         }
-        self.close_link(now, id, None, why);
+        self.close(now, id, None, why, peers, ctx);
     }
 
     /// A TLS failure on link `id` (handshake, certificate, or a certificate not valid for
@@ -287,100 +311,78 @@ impl Endpoint {
         id: LinkId,
         reason: &str,
         from: Option<Addr>,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
     ) {
-        Counters::add(&self.ctx.counters.tls_failures, 1);
-        let who = match (self.links.table.get(&id).and_then(|l| l.peer), from) {
-            (Some(p), _) => format!("'{}'", self.peers.name(p)),
+        Counters::add(&ctx.counters.tls_failures, 1);
+        let who = match (self.table.get(&id).and_then(|l| l.peer), from) {
+            (Some(p), _) => format!("'{}'", peers.name(p)),
             (None, Some(a)) => a.to_string(),
             (None, None) => "an unidentified peer".to_owned(),
         };
         log::warn!(
             "{}: TLS failure with {who}, closing connection: {reason}",
-            self.ctx.cfg.name
+            ctx.cfg.name
         );
-        self.close_link(now, id, None, Why::Tls);
+        self.close(now, id, None, Why::Tls, peers, ctx);
     }
 
     /// Closes a link (after writing `close`, best effort) and, if it spoke for a peer,
     /// moves the peer to `Backoff` and schedules a reconnect. `why`: what the application
-    /// is told if the link was the peer's established one.
-    pub(super) fn close_link(
+    /// is told if the link was the peer's established one. What the close means to the
+    /// seeds waits in [`SeedsOwed`] until the step is done.
+    pub(super) fn close(
         &mut self,
         now: Instant,
         id: LinkId,
         close: Option<(CloseCode, &str)>,
         why: Why,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
     ) {
-        let journal_ok = self.journal_ok();
         self.gate.pending.remove(id);
-        let Some(link) = self.links.table.remove(&id) else {
+        let Some(link) = self.table.remove(&id) else {
             return;
         };
-        self.links.paused.retain(|&l| l != id);
+        self.paused.retain(|&l| l != id);
         let mut last = Vec::new();
         if let Some((code, reason)) = close {
-            if journal_ok && !link.connecting {
+            if ctx.journal_ok() && !link.connecting {
                 // What may leave of the buffer, then the Close. With a journal, bytes whose
                 // records are not durable yet stay behind (nothing leaves before the journal
                 // holds it): they are unacknowledged, resent after the next handshake.
-                last = match &self.journal {
-                    None => link.to_write().to_vec(),
-                    Some(j) => link.durable_part(j.marks.appended, j.cut).to_vec(),
-                };
+                last = ctx.may_leave(&link).to_vec();
                 wire::encode_close(&mut last, code, reason);
             }
         }
-        self.ctx
-            .out
-            .events
-            .push_back(Output::Close { link: id, last });
-        self.links
-            .update_gauges(self.gate.pending.len(), &self.ctx.counters);
-        self.ctx
-            .timers
+        ctx.out.events.push_back(Output::Close { link: id, last });
+        self.update_gauges(&ctx.counters);
+        ctx.timers
             .cancel(|k| *k == TimerKind::Handshake { link: id });
         if let Some(s) = link.seed {
-            self.seeds.link_closed(s, id);
-            self.seeds.retry_if_alone(now, &self.links, &mut self.ctx);
+            self.seeds_owed.idle.push((s, id));
+            self.seeds_owed.maybe_alone = true;
         }
         let Some(pid) = link.peer else { return };
-        let Some(p) = self.peers.get_mut(&pid) else {
+        let Some(p) = peers.get_mut(&pid) else {
             return;
         };
         if p.link != Some(id) {
             return;
         }
-        p.link_lost(&self.ctx.cfg, link.established);
+        p.link_lost(&ctx.cfg, link.established);
         if link.established {
-            self.seeds.retry_if_alone(now, &self.links, &mut self.ctx);
+            self.seeds_owed.maybe_alone = true;
         }
-        let Some(p) = self.peers.get_mut(&pid) else {
-            return;
-        };
         if std::mem::take(&mut p.up) {
             let peer = p.name().clone();
-            emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Disconnected {
+            emit(&ctx.cfg, &mut ctx.out, || Event::Disconnected {
                 peer: peer.to_string(),
                 reason: why,
             });
         }
         if p.state != PeerState::Closed {
-            self.peers.schedule_reconnect(now, pid, &mut self.ctx);
+            peers.schedule_reconnect(now, pid, ctx);
         }
-    }
-
-    pub(super) fn add_unknown(&mut self, name: &str) -> usize {
-        let shared = (self.new_peer)(name.into());
-        let id = shared.id;
-        log::info!("{}: admitting unknown member '{name}'", self.ctx.cfg.name);
-        self.ctx
-            .out
-            .events
-            .push_back(Output::Admitted(shared.clone()));
-        self.add_peer(shared, None);
-        if let Some(p) = self.peers.get_mut(&id) {
-            p.dynamic = true;
-        }
-        id
     }
 }

@@ -108,43 +108,48 @@ impl Members {
     }
 }
 
-impl Endpoint {
-    /// Takes what the core asks: datagrams to send, changes of the view to act on.
-    pub(super) fn pump_members(&mut self, now: Instant) {
-        loop {
-            let Some(m) = self.members.as_mut() else {
-                return;
-            };
-            let Some(out) = m.swim.poll(now) else {
-                return;
-            };
+impl Members {
+    /// Takes what the core asks: datagrams to send, changes of the view to act on (on the
+    /// peers, and the links of those it retires).
+    pub(super) fn pump(
+        &mut self,
+        now: Instant,
+        peers: &mut Roster,
+        links: &mut Links,
+        ctx: &mut Ctx,
+    ) {
+        while let Some(out) = self.swim.poll(now) {
             match out {
                 membership::Output::Send { to, packet } => {
-                    self.ctx
-                        .out
-                        .events
-                        .push_back(Output::Datagram { to, packet });
+                    ctx.out.events.push_back(Output::Datagram { to, packet });
                 }
                 membership::Output::Event(e) => {
-                    m.view.lock().members = m.swim.members();
-                    self.member_event(now, e);
+                    self.view.lock().members = self.swim.members();
+                    self.event(now, e, peers, links, ctx);
                 }
             }
         }
     }
 
-    fn member_event(&mut self, now: Instant, e: MemberEvent) {
+    fn event(
+        &mut self,
+        now: Instant,
+        e: MemberEvent,
+        peers: &mut Roster,
+        links: &mut Links,
+        ctx: &mut Ctx,
+    ) {
         let MemberEvent::Changed { member, previous } = e else {
             return; // a failed or left member reaped from the view: retired already
         };
-        if member.name == *self.ctx.cfg.name {
+        if member.name == *ctx.cfg.name {
             return;
         }
         let before = previous.as_ref().map(|p| p.state);
         let name = member.name.clone();
         match member.state {
             State::Alive | State::Suspect => {
-                self.member_live(&member.name, member.addr);
+                self.live(&member.name, member.addr, peers, ctx);
                 let back = matches!(before, None | Some(State::Failed | State::Left));
                 let fact = match (before, member.state) {
                     _ if back => Event::MemberJoined {
@@ -158,33 +163,33 @@ impl Endpoint {
                     }
                     _ => return,
                 };
-                emit(&self.ctx.cfg, &mut self.ctx.out, || fact);
+                emit(&ctx.cfg, &mut ctx.out, || fact);
             }
             State::Failed | State::Left => {
                 if matches!(before, Some(State::Failed | State::Left)) {
                     return;
                 }
                 let failed = member.state == State::Failed;
-                self.member_gone(now, &member.name, failed);
+                self.gone(now, &member.name, failed, peers, links, ctx);
                 let fact = if failed {
                     Event::MemberFailed { peer: name }
                 } else {
                     Event::MemberLeft { peer: name }
                 };
-                emit(&self.ctx.cfg, &mut self.ctx.out, || fact);
+                emit(&ctx.cfg, &mut ctx.out, || fact);
             }
         }
     }
 
     /// The view holds `name` live at `addr`: it is a peer with that address (added if the
     /// node does not know it), governed by the view, and dialled if it has no link.
-    fn member_live(&mut self, name: &str, addr: SocketAddr) {
-        if self.ctx.shutdown.is_some() {
+    fn live(&mut self, name: &str, addr: SocketAddr, peers: &mut Roster, ctx: &mut Ctx) {
+        if ctx.shutdown.is_some() {
             return;
         }
-        let id = match self.peers.id_of(name) {
+        let id = match peers.id_of(name) {
             Some(id) => {
-                let Some(p) = self.peers.get_mut(&id) else {
+                let Some(p) = peers.get_mut(&id) else {
                     return;
                 };
                 if p.state == PeerState::Closed {
@@ -200,78 +205,57 @@ impl Endpoint {
                 }
                 id
             }
-            None => {
-                let shared = (self.new_peer)(name.into());
-                log::info!("{}: member '{name}' joined at {addr}", self.ctx.cfg.name);
-                self.ctx
-                    .out
-                    .events
-                    .push_back(Output::Admitted(shared.clone()));
-                let id = shared.id;
-                self.add_peer(shared, Some(Addr::Tcp(addr)));
-                id
-            }
+            None => peers.admit_member(name, addr, ctx),
         };
-        if let Some(m) = self.members.as_mut() {
-            m.governed.insert(name.into());
-        }
-        if self.peers.get(&id).is_some_and(|p| p.link.is_none()) {
-            self.peers.dial(id, &mut self.ctx);
+        self.governed.insert(name.into());
+        if peers.get(&id).is_some_and(|p| p.link.is_none()) {
+            peers.dial(id, ctx);
         }
     }
 
     /// The view declared `name` failed (or it left): a peer the view governs is retired for
     /// good, as `remove_peer` does (its link closed, the application told it disconnected),
     /// and the node forgets it.
-    fn member_gone(&mut self, now: Instant, name: &str, failed: bool) {
-        let governed = self
-            .members
-            .as_mut()
-            .is_some_and(|m| m.governed.remove(name));
-        let Some(id) = self.peers.id_of(name) else {
+    fn gone(
+        &mut self,
+        now: Instant,
+        name: &str,
+        failed: bool,
+        peers: &mut Roster,
+        links: &mut Links,
+        ctx: &mut Ctx,
+    ) {
+        let governed = self.governed.remove(name);
+        let Some(id) = peers.id_of(name) else {
             return;
         };
         if !governed {
             log::info!(
                 "{}: member '{name}' {}; it is a configured peer, kept",
-                self.ctx.cfg.name,
+                ctx.cfg.name,
                 if failed { "failed" } else { "left" }
             );
             return;
         }
-        let Some((shared, link, up)) = self
-            .peers
-            .get(&id)
-            .map(|p| (p.shared.clone(), p.link, p.up))
-        else {
+        if peers.get(&id).is_none() {
             return;
-        };
+        }
         log::info!(
             "{}: member '{name}' {}: removed",
-            self.ctx.cfg.name,
+            ctx.cfg.name,
             if failed {
                 "declared failed"
             } else {
                 "left the cluster"
             }
         );
-        self.peers.retire(id, true, &mut self.ctx);
-        let why = Why::Removed;
-        if let Some(link) = link {
-            let reason = if failed {
-                "declared failed by the cluster's membership"
-            } else {
-                "left the cluster"
-            };
-            self.close_link(now, link, Some((CloseCode::Removed, reason)), why);
+        let reason = if failed {
+            "declared failed by the cluster's membership"
+        } else {
+            "left the cluster"
+        };
+        if let Some(shared) = peers.remove_member(now, id, reason, links, ctx) {
+            ctx.out.events.push_back(Output::Forget(shared));
         }
-        if up {
-            let peer: SharedStr = name.into();
-            emit(&self.ctx.cfg, &mut self.ctx.out, || Event::Disconnected {
-                peer: peer.to_string(),
-                reason: why,
-            });
-        }
-        self.ctx.out.events.push_back(Output::Forget(shared));
     }
 }

@@ -59,8 +59,9 @@ mod seeds;
 mod table;
 mod time;
 
+use identify::Handshakes;
 pub(crate) use journal::{JournalGate, StoppedJournal, StoppedPeer};
-use links::Gate;
+use links::{Gate, SeedsOwed};
 use members::Members;
 pub(crate) use members::{MembersView, MembershipSetup};
 use roster::Roster;
@@ -447,8 +448,9 @@ pub(crate) type NewPeer = Box<dyn Fn(SharedStr) -> Arc<PeerShared> + Send>;
 /// handshake claims (always `Ok` on plain TCP).
 pub(crate) type CertCheck<'a> = &'a dyn Fn(&str) -> Result<(), String>;
 
-/// The services every part of the endpoint uses: its settings, its counters, its timers
-/// and reconnect backoff, whether it is shutting down, and what it produces.
+/// The services every part of the endpoint uses: its settings (and who it is in a
+/// handshake, the bound of a frame), its counters, its timers and reconnect backoff,
+/// whether it is shutting down, what it produces, and the journal's gate.
 pub(crate) struct Ctx {
     cfg: Config,
     counters: Arc<NodeCounters>,
@@ -457,6 +459,12 @@ pub(crate) struct Ctx {
     /// The shutdown's deadline, once one began.
     shutdown: Option<Instant>,
     out: Produced,
+    /// The journal's gate, for a node that journals.
+    journal: Option<JournalGate>,
+    /// Who this member is, as its handshakes say.
+    local: LocalIdentity,
+    /// The bound of a data frame's length.
+    max_len: usize,
 }
 
 impl Ctx {
@@ -466,26 +474,31 @@ impl Ctx {
     pub(super) fn closed_to(&self, p: &Remote) -> bool {
         p.state == PeerState::Closed || (self.shutdown.is_some() && !p.owes_anything())
     }
+
+    /// Whether no journal write or sync has failed (always true without a journal): after
+    /// a failure, bytes in write buffers may hold messages the journal lacks.
+    pub(super) fn journal_ok(&self) -> bool {
+        self.journal.as_ref().is_none_or(|j| !j.marks.failed)
+    }
+
+    /// The bytes of `link` that may be written now: all of them without a journal; with
+    /// one, those whose journal records are durable (`appended`).
+    pub(super) fn may_leave<'l>(&self, link: &'l Link) -> &'l [u8] {
+        match &self.journal {
+            None => link.to_write(),
+            Some(j) => link.durable_part(j.marks.appended, j.cut),
+        }
+    }
 }
 
 /// A member's protocol (see the module doc).
 pub(crate) struct Endpoint {
     /// The services its parts share.
     ctx: Ctx,
-    local: LocalIdentity,
-    /// The bound of a data frame's length.
-    max_len: usize,
-    new_peer: NewPeer,
     /// The links, with those that have bytes to write and those paused.
     links: Links,
     /// The peers, by id and by name.
     peers: Roster,
-    /// Admission of accepted links.
-    gate: Gate,
-    /// Peers whose queued messages are published once the frames written so far have left
-    /// (a handshake's last frame goes first: see [`poll`](Endpoint::poll), step 4).
-    deferred: Vec<usize>,
-    journal: Option<JournalGate>,
     /// `sync_journal`s handled, each with the batch it waits for, not yet polled.
     syncs: VecDeque<Option<u64>>,
     /// The seeds: addresses dialled without a name, and the names they were given by.
@@ -523,13 +536,8 @@ impl Endpoint {
         let mut timers = Timers::default();
         timers.add(now + cfg.tick, TimerKind::Tick);
         let mut ep = Endpoint {
-            max_len: wire::max_frame_len(cfg.max_message),
-            gate: Gate::new(&cfg),
-            local,
-            new_peer,
-            links: Links::new(),
-            peers: Roster::default(),
-            deferred: Vec::new(),
+            links: Links::new(&cfg),
+            peers: Roster::new(new_peer),
             syncs: VecDeque::new(),
             seeds: Seeds::new(&cfg),
             members: cfg
@@ -552,9 +560,11 @@ impl Endpoint {
                     batches: Vec::new(),
                     journal_open: journal.is_some(),
                 },
+                max_len: wire::max_frame_len(cfg.max_message),
+                local,
                 cfg,
+                journal,
             },
-            journal,
         };
         ep.seeds.dial_all(&mut ep.ctx.out.events);
         ep.seeds
@@ -566,9 +576,14 @@ impl Endpoint {
     /// comes out of [`poll`](Endpoint::poll), which the driver drains next.
     pub(crate) fn handle(&mut self, now: Instant, input: Input<'_>) {
         match input {
-            Input::AddPeer { peer, addr } => self.add_peer(peer, addr),
-            Input::RemovePeer(id) => self.remove_peer(now, id),
-            Input::Disconnect(id) => self.disconnect(now, id),
+            Input::AddPeer { peer, addr } => self.peers.add(peer, addr, &mut self.ctx),
+            Input::RemovePeer(id) => {
+                self.peers
+                    .remove_peer(now, id, &mut self.links, &mut self.ctx)
+            }
+            Input::Disconnect(id) => self
+                .peers
+                .disconnect(now, id, &mut self.links, &mut self.ctx),
             Input::Shutdown { deadline } => self.begin_shutdown(now, deadline),
             Input::SyncJournal => {
                 let n = self.sync_journal_now(now);
@@ -580,12 +595,14 @@ impl Endpoint {
                 target: Target::Peer(peer),
                 link,
                 nonce,
-            } => self.dialled(now, peer, link, nonce),
+            } => self.handshakes().dialled(now, peer, link, nonce),
             Input::Dialled {
                 target: Target::Seed(s),
                 link,
                 nonce,
-            } => self.seed_dialled(now, s, link, nonce),
+            } => self
+                .seeds
+                .opened(now, s, link, nonce, &mut self.links, &mut self.ctx),
             Input::DialFailed(Target::Peer(peer)) => {
                 self.peers.dial_failed(now, peer, &mut self.ctx)
             }
@@ -598,17 +615,24 @@ impl Endpoint {
                 from,
                 verdict,
                 nonce,
-            } => self.accepted(now, link, from, verdict, nonce),
+            } => self.handshakes().accepted(now, link, from, verdict, nonce),
             Input::Read { link, cert } => self.handle_input(now, link, cert),
             Input::Writable(link) => self.links.dirty.push_back(link),
             Input::Wrote { link, n } => {
                 self.links
                     .wrote(now, link, n, &mut self.peers, &mut self.ctx)
             }
-            Input::Failed { link, why } => self.link_failed(now, link, why),
-            Input::TlsFailed { link, reason, from } => self.tls_failed(now, link, reason, from),
+            Input::Failed { link, why } => {
+                self.links
+                    .failed(now, link, why, &mut self.peers, &mut self.ctx)
+            }
+            Input::TlsFailed { link, reason, from } => {
+                self.links
+                    .tls_failed(now, link, reason, from, &mut self.peers, &mut self.ctx)
+            }
             Input::JournalMarks(marks) => {
                 let failed = self
+                    .ctx
                     .journal
                     .as_mut()
                     .is_some_and(|j| j.progress(marks, &mut self.peers, &mut self.links));
@@ -629,6 +653,7 @@ impl Endpoint {
                 }
             }
         }
+        self.seeds.settle(now, &mut self.links, &mut self.ctx);
     }
 
     /// The next thing the driver must do, or `None` when there is nothing more until the
@@ -649,14 +674,17 @@ impl Endpoint {
     /// instead (its buffer may hold messages the journal lacks).
     pub(crate) fn poll(&mut self, now: Instant) -> Option<Output> {
         loop {
-            self.pump_members(now);
+            if let Some(m) = self.members.as_mut() {
+                m.pump(now, &mut self.peers, &mut self.links, &mut self.ctx);
+            }
+            self.seeds.settle(now, &mut self.links, &mut self.ctx);
             if let Some(t) = self.ctx.out.tasks.pop_front() {
                 return Some(Output::Task(t));
             }
             if let Some(e) = self.ctx.out.events.pop_front() {
                 return Some(e);
             }
-            if let Some(j) = self.journal.as_mut() {
+            if let Some(j) = self.ctx.journal.as_mut() {
                 j.cut(&mut self.links, &mut self.ctx.out);
             }
             if !self.ctx.out.batches.is_empty() {
@@ -669,16 +697,17 @@ impl Endpoint {
                 if self.links.table.get(&id).is_none_or(|l| l.connecting) {
                     continue; // closed since, or not connected yet
                 }
-                if !self.journal_ok() {
-                    self.link_failed(now, id, Why::Shutdown);
+                if !self.ctx.journal_ok() {
+                    self.links
+                        .failed(now, id, Why::Shutdown, &mut self.peers, &mut self.ctx);
                     continue;
                 }
                 return Some(Output::Transmit(id));
             }
-            if self.deferred.is_empty() {
+            if self.links.deferred.is_empty() {
                 return None;
             }
-            for id in std::mem::take(&mut self.deferred) {
+            for id in std::mem::take(&mut self.links.deferred) {
                 self.links.publish(now, id, &mut self.peers, &mut self.ctx);
             }
         }
@@ -738,20 +767,11 @@ impl Endpoint {
                     .any(|l| l.dialled.is_none() && l.peer.is_none() && !l.established))
     }
 
-    /// Whether no journal write or sync has failed (always true without a journal): after
-    /// a failure, bytes in write buffers may hold messages the journal lacks.
-    pub(crate) fn journal_ok(&self) -> bool {
-        self.journal.as_ref().is_none_or(|j| !j.marks.failed)
-    }
-
     /// The bytes of link `id` that may be written now: all of them without a journal; with
     /// one, those whose journal records are durable (`appended`).
     pub(crate) fn to_write(&self, id: LinkId) -> Option<&[u8]> {
         let link = self.links.table.get(&id)?;
-        Some(match &self.journal {
-            None => link.to_write(),
-            Some(j) => link.durable_part(j.marks.appended, j.cut),
-        })
+        Some(self.ctx.may_leave(link))
     }
 
     /// Peer `id`, for the simulation's checks.

@@ -1,18 +1,80 @@
 //! The peers: each member's protocol state by id and the ids by name, kept in step (a peer
-//! is held under its name; dropping it drops the name too), and what happens to a peer
-//! alone: its dial, its reconnect with backoff, its retirement, forgetting one admitted at
-//! run time. What also needs its link or the journal stays the endpoint's.
+//! is held under its name; dropping it drops the name too), and what happens to a peer:
+//! added (with the stream the journal recovered for it), admitted at run time (it dialled
+//! in, a seed or the membership found it), dialled, reconnected with backoff, disconnected,
+//! retired or removed (its link closed through [`Links::close`]), forgotten.
 
 use super::*;
 
-/// The peers by id and by name.
-#[derive(Default)]
+/// The peers by id and by name, and how the shared state of a member admitted at run time
+/// is made.
 pub(super) struct Roster {
     by_id: HashMap<usize, Remote, IdHash>,
     by_name: HashMap<SharedStr, usize, NameHash>,
+    new_peer: NewPeer,
 }
 
 impl Roster {
+    /// No peer yet; `new_peer` makes the shared state of a member admitted at run time.
+    pub(super) fn new(new_peer: NewPeer) -> Roster {
+        Roster {
+            by_id: HashMap::default(),
+            by_name: HashMap::default(),
+            new_peer,
+        }
+    }
+
+    /// The shared state of member `name`, admitted at run time (it dialled in, a seed or
+    /// the membership found it): the node's map learns it ([`Output::Admitted`]).
+    fn admit(&mut self, name: &str, ctx: &mut Ctx) -> Arc<PeerShared> {
+        let shared = (self.new_peer)(name.into());
+        ctx.out.events.push_back(Output::Admitted(shared.clone()));
+        shared
+    }
+
+    /// A member not configured here dialled in as `name`: it is admitted and added, and
+    /// forgotten if it stays disconnected (`forget_after`). Returns its id.
+    pub(super) fn admit_unknown(&mut self, name: &str, ctx: &mut Ctx) -> usize {
+        log::info!("{}: admitting unknown member '{name}'", ctx.cfg.name);
+        let shared = self.admit(name, ctx);
+        let id = shared.id;
+        self.add(shared, None, ctx);
+        if let Some(p) = self.get_mut(&id) {
+            p.dynamic = true;
+        }
+        id
+    }
+
+    /// A member found at seed address `addr` becomes a peer: the node's map learns it, it
+    /// is dialled at the seed's address when its link is lost, and it is never forgotten.
+    /// Its stream is the journal's, if the journal has one. Returns its id.
+    pub(super) fn admit_seeded(&mut self, name: &str, addr: Option<Addr>, ctx: &mut Ctx) -> usize {
+        log::info!(
+            "{}: found '{name}' at seed {}",
+            ctx.cfg.name,
+            addr.as_ref()
+                .map_or_else(|| "?".to_string(), |a| a.to_string())
+        );
+        let shared = self.admit(name, ctx);
+        let id = shared.id;
+        let mut peer = Remote::new(shared, addr);
+        if let Some(r) = ctx.journal.as_mut().and_then(|j| j.recovered.remove(name)) {
+            peer.restore(&ctx.cfg, &mut ctx.out, r);
+        }
+        self.insert(id, peer);
+        id
+    }
+
+    /// Member `name`, live in the membership's view at `addr` and not known here, becomes
+    /// a peer (dialled there). Returns its id.
+    pub(super) fn admit_member(&mut self, name: &str, addr: SocketAddr, ctx: &mut Ctx) -> usize {
+        log::info!("{}: member '{name}' joined at {addr}", ctx.cfg.name);
+        let shared = self.admit(name, ctx);
+        let id = shared.id;
+        self.add(shared, Some(Addr::Tcp(addr)), ctx);
+        id
+    }
+
     /// Peer `id`.
     pub(super) fn get(&self, id: &usize) -> Option<&Remote> {
         self.by_id.get(id)

@@ -306,17 +306,36 @@ impl Seeds {
         self.retry_if_alone(now, links, ctx);
     }
 
-    /// Seed link `id` (seed `s`) closed: the seed is idle again.
-    pub(super) fn link_closed(&mut self, s: usize, id: LinkId) {
-        if let Some(seed) = self.list.get_mut(s) {
-            if seed.link == Some(id) {
-                seed.link = None;
+    /// Settles what the step just done learnt through the seeds' links ([`SeedsOwed`]): a
+    /// seed that is our own address is never dialled again, a seed whose link a member took
+    /// or whose link closed is idle again, and if the node may reach nobody now, every idle
+    /// seed is dialled again after its backoff.
+    pub(super) fn settle(&mut self, now: Instant, links: &mut Links, ctx: &mut Ctx) {
+        let owed = &links.seeds_owed;
+        if owed.own.is_empty() && owed.taken.is_empty() && !owed.maybe_alone {
+            return; // every close that owes the seeds anything sets `maybe_alone`
+        }
+        let owed = std::mem::take(&mut links.seeds_owed);
+        for s in owed.own {
+            self.is_own(s, &ctx.cfg.name);
+        }
+        for s in owed.taken {
+            self.taken(s);
+        }
+        for (s, id) in owed.idle {
+            if let Some(seed) = self.list.get_mut(s) {
+                if seed.link == Some(id) {
+                    seed.link = None;
+                }
             }
+        }
+        if owed.maybe_alone {
+            self.retry_if_alone(now, links, ctx);
         }
     }
 
     /// The handshake there named us: seed `s` is our own address, never dialled again.
-    pub(super) fn is_own(&mut self, s: usize, node: &str) {
+    fn is_own(&mut self, s: usize, node: &str) {
         if let Some(seed) = self.list.get_mut(s) {
             log::debug!(
                 "{node}: seed {} is this member's own address; not dialled again",
@@ -327,7 +346,7 @@ impl Seeds {
     }
 
     /// Seed `s`'s link was taken by the member found there: the seed's job is done.
-    pub(super) fn taken(&mut self, s: usize) {
+    fn taken(&mut self, s: usize) {
         if let Some(seed) = self.list.get_mut(s) {
             seed.link = None;
             seed.attempt = 0;
@@ -348,6 +367,38 @@ impl Seeds {
         if self.is_current(s, gen) && !links.reaches_anyone() {
             self.dial(s, ctx.shutdown.is_some(), &mut ctx.out.events);
         }
+    }
+
+    /// The driver opened a connection to seed `s` as link `id`: a dialler's handshake that
+    /// takes whoever answers.
+    pub(super) fn opened(
+        &mut self,
+        now: Instant,
+        s: usize,
+        id: LinkId,
+        nonce: Nonce,
+        links: &mut Links,
+        ctx: &mut Ctx,
+    ) {
+        let Some(addr) = self.dialled(s) else {
+            return ctx.out.events.push_back(Output::Close {
+                link: id,
+                last: Vec::new(),
+            });
+        };
+        if ctx.shutdown.is_some() {
+            return ctx.out.events.push_back(Output::Close {
+                link: id,
+                last: Vec::new(),
+            });
+        }
+        self.linked(s, id);
+        let hs = Handshake::dialler_any(ctx.local.clone(), nonce);
+        let mut link = Link::new(id, None, hs, Vec::new(), now);
+        link.connecting = true;
+        link.seed = Some(s);
+        link.remote = Some(Addr::Tcp(addr));
+        links.open_dialled(now, link, ctx);
     }
 }
 
@@ -384,38 +435,17 @@ impl Endpoint {
             self.seeds.name_reached(n);
         }
     }
+}
 
-    /// The driver opened a connection to seed `s` as link `id`: a dialler's handshake that
-    /// takes whoever answers.
-    pub(super) fn seed_dialled(&mut self, now: Instant, s: usize, id: LinkId, nonce: Nonce) {
-        let Some(addr) = self.seeds.dialled(s) else {
-            return self.ctx.out.events.push_back(Output::Close {
-                link: id,
-                last: Vec::new(),
-            });
-        };
-        if self.ctx.shutdown.is_some() {
-            return self.ctx.out.events.push_back(Output::Close {
-                link: id,
-                last: Vec::new(),
-            });
-        }
-        self.seeds.linked(s, id);
-        let hs = Handshake::dialler_any(self.local.clone(), nonce);
-        let mut link = Link::new(id, None, hs, Vec::new(), now);
-        link.connecting = true;
-        link.seed = Some(s);
-        link.remote = Some(Addr::Tcp(addr));
-        self.open_dialled(now, link);
-    }
-
+impl Handshakes<'_> {
     /// The handshake on seed link `id` named us: the seed is our own address.
     pub(super) fn seed_is_own(&mut self, now: Instant, id: LinkId) {
         let Some(s) = self.links.table.get(&id).and_then(|l| l.seed) else {
             return;
         };
-        self.seeds.is_own(s, &self.ctx.cfg.name);
-        self.close_link(now, id, None, Why::Shutdown);
+        self.links.seeds_owed.own.push(s);
+        self.links
+            .close(now, id, None, Why::Shutdown, self.peers, self.ctx);
     }
 
     /// Dialler on seed link `id`: the Hello of whoever answers arrived (not authenticated
@@ -425,18 +455,21 @@ impl Endpoint {
     /// stranger (nothing received from it) and make it a peer only once Ready proves who it
     /// is.
     pub(super) fn seed_hello(&mut self, now: Instant, id: LinkId, peer: &PeerIdentity) {
-        let Some(s) = self.links.table.get(&id).and_then(|l| l.seed) else {
+        // The seed's address, where the member found there is dialled again.
+        let Some(at) = self.links.table.get(&id).filter(|l| l.seed.is_some()) else {
             return;
         };
+        let at = at.remote.clone();
         let known = self.peers.id_of(&peer.name);
         let recovered = self
+            .ctx
             .journal
             .as_ref()
             .is_some_and(|j| j.recovered.contains_key(peer.name.as_str()));
         let pid = match known {
             Some(pid) => Some(pid),
             None if recovered && self.ctx.shutdown.is_none() => {
-                Some(self.admit_seeded(now, &peer.name, s))
+                Some(self.peers.admit_seeded(&peer.name, at, self.ctx))
             }
             None => None,
         };
@@ -470,21 +503,22 @@ impl Endpoint {
         let Some(link) = self.links.table.get(&id) else {
             return;
         };
-        let (Some(s), Some(peer)) = (link.seed, link.hs.as_ref().and_then(|h| h.peer()).cloned())
+        let (Some(_), Some(peer)) = (link.seed, link.hs.as_ref().and_then(|h| h.peer()).cloned())
         else {
             return;
         };
+        let at = link.remote.clone();
         if self.peers.id_of(&peer.name).is_some() || self.ctx.shutdown.is_some() {
             // Known meanwhile: our answer said we hold nothing of it, which may not be
             // true now. This link goes; the member's own comes or stays.
-            return self.close_link(
+            return self.close(
                 now,
                 id,
                 Some((CloseCode::Superseded, "connected otherwise meanwhile")),
                 Why::Replaced,
             );
         }
-        let pid = self.admit_seeded(now, &peer.name, s);
+        let pid = self.peers.admit_seeded(&peer.name, at, self.ctx);
         if !self.seed_takes(now, id, pid) {
             return;
         }
@@ -497,7 +531,8 @@ impl Endpoint {
     /// done then); otherwise the seed link closes. Returns whether it took it.
     fn seed_takes(&mut self, now: Instant, id: LinkId, pid: usize) -> bool {
         let Some(p) = self.peers.get_mut(&pid) else {
-            self.close_link(now, id, None, Why::Removed);
+            self.links
+                .close(now, id, None, Why::Removed, self.peers, self.ctx);
             return false;
         };
         if p.state == PeerState::Closed || p.link.is_some_and(|l| l != id) {
@@ -506,7 +541,7 @@ impl Endpoint {
                 self.ctx.cfg.name,
                 p.name()
             );
-            self.close_link(
+            self.close(
                 now,
                 id,
                 Some((CloseCode::Superseded, "connected otherwise")),
@@ -523,32 +558,8 @@ impl Endpoint {
         link.dialled = Some(pid);
         link.peer = Some(pid);
         if let Some(s) = link.seed.take() {
-            self.seeds.taken(s);
+            self.links.seeds_owed.taken.push(s);
         }
         true
-    }
-
-    /// A member found at seed `s` becomes a peer: the node's map learns it
-    /// ([`Output::Admitted`]), it is dialled at the seed's address when its link is lost,
-    /// and it is never forgotten. Its stream is the journal's, if the journal has one.
-    fn admit_seeded(&mut self, _now: Instant, name: &str, s: usize) -> usize {
-        let shared = (self.new_peer)(name.into());
-        let id = shared.id;
-        let addr = self.seeds.addr(s);
-        log::info!(
-            "{}: found '{name}' at seed {}",
-            self.ctx.cfg.name,
-            addr.map_or_else(|| "?".to_string(), |a| a.to_string())
-        );
-        self.ctx
-            .out
-            .events
-            .push_back(Output::Admitted(shared.clone()));
-        let mut peer = Remote::new(shared, addr.map(Addr::Tcp));
-        if let Some(r) = self.journal.as_mut().and_then(|j| j.recovered.remove(name)) {
-            peer.restore(&self.ctx.cfg, &mut self.ctx.out, r);
-        }
-        self.peers.insert(id, peer);
-        id
     }
 }

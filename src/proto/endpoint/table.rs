@@ -1,25 +1,38 @@
 //! The link table: every link by id, with the links that have bytes to write and those
-//! whose reading is paused; what touches only the links, the peers and the services
-//! ([`Ctx`]) together: publishing and acks written, data's acks and pauses, a run cut
-//! off a read buffer, a refusal told, the link gauges.
+//! whose reading is paused, the admission of accepted ones ([`Gate`]), and the peers
+//! published once a handshake's last frame is out; what touches only the links, the peers
+//! and the services ([`Ctx`]) together: publishing and acks written, data's acks and
+//! pauses, a run cut off a read buffer, a refusal told, the link gauges. Closing a link and
+//! the reasons for it are in `links.rs`, `input.rs` and `time.rs`.
 
 use super::*;
 
-/// Every link, with the write and pause lists that follow them.
+/// Every link, with the write and pause lists that follow them and the admission of those
+/// accepted (the pending table of those still in their handshake).
 pub(super) struct Links {
     pub(super) table: HashMap<LinkId, Link, IdHash>,
     /// Links with bytes appended to their write buffer since the last write pass.
     pub(super) dirty: VecDeque<LinkId>,
     /// Links whose reading is paused.
     pub(super) paused: Vec<LinkId>,
+    /// Admission of accepted links.
+    pub(super) gate: Gate,
+    /// What links closed owe the seeds, until the step is done.
+    pub(super) seeds_owed: SeedsOwed,
+    /// Peers whose queued messages are published once the frames written so far have left
+    /// (a handshake's last frame goes first: see [`Endpoint::poll`], step 4).
+    pub(super) deferred: Vec<usize>,
 }
 
 impl Links {
-    pub(super) fn new() -> Links {
+    pub(super) fn new(cfg: &Config) -> Links {
         Links {
             table: HashMap::default(),
             dirty: VecDeque::new(),
             paused: Vec::new(),
+            gate: Gate::new(cfg),
+            seeds_owed: SeedsOwed::default(),
+            deferred: Vec::new(),
         }
     }
 
@@ -187,14 +200,16 @@ impl Links {
     }
 
     /// Publishes the link gauges after the link set changed.
-    pub(super) fn update_gauges(&self, pending: usize, counters: &NodeCounters) {
+    pub(super) fn update_gauges(&self, counters: &NodeCounters) {
         // Relaxed: gauges for stats only.
         counters
             .open
             .store(self.table.len() as u64, Ordering::Relaxed);
         let est = self.table.values().filter(|l| l.established).count() as u64;
         counters.established.store(est, Ordering::Relaxed);
-        counters.pending.store(pending as u64, Ordering::Relaxed);
+        counters
+            .pending
+            .store(self.gate.pending.len() as u64, Ordering::Relaxed);
     }
 
     /// `n` bytes of link `id`'s write buffer were written at `now`; `drained`: the buffer

@@ -1,5 +1,5 @@
-//! Writes reported back, and the timers: delayed acks, handshake deadlines, the
-//! housekeeping tick, liveness.
+//! The timers: delayed acks, handshake deadlines ([`Links::handshake_due`]), the
+//! housekeeping tick, liveness ([`Links::check_liveness`]).
 
 use super::*;
 
@@ -20,7 +20,10 @@ impl Endpoint {
                         self.peers.dial(peer, &mut self.ctx);
                     }
                 }
-                TimerKind::Handshake { link } => self.handshake_due(now, link),
+                TimerKind::Handshake { link } => {
+                    self.links
+                        .handshake_due(now, link, &mut self.peers, &mut self.ctx)
+                }
                 TimerKind::Forget { peer, gen } => self.peers.forget(peer, gen, &mut self.ctx),
                 TimerKind::Seed { seed, gen } => {
                     self.seeds.due(seed, gen, &self.links, &mut self.ctx)
@@ -32,7 +35,7 @@ impl Endpoint {
                 TimerKind::AckDelay { peer } => self.links.ack_due(
                     now,
                     peer,
-                    self.journal.is_some(),
+                    self.ctx.journal.is_some(),
                     &mut self.peers,
                     &mut self.ctx,
                 ),
@@ -47,47 +50,11 @@ impl Endpoint {
             .store(self.ctx.timers.len() as u64, Ordering::Relaxed);
     }
 
-    /// The handshake timer of link `id` fired. An accepted link is held to the deadline of
-    /// the table as it is now (shorter under pressure; re-armed if the table emptied
-    /// since); our own dial always has the whole `handshake_timeout`.
-    pub(super) fn handshake_due(&mut self, now: Instant, id: LinkId) {
-        let Some(link) = self.links.table.get(&id).filter(|l| !l.established) else {
-            return;
-        };
-        let dialled = link.dialled;
-        if let Some(since) = self.gate.pending.since(id) {
-            let limit = self.gate.pending.deadline(self.ctx.cfg.handshake_timeout);
-            if now < since + limit {
-                self.ctx
-                    .timers
-                    .add(since + limit, TimerKind::Handshake { link: id });
-            } else {
-                self.gate
-                    .timed_out(limit, &self.ctx.cfg, &self.ctx.counters);
-                self.close_link(now, id, None, Why::IdleTimeout);
-            }
-            return;
-        }
-        Counters::add(&self.ctx.counters.handshake_timeouts, 1);
-        match dialled {
-            Some(p) => log::warn!(
-                "{}: handshake with '{}' timed out; closing the connection",
-                self.ctx.cfg.name,
-                self.peers.name(p)
-            ),
-            None => log::warn!(
-                "{}: handshake timed out; closing connection",
-                self.ctx.cfg.name
-            ),
-        }
-        self.close_link(now, id, None, Why::IdleTimeout);
-    }
-
     /// Periodic work: pending links past their deadline closed (and the shedding warning,
     /// when due), each peer's tick (probes, block warnings, residual credit, expiry),
     /// paused links back within their windows resumed, heartbeats and the idle timeout.
     pub(super) fn tick(&mut self, now: Instant) {
-        self.shed_overdue(now);
+        self.links.shed_overdue(now, &mut self.peers, &mut self.ctx);
         self.warn_shedding(now);
         let ids = self.peers.ids();
         for id in ids {
@@ -113,49 +80,90 @@ impl Endpoint {
                 self.resume_peer(now, id);
             }
         }
-        self.check_liveness(now);
+        self.links
+            .check_liveness(now, &mut self.peers, &mut self.ctx);
         self.ctx
             .timers
             .add(now + self.ctx.cfg.tick, TimerKind::Tick);
+    }
+}
+
+impl Links {
+    /// The handshake timer of link `id` fired. An accepted link is held to the deadline of
+    /// the table as it is now (shorter under pressure; re-armed if the table emptied
+    /// since); our own dial always has the whole `handshake_timeout`.
+    pub(super) fn handshake_due(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        let Some(link) = self.table.get(&id).filter(|l| !l.established) else {
+            return;
+        };
+        let dialled = link.dialled;
+        if let Some(since) = self.gate.pending.since(id) {
+            let limit = self.gate.pending.deadline(ctx.cfg.handshake_timeout);
+            if now < since + limit {
+                ctx.timers
+                    .add(since + limit, TimerKind::Handshake { link: id });
+            } else {
+                self.gate.timed_out(limit, &ctx.cfg, &ctx.counters);
+                self.close(now, id, None, Why::IdleTimeout, peers, ctx);
+            }
+            return;
+        }
+        Counters::add(&ctx.counters.handshake_timeouts, 1);
+        match dialled {
+            Some(p) => log::warn!(
+                "{}: handshake with '{}' timed out; closing the connection",
+                ctx.cfg.name,
+                peers.name(p)
+            ),
+            None => log::warn!("{}: handshake timed out; closing connection", ctx.cfg.name),
+        }
+        self.close(now, id, None, Why::IdleTimeout, peers, ctx);
     }
 
     /// Heartbeats on quiet established links (any traffic suppresses them), and failure
     /// detection: a link silent for `idle_timeout` is closed, and its peer redialled with
     /// backoff. A link we are not reading (paused) is never silent: time we did not read is
     /// ours, not the peer's.
-    pub(super) fn check_liveness(&mut self, now: Instant) {
+    pub(super) fn check_liveness(&mut self, now: Instant, peers: &mut Roster, ctx: &mut Ctx) {
         let mut silent = Vec::new();
-        for link in self.links.table.values_mut() {
+        for link in self.table.values_mut() {
             if !link.established {
                 continue;
             }
             let unread = now.saturating_duration_since(link.last_read);
-            if !link.paused && unread >= self.ctx.cfg.idle_timeout {
+            if !link.paused && unread >= ctx.cfg.idle_timeout {
                 silent.push(link.id);
-            } else if now.saturating_duration_since(link.last_write) >= self.ctx.cfg.heartbeat {
+            } else if now.saturating_duration_since(link.last_write) >= ctx.cfg.heartbeat {
                 wire::encode_heartbeat(&mut link.wbuf);
-                self.links.dirty.push_back(link.id);
+                self.dirty.push_back(link.id);
             }
         }
         for id in silent {
-            Counters::add(&self.ctx.counters.idle_timeouts, 1);
+            Counters::add(&ctx.counters.idle_timeouts, 1);
             let who = self
-                .links
                 .table
                 .get(&id)
                 .and_then(|l| l.peer)
-                .map(|p| self.peers.name(p));
+                .map(|p| peers.name(p));
             log::warn!(
                 "{}: connection to '{}' silent for {:?}; closing it",
-                self.ctx.cfg.name,
+                ctx.cfg.name,
                 who.as_deref().unwrap_or("?"),
-                self.ctx.cfg.idle_timeout
+                ctx.cfg.idle_timeout
             );
-            self.close_link(
+            self.close(
                 now,
                 id,
                 Some((CloseCode::Other, "idle timeout")),
                 Why::IdleTimeout,
+                peers,
+                ctx,
             );
         }
     }
