@@ -52,9 +52,6 @@ impl Endpoint {
                             }
                         }
                         Err(e) => {
-                            if matches!(e, RecoveryError::WindowExceeded { .. }) {
-                                Counters::add(&self.ctx.counters.window_violations, 1);
-                            }
                             self.links.cut_run(
                                 id,
                                 Some(pid),
@@ -62,14 +59,8 @@ impl Endpoint {
                                 &self.peers,
                                 &mut self.ctx,
                             );
-                            self.ctx.out.push_batch(self.peers.get(&pid));
-                            self.links.protocol_error(
-                                now,
-                                id,
-                                e.to_string(),
-                                &mut self.peers,
-                                &mut self.ctx,
-                            );
+                            self.links
+                                .bad_data(now, id, pid, &e, &mut self.peers, &mut self.ctx);
                             break;
                         }
                     }
@@ -118,17 +109,8 @@ impl Endpoint {
                             }
                         }
                         Err(e) => {
-                            if matches!(e, RecoveryError::WindowExceeded { .. }) {
-                                Counters::add(&self.ctx.counters.window_violations, 1);
-                            }
-                            self.ctx.out.push_batch(self.peers.get(&pid));
-                            self.links.protocol_error(
-                                now,
-                                id,
-                                e.to_string(),
-                                &mut self.peers,
-                                &mut self.ctx,
-                            );
+                            self.links
+                                .bad_data(now, id, pid, &e, &mut self.peers, &mut self.ctx);
                             break;
                         }
                     }
@@ -278,6 +260,25 @@ impl Endpoint {
 }
 
 impl Links {
+    /// Peer `pid`'s data on link `id` broke its stream (`e`: a window exceeded, a sequence
+    /// out of order): the messages taken from the read before it go to the peer's queues,
+    /// then the link is closed for a protocol error.
+    fn bad_data(
+        &mut self,
+        now: Instant,
+        id: LinkId,
+        pid: usize,
+        e: &RecoveryError,
+        peers: &mut Roster,
+        ctx: &mut Ctx,
+    ) {
+        if matches!(e, RecoveryError::WindowExceeded { .. }) {
+            Counters::add(&ctx.counters.window_violations, 1);
+        }
+        ctx.out.push_batch(peers.get(&pid));
+        self.protocol_error(now, id, e.to_string(), peers, ctx);
+    }
+
     /// Link `id` broke the protocol (`reason`): counted, logged, closed with a Close frame
     /// saying why.
     pub(super) fn protocol_error(
