@@ -265,18 +265,24 @@ impl Descriptor {
     pub fn unacked_len(&self) -> usize {
         self.unacked.len()
     }
-    /// Publishes a reliable message: assigns its sequence number and keeps it for resend.
-    /// Returns the entry so the caller can encode it.
+    /// The sequence number the next reliable message [published](Descriptor::publish) gets.
+    #[inline]
+    pub fn next_seq(&self) -> u64 {
+        self.sent + 1
+    }
+
+    /// Publishes a reliable message: assigns its sequence number
+    /// ([`next_seq`](Descriptor::next_seq)) and keeps it for resend. Returns the number.
     // Inlined: once per message on the IO thread, and small.
     #[inline]
-    pub fn publish(&mut self, flags: u8, payload: Bytes) -> &Unacked {
+    pub fn publish(&mut self, flags: u8, payload: Bytes) -> u64 {
         self.sent += 1;
         self.unacked.push_back(Unacked {
             seq: self.sent,
             flags,
             payload,
         });
-        self.unacked.back().expect("just pushed")
+        self.sent
     }
 
     /// Our stream jumps to `to`: the peer holds more of it than we do (our journal lost its

@@ -220,11 +220,14 @@ impl Remote {
                         shared.requests.mark_sent(id);
                     }
                 }
-                let u = number(&mut self.desc, out, &shared.name, flags, payload);
                 if let Some(l) = link.as_deref_mut() {
-                    wire::encode_data(&mut l.wbuf, u.flags, Some(u.seq), &u.payload);
-                    written = u.seq;
+                    // Encoded with the number it is about to get, while its payload is at
+                    // hand (not read back from the unacked queue).
+                    written = self.desc.next_seq();
+                    wire::encode_data(&mut l.wbuf, flags, Some(written), &payload);
                 }
+                let _seq = number(&mut self.desc, out, &shared.name, flags, payload);
+                debug_assert!(link.is_none() || _seq == written);
             } else if let Some(l) = link.as_deref_mut() {
                 self.desc
                     .publish_unreliable(crate::flow::frame_cost(flags, &payload));
@@ -436,29 +439,28 @@ fn count_withdrawn(cfg: &Config, shared: &PeerShared, n: u64, bytes: u64) {
 /// ([`Remote::establish`]).
 // Inlined: once per message on the IO thread (`Remote::publish`), and small.
 #[inline]
-pub(super) fn number<'d>(
-    desc: &'d mut Descriptor,
+pub(super) fn number(
+    desc: &mut Descriptor,
     out: &mut Produced,
     peer: &SharedStr,
     flags: u8,
     payload: Bytes,
-) -> &'d Unacked {
-    let u = desc.publish(flags, payload);
+) -> u64 {
     if out.journal_open() {
-        journal_message(out, peer, u);
+        journal_message(out, peer, desc.next_seq(), flags, &payload);
     }
-    u
+    desc.publish(flags, payload)
 }
 
-/// Journals the message `u` to `peer` ([`number`]'s part for a journalling node, kept out
-/// of line so that `number` stays small enough to inline).
+/// Journals message `seq` to `peer` ([`number`]'s part for a journalling node, kept out of
+/// line so that `number` stays small enough to inline).
 #[inline(never)]
-fn journal_message(out: &mut Produced, peer: &SharedStr, u: &Unacked) {
+fn journal_message(out: &mut Produced, peer: &SharedStr, seq: u64, flags: u8, payload: &Bytes) {
     out.records.push(Record::Message {
         peer: peer.clone(),
-        seq: u.seq,
-        flags: u.flags,
-        payload: u.payload.clone(),
+        seq,
+        flags,
+        payload: payload.clone(),
     });
 }
 
