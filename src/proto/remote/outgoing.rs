@@ -226,8 +226,8 @@ impl Remote {
                     written = self.desc.next_seq();
                     wire::encode_data(&mut l.wbuf, flags, Some(written), &payload);
                 }
-                let _seq = number(&mut self.desc, out, &shared.name, flags, payload);
-                debug_assert!(link.is_none() || _seq == written);
+                let seq = number(&mut self.desc, out, &shared.name, flags, payload);
+                debug_assert!(link.is_none() || seq == written);
             } else if let Some(l) = link.as_deref_mut() {
                 self.desc
                     .publish_unreliable(crate::flow::frame_cost(flags, &payload));
