@@ -165,11 +165,18 @@ impl Delivery {
     }
     /// Gives the delivery the receiving node's send handle, as it is handed to the
     /// application: from now on a request dropped without a reply tells its requester.
+    // Inlined, the rest out of line: once per message on a pool thread, where a call that
+    // moved the whole delivery in and out cost about 30 instructions a message.
+    #[inline]
     pub(crate) fn with_node(mut self, node: Option<&NodeRef>) -> Delivery {
-        if self.origin.is_some() {
-            // A message of a run: its origin carries the handle (and it is no request).
-            return self;
+        // A message of a run: its origin carries the handle (and it is no request).
+        if self.origin.is_none() {
+            self.attach_node(node);
         }
+        self
+    }
+    /// [`with_node`](Delivery::with_node) for a delivery that is not part of a run.
+    fn attach_node(&mut self, node: Option<&NodeRef>) {
         self.node = node.cloned();
         if let (Some(node), Some(from), Some(room)) =
             (node, self.from.as_ref(), self.request.as_mut())
@@ -179,7 +186,6 @@ impl Delivery {
                 room.arm(node.clone(), from.clone());
             }
         }
-        self
     }
     /// Refuses the request this message is, if it is one: this node has no handler (the
     /// requester is told when the delivery goes, unless a reply came meanwhile).

@@ -106,13 +106,11 @@ impl std::fmt::Display for RecoveryError {
 
 impl std::error::Error for RecoveryError {}
 
-/// Messages and bytes retired by an ack.
+/// Messages retired by an ack.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Retired {
     /// Messages removed from the unacked queue.
     pub messages: u64,
-    /// Their payload bytes.
-    pub bytes: u64,
 }
 
 /// Counters and unacked queue for one remote incarnation. Owned by the IO thread.
@@ -124,7 +122,6 @@ pub struct Descriptor {
     received: u64,
     acks_sent: u64,
     unacked: VecDeque<Unacked>,
-    unacked_bytes: u64,
     /// Receiver side: credit returned to the peer so far (cumulative, this incarnation).
     credit_returned: u64,
     /// Receiver side: window bytes of the messages received from this incarnation
@@ -176,7 +173,6 @@ impl Descriptor {
             acked,
             received,
             acks_sent: received,
-            unacked_bytes: unacked.iter().map(|u| u.payload.len() as u64).sum(),
             unacked: unacked.into(),
             credit_returned,
             // Nothing received in this process is outstanding yet.
@@ -269,23 +265,24 @@ impl Descriptor {
     pub fn unacked_len(&self) -> usize {
         self.unacked.len()
     }
-    /// Payload bytes waiting for an ack.
-    #[cfg(any(test, cohort_internals))]
-    pub fn unacked_bytes(&self) -> u64 {
-        self.unacked_bytes
+    /// The sequence number the next reliable message [published](Descriptor::publish) gets.
+    #[inline]
+    pub fn next_seq(&self) -> u64 {
+        self.sent + 1
     }
 
-    /// Publishes a reliable message: assigns its sequence number and keeps it for resend.
-    /// Returns the entry so the caller can encode it.
-    pub fn publish(&mut self, flags: u8, payload: Bytes) -> &Unacked {
+    /// Publishes a reliable message: assigns its sequence number
+    /// ([`next_seq`](Descriptor::next_seq)) and keeps it for resend. Returns the number.
+    // Inlined: once per message on the IO thread, and small.
+    #[inline]
+    pub fn publish(&mut self, flags: u8, payload: Bytes) -> u64 {
         self.sent += 1;
-        self.unacked_bytes += payload.len() as u64;
         self.unacked.push_back(Unacked {
             seq: self.sent,
             flags,
             payload,
         });
-        self.unacked.back().expect("just pushed")
+        self.sent
     }
 
     /// Our stream jumps to `to`: the peer holds more of it than we do (our journal lost its
@@ -299,7 +296,6 @@ impl Descriptor {
             return Vec::new();
         }
         let fresh: Vec<Unacked> = self.unacked.drain(..).filter(|m| m.seq > kept).collect();
-        self.unacked_bytes = 0;
         self.sent = to;
         self.acked = to;
         fresh
@@ -313,21 +309,16 @@ impl Descriptor {
                 sent: self.sent,
             });
         }
-        let mut r = Retired::default();
         if received <= self.acked {
-            return Ok(r); // an older ack overtaken by a newer one: nothing to do
+            // An older ack overtaken by a newer one: nothing to do.
+            return Ok(Retired::default());
         }
-        while let Some(front) = self.unacked.front() {
-            if front.seq > received {
-                break;
-            }
-            let m = self.unacked.pop_front().expect("front exists");
-            r.messages += 1;
-            r.bytes += m.payload.len() as u64;
-        }
-        self.unacked_bytes -= r.bytes;
+        // The queue is in sequence order: one search per ack finds where the retired ones
+        // end, and they go in one drain (no check and pop per message).
+        let n = self.unacked.partition_point(|u| u.seq <= received);
+        self.unacked.drain(..n);
         self.acked = received;
-        Ok(r)
+        Ok(Retired { messages: n as u64 })
     }
 
     /// Receiver side: admits a data message costing `cost` window bytes — reliable with
@@ -477,7 +468,6 @@ impl Descriptor {
 
     /// Takes every unacknowledged message out (the peer was removed or the node stopped).
     pub fn drain_unacked(&mut self) -> Vec<Unacked> {
-        self.unacked_bytes = 0;
         std::mem::take(&mut self.unacked).into()
     }
 }
@@ -498,13 +488,7 @@ mod tests {
         let mut d = Descriptor::new();
         d.bind(1);
         publish_n(&mut d, 5);
-        assert_eq!(
-            d.on_ack(3).unwrap(),
-            Retired {
-                messages: 3,
-                bytes: 9
-            }
-        );
+        assert_eq!(d.on_ack(3).unwrap(), Retired { messages: 3 });
         assert_eq!(d.unacked_len(), 2);
         assert_eq!(
             d.on_ack(2).unwrap(),
@@ -663,8 +647,6 @@ mod tests {
                 let seqs: Vec<u64> = d.unacked.iter().map(|u| u.seq).collect();
                 let want: Vec<u64> = (a + 1..=s).collect();
                 prop_assert_eq!(seqs, want);
-                let bytes: u64 = d.unacked.iter().map(|u| u.payload.len() as u64).sum();
-                prop_assert_eq!(bytes, d.unacked_bytes());
             }
         }
     }

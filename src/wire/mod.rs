@@ -752,6 +752,57 @@ pub enum Peek {
     },
 }
 
+/// A regular data frame found by [`peek_regular`]: its payload is `buf[header..total]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Regular {
+    /// Sequence number, present iff reliable.
+    pub seq: Option<u64>,
+    /// Bytes before the payload: length prefix, kind, flags, sequence number.
+    pub header: usize,
+    /// Bytes of the whole frame, length prefix included.
+    pub total: usize,
+}
+
+/// [`peek_frame`] narrowed to what a receive loop over a run of regular messages takes: the
+/// first frame of `buf` if it is complete and a well-formed regular data frame (flags
+/// [`FLAG_RELIABLE`] or none: no request, reply, status or out-of-band flag), `None` for
+/// anything else — a partial frame, another kind, a tagged or out-of-band data frame, or a
+/// frame [`peek_frame`] refuses (which it then reports). A frame it returns is one
+/// [`peek_frame`] returns as `Peek::Data` with the same fields.
+// Inlined, and checking only what a regular frame needs: once per message in the
+// receiving IO thread's loop (`Remote::admit_run`).
+#[inline]
+pub fn peek_regular(buf: &[u8], max_len: usize) -> Option<Regular> {
+    let head = buf.get(..HEADER_BYTES)?;
+    let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    // A length below 2 or above `max_len`, or another kind: `peek_frame`'s to judge.
+    if len > max_len || len < 2 || head[LEN_BYTES] != kind::DATA {
+        return None;
+    }
+    let total = LEN_BYTES + len;
+    if buf.len() < total {
+        return None;
+    }
+    match head[LEN_BYTES + 1] {
+        0 => Some(Regular {
+            seq: None,
+            header: HEADER_BYTES,
+            total,
+        }),
+        FLAG_RELIABLE if len >= 2 + 8 => {
+            let mut s = [0u8; 8];
+            s.copy_from_slice(buf.get(HEADER_BYTES..HEADER_BYTES + 8)?);
+            let s = u64::from_le_bytes(s);
+            (s != 0).then_some(Regular {
+                seq: Some(s),
+                header: HEADER_BYTES + 8,
+                total,
+            })
+        }
+        _ => None,
+    }
+}
+
 /// Finds the first complete frame at the front of `buf` (its length prefix checked against
 /// `max_len`, a data frame's header exactly as [`split_frame`] checks it) without taking
 /// it off: a reader can find every frame of a read first and take them off together.
@@ -1286,6 +1337,37 @@ mod tests {
     }
 
     proptest! {
+        /// `peek_regular` returns exactly the frames `peek_frame` finds as regular data
+        /// (no request, reply or out-of-band flag), with the same fields, and nothing else.
+        #[test]
+        fn peek_regular_agrees_with_peek_frame(
+            len in prop_oneof![0u32..40, any::<u32>()],
+            kind_byte in prop_oneof![Just(kind::DATA), any::<u8>()],
+            flags in prop_oneof![Just(0u8), Just(FLAG_RELIABLE), any::<u8>()],
+            seq in prop_oneof![Just(0u64), any::<u64>()],
+            tail in proptest::collection::vec(any::<u8>(), 0..40),
+            max in 0usize..64,
+        ) {
+            let mut b = Vec::new();
+            b.extend_from_slice(&len.to_le_bytes());
+            b.push(kind_byte);
+            b.push(flags);
+            b.extend_from_slice(&seq.to_le_bytes());
+            b.extend_from_slice(&tail);
+            for cut in [b.len(), 4, 5, 6, 13, 14] {
+                let buf = &b[..cut.min(b.len())];
+                let want = match peek_frame(buf, max) {
+                    Ok(Some(Peek::Data { flags, seq, header, total }))
+                        if flags & (FLAG_REQUEST | FLAG_REPLY | FLAG_OOB) == 0 =>
+                    {
+                        Some(Regular { seq, header, total })
+                    }
+                    _ => None,
+                };
+                prop_assert_eq!(peek_regular(buf, max), want);
+            }
+        }
+
         #[test]
         fn data_roundtrips(payload in proptest::collection::vec(any::<u8>(), 0..2048),
                            seq in 1u64.., oob in any::<bool>(), reliable in any::<bool>()) {

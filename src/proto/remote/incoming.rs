@@ -174,16 +174,11 @@ impl Remote {
         max: usize,
         pending: &mut usize,
     ) -> Result<Inflow, RecoveryError> {
-        while let Ok(Some(wire::Peek::Data {
-            flags,
-            seq,
-            header,
-            total,
-        })) = wire::peek_frame(&rbuf[*pending..], max)
+        // Anything but a regular data frame (or a frame `peek_frame` refuses) ends the run:
+        // the caller's loop takes it from there.
+        while let Some(wire::Regular { seq, header, total }) =
+            wire::peek_regular(&rbuf[*pending..], max)
         {
-            if flags & (wire::FLAG_REQUEST | wire::FLAG_REPLY | wire::FLAG_OOB) != 0 {
-                break;
-            }
             let inflow = self.on_run_data(out, seq, *pending + header, total - header)?;
             *pending += total;
             if inflow == Inflow::Pause {

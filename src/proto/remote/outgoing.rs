@@ -117,6 +117,8 @@ impl Remote {
         let mut tally = Tally::default();
         // Accepted messages that will never be sent, for `on_undelivered`.
         let mut lost: Vec<Unacked> = Vec::new();
+        // The sequence number of the last reliable message written to the link (0: none).
+        let mut written = 0;
         // Clear before taking (`next_to_publish`): a send that pushes after this
         // reschedules the peer.
         while let Some(mut m) = shared
@@ -216,33 +218,33 @@ impl Remote {
                     continue;
                 }
             }
-            let c = m.cost();
-            let reliable = m.is_reliable();
-            let Outgoing {
-                payload,
-                flags,
-                permit,
-                ..
-            } = m;
-            if reliable {
+            let (payload, flags, permit) = m.into_parts();
+            if flags & wire::FLAG_RELIABLE != 0 {
                 if flags & wire::FLAG_REQUEST != 0 {
                     if let Some(id) = wire::request_id(&payload) {
                         shared.requests.mark_sent(id);
                     }
                 }
-                let u = number(&mut self.desc, out, &shared.name, flags, payload);
                 if let Some(l) = link.as_deref_mut() {
-                    wire::encode_data(&mut l.wbuf, u.flags, Some(u.seq), &u.payload);
-                    let seq = u.seq;
-                    self.desc.note_written(seq);
+                    // Encoded with the number it is about to get, while its payload is at
+                    // hand (not read back from the unacked queue).
+                    written = self.desc.next_seq();
+                    wire::encode_data(&mut l.wbuf, flags, Some(written), &payload);
                 }
+                let seq = number(&mut self.desc, out, &shared.name, flags, payload);
+                debug_assert!(link.is_none() || seq == written);
             } else if let Some(l) = link.as_deref_mut() {
-                self.desc.publish_unreliable(c);
+                self.desc
+                    .publish_unreliable(crate::flow::frame_cost(flags, &payload));
                 wire::encode_data(&mut l.wbuf, flags, None, &payload);
             }
             self.outbound.ledger.publish(permit);
             tally.sent += 1;
             tally.sent_bytes += len as u64;
+        }
+        if written > 0 {
+            // Numbered in order: the last one written is the highest.
+            self.desc.note_written(written);
         }
         let wrote = tally.sent > 0 && link.is_some();
         tally.count(cfg, shared, self.outbound.peer_max_message);
@@ -481,23 +483,31 @@ fn count_withdrawn(cfg: &Config, shared: &PeerShared, n: u64, bytes: u64) {
 /// to `peer` is numbered, whether published from the outbox, carried over to a new
 /// incarnation ([`Remote::bind`]) or published after the journal's lost tail
 /// ([`Remote::establish`]).
-pub(super) fn number<'d>(
-    desc: &'d mut Descriptor,
+// Inlined: once per message on the IO thread (`Remote::publish`), and small.
+#[inline]
+pub(super) fn number(
+    desc: &mut Descriptor,
     out: &mut Produced,
     peer: &SharedStr,
     flags: u8,
     payload: Bytes,
-) -> &'d Unacked {
-    let u = desc.publish(flags, payload);
+) -> u64 {
     if out.journal_open() {
-        out.records.push(Record::Message {
-            peer: peer.clone(),
-            seq: u.seq,
-            flags: u.flags,
-            payload: u.payload.clone(),
-        });
+        journal_message(out, peer, desc.next_seq(), flags, &payload);
     }
-    u
+    desc.publish(flags, payload)
+}
+
+/// Journals message `seq` to `peer` ([`number`]'s part for a journalling node, kept out of
+/// line so that `number` stays small enough to inline).
+#[inline(never)]
+fn journal_message(out: &mut Produced, peer: &SharedStr, seq: u64, flags: u8, payload: &Bytes) {
+    out.records.push(Record::Message {
+        peer: peer.clone(),
+        seq,
+        flags,
+        payload: payload.clone(),
+    });
 }
 
 /// Reports accepted messages to `shared`'s peer that will never be sent (failed before
