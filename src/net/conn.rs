@@ -4,7 +4,7 @@
 //! protocol side lives there. Many frames go out per `write` and come in per `read`; over
 //! TLS, many frames per TLS write (records of up to 16 KiB, written vectored).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 
 use bytes::BytesMut;
 use mio::{Interest, Registry, Token};
@@ -110,22 +110,24 @@ fn read_plain(stream: &mut Stream, rbuf: &mut BytesMut) -> io::Result<(usize, bo
     if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
         rbuf.reserve(READ_CHUNK);
     }
+    read_spare(stream, rbuf)
+}
+
+/// Reads once into the spare room of `rbuf` (at most [`READ_CHUNK`] bytes), without
+/// zero-filling it first: socket2's `recv` takes uninitialised memory and says how much of
+/// it the kernel wrote. Returns the bytes read and whether the read was short.
+#[inline]
+fn read_spare(stream: &Stream, rbuf: &mut BytesMut) -> io::Result<(usize, bool)> {
     let len = rbuf.len();
-    let end = rbuf.capacity().min(len + READ_CHUNK);
-    // Zero-fill the slice the read writes into. This keeps the code free of `unsafe`;
-    // the cost is a memset of at most one chunk per read syscall.
-    rbuf.resize(end, 0);
-    let offered = end - len;
-    match stream.read(&mut rbuf[len..]) {
-        Ok(n) => {
-            rbuf.truncate(len + n);
-            Ok((n, n < offered))
-        }
-        Err(e) => {
-            rbuf.truncate(len);
-            Err(e)
-        }
-    }
+    let spare = rbuf.spare_capacity_mut();
+    let offered = spare.len().min(READ_CHUNK);
+    let n = stream.sock_ref().recv(&mut spare[..offered])?;
+    debug_assert!(n <= offered);
+    // SAFETY: `recv` returns how many bytes of the slice it was given the kernel wrote
+    // (recv(2)'s count; socket2 documents the first `n` bytes as initialised): the spare
+    // room from `len` to `len + n` is initialised, and `len + n <= capacity`.
+    unsafe { rbuf.set_len(len + n) };
+    Ok((n, n < offered))
 }
 
 /// The plain write: until the socket says `WouldBlock` or `buf` is out.
@@ -242,5 +244,95 @@ impl Conn {
             self.writable_interest = want;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connected pair: the reading end as a `Stream` (left blocking, so that a read waits
+    /// for bytes instead of polling) and the writing end.
+    fn tcp_pair() -> (Stream, std::net::TcpStream) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let w = std::net::TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (r, _) = l.accept().expect("accept");
+        (Stream::Tcp(mio::net::TcpStream::from_std(r)), w)
+    }
+
+    #[cfg(unix)]
+    fn unix_pair() -> (Stream, std::os::unix::net::UnixStream) {
+        let (r, w) = std::os::unix::net::UnixStream::pair().expect("pair");
+        (Stream::Unix(mio::net::UnixStream::from_std(r)), w)
+    }
+
+    fn pattern(from: usize, n: usize) -> Vec<u8> {
+        (from..from + n).map(|i| (i % 251) as u8).collect()
+    }
+
+    /// Reads until `rbuf` holds `want` bytes, checking that no read offers more than a chunk.
+    fn read_to(stream: &mut Stream, rbuf: &mut BytesMut, want: usize) {
+        while rbuf.len() < want {
+            let before = rbuf.len();
+            let (n, _) = read_plain(stream, rbuf).expect("read");
+            assert!(n > 0, "EOF before {want} bytes");
+            assert!(n <= READ_CHUNK);
+            assert_eq!(rbuf.len(), before + n);
+        }
+        assert_eq!(rbuf.len(), want);
+    }
+
+    /// A partial frame kept at the front of the read buffer comes through reads intact, and
+    /// so does every byte read after it: a few small reads, a read that fills all the room
+    /// offered (not short), reads that make the buffer grow, and EOF.
+    fn reads_keep_the_front_and_every_byte(mut r: Stream, mut w: impl Write + Send + 'static) {
+        let front = b"a partial frame".to_vec();
+        // 20 000 bytes of room: more than the quarter chunk that makes a read reserve, so
+        // the first reads go into exactly this room.
+        let mut rbuf = BytesMut::with_capacity(front.len() + 20_000);
+        rbuf.extend_from_slice(&front);
+        let mut sent = 0;
+        for n in [1, 100, 3000] {
+            w.write_all(&pattern(sent, n)).expect("write");
+            sent += n;
+            read_to(&mut r, &mut rbuf, front.len() + sent);
+        }
+        // Room left: 20 000 − 3 101 bytes; written in full before the read (on loopback and
+        // a socket pair a write that returns has queued its bytes at the reader), so the read
+        // fills it and is not short.
+        let room = rbuf.capacity() - rbuf.len();
+        assert!((READ_CHUNK / 4..READ_CHUNK).contains(&room), "{room}");
+        w.write_all(&pattern(sent, room)).expect("write");
+        sent += room;
+        let (n, short) = read_plain(&mut r, &mut rbuf).expect("read");
+        assert_eq!((n, short), (room, false));
+        // More than two chunks: the buffer grows, moving what it holds.
+        let big = 2 * READ_CHUNK + 12_345;
+        let tail = pattern(sent, big);
+        let writer = std::thread::spawn(move || {
+            w.write_all(&tail).expect("write");
+            // Dropping the writer closes its end: EOF.
+        });
+        sent += big;
+        read_to(&mut r, &mut rbuf, front.len() + sent);
+        writer.join().expect("writer");
+        assert_eq!(&rbuf[..front.len()], &front[..]);
+        assert!(rbuf[front.len()..] == pattern(0, sent)[..], "bytes changed");
+        let held = rbuf.len();
+        assert_eq!(read_plain(&mut r, &mut rbuf).expect("EOF"), (0, true));
+        assert_eq!(rbuf.len(), held);
+    }
+
+    #[test]
+    fn a_plain_read_keeps_a_partial_frame_and_every_byte_over_tcp() {
+        let (r, w) = tcp_pair();
+        reads_keep_the_front_and_every_byte(r, w);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_plain_read_keeps_a_partial_frame_and_every_byte_over_a_unix_socket() {
+        let (r, w) = unix_pair();
+        reads_keep_the_front_and_every_byte(r, w);
     }
 }

@@ -60,6 +60,13 @@ impl Stream {
         }
     }
 
+    /// The socket as socket2 sees it, for the calls mio does not offer (`recv` into
+    /// uninitialised memory, socket options).
+    #[inline]
+    pub(crate) fn sock_ref(&self) -> socket2::SockRef<'_> {
+        either!(self, s => socket2::SockRef::from(s))
+    }
+
     /// Looks at the first byte waiting, without taking it: `Ok(0)` at the end of the
     /// stream.
     pub(crate) fn peek(&self, byte: &mut [u8; 1]) -> io::Result<usize> {
@@ -77,7 +84,7 @@ impl Stream {
     /// Socket options for every connection, through socket2: `TCP_NODELAY` (TCP only; a
     /// Unix socket has no Nagle delay) and the buffer sizes asked for.
     pub(crate) fn configure(&self, node: &str, send: Option<usize>, recv: Option<usize>) {
-        let sock = either!(self, s => socket2::SockRef::from(s));
+        let sock = self.sock_ref();
         if matches!(self, Stream::Tcp(_)) {
             if let Err(e) = sock.set_tcp_nodelay(true) {
                 log::warn!("{node}: cannot set TCP_NODELAY: {e}");
