@@ -40,7 +40,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use cohort::{Builder, Bytes, Node, SendOptions};
-use common::{Over, Progress, RawStream, Samples};
+use common::{Over, PerSource, Progress, RawStream, Samples};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 
 /// Payload sizes measured, with the label used in group names.
@@ -86,11 +86,12 @@ fn secure(b: Builder, name: &str, ca: Option<&Ca>) -> Builder {
     }
 }
 
-/// `senders` cohort nodes sending to one `sink` node that counts what its handler sees.
+/// `senders` cohort nodes sending to one `sink` node that counts what its handler sees, per
+/// source (a message's first byte names its source).
 struct CohortFanIn {
     sink: Node,
     sources: Vec<Node>,
-    received: Arc<Progress>,
+    received: Arc<PerSource>,
 }
 
 impl CohortFanIn {
@@ -101,12 +102,12 @@ impl CohortFanIn {
             Over::Tcp => std::path::PathBuf::new(),
             Over::Unix => common::socket_dir("throughput"),
         };
-        let received = Arc::new(Progress::default());
+        let received = Arc::new(PerSource::new(senders));
         let counter = received.clone();
         let sink = secure(Node::builder("sink"), "sink", ca)
             .cluster("bench")
             .listen(common::listen_addr(over, &dir, "sink"))
-            .on_message(move |_| counter.add(1))
+            .on_message(move |d| counter.record(usize::from(d.payload()[0])))
             .start()?;
         let mut sources = Vec::with_capacity(senders);
         for i in 0..senders {
@@ -125,12 +126,12 @@ impl CohortFanIn {
             received,
         };
         // One message from each source: every connection is up before measuring.
-        let target = rig.received.expect(senders as u64);
-        for source in &rig.sources {
-            source.send("sink", Bytes::from_static(b"hello"))?;
+        rig.received.expect_each(1);
+        for (i, source) in rig.sources.iter().enumerate() {
+            source.send("sink", Bytes::from(vec![i as u8]))?;
         }
         rig.received
-            .wait_for(target, BATCH_TIMEOUT, "cohort: connecting the sources");
+            .wait_for(BATCH_TIMEOUT, "cohort: connecting the sources");
         Ok(rig)
     }
 
@@ -138,12 +139,15 @@ impl CohortFanIn {
     /// are counted.
     fn run_batch(&self, n: u64, payload: &Bytes, opts: SendOptions) {
         let per_source = n / self.sources.len() as u64;
-        let target = self.received.expect(per_source * self.sources.len() as u64);
-        let send_all = |source: &Node| {
+        self.received.expect_each(per_source);
+        let send_all = |(i, source): (usize, &Node)| {
             // Each source its own payload (different senders send different data): one
             // shared by every sending thread would make its reference count a cache line
-            // they all fight over, which no application has and raw TCP does not pay.
-            let payload = Bytes::copy_from_slice(payload);
+            // they all fight over, which no application has and raw TCP does not pay. Its
+            // first byte names the source to the sink's count.
+            let mut own = payload.to_vec();
+            own[0] = i as u8;
+            let payload = Bytes::from(own);
             for _ in 0..per_source {
                 source
                     .send_with("sink", payload.clone(), opts)
@@ -151,15 +155,15 @@ impl CohortFanIn {
             }
         };
         match self.sources.as_slice() {
-            [one] => send_all(one),
+            [one] => send_all((0, one)),
             many => thread::scope(|s| {
-                for source in many {
+                for source in many.iter().enumerate() {
                     s.spawn(move || send_all(source));
                 }
             }),
         }
         self.received
-            .wait_for(target, BATCH_TIMEOUT, "cohort: sink counting a batch");
+            .wait_for(BATCH_TIMEOUT, "cohort: sink counting a batch");
     }
 
     fn shutdown(self) {

@@ -1,5 +1,5 @@
-//! Helpers shared by the benches: criterion settings, test-mode detection, a counter that a
-//! bench thread can wait on with a deadline, the raw-TCP baseline's framing, and a
+//! Helpers shared by the benches: criterion settings, test-mode detection, counters that a
+//! bench thread can wait on with a deadline (one shared, one per source), the raw-TCP baseline's framing, and a
 //! per-sample log that turns criterion's samples into one "cohort vs raw TCP" summary line.
 //!
 //! Each bench file includes this module with `mod common;` and uses a subset of it.
@@ -98,6 +98,109 @@ impl Progress {
             let now = Instant::now();
             if now >= deadline {
                 panic!("{what}: counted {count} of {target} events within {timeout:?}");
+            }
+            guard = self
+                .reached
+                .wait_timeout(guard, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+}
+
+/// Messages counted per source, for a handler that sees every source's messages on several
+/// pool threads: each source's count in a cache line of its own, bumped with a plain load and
+/// store instead of an atomic add on one shared line. That is as cheap as the raw baseline's
+/// reader threads, which add to a [`Progress`] once per buffer they parse. One shared counter
+/// added to per message by every delivering thread is a contended line the transport never
+/// touches: it put 12–15 % of cohort's CPU samples in the bench's handler, and 4→1 64 B
+/// measured 210–218 ns CPU per message with per-source counts against 249–264 with one
+/// counter (docs/benchmarks.md, "Where the time goes").
+///
+/// Correct because a source's regular messages are delivered by one pool thread at a time
+/// (cohort's one-deliverer-per-sender rule, whose hand-over orders one deliverer's writes
+/// before the next one's reads): were two threads to count one source at once, counts would
+/// be lost and [`PerSource::wait_for`] would fail the bench.
+#[derive(Debug)]
+pub(crate) struct PerSource {
+    slots: Box<[SourceSlot]>,
+    lock: Mutex<()>,
+    reached: Condvar,
+}
+
+/// One source's count and the count its waiter wants, alone in their cache lines (128 bytes:
+/// the adjacent-line prefetcher pairs 64-byte lines).
+#[derive(Debug, Default)]
+#[repr(align(128))]
+struct SourceSlot {
+    count: AtomicU64,
+    target: AtomicU64,
+}
+
+impl PerSource {
+    /// Counts for `sources` sources, numbered from 0.
+    pub(crate) fn new(sources: usize) -> PerSource {
+        PerSource {
+            slots: (0..sources).map(|_| SourceSlot::default()).collect(),
+            lock: Mutex::new(()),
+            reached: Condvar::new(),
+        }
+    }
+
+    /// Counts one message from `source`. Called by the thread delivering that source's
+    /// messages, one thread at a time (see the type's docs).
+    #[inline]
+    pub(crate) fn record(&self, source: usize) {
+        let slot = &self.slots[source];
+        // Relaxed: this thread is the slot's only writer now, and saw the previous
+        // deliverer's store through the transport's hand-over.
+        let count = slot.count.load(Ordering::Relaxed) + 1;
+        // Release: a waiter that reads it (Acquire) has every count before it.
+        slot.count.store(count, Ordering::Release);
+        // The target was set before the messages were sent.
+        if count == slot.target.load(Ordering::Acquire) {
+            // Taking the lock orders this notify after a waiter's check of the counts.
+            let _guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.reached.notify_all();
+        }
+    }
+
+    /// Announces `n` more messages from every source. Call it before sending them, with
+    /// none in flight.
+    pub(crate) fn expect_each(&self, n: u64) {
+        for slot in self.slots.iter() {
+            slot.target.fetch_add(n, Ordering::SeqCst);
+        }
+    }
+
+    /// Messages counted so far, all sources together.
+    pub(crate) fn total(&self) -> u64 {
+        self.slots
+            .iter()
+            .map(|s| s.count.load(Ordering::Acquire))
+            .sum()
+    }
+
+    /// Waits until every source's count reaches its target; panics naming `what` if
+    /// `timeout` passes first.
+    pub(crate) fn wait_for(&self, timeout: Duration, what: &str) {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let behind = self
+                .slots
+                .iter()
+                .find(|s| s.count.load(Ordering::Acquire) < s.target.load(Ordering::SeqCst));
+            let Some(behind) = behind else {
+                return;
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                panic!(
+                    "{what}: a source counted {} of {} messages within {timeout:?}",
+                    behind.count.load(Ordering::Acquire),
+                    behind.target.load(Ordering::SeqCst)
+                );
             }
             guard = self
                 .reached
