@@ -188,14 +188,8 @@ pub mod internals {
 
         /// A node's peer map (`net::PeerMap`), changed through the IO thread's own steps
         /// (`peer::admit`, `peer::forget`) and read as the send path reads it.
-        #[derive(Debug)]
+        #[derive(Debug, Default)]
         pub struct Map(crate::peer::Peers);
-
-        impl Default for Map {
-            fn default() -> Map {
-                Map(crate::sync::RwLock::new(Default::default()))
-            }
-        }
 
         impl Map {
             /// Empty.
@@ -218,6 +212,18 @@ pub mod internals {
                 f: impl FnOnce(Option<&crate::sync::Arc<PeerShared>>) -> R,
             ) -> R {
                 f(self.0.read().get(name))
+            }
+            /// Runs `f` on the peer named `name` as a send by name finds it: the one
+            /// `last` remembers while the map is unchanged, else looked up under the read
+            /// lock (and perhaps remembered); `None` if there is none
+            /// (`SendCore::enqueue_named` with the thread's remembered look-up).
+            pub fn with_found<R>(
+                &self,
+                name: &str,
+                last: &mut Option<crate::peer::Found>,
+                f: impl FnOnce(&crate::sync::Arc<PeerShared>) -> R,
+            ) -> Option<R> {
+                self.0.with_found(name, last, f)
             }
         }
 

@@ -788,3 +788,97 @@ fn configuration_errors_name_the_setting() {
     }
     node.shutdown(SHUTDOWN).expect("shutdown");
 }
+
+/// A thread remembers the peer its last send by name found; a peer removed and added again
+/// under the same name is another peer, and the next send from that thread (through the
+/// same `Sender`, and through the node) goes to it, not to the removed one's closed outbox.
+#[test]
+fn a_send_after_a_peer_is_added_again_goes_to_the_new_peer() {
+    use std::sync::atomic::AtomicU64;
+    let counting = |n: &Arc<AtomicU64>| {
+        let n = n.clone();
+        move |_: cohort::Delivery| {
+            n.fetch_add(1, Ordering::SeqCst);
+        }
+    };
+    let (old_got, new_got) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let old = Node::builder("ra-b")
+        .cluster("t-readd")
+        .on_message(counting(&old_got))
+        .start()
+        .expect("start");
+    let new = Node::builder("ra-b")
+        .cluster("t-readd")
+        .on_message(counting(&new_got))
+        .start()
+        .expect("start");
+    let a = Node::builder("ra-a")
+        .cluster("t-readd")
+        .start()
+        .expect("start");
+    a.add_peer("ra-b", old.local_addr()).expect("add_peer");
+    old.add_peer("ra-a", a.local_addr()).expect("add_peer");
+    new.add_peer("ra-a", a.local_addr()).expect("add_peer");
+    let tx = a.sender();
+    tx.send("ra-b", payload(0, 8))
+        .expect("send to the first peer");
+    a.send("ra-b", payload(1, 8))
+        .expect("send to the first peer");
+    wait_until("the first peer's messages", PATIENCE, || {
+        old_got.load(Ordering::SeqCst) == 2
+    });
+
+    old.shutdown(SHUTDOWN).expect("shutdown of the first peer");
+    a.remove_peer("ra-b").expect("remove_peer");
+    a.add_peer("ra-b", new.local_addr())
+        .expect("add_peer again");
+    tx.send("ra-b", payload(2, 8))
+        .expect("send to the peer added again");
+    a.send("ra-b", payload(3, 8))
+        .expect("send to the peer added again");
+    wait_until("the new peer's messages", PATIENCE, || {
+        new_got.load(Ordering::SeqCst) == 2
+    });
+    assert_eq!(
+        old_got.load(Ordering::SeqCst),
+        2,
+        "nothing more to the removed peer"
+    );
+    for n in [a, new] {
+        n.shutdown(SHUTDOWN).expect("shutdown");
+    }
+}
+
+/// Nodes started and shut down one after another on one thread, each sending by name to a
+/// peer of the same name, after the same changes of its peer map: every send goes to that
+/// node's own peer. The thread's remembered look-up belongs to a map that is gone, and is
+/// never taken for the next node's, even at the same generation.
+#[test]
+fn sends_by_name_from_one_thread_reach_each_new_nodes_peer() {
+    use std::sync::atomic::AtomicU64;
+    for round in 0..4u8 {
+        let got = Arc::new(AtomicU64::new(0));
+        let counter = got.clone();
+        let b = Node::builder("seq-b")
+            .cluster("t-seq")
+            .on_message(move |_| {
+                counter.fetch_add(1, Ordering::SeqCst);
+            })
+            .start()
+            .expect("start");
+        let a = Node::builder("seq-a")
+            .cluster("t-seq")
+            .start()
+            .expect("start");
+        a.add_peer("seq-b", b.local_addr()).expect("add_peer");
+        b.add_peer("seq-a", a.local_addr()).expect("add_peer");
+        a.send("seq-b", payload(u64::from(round), 8))
+            .expect("send to this round's peer");
+        wait_until("this round's message", PATIENCE, || {
+            got.load(Ordering::SeqCst) == 1
+        });
+        for n in [a, b] {
+            n.shutdown(SHUTDOWN).expect("shutdown");
+        }
+    }
+}

@@ -14,13 +14,17 @@
 //! outbox is closed: its permits come back; it found no peer; or it was queued and then
 //! failed by the retirement, reported like every failed message) or is queued on the live
 //! peer — never left queued on the forgotten one; the forgotten peer's window is whole.
+//! The same with the peer the sender's thread found last remembered (`Peers::with_found`,
+//! taken without the lock while the map's generation is unchanged), and: a send ordered
+//! after a change of the map never takes the peer remembered from before it.
 #![cfg(loom)]
 
 use std::collections::VecDeque;
 
 use bytes::Bytes;
 use cohort::internals::flow::{cost, AcquireError};
-use cohort::internals::peer::{self, Ledger, Map, PeerShared, Return};
+use cohort::internals::peer::{self, Found, Ledger, Map, PeerShared, Return};
+use loom::sync::atomic::{AtomicBool, Ordering};
 use loom::thread;
 use std::sync::Arc;
 
@@ -37,39 +41,61 @@ enum Sent {
     Queued(Arc<PeerShared>),
 }
 
-/// `enqueue_named` with `Wait::No`: lookup, permits, admit, under the map's read lock.
+/// `enqueue_named` with `Wait::No` and no look-up remembered: lookup, permits, admit,
+/// under the map's read lock.
 fn send(map: &Map) -> Sent {
-    map.with("x", |p| {
-        let Some(p) = p else {
-            return Sent::Unknown;
-        };
-        let ob = peer::outbox(p);
-        let permit = match ob.window().try_acquire(cost(1)) {
-            Ok(permit) => permit,
-            Err(AcquireError::Closed) => return Sent::Closed,
-            Err(e) => panic!("acquire failed with {e:?}"),
-        };
-        match ob.admit(peer::outgoing(
-            Bytes::from_static(b"m"),
-            false,
-            None,
-            permit,
-        )) {
-            Ok(()) => Sent::Queued(p.clone()),
-            Err(_) => Sent::Refused,
-        }
+    map.with("x", |p| match p {
+        Some(p) => queue_one(p),
+        None => Sent::Unknown,
     })
 }
 
+/// `enqueue_named` with `Wait::No` and the sending thread's remembered look-up `last`:
+/// permits and admit on the peer `last` holds while the map is unchanged, else as `send`.
+fn send_found(map: &Map, last: &mut Option<Found>) -> Sent {
+    map.with_found("x", last, queue_one)
+        .unwrap_or(Sent::Unknown)
+}
+
+/// Permits, then admit, on `p`.
+fn queue_one(p: &Arc<PeerShared>) -> Sent {
+    let ob = peer::outbox(p);
+    let permit = match ob.window().try_acquire(cost(1)) {
+        Ok(permit) => permit,
+        Err(AcquireError::Closed) => return Sent::Closed,
+        Err(e) => panic!("acquire failed with {e:?}"),
+    };
+    match ob.admit(peer::outgoing(
+        Bytes::from_static(b"m"),
+        false,
+        None,
+        permit,
+    )) {
+        Ok(()) => Sent::Queued(p.clone()),
+        Err(_) => Sent::Refused,
+    }
+}
+
 /// One sender races the IO thread's forget of peer 0 ("x"), followed, with `readmit`, by
-/// the admission of peer 1 under the same name.
-fn model(readmit: bool) {
+/// the admission of peer 1 under the same name. With `remembered`, the sender's thread
+/// found peer 0 before the race and remembers it.
+fn model(readmit: bool, remembered: bool) {
     let map = Arc::new(Map::new());
     let old = peer::shared(0, "x", 1 << 10);
     map.admit(old.clone());
+    let mut last = None;
+    if remembered {
+        map.with_found("x", &mut last, |_| ());
+    }
     let sender = {
         let map = map.clone();
-        thread::spawn(move || send(&map))
+        thread::spawn(move || {
+            if remembered {
+                send_found(&map, &mut last)
+            } else {
+                send(&map)
+            }
+        })
     };
 
     // The IO thread: retire, then forget; perhaps admit the member again.
@@ -120,13 +146,68 @@ fn model(readmit: bool) {
 /// A send races the forget of the peer it names.
 #[test]
 fn a_send_races_the_forget() {
-    loom_tests::model("peer_map/a_send_races_the_forget", || model(false));
+    loom_tests::model("peer_map/a_send_races_the_forget", || model(false, false));
 }
 
 /// A send races the forget and the admission of the member again under its name.
 #[test]
 fn a_send_races_the_forget_and_a_readmission() {
     loom_tests::model("peer_map/a_send_races_the_forget_and_a_readmission", || {
-        model(true)
+        model(true, false)
     });
+}
+
+/// A send taking the peer its thread remembers races the forget and the admission of the
+/// member again: the remembered peer is taken only while the map is unchanged, so the send
+/// is one that could have looked it up then.
+#[test]
+fn a_remembered_send_races_the_forget_and_a_readmission() {
+    loom_tests::model(
+        "peer_map/a_remembered_send_races_the_forget_and_a_readmission",
+        || model(true, true),
+    );
+}
+
+/// A send ordered after the map changed (here through a flag the IO thread sets once it
+/// readmitted the member) never takes the peer its thread remembered from before: it goes
+/// to the member admitted again.
+#[test]
+fn a_send_after_a_change_never_takes_the_remembered_peer() {
+    loom_tests::model(
+        "peer_map/a_send_after_a_change_never_takes_the_remembered_peer",
+        || {
+            let map = Arc::new(Map::new());
+            let old = peer::shared(0, "x", 1 << 10);
+            map.admit(old.clone());
+            let mut last = None;
+            map.with_found("x", &mut last, |_| ());
+            let changed = Arc::new(AtomicBool::new(false));
+            let io = {
+                let (map, changed) = (map.clone(), changed.clone());
+                thread::spawn(move || {
+                    let ob = peer::outbox(&old);
+                    ob.fail_queued(&mut VecDeque::new());
+                    ob.retire(&mut Ledger::default());
+                    assert!(map.forget(&old), "forgotten");
+                    let new = peer::shared(1, "x", 1 << 10);
+                    map.admit(new.clone());
+                    changed.store(true, Ordering::Release);
+                    new
+                })
+            };
+            let after = changed.load(Ordering::Acquire);
+            let sent = send_found(&map, &mut last);
+            let new = io.join().unwrap();
+            if after {
+                assert!(
+                    matches!(&sent, Sent::Queued(p) if Arc::ptr_eq(p, &new)),
+                    "a send after the change went elsewhere: {sent:?}"
+                );
+            }
+            // Whatever the interleaving, the next send goes to the member admitted again.
+            assert!(
+                matches!(send_found(&map, &mut last), Sent::Queued(p) if Arc::ptr_eq(&p, &new))
+            );
+        },
+    );
 }

@@ -32,7 +32,7 @@ use crate::net::{
 use crate::peer::{Counters, PeerShared};
 use crate::proto::NodeCounters;
 use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::sync::{thread, Arc, Mutex, RwLock, SharedStr};
+use crate::sync::{thread, Arc, Mutex, SharedStr};
 use crate::wire;
 
 /// The listening socket's accept queue. It absorbs connection bursts while the IO thread
@@ -228,7 +228,7 @@ impl Node {
             b.max_requests,
         ));
 
-        let peers: PeerMap = Arc::new(RwLock::new(HashMap::default()));
+        let peers: PeerMap = Arc::new(crate::peer::Peers::default());
         let stopped = Arc::new(AtomicBool::new(false));
         let sender = Sender::new(
             name.clone(),
@@ -279,7 +279,7 @@ impl Node {
         });
         for (pname, addr) in &peer_addrs {
             let shared = io.new_peer(pname.as_str().into(), window);
-            peers.write().insert(shared.name.clone(), shared.clone());
+            peers.change(|map| map.insert(shared.name.clone(), shared.clone()));
             io.command(Command::AddPeer {
                 peer: shared,
                 addr: Some(addr.clone()),
@@ -528,15 +528,14 @@ impl Node {
         if let Addr::Unix(path) = &addr {
             crate::net::check_unix_path(path).map_err(unresolved)?;
         }
-        let shared = {
-            let mut map = self.peers.write();
+        let shared = self.peers.change(|map| {
             if map.contains_key(name) {
                 return Err(Error::PeerExists(name.to_owned()));
             }
             let shared = self.io.new_peer(name.into(), self.window);
             map.insert(shared.name.clone(), shared.clone());
-            shared
-        };
+            Ok(shared)
+        })?;
         // Relaxed: a once-only flag for a log line.
         if self.loopback_default
             && !addr.is_local()
@@ -567,7 +566,7 @@ impl Node {
     /// [`Error::Closed`], and no reconnect scheduled earlier can bring it back. It can be
     /// added again later as a new peer.
     pub fn remove_peer(&self, name: &str) -> Result<(), Error> {
-        let Some(peer) = self.peers.write().remove(name) else {
+        let Some(peer) = self.peers.change(|map| map.remove(name)) else {
             return Err(Error::UnknownPeer(name.to_owned()));
         };
         let done = Arc::new(Completion::default());

@@ -4,6 +4,7 @@
 //! and `Node` each say where a message goes (`route`) and get the methods from the macro,
 //! whose rustdoc is `Sender`'s.
 
+use std::cell::RefCell;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -11,7 +12,7 @@ use bytes::Bytes;
 use super::{Error, ReplyFailure, SendError, TrySendError};
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
-use crate::peer::{Failure, Owed, Slot};
+use crate::peer::{Failure, Found, Owed, Slot};
 use crate::peer::{Outgoing, PeerShared, PeerState, Return};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
@@ -1119,8 +1120,9 @@ impl SendCore {
         }
     }
 
-    /// Looks the peer up by name, and queues the message for it without parking while
-    /// holding the peer map's lock.
+    /// Finds the peer by name (the one this thread's last send by name found, while the
+    /// node's peer map is unchanged: [`Peers::with_found`](crate::peer::Peers::with_found)),
+    /// and queues the message for it, never parking while holding the peer map's lock.
     fn enqueue_named(
         &self,
         to: &str,
@@ -1128,27 +1130,46 @@ impl SendCore {
         opts: SendOptions,
         wait: Wait,
     ) -> Result<(), TrySendError<Bytes>> {
-        let kind = Kind::Message;
-        let peers = self.peers.read();
-        let Some(peer) = peers.get(to) else {
-            return Err(TrySendError::Failed(
-                payload,
-                Error::UnknownPeer(to.to_owned()),
-            ));
-        };
-        if let Wait::No = wait {
-            return self.enqueue_to(peer, payload, opts, wait, kind);
+        thread_local! {
+            /// The peer this thread's last send by name found, with the map it was found in.
+            static LAST_FOUND: RefCell<Option<Found>> = const { RefCell::new(None) };
         }
-        // Never park while holding the map's read lock: a blocked sender would stall
-        // add_peer/remove_peer. Try without waiting first; wait only on our own clone.
-        match self.enqueue_to(peer, payload, opts, Wait::No, kind) {
-            Err(TrySendError::Full(payload)) => {
-                let peer = peer.clone();
-                drop(peers);
-                self.enqueue_to(&peer, payload, opts, wait, kind)
+        LAST_FOUND.with(|cell| {
+            let mut own = None;
+            let mut borrowed = cell.try_borrow_mut();
+            let last = match &mut borrowed {
+                Ok(last) => &mut **last,
+                // A send from inside this thread's own send (a payload's drop that sends):
+                // a look-up of its own.
+                Err(_) => &mut own,
+            };
+            if let Some(peer) = self.peers.remembered(to, last) {
+                // No lock held: a send that must wait for room parks right here (on what
+                // this thread remembers, which nothing else on the thread can touch then).
+                return self.enqueue_to(peer, payload, opts, wait, Kind::Message);
             }
-            other => other,
-        }
+            let mut payload = Some(payload);
+            let tried = self.peers.look_up(to, last, |peer| {
+                let payload = payload.take().expect("taken once");
+                match self.enqueue_to(peer, payload, opts, Wait::No, Kind::Message) {
+                    // Wait on our own clone, outside the map's lock.
+                    Err(TrySendError::Full(payload)) if !matches!(wait, Wait::No) => {
+                        Err((peer.clone(), payload))
+                    }
+                    other => Ok(other),
+                }
+            });
+            match tried {
+                None => Err(TrySendError::Failed(
+                    payload.take().expect("not taken: no peer"),
+                    Error::UnknownPeer(to.to_owned()),
+                )),
+                Some(Ok(done)) => done,
+                Some(Err((peer, payload))) => {
+                    self.enqueue_to(&peer, payload, opts, wait, Kind::Message)
+                }
+            }
+        })
     }
 
     /// A send about to wait for a full window on a pool thread: the handler's thread is

@@ -241,13 +241,166 @@ impl Heard {
 
 /// The peers a node knows, by name: read by the send path, written by `add_peer` and
 /// `remove_peer`, and by the IO thread, which [`admit`]s members that dial in unknown and
-/// [`forget`]s them. (Loom model: `loom-tests/tests/peer_map.rs`.)
-pub(crate) type Peers = RwLock<HashMap<SharedStr, Arc<PeerShared>, NameHash>>;
+/// [`forget`]s them. (Loom model: `loom-tests/tests/peer_map.rs`.) Every change goes
+/// through [`Peers::change`], which bumps a generation under the write lock, so a send by
+/// name can take again the peer it found last ([`Found`], kept per thread by the send path)
+/// while the map is the same one and its generation unchanged: no lock, no hash.
+pub(crate) struct Peers {
+    map: RwLock<HashMap<SharedStr, Arc<PeerShared>, NameHash>>,
+    generation: AtomicU64,
+    /// Which map this is, unique in the process: a [`Found`] of a map since dropped is not
+    /// taken for one allocated at the same address.
+    id: u64,
+}
+
+/// A look-up by name remembered: `peer` was the entry for its name in map `map` (a
+/// [`Peers::id`]) at generation `generation`, and is while both hold. `misses`: sends by
+/// other names since it was last taken.
+pub struct Found {
+    map: u64,
+    generation: u64,
+    peer: Arc<PeerShared>,
+    misses: u32,
+}
+
+/// Sends by other names after which a remembered peer gives way to the name looked up: a
+/// thread that moved to another peer gets the fast path again, and one that alternates
+/// between peers pays the remembering (a reference count taken and dropped) once in so
+/// many sends.
+const FOUND_GIVES_WAY: u32 = 64;
+
+impl fmt::Debug for Found {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Found")
+            .field("peer", &self.peer.name)
+            .field("generation", &self.generation)
+            .field("misses", &self.misses)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Peers {
+    fn default() -> Peers {
+        // Only an identity, never a hand-off between threads: std's atomic, outside the
+        // facade (loom's are not statics), Relaxed.
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        Peers {
+            map: RwLock::new(HashMap::default()),
+            generation: AtomicU64::new(0),
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+}
+
+impl fmt::Debug for Peers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Peers")
+            .field("generation", &self.generation())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Peers {
+    /// The map, under its read lock.
+    pub(crate) fn read(
+        &self,
+    ) -> impl std::ops::Deref<Target = HashMap<SharedStr, Arc<PeerShared>, NameHash>> + '_ {
+        self.map.read()
+    }
+
+    /// Changes the map under its write lock, and bumps the generation before the lock goes.
+    pub(crate) fn change<R>(
+        &self,
+        f: impl FnOnce(&mut HashMap<SharedStr, Arc<PeerShared>, NameHash>) -> R,
+    ) -> R {
+        let mut map = self.map.write();
+        let r = f(&mut map);
+        // Release, and bumped under the write lock: a look-up under the read lock reads the
+        // generation of the map it sees, and a send ordered after this change (after
+        // `add_peer` or `remove_peer` returned, say) reads this generation or a later one
+        // (Acquire in `generation`), so it never takes a peer remembered from before.
+        self.generation.fetch_add(1, Ordering::Release);
+        r
+    }
+
+    /// The generation: bumped by every change of the map.
+    #[inline]
+    fn generation(&self) -> u64 {
+        // Acquire: pairs with `change`'s Release (see there).
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Runs `f` on the peer named `name`: the one `last` remembers, while `last` was found
+    /// in this map and the map has not changed since ([`remembered`](Peers::remembered));
+    /// else the one the map holds, under its read lock ([`look_up`](Peers::look_up)).
+    /// `None` if no peer has that name (`f` not run).
+    #[inline]
+    pub(crate) fn with_found<R>(
+        &self,
+        name: &str,
+        last: &mut Option<Found>,
+        f: impl FnOnce(&Arc<PeerShared>) -> R,
+    ) -> Option<R> {
+        if let Some(peer) = self.remembered(name, last) {
+            return Some(f(peer));
+        }
+        self.look_up(name, last, f)
+    }
+
+    /// The peer `last` remembers, if it is named `name`, was found in this map, and the map
+    /// has not changed since: one load, no lock, as if looked up at that load. Otherwise
+    /// `None`, and a miss counted against what `last` remembers.
+    #[inline]
+    pub(crate) fn remembered<'a>(
+        &self,
+        name: &str,
+        last: &'a mut Option<Found>,
+    ) -> Option<&'a Arc<PeerShared>> {
+        let found = last.as_mut()?;
+        if found.map != self.id || found.generation != self.generation() {
+            return None;
+        }
+        if *found.peer.name != *name {
+            found.misses += 1;
+            return None;
+        }
+        found.misses = 0;
+        Some(&found.peer)
+    }
+
+    /// Runs `f` on the peer named `name` under the map's read lock, and remembers it in
+    /// `last` if `last` remembers nothing current or has missed [`FOUND_GIVES_WAY`] times.
+    /// `None` if no peer has that name (`f` not run).
+    #[cold]
+    pub(crate) fn look_up<R>(
+        &self,
+        name: &str,
+        last: &mut Option<Found>,
+        f: impl FnOnce(&Arc<PeerShared>) -> R,
+    ) -> Option<R> {
+        let map = self.map.read();
+        let peer = map.get(name)?;
+        let current = last
+            .as_ref()
+            .is_some_and(|l| l.map == self.id && l.generation == self.generation());
+        if !current || last.as_ref().is_some_and(|l| l.misses >= FOUND_GIVES_WAY) {
+            *last = Some(Found {
+                map: self.id,
+                // Under the read lock: no change can come between the look-up and this
+                // read.
+                generation: self.generation(),
+                peer: peer.clone(),
+                misses: 0,
+            });
+        }
+        Some(f(peer))
+    }
+}
 
 /// The IO thread admitted `shared`, a member that dialled in unknown: senders find it by
 /// name from now on.
 pub(crate) fn admit(peers: &Peers, shared: Arc<PeerShared>) {
-    peers.write().insert(shared.name.clone(), shared);
+    peers.change(|map| map.insert(shared.name.clone(), shared));
 }
 
 /// The IO thread forgot `shared`, retired first (its outbox closed, what it held failed, its
@@ -255,17 +408,18 @@ pub(crate) fn admit(peers: &Peers, shared: Arc<PeerShared>) {
 /// Removed from `peers` unless its name now belongs to another (a member added again
 /// since). Returns whether it was removed.
 pub(crate) fn forget(peers: &Peers, shared: &Arc<PeerShared>) -> bool {
-    let mut map = peers.write();
-    // Only the state the endpoint retired: a member added again under the name since is
-    // another.
-    if map
-        .get(&shared.name)
-        .is_some_and(|p| Arc::ptr_eq(p, shared))
-    {
-        map.remove(&shared.name);
-        return true;
-    }
-    false
+    peers.change(|map| {
+        // Only the state the endpoint retired: a member added again under the name since
+        // is another.
+        if map
+            .get(&shared.name)
+            .is_some_and(|p| Arc::ptr_eq(p, shared))
+        {
+            map.remove(&shared.name);
+            return true;
+        }
+        false
+    })
 }
 
 /// Per-peer state shared by every thread.
