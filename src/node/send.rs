@@ -1047,6 +1047,7 @@ enum Kind {
 }
 
 /// How long a send waits for room in the window.
+#[derive(Clone, Copy)]
 enum Wait {
     No,
     Forever,
@@ -1134,42 +1135,63 @@ impl SendCore {
             /// The peer this thread's last send by name found, with the map it was found in.
             static LAST_FOUND: RefCell<Option<Found>> = const { RefCell::new(None) };
         }
-        LAST_FOUND.with(|cell| {
-            let mut own = None;
-            let mut borrowed = cell.try_borrow_mut();
-            let last = match &mut borrowed {
-                Ok(last) => &mut **last,
+        let mut payload = Some(payload);
+        let sent = LAST_FOUND.try_with(|cell| {
+            let payload = payload.take().expect("taken once");
+            match cell.try_borrow_mut() {
+                Ok(mut last) => self.enqueue_found(&mut last, to, payload, opts, wait),
                 // A send from inside this thread's own send (a payload's drop that sends):
                 // a look-up of its own.
-                Err(_) => &mut own,
-            };
-            if let Some(peer) = self.peers.remembered(to, last) {
-                // No lock held: a send that must wait for room parks right here (on what
-                // this thread remembers, which nothing else on the thread can touch then).
-                return self.enqueue_to(peer, payload, opts, wait, Kind::Message);
+                Err(_) => self.enqueue_found(&mut None, to, payload, opts, wait),
             }
-            let mut payload = Some(payload);
-            let tried = self.peers.look_up(to, last, |peer| {
-                let payload = payload.take().expect("taken once");
-                match self.enqueue_to(peer, payload, opts, Wait::No, Kind::Message) {
-                    // Wait on our own clone, outside the map's lock.
-                    Err(TrySendError::Full(payload)) if !matches!(wait, Wait::No) => {
-                        Err((peer.clone(), payload))
-                    }
-                    other => Ok(other),
-                }
-            });
-            match tried {
-                None => Err(TrySendError::Failed(
-                    payload.take().expect("not taken: no peer"),
-                    Error::UnknownPeer(to.to_owned()),
-                )),
-                Some(Ok(done)) => done,
-                Some(Err((peer, payload))) => {
-                    self.enqueue_to(&peer, payload, opts, wait, Kind::Message)
-                }
+        });
+        match sent {
+            Ok(sent) => sent,
+            // The thread is exiting and its thread-locals are gone: a look-up of its own.
+            Err(_) => {
+                let payload = payload.take().expect("not taken: no thread-local");
+                self.enqueue_found(&mut None, to, payload, opts, wait)
             }
-        })
+        }
+    }
+
+    /// `enqueue_named` with `last`, what the thread remembers.
+    #[inline]
+    fn enqueue_found(
+        &self,
+        last: &mut Option<Found>,
+        to: &str,
+        payload: Bytes,
+        opts: SendOptions,
+        wait: Wait,
+    ) -> Result<(), TrySendError<Bytes>> {
+        if let Some(peer) = self.peers.remembered(to, last) {
+            // No lock held: a send that must wait for room parks right here (on what this
+            // thread remembers, which nothing else on the thread can touch then).
+            return self.enqueue_to(peer, payload, opts, wait, Kind::Message);
+        }
+        let mut payload = Some(payload);
+        let tried = self.peers.look_up(to, last, |peer| {
+            let payload = payload.take().expect("taken once");
+            match self.enqueue_to(peer, payload, opts, Wait::No, Kind::Message) {
+                // Wait on our own clone, outside the map's lock: a sender parked under it
+                // would stall add_peer and remove_peer.
+                Err(TrySendError::Full(payload)) if !matches!(wait, Wait::No) => {
+                    Err((peer.clone(), payload))
+                }
+                other => Ok(other),
+            }
+        });
+        match tried {
+            None => Err(TrySendError::Failed(
+                payload.take().expect("not taken: no peer"),
+                Error::UnknownPeer(to.to_owned()),
+            )),
+            Some(Ok(done)) => done,
+            Some(Err((peer, payload))) => {
+                self.enqueue_to(&peer, payload, opts, wait, Kind::Message)
+            }
+        }
     }
 
     /// A send about to wait for a full window on a pool thread: the handler's thread is
