@@ -1122,8 +1122,9 @@ impl SendCore {
     }
 
     /// Finds the peer by name (the one this thread's last send by name found, while the
-    /// node's peer map is unchanged: [`Peers::with_found`](crate::peer::Peers::with_found)),
-    /// and queues the message for it, never parking while holding the peer map's lock.
+    /// node's peer map is unchanged: [`Peers::remembered`](crate::peer::Peers::remembered);
+    /// else [`Peers::look_up`](crate::peer::Peers::look_up)), and queues the message for
+    /// it, never parking while holding the peer map's lock.
     fn enqueue_named(
         &self,
         to: &str,

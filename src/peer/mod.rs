@@ -333,8 +333,9 @@ impl Peers {
     /// Runs `f` on the peer named `name`: the one `last` remembers, while `last` was found
     /// in this map and the map has not changed since ([`remembered`](Peers::remembered));
     /// else the one the map holds, under its read lock ([`look_up`](Peers::look_up)).
-    /// `None` if no peer has that name (`f` not run).
-    #[inline]
+    /// `None` if no peer has that name (`f` not run). What the send path does
+    /// (`SendCore::enqueue_found`), for the loom models.
+    #[cfg(any(test, cohort_internals))]
     pub(crate) fn with_found<R>(
         &self,
         name: &str,
