@@ -882,3 +882,49 @@ fn sends_by_name_from_one_thread_reach_each_new_nodes_peer() {
         }
     }
 }
+
+/// One thread sending by name in turn through two live nodes, each with its own peer of the
+/// same name: every message reaches the peer of the node it was sent through (what the
+/// thread remembers of one node's map is never taken for the other's).
+#[test]
+fn sends_by_name_through_two_nodes_in_turn_reach_each_nodes_own_peer() {
+    use std::sync::atomic::AtomicU64;
+    let mut sinks = Vec::new();
+    let mut sources = Vec::new();
+    let mut counts = Vec::new();
+    for i in 0..2 {
+        let got = Arc::new(AtomicU64::new(0));
+        let counter = got.clone();
+        let cluster = format!("t-turns-{i}");
+        let sink = Node::builder("turns-x")
+            .cluster(&cluster)
+            .on_message(move |_| {
+                counter.fetch_add(1, Ordering::SeqCst);
+            })
+            .start()
+            .expect("start");
+        let source = Node::builder("turns-a")
+            .cluster(&cluster)
+            .start()
+            .expect("start");
+        source
+            .add_peer("turns-x", sink.local_addr())
+            .expect("add_peer");
+        sink.add_peer("turns-a", source.local_addr())
+            .expect("add_peer");
+        sinks.push(sink);
+        sources.push(source);
+        counts.push(got);
+    }
+    // 100 to the first node's peer, 200 to the second's, interleaved.
+    for k in 0..300u64 {
+        let via = &sources[usize::from(k % 3 != 0)];
+        via.send("turns-x", payload(k, 8)).expect("send");
+    }
+    wait_until("each node's peer's messages", PATIENCE, || {
+        counts[0].load(Ordering::SeqCst) == 100 && counts[1].load(Ordering::SeqCst) == 200
+    });
+    for n in sources.into_iter().chain(sinks) {
+        n.shutdown(SHUTDOWN).expect("shutdown");
+    }
+}

@@ -255,7 +255,7 @@ pub(crate) struct Peers {
 
 /// A look-up by name remembered: `peer` was the entry for its name in map `map` (a
 /// [`Peers::id`]) at generation `generation`, and is while both hold. `misses`: sends by
-/// other names since it was last taken.
+/// other names, or through other nodes, since it was last taken.
 pub struct Found {
     map: u64,
     generation: u64,
@@ -263,10 +263,10 @@ pub struct Found {
     misses: u32,
 }
 
-/// Sends by other names after which a remembered peer gives way to the name looked up: a
-/// thread that moved to another peer gets the fast path again, and one that alternates
-/// between peers pays the remembering (a reference count taken and dropped) once in so
-/// many sends.
+/// Sends by other names (or through other nodes) after which a remembered peer gives way
+/// to the one looked up: a thread that moved to another peer gets the fast path again, and
+/// one that alternates between peers pays the remembering (a reference count taken and
+/// dropped) once in so many sends.
 const FOUND_GIVES_WAY: u32 = 64;
 
 impl fmt::Debug for Found {
@@ -358,7 +358,14 @@ impl Peers {
         last: &'a mut Option<Found>,
     ) -> Option<&'a Arc<PeerShared>> {
         let found = last.as_mut()?;
-        if found.map != self.id || found.generation != self.generation() {
+        if found.map != self.id {
+            // Another node's peer (perhaps of a node since gone): a miss like another name,
+            // so a thread sending through two nodes in turn does not trade its entry back
+            // and forth.
+            found.misses += 1;
+            return None;
+        }
+        if found.generation != self.generation() {
             return None;
         }
         if *found.peer.name != *name {
@@ -370,7 +377,8 @@ impl Peers {
     }
 
     /// Runs `f` on the peer named `name` under the map's read lock, and remembers it in
-    /// `last` if `last` remembers nothing current or has missed [`FOUND_GIVES_WAY`] times.
+    /// `last` if `last` remembers nothing, remembers this map as it was before a change, or
+    /// has missed [`FOUND_GIVES_WAY`] times (other names, other nodes' maps).
     /// `None` if no peer has that name (`f` not run).
     #[cold]
     pub(crate) fn look_up<R>(
@@ -381,10 +389,11 @@ impl Peers {
     ) -> Option<R> {
         let map = self.map.read();
         let peer = map.get(name)?;
-        let current = last
-            .as_ref()
-            .is_some_and(|l| l.map == self.id && l.generation == self.generation());
-        if !current || last.as_ref().is_some_and(|l| l.misses >= FOUND_GIVES_WAY) {
+        // Replaced when it is empty, out of date for this map, or has missed often enough.
+        let replace = last.as_ref().is_none_or(|l| {
+            (l.map == self.id && l.generation != self.generation()) || l.misses >= FOUND_GIVES_WAY
+        });
+        if replace {
             *last = Some(Found {
                 map: self.id,
                 // Under the read lock: no change can come between the look-up and this
