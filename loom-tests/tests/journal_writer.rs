@@ -23,7 +23,10 @@
 //!   the ones handed over (the store checks the order), its mark is already published
 //!   when `submit` returns, and a batch the journal is busy for or refuses (a full
 //!   segment) is handed over, never lost; an inline append that fails sets `failed` and
-//!   the writer stops without appending anything more.
+//!   the writer stops without appending anything more;
+//! - a sync runs outside the journal's lock while the IO thread appends: the `synced` mark
+//!   it publishes covers only what was appended when it began, and what was appended while
+//!   it ran is synced by a later one.
 #![cfg(loom)]
 
 use std::time::{Duration, Instant};
@@ -35,24 +38,45 @@ use cohort::internals::journal::{
 use loom::sync::{Condvar, Mutex};
 use std::sync::Arc;
 
-/// What the model's store holds: the last batch written, and the last synced.
+/// What the model's store holds: the last batch written, the last synced, and the last a
+/// sync begun (perhaps still running) covers.
 #[derive(Debug, Default)]
 struct Written {
     appended: u64,
     synced: u64,
+    syncing: u64,
 }
 
 /// The journal's stand-in: batch `n` is one record with sequence number `n`. With
 /// `fail_at`, appending that batch fails (a full disk); batches in `not_inline` are refused
-/// by `append_inline` (as a batch that would roll a segment is).
+/// by `append_inline` (as a batch that would roll a segment is). With `due`, the interval
+/// has always passed (an `Interval` store's sync is due as soon as anything is unsynced).
+/// A sync covers what was appended when it began; it reaches the disk while it runs,
+/// outside the journal's lock, as appends go on.
 struct ModelStore {
     policy: FsyncPolicy,
     written: Arc<Mutex<Written>>,
     fail_at: Option<u64>,
     not_inline: &'static [u64],
+    due: bool,
+}
+
+impl ModelStore {
+    fn new(policy: FsyncPolicy, written: &Arc<Mutex<Written>>) -> ModelStore {
+        ModelStore {
+            policy,
+            written: written.clone(),
+            fail_at: None,
+            not_inline: &[],
+            due: false,
+        }
+    }
 }
 
 impl Store for ModelStore {
+    /// The store, and the last batch the sync covers.
+    type Pending = (Arc<Mutex<Written>>, u64);
+
     fn fsync_policy(&self) -> FsyncPolicy {
         self.policy
     }
@@ -73,6 +97,7 @@ impl Store for ModelStore {
         }
         if self.policy == FsyncPolicy::EveryBatch {
             w.synced = w.appended;
+            w.syncing = w.appended;
         }
         Ok(())
     }
@@ -85,17 +110,32 @@ impl Store for ModelStore {
         }
         self.append_at(records, now).map(|()| true)
     }
-    fn sync(&mut self) -> Result<(), JournalError> {
+    fn begin_sync(&mut self, _now: Instant) -> Self::Pending {
         let mut w = self.written.lock().unwrap();
-        w.synced = w.appended;
+        w.syncing = w.appended;
+        (self.written.clone(), w.appended)
+    }
+    fn run_sync((written, covered): &Self::Pending) -> Result<(), JournalError> {
+        let mut w = written.lock().unwrap();
+        w.synced = w.synced.max(*covered);
         Ok(())
+    }
+    fn finish_sync(&mut self, (_, covered): Self::Pending) {
+        assert!(
+            self.written.lock().unwrap().synced >= covered,
+            "finished before it ran"
+        );
     }
     fn unsynced(&self) -> bool {
         let w = self.written.lock().unwrap();
-        w.synced < w.appended
+        w.appended > w.synced.max(w.syncing)
     }
     fn since_sync(&self) -> Duration {
-        Duration::ZERO
+        if self.due {
+            Duration::from_secs(3600)
+        } else {
+            Duration::ZERO
+        }
     }
     fn stats(&self) -> JournalStats {
         JournalStats::default()
@@ -146,18 +186,24 @@ fn checked(writer: &JournalWriter<ModelStore>, written: &Mutex<Written>) -> Writ
     m
 }
 
-/// Hands `batches` batches over (reading the marks between them), asks for a sync of them
-/// all if `sync`, waits through the wake-ups until the marks say they are appended (and
-/// synced), then stops the writer. Batches in `not_inline` are refused by the store's
-/// inline append.
-fn model(policy: FsyncPolicy, batches: u64, sync: bool, not_inline: &'static [u64]) {
+/// Hands `batches` batches over (reading the marks between them), asks for a sync after
+/// each batch in `sync_after`, waits through the wake-ups until the marks say they are
+/// appended (and synced, where a sync was asked, the policy syncs every batch or the
+/// store's interval is `due`), then stops the writer. Batches in `not_inline` are refused
+/// by the store's inline append.
+fn model(
+    policy: FsyncPolicy,
+    batches: u64,
+    sync_after: &[u64],
+    not_inline: &'static [u64],
+    due: bool,
+) {
     let written = Arc::new(Mutex::new(Written::default()));
     let wake = Arc::new(Wake::default());
     let store = ModelStore {
-        policy,
-        written: written.clone(),
-        fail_at: None,
         not_inline,
+        due,
+        ..ModelStore::new(policy, &written)
     };
     let w = wake.clone();
     let writer = JournalWriter::start(
@@ -183,11 +229,13 @@ fn model(policy: FsyncPolicy, batches: u64, sync: bool, not_inline: &'static [u6
             !not_inline.contains(&n) || !inline,
             "a refused batch appended inline"
         );
+        if sync_after.contains(&n) {
+            writer.sync(n);
+        }
     }
-    if sync {
-        writer.sync(batches);
-    }
-    let synced_wanted = sync || policy == FsyncPolicy::EveryBatch;
+    let synced_wanted = sync_after.contains(&batches)
+        || policy == FsyncPolicy::EveryBatch
+        || (due && matches!(policy, FsyncPolicy::Interval(_)));
     loop {
         let m = checked(&writer, &written);
         assert!(!m.failed);
@@ -210,7 +258,7 @@ fn model(policy: FsyncPolicy, batches: u64, sync: bool, not_inline: &'static [u6
 #[test]
 fn never_two_batches_then_a_sync() {
     loom_tests::model("journal_writer/never_two_batches_then_a_sync", || {
-        model(FsyncPolicy::Never, 2, true, &[]);
+        model(FsyncPolicy::Never, 2, &[2], &[], false);
     });
 }
 
@@ -218,7 +266,7 @@ fn never_two_batches_then_a_sync() {
 #[test]
 fn every_batch_two_batches() {
     loom_tests::model("journal_writer/every_batch_two_batches", || {
-        model(FsyncPolicy::EveryBatch, 2, false, &[]);
+        model(FsyncPolicy::EveryBatch, 2, &[], &[], false);
     });
 }
 
@@ -226,7 +274,7 @@ fn every_batch_two_batches() {
 #[test]
 fn never_one_batch_synced_by_the_stop() {
     loom_tests::model("journal_writer/never_one_batch_synced_by_the_stop", || {
-        model(FsyncPolicy::Never, 1, false, &[]);
+        model(FsyncPolicy::Never, 1, &[], &[], false);
     });
 }
 
@@ -241,10 +289,9 @@ fn a_failed_append_is_reported_by_a_wake_up() {
             let written = Arc::new(Mutex::new(Written::default()));
             let wake = Arc::new(Wake::default());
             let store = ModelStore {
-                policy: FsyncPolicy::Never,
-                written: written.clone(),
                 fail_at: Some(2),
                 not_inline: &[1, 2],
+                ..ModelStore::new(FsyncPolicy::Never, &written)
             };
             let w = wake.clone();
             let writer = JournalWriter::start(
@@ -284,7 +331,7 @@ fn never_inline_and_handed_over_batches_stay_in_order() {
     loom_tests::model(
         "journal_writer/never_inline_and_handed_over_batches_stay_in_order",
         || {
-            model(FsyncPolicy::Never, 3, true, &[2]);
+            model(FsyncPolicy::Never, 3, &[3], &[2], false);
         },
     );
 }
@@ -300,8 +347,9 @@ fn interval_inline_appends_and_a_busy_journal() {
             model(
                 FsyncPolicy::Interval(Duration::from_millis(5)),
                 2,
-                false,
                 &[],
+                &[],
+                false,
             );
         },
     );
@@ -317,10 +365,8 @@ fn a_failed_inline_append_stops_the_writer() {
         || {
             let written = Arc::new(Mutex::new(Written::default()));
             let store = ModelStore {
-                policy: FsyncPolicy::Never,
-                written: written.clone(),
                 fail_at: Some(1),
-                not_inline: &[],
+                ..ModelStore::new(FsyncPolicy::Never, &written)
             };
             let writer = JournalWriter::start("model", store, Box::new(|| {})).expect("start");
             if writer.submit(1, batch(1)) {
@@ -336,6 +382,39 @@ fn a_failed_inline_append_stops_the_writer() {
                 written.lock().unwrap().appended,
                 0,
                 "nothing after the failure"
+            );
+        },
+    );
+}
+
+/// Under `Never`, a sync is asked for after each of two batches: the IO thread's inline
+/// append of batch 2 may land while the writer's sync of batch 1 runs outside the
+/// journal's lock. That sync never publishes `synced` past what it covered (the store
+/// checks the mark against what reached the disk), and batch 2 gets a sync of its own.
+#[test]
+fn never_an_inline_append_races_a_sync_in_flight() {
+    loom_tests::model(
+        "journal_writer/never_an_inline_append_races_a_sync_in_flight",
+        || {
+            model(FsyncPolicy::Never, 2, &[1, 2], &[], false);
+        },
+    );
+}
+
+/// Under `Interval` with the interval always passed: each batch appended inline into a
+/// synced journal wakes the writer, which syncs it outside the lock while the next one may
+/// be appended; every batch ends up synced without a request.
+#[test]
+fn interval_due_syncs_run_while_the_io_thread_appends() {
+    loom_tests::model(
+        "journal_writer/interval_due_syncs_run_while_the_io_thread_appends",
+        || {
+            model(
+                FsyncPolicy::Interval(Duration::from_millis(5)),
+                2,
+                &[],
+                &[],
+                true,
             );
         },
     );

@@ -505,6 +505,24 @@ impl Journal {
     /// [`append`](Self::append) with the current time given, for the
     /// [`FsyncPolicy::Interval`] check.
     pub fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError> {
+        self.append_batch(records, now)?;
+        if let FsyncPolicy::Interval(every) = self.fsync {
+            if !records.is_empty() && now.saturating_duration_since(self.last_sync) >= every {
+                self.sync_at(now)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The writer thread's append: [`append_at`](Self::append_at) without the interval's
+    /// sync, which the writer runs outside the journal's lock
+    /// ([`begin_sync`](Self::begin_sync)). Under [`FsyncPolicy::EveryBatch`] the batch is
+    /// synced with its write.
+    pub(crate) fn append_batch(
+        &mut self,
+        records: &[Record],
+        now: Instant,
+    ) -> Result<(), JournalError> {
         if records.is_empty() {
             return Ok(());
         }
@@ -515,14 +533,8 @@ impl Journal {
             self.rotate()?;
         }
         self.recycle_retired()?;
-        match self.fsync {
-            FsyncPolicy::EveryBatch => self.sync_at(now)?,
-            FsyncPolicy::Interval(every)
-                if now.saturating_duration_since(self.last_sync) >= every =>
-            {
-                self.sync_at(now)?
-            }
-            FsyncPolicy::Interval(_) | FsyncPolicy::Never => {}
+        if self.fsync == FsyncPolicy::EveryBatch {
+            self.sync_at(now)?;
         }
         self.refresh_stats();
         Ok(())
@@ -530,24 +542,18 @@ impl Journal {
 
     /// Appends a small batch only if that takes one write to the active segment and
     /// nothing else: no segment to seal or take from the pool (the batch fits, and leaves
-    /// room for another frame), no sync the policy would do with it (never under
-    /// [`FsyncPolicy::EveryBatch`]; under [`FsyncPolicy::Interval`] only while the interval
-    /// has not passed), at most [`INLINE_MAX`] bytes of frames. `Ok(false)`, with nothing
-    /// written, when it would take more: [`append_at`](Self::append_at) does it then.
-    /// Retired segments are recycled by the next `append_at`.
+    /// room for another frame), no sync with it (never under [`FsyncPolicy::EveryBatch`]),
+    /// at most [`INLINE_MAX`] bytes of frames. `Ok(false)`, with nothing written, when it
+    /// would take more: [`append_at`](Self::append_at) does it then. Under
+    /// [`FsyncPolicy::Interval`] the batch waits for the writer's next sync, as every
+    /// append does. Retired segments are recycled by the next `append_at`.
     pub fn append_inline(
         &mut self,
         records: &[Record],
-        now: Instant,
+        _now: Instant,
     ) -> Result<bool, JournalError> {
-        match self.fsync {
-            FsyncPolicy::EveryBatch => return Ok(false),
-            FsyncPolicy::Interval(every)
-                if now.saturating_duration_since(self.last_sync) >= every =>
-            {
-                return Ok(false)
-            }
-            FsyncPolicy::Interval(_) | FsyncPolicy::Never => {}
+        if self.fsync == FsyncPolicy::EveryBatch {
+            return Ok(false);
         }
         let bytes = records.iter().map(Record::frame_len).sum::<usize>() as u64;
         let fits = self.active().is_some_and(|s| s.room() >= bytes + MIN_FRAME);
@@ -639,13 +645,36 @@ impl Journal {
         self.stats
     }
 
-    fn sync_at(&mut self, now: Instant) -> Result<(), JournalError> {
-        for seg in self.live.iter_mut().filter(|s| s.dirty) {
-            seg.file.sync()?;
-            seg.dirty = false;
-            self.stats.fsyncs += 1;
-        }
+    /// Starts a sync of everything written so far, to be run outside the journal's lock:
+    /// takes a handle on each segment written since the last sync and counts them synced
+    /// from now, so that a write made while the sync runs is owed the next one
+    /// ([`unsynced`](Self::unsynced) says so) and appends go on meanwhile. The caller runs
+    /// [`PendingSync::run`] and, if it succeeds, hands it back to
+    /// [`finish_sync`](Self::finish_sync). If it fails, what is on disk is unknown: the
+    /// journal must not be written to again (the writer stops).
+    pub(crate) fn begin_sync(&mut self, now: Instant) -> PendingSync {
+        let files = self
+            .live
+            .iter_mut()
+            .filter(|s| s.dirty)
+            .map(|seg| {
+                seg.dirty = false;
+                seg.file.sync_handle()
+            })
+            .collect();
         self.last_sync = now;
+        PendingSync { files }
+    }
+
+    /// Counts a sync begun by [`begin_sync`](Self::begin_sync) done.
+    pub(crate) fn finish_sync(&mut self, done: PendingSync) {
+        self.stats.fsyncs += done.files.len() as u64;
+    }
+
+    fn sync_at(&mut self, now: Instant) -> Result<(), JournalError> {
+        let pending = self.begin_sync(now);
+        pending.run()?;
+        self.finish_sync(pending);
         Ok(())
     }
 
@@ -786,6 +815,21 @@ impl Journal {
     fn refresh_stats(&mut self) {
         self.stats.live_segments = self.live.len();
         self.stats.pool = self.pool.len();
+    }
+}
+
+/// A sync of the journal's files begun under its lock ([`Journal::begin_sync`]), to run
+/// without it: the writer thread's fsync, while the IO thread goes on appending.
+#[derive(Debug)]
+pub struct PendingSync {
+    files: Vec<segment::SyncHandle>,
+}
+
+impl PendingSync {
+    /// `fdatasync`s each file the sync covers: every record written before it began is on
+    /// disk once this returns `Ok`.
+    pub fn run(&self) -> Result<(), JournalError> {
+        self.files.iter().try_for_each(segment::SyncHandle::sync)
     }
 }
 

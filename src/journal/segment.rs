@@ -1,5 +1,6 @@
 //! One segment file: its header, its records, and the file operations on it.
 
+use crate::sync::Arc;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -263,7 +264,23 @@ pub(crate) fn scan_records(header: &Header, data: &[u8]) -> Scan {
 pub(crate) struct SegmentFile {
     pub(crate) id: u64,
     pub(crate) path: PathBuf,
-    file: File,
+    /// Shared with a [`SyncHandle`] while the journal's writer syncs outside its lock.
+    file: Arc<File>,
+}
+
+/// One segment's file, held to fsync it outside the journal's lock
+/// ([`SegmentFile::sync_handle`]).
+#[derive(Debug)]
+pub(crate) struct SyncHandle {
+    path: PathBuf,
+    file: Arc<File>,
+}
+
+impl SyncHandle {
+    /// `fdatasync`: whatever was written to the file before the call is on disk after it.
+    pub(crate) fn sync(&self) -> Result<(), JournalError> {
+        self.file.sync_data().map_err(JournalError::io(&self.path))
+    }
 }
 
 /// `segment-00000042.jrnl`
@@ -296,7 +313,11 @@ impl SegmentFile {
             .write(true)
             .open(&path)
             .map_err(JournalError::io(&path))?;
-        Ok(SegmentFile { id, path, file })
+        Ok(SegmentFile {
+            id,
+            path,
+            file: Arc::new(file),
+        })
     }
 
     /// Creates a new segment in the pool, so that a crash never leaves a half-made file: the
@@ -314,24 +335,26 @@ impl SegmentFile {
             .map_err(JournalError::io(&tmp))?;
         file.write_all(&header.encode())
             .map_err(JournalError::io(&tmp))?;
-        write_zeroes(&mut file, HEADER_LEN as u64, header.capacity)
-            .map_err(JournalError::io(&tmp))?;
+        write_zeroes(&file, HEADER_LEN as u64, header.capacity).map_err(JournalError::io(&tmp))?;
         file.sync_all().map_err(JournalError::io(&tmp))?;
         fs::rename(&tmp, &path).map_err(JournalError::io(&path))?;
         sync_dir(dir)?;
-        Ok(SegmentFile { id, path, file })
+        Ok(SegmentFile {
+            id,
+            path,
+            file: Arc::new(file),
+        })
     }
 
     /// Writes `bytes` at `offset`: one `pwrite` on Unix (the IO thread's inline appends pay
     /// one system call, not a seek and a write).
     pub(crate) fn write_at(&mut self, offset: u64, bytes: &[u8]) -> Result<(), JournalError> {
         #[cfg(unix)]
-        let written = std::os::unix::fs::FileExt::write_all_at(&self.file, bytes, offset);
+        let written = std::os::unix::fs::FileExt::write_all_at(&*self.file, bytes, offset);
         #[cfg(not(unix))]
-        let written = self
-            .file
+        let written = (&*self.file)
             .seek(SeekFrom::Start(offset))
-            .and_then(|_| self.file.write_all(bytes));
+            .and_then(|_| (&*self.file).write_all(bytes));
         written.map_err(JournalError::io(&self.path))
     }
 
@@ -342,7 +365,7 @@ impl SegmentFile {
 
     /// Writes zeroes over `from..to` (growing the file if needed).
     pub(crate) fn zero(&mut self, from: u64, to: u64) -> Result<(), JournalError> {
-        write_zeroes(&mut self.file, from, to).map_err(JournalError::io(&self.path))
+        write_zeroes(&self.file, from, to).map_err(JournalError::io(&self.path))
     }
 
     /// Makes the file exactly `len` bytes, writing zeroes over any extension (so the space is
@@ -367,9 +390,18 @@ impl SegmentFile {
     pub(crate) fn sync(&mut self) -> Result<(), JournalError> {
         self.file.sync_data().map_err(JournalError::io(&self.path))
     }
+
+    /// A handle to fsync this file later, on another thread or outside a lock: it covers
+    /// what was written before its `sync` call.
+    pub(crate) fn sync_handle(&self) -> SyncHandle {
+        SyncHandle {
+            path: self.path.clone(),
+            file: self.file.clone(),
+        }
+    }
 }
 
-fn write_zeroes(file: &mut File, from: u64, to: u64) -> std::io::Result<()> {
+fn write_zeroes(mut file: &File, from: u64, to: u64) -> std::io::Result<()> {
     file.seek(SeekFrom::Start(from))?;
     let mut left = to.saturating_sub(from);
     while left > 0 {

@@ -863,8 +863,9 @@ fn a_reset_survives_the_retirement_of_the_segment_that_recorded_it() {
 
 /// The IO thread's inline append writes a small batch into the active segment and nothing
 /// else: it refuses (writing nothing) a batch that would roll a segment, one over
-/// `INLINE_MAX`, any batch under `EveryBatch`, and one under `Interval` once the interval
-/// has passed (the writer syncs it then); what it wrote is recovered like any append.
+/// `INLINE_MAX` and any batch under `EveryBatch`; under `Interval` it never syncs, even
+/// once the interval has passed (the writer's timer does, outside the journal's lock);
+/// what it wrote is recovered like any append.
 #[test]
 fn inline_appends_take_one_write_or_are_refused() {
     let dir = TempDir::new("inline");
@@ -905,12 +906,44 @@ fn inline_appends_take_one_write_or_are_refused() {
     let (mut j, _) = Journal::open(config(every.path()).fsync(FsyncPolicy::EveryBatch)).unwrap();
     j.append_at(&[msg("p", 1, 10)], now).unwrap();
     assert!(!j.append_inline(&[msg("p", 2, 10)], now).unwrap());
-    // Interval: inline while the interval runs, refused once it has passed.
+    // Interval: inline while the interval runs and after it has passed, never syncing.
     let interval = TempDir::new("inline-interval");
     let policy = FsyncPolicy::Interval(Duration::from_secs(3600));
     let (mut j, _) = Journal::open(config(interval.path()).fsync(policy)).unwrap();
     j.append_at(&[msg("p", 1, 10)], now).unwrap();
     assert!(j.append_inline(&[msg("p", 2, 10)], Instant::now()).unwrap());
     let later = Instant::now() + Duration::from_secs(3601);
-    assert!(!j.append_inline(&[msg("p", 3, 10)], later).unwrap());
+    let fsyncs = j.stats().fsyncs;
+    assert!(j.append_inline(&[msg("p", 3, 10)], later).unwrap());
+    assert_eq!(j.stats().fsyncs, fsyncs, "an inline append never syncs");
+    assert!(j.unsynced());
+}
+
+/// A sync begun under the lock covers what was written before it, and not what is
+/// written while it runs: that is owed the next one.
+#[test]
+fn a_sync_run_outside_the_lock_covers_what_came_before_it() {
+    let dir = TempDir::new("begin-sync");
+    let policy = FsyncPolicy::Interval(Duration::from_secs(3600));
+    let (mut j, _) = Journal::open(config(dir.path()).fsync(policy)).unwrap();
+    let now = Instant::now();
+    j.append_at(&[msg("p", 1, 10)], now).unwrap();
+    assert!(j.unsynced());
+    let fsyncs = j.stats().fsyncs;
+    let pending = j.begin_sync(now);
+    assert!(!j.unsynced(), "counted synced from the sync's start");
+    // Written while the sync runs: owed the next one.
+    assert!(j.append_inline(&[msg("p", 2, 10)], now).unwrap());
+    assert!(j.unsynced());
+    pending.run().unwrap();
+    j.finish_sync(pending);
+    assert_eq!(j.stats().fsyncs, fsyncs + 1, "one segment synced");
+    assert!(j.unsynced(), "the write made during the sync still waits");
+    let pending = j.begin_sync(Instant::now());
+    pending.run().unwrap();
+    j.finish_sync(pending);
+    assert!(!j.unsynced());
+    drop(j);
+    let (_, recovered) = open(dir.path());
+    assert_eq!(seqs(&recovered, "p"), vec![1, 2]);
 }

@@ -13,33 +13,43 @@
 //! | policy | a batch appended | a batch synced |
 //! |---|---|---|
 //! | `EveryBatch` | with its fsync: both marks move in one step | with its append |
-//! | `Interval(d)` | at once | at the first sync `d` after the last one |
+//! | `Interval(d)` | at once | at the first sync `d` after the last one began |
 //! | `Never` | at once | only when asked (`sync`, shutdown) |
 //!
 //! A failed write or sync stops the writer: it sets [`failed`](WriterMarks::failed), wakes
 //! the IO thread (which stops the node), and appends nothing more.
 //!
+//! **Syncs outside the lock.** Under `Never` and `Interval` the writer publishes (and wakes
+//! the IO thread for) what it appended before it syncs, and runs the fsync without the
+//! journal's lock ([`Store::begin_sync`] under it, [`Store::run_sync`] without it): the
+//! sync covers what was appended when it began, and the `synced` mark it publishes says no
+//! more; what is appended while it runs is owed the next one. An fsync takes milliseconds
+//! on many disks: the IO thread's appends go on meanwhile.
+//!
 //! **Inline appends.** Under `Never` and `Interval` a round trip's batch is a few records
 //! and the writer is usually idle: handing it over would cost a wake-up of the writer and
 //! one of the IO thread, on each node, for each message. So [`submit`](JournalWriter::submit)
 //! appends a batch on the IO thread itself when that is one small write and nothing else
-//! ([`Store::append_inline`]: no segment to seal or create, no sync due, at most
-//! `INLINE_MAX` bytes), nothing is queued ahead of it, and the writer is not in a step
-//! (the journal's lock, taken with `try_lock`: the IO thread never waits for an fsync or a
-//! segment). Everything else still goes to the writer. Order holds because the writer
-//! takes batches off the queue only while holding the journal, and only the IO thread
-//! queues them.
+//! ([`Store::append_inline`]: no segment to seal or create, no sync, at most `INLINE_MAX`
+//! bytes), nothing is queued ahead of it, and the writer is not in a step under the lock
+//! (the journal's lock, taken with `try_lock`: the IO thread never waits for a segment,
+//! and no fsync holds the lock under these policies). Everything else still goes to the
+//! writer. Order holds because the writer takes batches off the queue only while holding
+//! the journal, and only the IO thread queues them. A batch appended inline into a synced
+//! journal under `Interval` wakes the writer, which owes it a sync once the interval has
+//! passed.
 //!
 //! Invariants (loom model: `loom-tests/tests/journal_writer.rs`, on a [`Store`] that stands
 //! in for the journal): a mark is never published before its batch is written (appended,
-//! or synced), every step of the writer that moves a mark wakes the IO thread after it, a
-//! sync asked for is done, batches are appended in order whoever appends them, and the stop
-//! appends and syncs everything handed over.
+//! or synced — a sync run outside the lock publishes only what it covered), every step of
+//! the writer that moves a mark wakes the IO thread after it, a sync asked for is done,
+//! batches are appended in order whoever appends them, and the stop appends and syncs
+//! everything handed over.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::{FsyncPolicy, Journal, JournalError, JournalStats, Record};
+use super::{FsyncPolicy, Journal, JournalError, JournalStats, PendingSync, Record};
 use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use crate::sync::{thread, wait_timeout, Arc, Condvar, Mutex};
 
@@ -56,36 +66,52 @@ pub struct WriterMarks {
 
 /// What the writer thread writes to: the [`Journal`] (a model's stand-in under loom).
 pub trait Store: Send + 'static {
+    /// A sync begun under the journal's lock, run outside it ([`PendingSync`]).
+    type Pending: Send;
     /// When the store syncs on its own ([`Journal::fsync_policy`]).
     fn fsync_policy(&self) -> FsyncPolicy;
-    /// Appends `records` ([`Journal::append_at`]); under [`FsyncPolicy::EveryBatch`] this
-    /// syncs them too.
+    /// Appends `records`; under [`FsyncPolicy::EveryBatch`] this syncs them too, under the
+    /// other policies never (the writer syncs outside the lock).
     fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError>;
     /// Appends `records` only if that takes one small write and nothing else
     /// ([`Journal::append_inline`]); `Ok(false)`, nothing written, otherwise.
     fn append_inline(&mut self, records: &[Record], now: Instant) -> Result<bool, JournalError>;
-    /// Forces what is appended to disk ([`Journal::sync`]).
-    fn sync(&mut self) -> Result<(), JournalError>;
-    /// Whether records are appended and not yet synced ([`Journal::unsynced`]).
+    /// Starts a sync of everything appended so far; what is appended after it is owed the
+    /// next one ([`Journal::begin_sync`]).
+    fn begin_sync(&mut self, now: Instant) -> Self::Pending;
+    /// Runs a sync begun by [`begin_sync`](Self::begin_sync), without the journal's lock
+    /// ([`PendingSync::run`]).
+    fn run_sync(pending: &Self::Pending) -> Result<(), JournalError>;
+    /// Counts a sync done ([`Journal::finish_sync`]).
+    fn finish_sync(&mut self, done: Self::Pending);
+    /// Whether records are appended and not covered by a sync begun since
+    /// ([`Journal::unsynced`]).
     fn unsynced(&self) -> bool;
-    /// Time since the last sync ([`Journal::since_sync`]).
+    /// Time since the last sync began ([`Journal::since_sync`]).
     fn since_sync(&self) -> Duration;
     /// The counters now ([`Journal::stats`]).
     fn stats(&self) -> JournalStats;
 }
 
 impl Store for Journal {
+    type Pending = PendingSync;
     fn fsync_policy(&self) -> FsyncPolicy {
         Journal::fsync_policy(self)
     }
     fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError> {
-        Journal::append_at(self, records, now)
+        Journal::append_batch(self, records, now)
     }
     fn append_inline(&mut self, records: &[Record], now: Instant) -> Result<bool, JournalError> {
         Journal::append_inline(self, records, now)
     }
-    fn sync(&mut self) -> Result<(), JournalError> {
-        Journal::sync(self)
+    fn begin_sync(&mut self, now: Instant) -> PendingSync {
+        Journal::begin_sync(self, now)
+    }
+    fn run_sync(pending: &PendingSync) -> Result<(), JournalError> {
+        pending.run()
+    }
+    fn finish_sync(&mut self, done: PendingSync) {
+        Journal::finish_sync(self, done)
     }
     fn unsynced(&self) -> bool {
         Journal::unsynced(self)
@@ -111,9 +137,10 @@ struct Shared<S> {
     queue: Mutex<Queue>,
     /// The writer waits here for work.
     work: Condvar,
-    /// The journal. The writer holds it for each of its steps (append, sync, the marks
-    /// they move) and takes the batches waiting only while holding it; the IO thread takes
-    /// it only with `try_lock`, never waiting for a step (an fsync, a segment rolled).
+    /// The journal. The writer holds it for each of its steps (an append, the marks it
+    /// moves, the start of a sync; not the fsync itself, except under `EveryBatch` and for
+    /// a segment sealed) and takes the batches waiting only while holding it; the IO
+    /// thread takes it only with `try_lock`, never waiting for a step.
     /// Lock order: `queue` before `journal` (the writer's wait); the IO thread never holds
     /// one while it waits for the other. `None` once the writer has stopped.
     journal: Mutex<Option<S>>,
@@ -353,25 +380,56 @@ fn run<S: Store>(s: &Shared<S>, policy: FsyncPolicy) -> Option<S> {
             }
             (last, q.sync_upto, q.stop)
         };
-        if let Err(e) = step(s, journal, &mut records, last, sync_upto, stop) {
-            log::error!("journal write failed: {}", crate::util::Chain(&e));
-            s.failed.store(true, Ordering::Release);
-            drop(guard);
-            (s.wake)();
-            return None;
-        }
+        let synced = s.synced.load(Ordering::Relaxed);
+        let sync = match step(s, journal, &mut records, last, sync_upto, stop) {
+            Ok(sync) => sync,
+            Err(e) => {
+                drop(guard);
+                return fail(s, &e);
+            }
+        };
         *s.stats.lock() = Some(journal.stats());
         drop(guard);
-        (s.wake)();
-        if stop && s.queue.lock().batches.is_empty() {
+        if last.is_some() || s.synced.load(Ordering::Relaxed) != synced {
+            (s.wake)();
+        }
+        if let Some((pending, covered)) = sync {
+            // The fsync, without the journal's lock: the IO thread appends meanwhile
+            // (its batches are owed the next sync), never waiting for the disk.
+            if let Err(e) = S::run_sync(&pending) {
+                return fail(s, &e);
+            }
+            if let Some(journal) = s.journal.lock().as_mut() {
+                journal.finish_sync(pending);
+                *s.stats.lock() = Some(journal.stats());
+            }
+            // Release: a reader of the mark finds the batches up to `covered` on disk.
+            s.synced.store(covered, Ordering::Release);
+            (s.wake)();
+        }
+        if stop
+            && s.queue.lock().batches.is_empty()
+            && s.synced.load(Ordering::Relaxed) >= s.appended.load(Ordering::Relaxed)
+        {
             return s.journal.lock().take();
         }
     }
 }
 
-/// One round of the writer: appends `records` (batches up to `last`; the policy may sync
-/// them as part of the append), syncs what is appended if a request, the interval or a stop
-/// asks, and moves the marks.
+/// A write or sync failed: nothing more is appended; the IO thread learns it from the
+/// marks, through a wake-up.
+fn fail<S: Store>(s: &Shared<S>, e: &JournalError) -> Option<S> {
+    log::error!("journal write failed: {}", crate::util::Chain(e));
+    // Release: pairs with the IO thread's Acquire in `marks`.
+    s.failed.store(true, Ordering::Release);
+    (s.wake)();
+    None
+}
+
+/// One round of the writer under the journal's lock: appends `records` (batches up to
+/// `last`; under `EveryBatch` the append syncs them), moves the marks, and begins the sync
+/// that a request, the interval or a stop asks for. Returns that sync, to run without the
+/// lock, with the last batch it covers.
 fn step<S: Store>(
     s: &Shared<S>,
     journal: &mut S,
@@ -379,7 +437,7 @@ fn step<S: Store>(
     last: Option<u64>,
     sync_upto: u64,
     stop: bool,
-) -> Result<(), JournalError> {
+) -> Result<Option<(S::Pending, u64)>, JournalError> {
     if let Some(n) = last {
         journal.append_at(records, Instant::now())?;
         records.clear();
@@ -388,18 +446,24 @@ fn step<S: Store>(
     }
     let appended = s.appended.load(Ordering::Relaxed);
     let synced = s.synced.load(Ordering::Relaxed);
-    if synced < appended {
-        let due = sync_due_in(journal.fsync_policy(), journal).is_some_and(|d| d.is_zero());
-        if journal.unsynced() && (sync_upto > synced || stop || due) {
-            journal.sync()?;
-        }
-        if !journal.unsynced() {
-            // Synced by this round, or by the append itself (every batch, or an interval
-            // that had passed).
+    if !journal.unsynced() {
+        // Synced by the append itself (every batch, or a segment sealed), and no sync is
+        // running (only this thread begins one): nothing appended waits for the disk.
+        if synced < appended {
+            // Release: a reader of the mark finds the batches on disk.
             s.synced.store(appended, Ordering::Release);
         }
+        return Ok(None);
     }
-    Ok(())
+    // Records wait for the disk (batches handed over, or appended before the writer
+    // started): sync them when asked, at a stop, or once the interval has passed.
+    let due = sync_due_in(journal.fsync_policy(), journal).is_some_and(|d| d.is_zero());
+    if (sync_upto > synced && synced < appended) || stop || due {
+        // Everything up to `appended` is written (inline appends store their mark under
+        // this lock too), so the sync begun now covers it.
+        return Ok(Some((journal.begin_sync(Instant::now()), appended)));
+    }
+    Ok(None)
 }
 
 /// Under an interval policy with unsynced records: how long until their sync is due.
