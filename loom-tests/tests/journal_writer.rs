@@ -159,6 +159,22 @@ impl Wake {
     }
 }
 
+/// Starts the writer on `store`, its wake-up setting the returned [`Wake`].
+fn start(store: ModelStore) -> (JournalWriter<ModelStore>, Arc<Wake>) {
+    let wake = Arc::new(Wake::default());
+    let w = wake.clone();
+    let writer = JournalWriter::start(
+        "model",
+        store,
+        Box::new(move || {
+            *w.woken.lock().unwrap() = true;
+            w.cv.notify_one();
+        }),
+    )
+    .expect("start");
+    (writer, wake)
+}
+
 fn batch(n: u64) -> Vec<Record> {
     vec![Record::Message {
         peer: "p".into(),
@@ -199,22 +215,12 @@ fn model(
     due: bool,
 ) {
     let written = Arc::new(Mutex::new(Written::default()));
-    let wake = Arc::new(Wake::default());
     let store = ModelStore {
         not_inline,
         due,
         ..ModelStore::new(policy, &written)
     };
-    let w = wake.clone();
-    let writer = JournalWriter::start(
-        "model",
-        store,
-        Box::new(move || {
-            *w.woken.lock().unwrap() = true;
-            w.cv.notify_one();
-        }),
-    )
-    .expect("start");
+    let (writer, wake) = start(store);
     for n in 1..=batches {
         let inline = writer.submit(n, batch(n));
         let m = checked(&writer, &written);
@@ -287,22 +293,12 @@ fn a_failed_append_is_reported_by_a_wake_up() {
         "journal_writer/a_failed_append_is_reported_by_a_wake_up",
         || {
             let written = Arc::new(Mutex::new(Written::default()));
-            let wake = Arc::new(Wake::default());
             let store = ModelStore {
                 fail_at: Some(2),
                 not_inline: &[1, 2],
                 ..ModelStore::new(FsyncPolicy::Never, &written)
             };
-            let w = wake.clone();
-            let writer = JournalWriter::start(
-                "model",
-                store,
-                Box::new(move || {
-                    *w.woken.lock().unwrap() = true;
-                    w.cv.notify_one();
-                }),
-            )
-            .expect("start");
+            let (writer, wake) = start(store);
             writer.submit(1, batch(1));
             writer.submit(2, batch(2));
             loop {
