@@ -26,7 +26,10 @@
 //!   the writer stops without appending anything more;
 //! - a sync runs outside the journal's lock while the IO thread appends: the `synced` mark
 //!   it publishes covers only what was appended when it began, and what was appended while
-//!   it ran is synced by a later one.
+//!   it ran is synced by a later one;
+//! - after the writer's append fails, no batch is appended inline behind the hole (the
+//!   store checks the order); a failed sync sets `failed`, wakes the IO thread and never
+//!   moves `synced`.
 #![cfg(loom)]
 
 use std::time::{Duration, Instant};
@@ -49,7 +52,8 @@ struct Written {
 
 /// The journal's stand-in: batch `n` is one record with sequence number `n`. With
 /// `fail_at`, appending that batch fails (a full disk); batches in `not_inline` are refused
-/// by `append_inline` (as a batch that would roll a segment is). With `due`, the interval
+/// by `append_inline` (as a batch that would roll a segment is); with `fail_sync`, every
+/// sync fails (the disk reports an error at fsync). With `due`, the interval
 /// has always passed (an `Interval` store's sync is due as soon as anything is unsynced).
 /// A sync covers what was appended when it began; it reaches the disk while it runs,
 /// outside the journal's lock, as appends go on.
@@ -58,6 +62,7 @@ struct ModelStore {
     written: Arc<Mutex<Written>>,
     fail_at: Option<u64>,
     not_inline: &'static [u64],
+    fail_sync: bool,
     due: bool,
 }
 
@@ -68,14 +73,15 @@ impl ModelStore {
             written: written.clone(),
             fail_at: None,
             not_inline: &[],
+            fail_sync: false,
             due: false,
         }
     }
 }
 
 impl Store for ModelStore {
-    /// The store, and the last batch the sync covers.
-    type Pending = (Arc<Mutex<Written>>, u64);
+    /// The store, the last batch the sync covers, and whether it fails.
+    type Pending = (Arc<Mutex<Written>>, u64, bool);
 
     fn fsync_policy(&self) -> FsyncPolicy {
         self.policy
@@ -101,26 +107,32 @@ impl Store for ModelStore {
         }
         Ok(())
     }
-    fn append_inline(&mut self, records: &[Record], now: Instant) -> Result<bool, JournalError> {
+    fn append_inline(&mut self, records: &[Record]) -> Result<bool, JournalError> {
         let refused = records
             .iter()
             .any(|r| matches!(r, Record::Message { seq, .. } if self.not_inline.contains(seq)));
         if self.policy == FsyncPolicy::EveryBatch || refused {
             return Ok(false);
         }
-        self.append_at(records, now).map(|()| true)
+        self.append_at(records, Instant::now()).map(|()| true)
     }
     fn begin_sync(&mut self, _now: Instant) -> Self::Pending {
         let mut w = self.written.lock().unwrap();
         w.syncing = w.appended;
-        (self.written.clone(), w.appended)
+        (self.written.clone(), w.appended, self.fail_sync)
     }
-    fn run_sync((written, covered): &Self::Pending) -> Result<(), JournalError> {
+    fn run_sync((written, covered, fails): &Self::Pending) -> Result<(), JournalError> {
+        if *fails {
+            return Err(JournalError::Io {
+                path: "model".into(),
+                source: std::io::Error::other("fsync failed"),
+            });
+        }
         let mut w = written.lock().unwrap();
         w.synced = w.synced.max(*covered);
         Ok(())
     }
-    fn finish_sync(&mut self, (_, covered): Self::Pending) {
+    fn finish_sync(&mut self, (_, covered, _): Self::Pending) {
         assert!(
             self.written.lock().unwrap().synced >= covered,
             "finished before it ran"
@@ -411,6 +423,76 @@ fn interval_due_syncs_run_while_the_io_thread_appends() {
                 &[],
                 &[],
                 true,
+            );
+        },
+    );
+}
+
+/// Batch 2 fails in the writer (it is refused inline) while the IO thread goes on to batch
+/// 3, which it would append inline if the journal looked healthy: `failed` is set before
+/// the writer lets go of the journal, so batch 3 never lands behind the hole (the store's
+/// order check) and `appended` never passes batch 1.
+#[test]
+fn no_inline_append_lands_after_a_failed_append() {
+    loom_tests::model(
+        "journal_writer/no_inline_append_lands_after_a_failed_append",
+        || {
+            let written = Arc::new(Mutex::new(Written::default()));
+            let store = ModelStore {
+                fail_at: Some(2),
+                not_inline: &[2],
+                ..ModelStore::new(FsyncPolicy::Never, &written)
+            };
+            let (writer, wake) = start(store);
+            for n in 1..=3 {
+                writer.submit(n, batch(n));
+                let m = checked(&writer, &written);
+                assert!(m.appended < 2, "a batch marked past the failed one: {m:?}");
+            }
+            loop {
+                let m = checked(&writer, &written);
+                assert!(m.appended < 2, "a batch marked past the failed one: {m:?}");
+                if m.failed {
+                    break;
+                }
+                wake.wait();
+            }
+            assert!(
+                writer.stop().is_none(),
+                "a failed writer hands nothing back"
+            );
+        },
+    );
+}
+
+/// Under `Never`, a sync is asked for batch 1 and fails (outside the journal's lock),
+/// while the IO thread may append batch 2 inline: the writer sets `failed` and wakes the
+/// IO thread, `synced` never moves, and the stop hands nothing back.
+#[test]
+fn a_failed_sync_is_reported_and_never_marked() {
+    loom_tests::model(
+        "journal_writer/a_failed_sync_is_reported_and_never_marked",
+        || {
+            let written = Arc::new(Mutex::new(Written::default()));
+            let store = ModelStore {
+                fail_sync: true,
+                ..ModelStore::new(FsyncPolicy::Never, &written)
+            };
+            let (writer, wake) = start(store);
+            writer.submit(1, batch(1));
+            writer.sync(1);
+            writer.submit(2, batch(2));
+            loop {
+                let m = checked(&writer, &written);
+                assert_eq!(m.synced, 0, "a failed sync marked: {m:?}");
+                if m.failed {
+                    break;
+                }
+                wake.wait();
+            }
+            assert!(
+                writer.stop().is_none(),
+                "a failed writer hands nothing back"
             );
         },
     );

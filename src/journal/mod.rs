@@ -547,11 +547,7 @@ impl Journal {
     /// would take more: [`append_at`](Self::append_at) does it then. Under
     /// [`FsyncPolicy::Interval`] the batch waits for the writer's next sync, as every
     /// append does. Retired segments are recycled by the next `append_at`.
-    pub fn append_inline(
-        &mut self,
-        records: &[Record],
-        _now: Instant,
-    ) -> Result<bool, JournalError> {
+    pub fn append_inline(&mut self, records: &[Record]) -> Result<bool, JournalError> {
         if self.fsync == FsyncPolicy::EveryBatch {
             return Ok(false);
         }

@@ -872,17 +872,17 @@ fn inline_appends_take_one_write_or_are_refused() {
     let (mut j, _) = open(dir.path());
     let now = Instant::now();
     // The first append activates a segment (the writer's job): inline refuses it.
-    assert!(!j.append_inline(&[msg("p", 1, 10)], now).unwrap());
+    assert!(!j.append_inline(&[msg("p", 1, 10)]).unwrap());
     j.append_at(&[msg("p", 1, 10)], now).unwrap();
     let before = j.stats();
-    assert!(j.append_inline(&[msg("p", 2, 10)], now).unwrap());
+    assert!(j.append_inline(&[msg("p", 2, 10)]).unwrap());
     let after = j.stats();
     assert_eq!(after.writes, before.writes + 1, "one write");
     assert_eq!(after.fsyncs, before.fsyncs, "no sync");
     assert_eq!(after.records, before.records + 1);
     // Too large for an inline append: refused.
     assert!(!j
-        .append_inline(&[msg("p", 3, INLINE_MAX as usize)], now)
+        .append_inline(&[msg("p", 3, INLINE_MAX as usize)])
         .unwrap());
     // Fill the segment (the writer's appends) until less than 4 KiB is left.
     let mut seq = 3;
@@ -894,9 +894,9 @@ fn inline_appends_take_one_write_or_are_refused() {
     let fits = (j.active().unwrap().room() - MIN_FRAME - overhead) as usize;
     // One byte more and no frame would fit after it (a roll would follow): refused.
     let writes = j.stats().writes;
-    assert!(!j.append_inline(&[msg("p", seq, fits + 1)], now).unwrap());
+    assert!(!j.append_inline(&[msg("p", seq, fits + 1)]).unwrap());
     assert_eq!(j.stats().writes, writes, "nothing written");
-    assert!(j.append_inline(&[msg("p", seq, fits)], now).unwrap());
+    assert!(j.append_inline(&[msg("p", seq, fits)]).unwrap());
     drop(j);
     let (_, recovered) = open(dir.path());
     assert_eq!(seqs(&recovered, "p"), (1..=seq).collect::<Vec<_>>());
@@ -905,16 +905,17 @@ fn inline_appends_take_one_write_or_are_refused() {
     let every = TempDir::new("inline-every");
     let (mut j, _) = Journal::open(config(every.path()).fsync(FsyncPolicy::EveryBatch)).unwrap();
     j.append_at(&[msg("p", 1, 10)], now).unwrap();
-    assert!(!j.append_inline(&[msg("p", 2, 10)], now).unwrap());
-    // Interval: inline while the interval runs and after it has passed, never syncing.
+    assert!(!j.append_inline(&[msg("p", 2, 10)]).unwrap());
+    // Interval: inline even with the interval always passed (zero), never syncing: the
+    // writer's timer does.
     let interval = TempDir::new("inline-interval");
-    let policy = FsyncPolicy::Interval(Duration::from_secs(3600));
+    let policy = FsyncPolicy::Interval(Duration::ZERO);
     let (mut j, _) = Journal::open(config(interval.path()).fsync(policy)).unwrap();
     j.append_at(&[msg("p", 1, 10)], now).unwrap();
-    assert!(j.append_inline(&[msg("p", 2, 10)], Instant::now()).unwrap());
-    let later = Instant::now() + Duration::from_secs(3601);
+    assert!(!j.unsynced(), "append_at syncs once the interval has passed");
     let fsyncs = j.stats().fsyncs;
-    assert!(j.append_inline(&[msg("p", 3, 10)], later).unwrap());
+    assert!(j.append_inline(&[msg("p", 2, 10)]).unwrap());
+    assert!(j.append_inline(&[msg("p", 3, 10)]).unwrap());
     assert_eq!(j.stats().fsyncs, fsyncs, "an inline append never syncs");
     assert!(j.unsynced());
 }
@@ -933,7 +934,7 @@ fn a_sync_run_outside_the_lock_covers_what_came_before_it() {
     let pending = j.begin_sync(now);
     assert!(!j.unsynced(), "counted synced from the sync's start");
     // Written while the sync runs: owed the next one.
-    assert!(j.append_inline(&[msg("p", 2, 10)], now).unwrap());
+    assert!(j.append_inline(&[msg("p", 2, 10)]).unwrap());
     assert!(j.unsynced());
     pending.run().unwrap();
     j.finish_sync(pending);

@@ -32,9 +32,9 @@
 //! appends a batch on the IO thread itself when that is one small write and nothing else
 //! ([`Store::append_inline`]: no segment to seal or create, no sync, at most `INLINE_MAX`
 //! bytes), nothing is queued ahead of it, and the writer is not in a step under the lock
-//! (the journal's lock, taken with `try_lock`: the IO thread never waits for a segment,
-//! and no fsync holds the lock under these policies). Everything else still goes to the
-//! writer. Order holds because the writer takes batches off the queue only while holding
+//! (the journal's lock, taken with `try_lock`: the IO thread never waits for a segment
+//! or an fsync; under these policies the writer syncs under the lock only as it seals a
+//! segment). Everything else still goes to the writer. Order holds because the writer takes batches off the queue only while holding
 //! the journal, and only the IO thread queues them. A batch appended inline into a synced
 //! journal under `Interval` wakes the writer, which owes it a sync once the interval has
 //! passed.
@@ -75,7 +75,7 @@ pub trait Store: Send + 'static {
     fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError>;
     /// Appends `records` only if that takes one small write and nothing else
     /// ([`Journal::append_inline`]); `Ok(false)`, nothing written, otherwise.
-    fn append_inline(&mut self, records: &[Record], now: Instant) -> Result<bool, JournalError>;
+    fn append_inline(&mut self, records: &[Record]) -> Result<bool, JournalError>;
     /// Starts a sync of everything appended so far; what is appended after it is owed the
     /// next one ([`Journal::begin_sync`]).
     fn begin_sync(&mut self, now: Instant) -> Self::Pending;
@@ -101,8 +101,8 @@ impl Store for Journal {
     fn append_at(&mut self, records: &[Record], now: Instant) -> Result<(), JournalError> {
         Journal::append_batch(self, records, now)
     }
-    fn append_inline(&mut self, records: &[Record], now: Instant) -> Result<bool, JournalError> {
-        Journal::append_inline(self, records, now)
+    fn append_inline(&mut self, records: &[Record]) -> Result<bool, JournalError> {
+        Journal::append_inline(self, records)
     }
     fn begin_sync(&mut self, now: Instant) -> PendingSync {
         Journal::begin_sync(self, now)
@@ -245,7 +245,7 @@ impl<S: Store> JournalWriter<S> {
             _ => return Some(false),
         };
         let was_unsynced = journal.unsynced();
-        match journal.append_inline(records, Instant::now()) {
+        match journal.append_inline(records) {
             Ok(false) => return Some(false),
             Ok(true) => {}
             Err(e) => {
@@ -383,10 +383,7 @@ fn run<S: Store>(s: &Shared<S>, policy: FsyncPolicy) -> Option<S> {
         let synced = s.synced.load(Ordering::Relaxed);
         let sync = match step(s, journal, &mut records, last, sync_upto, stop) {
             Ok(sync) => sync,
-            Err(e) => {
-                drop(guard);
-                return fail(s, &e);
-            }
+            Err(e) => return fail(s, guard, &e),
         };
         *s.stats.lock() = Some(journal.stats());
         drop(guard);
@@ -397,7 +394,7 @@ fn run<S: Store>(s: &Shared<S>, policy: FsyncPolicy) -> Option<S> {
             // The fsync, without the journal's lock: the IO thread appends meanwhile
             // (its batches are owed the next sync), never waiting for the disk.
             if let Err(e) = S::run_sync(&pending) {
-                return fail(s, &e);
+                return fail(s, s.journal.lock(), &e);
             }
             if let Some(journal) = s.journal.lock().as_mut() {
                 journal.finish_sync(pending);
@@ -417,11 +414,18 @@ fn run<S: Store>(s: &Shared<S>, policy: FsyncPolicy) -> Option<S> {
 }
 
 /// A write or sync failed: nothing more is appended; the IO thread learns it from the
-/// marks, through a wake-up.
-fn fail<S: Store>(s: &Shared<S>, e: &JournalError) -> Option<S> {
-    log::error!("journal write failed: {}", crate::util::Chain(e));
+/// marks, through a wake-up. `failed` is set while `journal` (the journal's guard) is
+/// held, so no inline append lands after the failure: one would move `appended` past a
+/// batch that was never written.
+fn fail<S: Store>(
+    s: &Shared<S>,
+    journal: crate::sync::MutexGuard<'_, Option<S>>,
+    e: &JournalError,
+) -> Option<S> {
     // Release: pairs with the IO thread's Acquire in `marks`.
     s.failed.store(true, Ordering::Release);
+    drop(journal);
+    log::error!("journal write failed: {}", crate::util::Chain(e));
     (s.wake)();
     None
 }
