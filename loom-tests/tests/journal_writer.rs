@@ -187,6 +187,28 @@ fn start(store: ModelStore) -> (JournalWriter<ModelStore>, Arc<Wake>) {
     (writer, wake)
 }
 
+/// Waits through the wake-ups until the marks say `failed`, checking each reading with
+/// `check`, then stops the writer, which hands nothing back.
+fn fails_and_stops(
+    writer: JournalWriter<ModelStore>,
+    wake: &Wake,
+    written: &Mutex<Written>,
+    check: impl Fn(WriterMarks),
+) {
+    loop {
+        let m = checked(&writer, written);
+        check(m);
+        if m.failed {
+            break;
+        }
+        wake.wait();
+    }
+    assert!(
+        writer.stop().is_none(),
+        "a failed writer hands nothing back"
+    );
+}
+
 fn batch(n: u64) -> Vec<Record> {
     vec![Record::Message {
         peer: "p".into(),
@@ -313,18 +335,9 @@ fn a_failed_append_is_reported_by_a_wake_up() {
             let (writer, wake) = start(store);
             writer.submit(1, batch(1));
             writer.submit(2, batch(2));
-            loop {
-                let m = checked(&writer, &written);
-                assert!(m.appended < 2, "the failed batch marked appended: {m:?}");
-                if m.failed {
-                    break;
-                }
-                wake.wait();
-            }
-            assert!(
-                writer.stop().is_none(),
-                "a failed writer hands nothing back"
-            );
+            fails_and_stops(writer, &wake, &written, |m| {
+                assert!(m.appended < 2, "the failed batch marked appended: {m:?}")
+            });
         },
     );
 }
@@ -449,18 +462,9 @@ fn no_inline_append_lands_after_a_failed_append() {
                 let m = checked(&writer, &written);
                 assert!(m.appended < 2, "a batch marked past the failed one: {m:?}");
             }
-            loop {
-                let m = checked(&writer, &written);
-                assert!(m.appended < 2, "a batch marked past the failed one: {m:?}");
-                if m.failed {
-                    break;
-                }
-                wake.wait();
-            }
-            assert!(
-                writer.stop().is_none(),
-                "a failed writer hands nothing back"
-            );
+            fails_and_stops(writer, &wake, &written, |m| {
+                assert!(m.appended < 2, "a batch marked past the failed one: {m:?}")
+            });
         },
     );
 }
@@ -482,18 +486,9 @@ fn a_failed_sync_is_reported_and_never_marked() {
             writer.submit(1, batch(1));
             writer.sync(1);
             writer.submit(2, batch(2));
-            loop {
-                let m = checked(&writer, &written);
-                assert_eq!(m.synced, 0, "a failed sync marked: {m:?}");
-                if m.failed {
-                    break;
-                }
-                wake.wait();
-            }
-            assert!(
-                writer.stop().is_none(),
-                "a failed writer hands nothing back"
-            );
+            fails_and_stops(writer, &wake, &written, |m| {
+                assert_eq!(m.synced, 0, "a failed sync marked: {m:?}")
+            });
         },
     );
 }

@@ -912,7 +912,10 @@ fn inline_appends_take_one_write_or_are_refused() {
     let policy = FsyncPolicy::Interval(Duration::ZERO);
     let (mut j, _) = Journal::open(config(interval.path()).fsync(policy)).unwrap();
     j.append_at(&[msg("p", 1, 10)], now).unwrap();
-    assert!(!j.unsynced(), "append_at syncs once the interval has passed");
+    assert!(
+        !j.unsynced(),
+        "append_at syncs once the interval has passed"
+    );
     let fsyncs = j.stats().fsyncs;
     assert!(j.append_inline(&[msg("p", 2, 10)]).unwrap());
     assert!(j.append_inline(&[msg("p", 3, 10)]).unwrap());
