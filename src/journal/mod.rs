@@ -280,7 +280,7 @@ pub(crate) struct LiveSegment {
     pub(crate) records: u64,
     /// Per peer, the highest seq of a message in this segment.
     pub(crate) pins: BTreeMap<String, u64>,
-    /// Written since the last fsync.
+    /// Written since the last fsync began.
     pub(crate) dirty: bool,
     /// Its first record is a checkpoint (true of every segment but one whose activation
     /// was torn by a crash): older segments' counters are then safe to drop.
@@ -626,12 +626,13 @@ impl Journal {
         self.fsync
     }
 
-    /// Whether records have been written since the last fsync.
+    /// Whether records have been written since the last fsync began (a sync in progress
+    /// counts its files clean: see [`begin_sync`](Self::begin_sync)).
     pub fn unsynced(&self) -> bool {
         self.live.iter().any(|s| s.dirty)
     }
 
-    /// Time since the last fsync (or since the journal was opened).
+    /// Time since the last fsync began (or since the journal was opened).
     pub(crate) fn since_sync(&self) -> Duration {
         self.last_sync.elapsed()
     }
