@@ -228,34 +228,6 @@ pub struct MemberInfo {
     pub incarnation: u64,
 }
 
-/// Membership's traffic counters ([`Node::membership_stats`](crate::Node::membership_stats)),
-/// cumulative since the node started.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MembershipStats {
-    /// Packets sent (probes, acks, gossip, view exchanges).
-    pub packets_sent: u64,
-    /// Bytes of those.
-    pub bytes_sent: u64,
-    /// Packets received and accepted.
-    pub packets_received: u64,
-    /// Bytes of those.
-    pub bytes_received: u64,
-    /// Packets dropped: not decodable, of another cluster, or not authenticated.
-    pub dropped: u64,
-    /// Of those, the ones whose MAC was missing, unexpected or wrong (a member without the
-    /// cluster's secret, or a stranger).
-    pub auth_failures: u64,
-    /// Gossip ignored because its sender is not in the view and did not join.
-    pub ignored_strangers: u64,
-    /// Times this member raised its incarnation to refute a suspicion about itself.
-    pub refutations: u64,
-    /// Claims from a second process under a live member's name (another launch at another
-    /// address), ignored: the process the view holds keeps the name while it is alive. On
-    /// the second process, the claims of the first it did not fight.
-    pub twin_claims: u64,
-}
-
 /// Where a member stands in the membership view.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

@@ -102,11 +102,12 @@ mod wire;
 pub use addr::{Addr, AddrParseError, Seed, ToAddr, ToSeed};
 pub use bytes::Bytes;
 pub use deliver::{Delivery, Inbox, InboxIter, InboxRecv, InboxTryIter, PoolStats, RecvError};
-pub use events::{DisconnectReason, Event, MemberInfo, MemberState, MembershipStats, RefuseReason};
+pub use events::{DisconnectReason, Event, MemberInfo, MemberState, RefuseReason};
 pub use journal::{
     inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,
     RecordKind, SegmentInfo, SegmentState, SegmentStatus,
 };
+pub use membership::MembershipStats;
 pub use node::{
     Builder, ConfigError, ConnStats, Error, IdleStrategy, Node, PeerSender, PeerStats,
     PendingReply, ReplyFailure, RequestOptions, SendError, SendOptions, Sender, ShutdownReport,

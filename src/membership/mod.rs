@@ -172,12 +172,15 @@ pub enum Output {
     Event(MemberEvent),
 }
 
-/// Counters of one member's membership traffic.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Packets sent.
+/// Membership's traffic counters ([`Node::membership_stats`](crate::Node::membership_stats)),
+/// cumulative since the node started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub struct MembershipStats {
+    /// Packets sent (probes, acks, gossip, view exchanges).
     pub packets_sent: u64,
-    /// Bytes sent.
+    /// Bytes of those.
     pub bytes_sent: u64,
     /// Packets received and accepted.
     pub packets_received: u64,
@@ -185,18 +188,19 @@ pub struct Stats {
     pub bytes_received: u64,
     /// Packets dropped: not decodable, of another cluster, or not authenticated.
     pub dropped: u64,
-    /// Of those, the ones whose MAC was missing, unexpected or wrong.
+    /// Of those, the ones whose MAC was missing, unexpected or wrong (a member without the
+    /// cluster's secret, or a stranger).
     pub auth_failures: u64,
     /// Gossip ignored because its sender is not in the view and did not join.
     pub ignored_strangers: u64,
-    /// Times this member raised its incarnation to refute a claim about itself.
+    /// Times this member raised its incarnation to refute a suspicion about itself.
     pub refutations: u64,
-    /// Claims that a member failed, taken as a suspicion because this member had heard
-    /// from it more recently than a suspicion lasts.
+    /// Claims that a member failed, taken as a suspicion instead because this member had
+    /// heard from it more recently than a suspicion lasts.
     pub doubted_failures: u64,
-    /// Claims ignored because they came from a second process under a live member's name
-    /// (another launch at another address), and claims about this member's name from such
-    /// a process that it did not fight.
+    /// Claims from a second process under a live member's name (another launch at another
+    /// address), ignored: the process the view holds keeps the name while it is alive. On
+    /// the second process, the claims of the first it did not fight.
     pub twin_claims: u64,
 }
 
@@ -361,7 +365,7 @@ pub struct Membership {
     next_gossip: Instant,
     next_sync: Instant,
     next_rejoin: Option<Instant>,
-    stats: Stats,
+    stats: MembershipStats,
 }
 
 impl Membership {
@@ -405,7 +409,7 @@ impl Membership {
             next_greet: now,
             twins_logged: BTreeSet::new(),
             shadowed: false,
-            stats: Stats::default(),
+            stats: MembershipStats::default(),
         }
     }
 
@@ -440,7 +444,7 @@ impl Membership {
     }
 
     /// Counters.
-    pub fn stats(&self) -> &Stats {
+    pub fn stats(&self) -> &MembershipStats {
         &self.stats
     }
 

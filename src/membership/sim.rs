@@ -692,6 +692,11 @@ fn a_partition_fails_each_side_and_heals_into_one_view() {
             vec![],
             "round {round}: failures within a side after the heal"
         );
+        let doubted: u64 = (0..8).map(|i| sim.member(i).stats().doubted_failures).sum();
+        assert!(
+            doubted > 0,
+            "round {round}: the other side's verdicts were never counted as doubted"
+        );
         println!(
             "4 v 4, round {round}: sides failed each other {:?} after the cut; healed {wait} s \
              later, one view {:?} after the heal",

@@ -474,19 +474,7 @@ impl Node {
 
     /// Membership's traffic counters ([`Builder::membership`]); `None` without membership.
     pub fn membership_stats(&self) -> Option<crate::MembershipStats> {
-        let view = self.members.as_ref()?;
-        let s = view.lock().stats.clone();
-        Some(crate::MembershipStats {
-            packets_sent: s.packets_sent,
-            bytes_sent: s.bytes_sent,
-            packets_received: s.packets_received,
-            bytes_received: s.bytes_received,
-            dropped: s.dropped,
-            auth_failures: s.auth_failures,
-            ignored_strangers: s.ignored_strangers,
-            twin_claims: s.twin_claims,
-            refutations: s.refutations,
-        })
+        Some(self.members.as_ref()?.lock().stats.clone())
     }
 
     /// Names of the configured peers, sorted.

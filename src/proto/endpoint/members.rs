@@ -32,7 +32,7 @@ pub(crate) struct MembershipSetup {
 #[derive(Default)]
 pub(crate) struct MembersView {
     pub(crate) members: Vec<membership::Member>,
-    pub(crate) stats: membership::Stats,
+    pub(crate) stats: membership::MembershipStats,
 }
 
 /// The endpoint's membership state.
