@@ -268,6 +268,104 @@ fn three_members_200k_each_way_through_cutting_proxies() {
     );
 }
 
+// ----- messages framed at send and queued whole, in one stream ---------------------------
+
+/// How message `i` of the mixed stream is sent: most small ones are encoded by the sending
+/// thread into the outbox's runs; one in seven is too large for that (queued whole, encoded
+/// by the IO thread), and one in eleven has a ttl (queued whole too, since it may expire).
+fn mixed(sender: &Sender, to: &str, i: u64) {
+    let sent = match (i % 7, i % 11) {
+        (3, _) => sender.send_timeout(to, payload(i, 6000), PATIENCE),
+        (_, 5) => sender.send_with(
+            to,
+            payload(i, 40),
+            cohort::SendOptions::new().ttl(PATIENCE * 4),
+        ),
+        _ => sender.send_timeout(to, payload(i, 16 + (i % 200) as usize), PATIENCE),
+    };
+    if let Err(e) = sent {
+        panic!("{} -> {to}: send {i} failed: {e}", sender.name());
+    }
+}
+
+/// A stream that mixes messages the sender encodes itself (runs of frames) with messages
+/// queued whole keeps one order and one numbering through connections cut every few tens
+/// of milliseconds, mid-frame: each message is delivered once, in order, with the next
+/// sequence number, and every window ends whole.
+#[test]
+fn framed_and_whole_messages_keep_one_order_through_cuts() {
+    const COUNT: u64 = 30_000;
+    const NAMES: [&str; 2] = ["mix-a", "mix-b"];
+    let checks = NAMES.map(|_| OrderCheck::new());
+    let builders = NAMES
+        .iter()
+        .zip(&checks)
+        .map(|(name, check)| {
+            Node::builder(name)
+                .cluster("t-mixed")
+                .redial_quickly()
+                .on_message(check.handler())
+        })
+        .collect();
+    let mesh = ProxiedMesh::start(builders, 0x00C0_FFEE_2026_1206, 700);
+    let nodes = &mesh.nodes;
+    wait_mesh_connected(nodes);
+    let done = AtomicBool::new(false);
+    let cuts = std::thread::scope(|s| {
+        let cutter = s.spawn(|| {
+            let mut rng = XorShift::new(7);
+            let mut cuts = 0;
+            while !done.load(Ordering::SeqCst) {
+                cuts += mesh.cut_pair(0, 1, Duration::from_millis(20));
+                // Paces the fault schedule; nothing is waited for here.
+                std::thread::sleep(Duration::from_millis(rng.range(20, 60)));
+            }
+            cuts
+        });
+        for (i, node) in nodes.iter().enumerate() {
+            let to = NAMES[1 - i];
+            s.spawn(move || {
+                let sender = node.sender();
+                (0..COUNT).for_each(|k| mixed(&sender, to, k));
+            });
+        }
+        wait_until_or(
+            PATIENCE * 4,
+            || checks.iter().all(|c| c.total() >= COUNT),
+            || format!("all deliveries; stats:\n{}", all_stats(nodes)),
+        );
+        done.store(true, Ordering::SeqCst);
+        cutter.join().expect("cutter")
+    });
+    for (check, name) in checks.iter().zip(NAMES) {
+        let other = NAMES.into_iter().find(|n| *n != name).expect("two names");
+        check.assert_got_exactly(name, &[other], COUNT);
+    }
+    wait_mesh_connected(nodes);
+    wait_windows_whole(nodes);
+    for node in nodes {
+        let s = node.stats();
+        for p in &s.peers {
+            assert_eq!((p.accepted, p.sent), (COUNT, COUNT), "{s}");
+            assert_eq!((p.failed, p.undelivered, p.in_flight), (0, 0, 0), "{s}");
+        }
+    }
+    let resent: u64 = nodes
+        .iter()
+        .flat_map(|n| n.stats().peers)
+        .map(|p| p.resent)
+        .sum();
+    println!("mixed stream: {cuts} cuts, {resent} messages resent");
+    assert!(
+        cuts > 0,
+        "the connection was cut:\n{}",
+        mesh.proxy_summary()
+    );
+    assert!(resent > 0, "cuts with messages in flight cause resends");
+    shutdown_all(nodes);
+    mesh.stop_proxies();
+}
+
 // ----- a peer killed and restarted on the same port -------------------------------------
 
 /// Set in a child's environment: the test function plays the victim instead of the test.

@@ -22,6 +22,12 @@
 //!   exactly one turn whose `take_wake` found it pending (a second wake in one batch would
 //!   be a turn that finds nothing, or a wake-up counted twice).
 //!
+//! The `framed_*` models send as a node without filter or journal sends its plain messages:
+//! each sender encodes its message into the outbox's last run of frames
+//! (`Outbox::admit_framed`), a message queued whole ends that run, and the IO thread takes
+//! runs and single messages in one order, handing each run's buffer back
+//! (`Outbox::recycle`) while senders open new runs.
+//!
 //! The `spinning_*` models run the IO thread's spin (`loom_tests::io_loop_spinning`, on the
 //! shipping `SpinGate`):
 //! senders whose doorbell finds it spinning make no `wake` call, and nothing is stranded
@@ -33,7 +39,8 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use cohort::internals::flow::{cost, Permit};
 use cohort::internals::handoff::{Handoff, Scheduled};
-use cohort::internals::peer::{self, Outbox, Return};
+use cohort::internals::peer::{self, Outbox, Queued, Return};
+use cohort::internals::wire;
 use loom::thread;
 use loom_tests::{io_loop, io_loop_spinning, ModelWaker, Requesters};
 use std::sync::Arc;
@@ -58,18 +65,39 @@ struct Node {
     handoff: Handoff,
 }
 
+/// How the models' senders queue their messages.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum How {
+    /// One by one, each queued whole (`Outbox::admit`).
+    Whole,
+    /// The first sender sends each of its `(peer, count)` as one batch (`admit_all`).
+    Batch,
+    /// Every sender encodes its messages into the outbox's runs (`admit_framed`).
+    Framed,
+    /// The first sender encodes its messages (`admit_framed`), the others queue theirs
+    /// whole: runs end and start again as the two interleave.
+    Mixed,
+}
+
 /// The application's send of message `[sender, i]` to peer `id`: its permit (the window
 /// holds every message of the models, so nothing parks: the window has its own models),
-/// admit, then schedule.
-fn send(node: &Node, id: usize, sender: u8, i: u8) {
+/// admit (encoded by the sender with `framed`), then schedule.
+fn send(node: &Node, id: usize, sender: u8, i: u8, framed: bool) {
     let peer = &node.peers[id];
     let permit = peer
         .outbox
         .window()
         .try_acquire(cost(2))
         .expect("the window holds every message of the model");
-    let m = peer::outgoing(Bytes::from(vec![sender, i]), false, None, permit);
-    peer.outbox.admit(m).expect("the outbox is open");
+    if framed {
+        assert!(
+            peer.outbox.admit_framed(false, &[sender, i], permit),
+            "the outbox is open"
+        );
+    } else {
+        let m = peer::outgoing(Bytes::from(vec![sender, i]), false, None, permit);
+        peer.outbox.admit(m).expect("the outbox is open");
+    }
     node.handoff.schedule(id, &peer.scheduled);
 }
 
@@ -99,27 +127,42 @@ fn send_batch(node: &Node, id: usize, sender: u8, count: u8) {
 
 /// `Remote::publish`'s hand-off part: `Outbox::next_to_publish` (the shipping step: clear
 /// the flag, then take, whenever what was taken is used up) until it finds nothing.
-/// Appends what it published; keeps the messages' permits in `held` (given back once the
-/// model is done).
+/// Appends what it published, a run's messages in the order of its frames, and hands each
+/// run's buffer back (`Outbox::recycle`, as an ack of the run would); keeps the messages'
+/// permits in `held` (given back once the model is done).
 fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>, held: &mut Permit) {
     let mut pending = VecDeque::new();
-    while let Some(m) = peer.outbox.next_to_publish(&peer.scheduled, &mut pending) {
-        let p = m.payload();
-        published.push([p[0], p[1]]);
-        held.absorb(peer::into_permit(m));
+    while let Some(q) = peer.outbox.next_to_publish(&peer.scheduled, &mut pending) {
+        match q {
+            Queued::One(m) => {
+                let p = m.payload();
+                published.push([p[0], p[1]]);
+                held.absorb(peer::into_permit(m));
+            }
+            Queued::Framed(run) => {
+                let n = run.len();
+                let (frames, permit) = run.into_frames();
+                let payloads: Vec<[u8; 2]> = wire::numbered_frames(&frames)
+                    .map(|(_, p)| [frames[p.start], frames[p.start + 1]])
+                    .collect();
+                assert_eq!(payloads.len() as u64, n, "a run holds what it counts");
+                assert_eq!(
+                    permit.bytes(),
+                    cost(2) * n,
+                    "a run holds its messages' permits"
+                );
+                published.extend(payloads);
+                held.absorb(permit);
+                peer.outbox.recycle(&mut vec![frames]);
+            }
+        }
     }
 }
 
 /// Runs `senders` (each a list of `(peer, count)` sends, one thread per sender) against the
 /// IO thread's loop on the main thread (with `spins` spin episodes, if any), then checks
-/// everything. With `batched`, the first sender sends each of its `(peer, count)` as one
-/// batch.
-fn model(
-    peers: usize,
-    senders: &'static [&'static [(usize, u8)]],
-    spins: Option<usize>,
-    batched: bool,
-) {
+/// everything. `how` says how the senders queue their messages.
+fn model(peers: usize, senders: &'static [&'static [(usize, u8)]], spins: Option<usize>, how: How) {
     let waker = ModelWaker::new();
     let node = Arc::new(Node {
         peers: (0..peers).map(|_| Peer::new()).collect(),
@@ -132,13 +175,14 @@ fn model(
         .map(|(s, sends)| {
             let (node, done) = (node.clone(), done.clone());
             thread::spawn(move || {
+                let framed = how == How::Framed || (how == How::Mixed && s == 0);
                 for &(id, count) in sends.iter() {
-                    if batched && s == 0 {
+                    if how == How::Batch && s == 0 {
                         send_batch(&node, id, s as u8, count);
                         continue;
                     }
                     for i in 0..count {
-                        send(&node, id, s as u8, i);
+                        send(&node, id, s as u8, i, framed);
                     }
                 }
                 done.done();
@@ -216,7 +260,7 @@ fn model(
 #[test]
 fn two_senders_one_peer() {
     loom_tests::model("handoff/two_senders_one_peer", || {
-        model(1, &[&[(0, 2)], &[(0, 1)]], None, false);
+        model(1, &[&[(0, 2)], &[(0, 1)]], None, How::Whole);
     });
 }
 
@@ -225,7 +269,7 @@ fn two_senders_one_peer() {
 #[test]
 fn two_peers_share_the_wake_up() {
     loom_tests::model("handoff/two_peers_share_the_wake_up", || {
-        model(2, &[&[(0, 1)], &[(1, 1)]], None, false);
+        model(2, &[&[(0, 1)], &[(1, 1)]], None, How::Whole);
     });
 }
 
@@ -236,7 +280,7 @@ fn two_peers_share_the_wake_up() {
 #[test]
 fn spinning_two_senders_one_peer() {
     loom_tests::model("handoff/spinning_two_senders_one_peer", || {
-        model(1, &[&[(0, 2)], &[(0, 1)]], Some(2), false);
+        model(1, &[&[(0, 2)], &[(0, 1)]], Some(2), How::Whole);
     });
 }
 
@@ -244,7 +288,7 @@ fn spinning_two_senders_one_peer() {
 #[test]
 fn spinning_two_peers() {
     loom_tests::model("handoff/spinning_two_peers", || {
-        model(2, &[&[(0, 1)], &[(1, 1)]], Some(1), false);
+        model(2, &[&[(0, 1)], &[(1, 1)]], Some(1), How::Whole);
     });
 }
 
@@ -254,7 +298,7 @@ fn spinning_two_peers() {
 #[test]
 fn a_batch_and_a_single_sender_one_peer() {
     loom_tests::model("handoff/a_batch_and_a_single_sender_one_peer", || {
-        model(1, &[&[(0, 2)], &[(0, 1)]], None, true);
+        model(1, &[&[(0, 2)], &[(0, 1)]], None, How::Batch);
     });
 }
 
@@ -262,6 +306,35 @@ fn a_batch_and_a_single_sender_one_peer() {
 #[test]
 fn spinning_a_batch_and_a_single_sender() {
     loom_tests::model("handoff/spinning_a_batch_and_a_single_sender", || {
-        model(1, &[&[(0, 2)], &[(0, 1)]], Some(2), true);
+        model(1, &[&[(0, 2)], &[(0, 1)]], Some(2), How::Batch);
+    });
+}
+
+/// Two senders encoding their messages into one peer's runs, the first sending twice: a
+/// message lands in the run the IO thread is about to take, or opens the next one after
+/// the take (in the room the taken run's buffer has left, or in the buffer just handed
+/// back); every message is published once, in each sender's order, permits with it.
+#[test]
+fn framed_two_senders_one_peer() {
+    loom_tests::model("handoff/framed_two_senders_one_peer", || {
+        model(1, &[&[(0, 2)], &[(0, 1)]], None, How::Framed);
+    });
+}
+
+/// A sender encoding its messages and one queueing its message whole, to one peer: the
+/// whole message ends the open run, the next framed one opens another, and the IO thread
+/// publishes runs and the single message in the order they were queued.
+#[test]
+fn framed_and_whole_messages_one_peer() {
+    loom_tests::model("handoff/framed_and_whole_messages_one_peer", || {
+        model(1, &[&[(0, 2)], &[(0, 1)]], None, How::Mixed);
+    });
+}
+
+/// The framed senders while the IO thread spins twice.
+#[test]
+fn spinning_framed_two_senders() {
+    loom_tests::model("handoff/spinning_framed_two_senders", || {
+        model(1, &[&[(0, 2)], &[(0, 1)]], Some(2), How::Framed);
     });
 }

@@ -46,7 +46,7 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use cohort::internals::flow::{cost, AcquireError};
 use cohort::internals::handoff::Scheduled;
-use cohort::internals::peer::{self, Ledger, Outbox, Outgoing, Return};
+use cohort::internals::peer::{self, Ledger, Outbox, Outgoing, Queued, Return};
 use loom::sync::Arc;
 use loom::thread;
 
@@ -80,7 +80,17 @@ impl Writer {
     fn flush(&mut self, ob: &Outbox, ledger: &mut Ledger) {
         let scheduled = Scheduled::new();
         let mut pending = VecDeque::new();
-        while let Some(m) = ob.next_to_publish(&scheduled, &mut pending) {
+        while let Some(q) = ob.next_to_publish(&scheduled, &mut pending) {
+            let m = match q {
+                Queued::One(m) => m,
+                Queued::Framed(run) => {
+                    // Encoded by its senders: a node with an outbound filter never frames
+                    // at send, so a run is published whole.
+                    self.published += run.len();
+                    ledger.publish(run.into_frames().1);
+                    continue;
+                }
+            };
             if keep(&m) {
                 ledger.publish(peer::into_permit(m));
                 self.published += 1;
@@ -108,6 +118,9 @@ impl Writer {
 /// What the application thread's sends came to.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct App {
+    /// Sends encode their messages into the outbox's runs (`admit_framed`), as on a node
+    /// without filter or journal.
+    framed: bool,
     /// Permits taken (messages that got past `acquire`).
     taken: u64,
     admitted: u64,
@@ -129,6 +142,15 @@ impl App {
             Err(e) => panic!("acquire failed with {e:?}"),
         };
         self.taken += permit.bytes();
+        if self.framed {
+            if ob.admit_framed(false, &payload, permit) {
+                self.admitted += 1;
+            } else {
+                assert!(ob.is_closed(), "admit_framed refused an open outbox");
+                self.refused += 1;
+            }
+            return;
+        }
         match ob.admit(peer::outgoing(payload, false, None, permit)) {
             Ok(()) => self.admitted += 1,
             Err(back) => {
@@ -238,14 +260,22 @@ fn writer_releases_wake_a_parked_sender() {
 /// `credit_first`, the credit for what was published arrives before the removal; without,
 /// it arrives after — and is clamped to nothing, the permits having come back already as
 /// `Retired`.
-fn removal_model(name: &'static str, credit_first: bool) {
+///
+/// With `framed`, the application encodes its messages into the outbox's runs
+/// (`admit_framed`; no filter then, so it sends `p`, `p`, `q`): the removal fails a run
+/// taken apart into its messages, each with its own permit back.
+fn removal_model(name: &'static str, credit_first: bool, framed: bool) {
     loom_tests::model(name, move || {
         let ob = Arc::new(Outbox::new(2 * c()));
         let sender = {
             let ob = ob.clone();
             thread::spawn(move || {
-                let mut app = App::default();
-                for tag in [b"f", b"p", b"q"] {
+                let mut app = App {
+                    framed,
+                    ..App::default()
+                };
+                let first = if framed { b"p" } else { b"f" };
+                for tag in [first, b"p", b"q"] {
                     app.send(&ob, msg(tag));
                 }
                 app
@@ -287,12 +317,18 @@ fn removal_model(name: &'static str, credit_first: bool) {
             ob.window().try_acquire(c()).err(),
             Some(AcquireError::Closed)
         );
-        let mut late = App::default();
+        let mut late = App {
+            framed,
+            ..App::default()
+        };
         late.send(&ob, msg(b"p"));
         assert_eq!((late.taken, late.closed), (0, 1));
         let refused_before = ob.returned(Return::Refused);
         ob.window().reopen();
-        let mut after_close = App::default();
+        let mut after_close = App {
+            framed,
+            ..App::default()
+        };
         after_close.send(&ob, msg(b"p"));
         assert_eq!((after_close.refused, after_close.admitted), (1, 0));
         assert_eq!(ob.returned(Return::Refused), refused_before + c());
@@ -316,6 +352,7 @@ fn writer_credit_then_removal_race_a_parked_sender() {
     removal_model(
         "writer/writer_credit_then_removal_race_a_parked_sender",
         true,
+        false,
     );
 }
 
@@ -325,5 +362,27 @@ fn writer_removal_then_late_credit_race_a_parked_sender() {
     removal_model(
         "writer/writer_removal_then_late_credit_race_a_parked_sender",
         false,
+        false,
+    );
+}
+
+/// Removal with the credit arriving first, the application encoding its messages into the
+/// outbox's runs: what a removal finds queued is a run, failed message by message.
+#[test]
+fn framed_credit_then_removal_race_a_parked_sender() {
+    removal_model(
+        "writer/framed_credit_then_removal_race_a_parked_sender",
+        true,
+        true,
+    );
+}
+
+/// Removal with the credit arriving after it, framed.
+#[test]
+fn framed_removal_then_late_credit_race_a_parked_sender() {
+    removal_model(
+        "writer/framed_removal_then_late_credit_race_a_parked_sender",
+        false,
+        true,
     );
 }

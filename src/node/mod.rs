@@ -237,6 +237,9 @@ impl Node {
             max_message,
             b.effective_max_reply(),
             stopped.clone(),
+            // Every message must reach the IO thread whole: the filter sees each, and the
+            // journal records each.
+            journal.is_none() && b.io.proto.outbound_filter.is_none(),
         );
         let handler = b.handler.clone().unwrap_or_else(|| {
             let warned = Arc::new(AtomicBool::new(false));

@@ -13,7 +13,7 @@ use super::{Error, ReplyFailure, SendError, TrySendError};
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
 use crate::peer::{Failure, Found, Owed, Slot};
-use crate::peer::{Outgoing, PeerShared, PeerState, Return};
+use crate::peer::{Outgoing, PeerShared, PeerState, Return, FRAMED_MAX_PAYLOAD};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
@@ -305,7 +305,8 @@ impl std::fmt::Debug for Sender {
 impl Sender {
     /// The send half of node `name`, whose peers are `peers`. Sends fail with
     /// [`Error::Closed`] once `stopped` is set; a message longer than `max_message` fails
-    /// with [`Error::TooLarge`].
+    /// with [`Error::TooLarge`]. With `frame`, plain messages are encoded by the sending
+    /// thread ([`Outbox::admit_framed`](crate::peer::Outbox::admit_framed)).
     pub(super) fn new(
         name: SharedStr,
         peers: PeerMap,
@@ -313,6 +314,7 @@ impl Sender {
         max_message: usize,
         max_reply: u32,
         stopped: Arc<AtomicBool>,
+        frame: bool,
     ) -> Sender {
         Sender {
             core: Arc::new(SendCore {
@@ -322,6 +324,7 @@ impl Sender {
                 max_message,
                 max_reply,
                 stopped,
+                frame,
                 warned_blocking: Arc::new(AtomicBool::new(false)),
                 warned_reply: Arc::new(AtomicBool::new(false)),
             }),
@@ -340,6 +343,7 @@ impl Sender {
                 max_message: c.max_message,
                 max_reply: c.max_reply,
                 stopped: c.stopped.clone(),
+                frame: c.frame,
                 warned_blocking: c.warned_blocking.clone(),
                 warned_reply: c.warned_reply.clone(),
             }),
@@ -1032,6 +1036,10 @@ struct SendCore {
     /// The room a request reserves for its reply (`Builder::max_reply`).
     max_reply: u32,
     stopped: Arc<AtomicBool>,
+    /// Plain messages (reliable, no ttl, at most `FRAMED_MAX_PAYLOAD` bytes) are encoded
+    /// by the sending thread, into the outbox's last run (`Outbox::admit_framed`): the node
+    /// has no outbound filter and no journal, which must see each message.
+    frame: bool,
     /// A handler has blocked on a full window (warned once per node).
     warned_blocking: Arc<AtomicBool>,
     /// A reply was refused as larger than its room (warned once per node).
@@ -1275,6 +1283,29 @@ impl SendCore {
                 // Closed: `acquire` waits without a deadline, never `Full` or `TimedOut`.
                 Err(_) => return Err(SendError::new(Error::Closed, rest.collect())),
             };
+            let framed = self.frame
+                && rest.as_slice()[..n]
+                    .iter()
+                    .all(|p| p.len() <= FRAMED_MAX_PAYLOAD);
+            if framed {
+                let msgs = rest.as_slice()[..n]
+                    .iter()
+                    .map(|p| (&p[..], permit.take(cost(p.len()))));
+                // Counted *accepted* under the queue lock, before the IO thread can see them.
+                if !peer.outbox.admit_framed_all(false, msgs) {
+                    // `admit_framed_all` gave the permits back (Return::Refused).
+                    return Err(SendError::new(Error::Closed, rest.collect()));
+                }
+                debug_assert_eq!(
+                    permit.bytes(),
+                    0,
+                    "the chunk's permits all went to its messages"
+                );
+                // Copied into their frames: dropped here, on the sending thread.
+                rest.by_ref().take(n).for_each(drop);
+                self.io.schedule(peer);
+                continue;
+            }
             chunk.extend(rest.by_ref().take(n).map(|p| {
                 let c = cost(p.len());
                 Outgoing::new(p, false, None, permit.take(c))
@@ -1376,6 +1407,22 @@ impl SendCore {
                 peer.outbox.give_back(Return::Refused, permit);
                 return Err(TrySendError::Failed(payload, e));
             }
+        }
+        if self.frame
+            && matches!(kind, Kind::Message)
+            && !opts.unreliable
+            && opts.ttl.is_none()
+            && len <= FRAMED_MAX_PAYLOAD
+        {
+            // Counted *accepted* under the queue lock, before the IO thread can see it.
+            if !peer.outbox.admit_framed(opts.oob, &payload, permit) {
+                // `admit_framed` gave the permits back (Return::Refused).
+                return Err(TrySendError::Failed(payload, Error::Closed));
+            }
+            // The payload was copied into the frame: dropped here, on the sending thread.
+            drop(payload);
+            self.io.schedule(peer);
+            return Ok(());
         }
         let deadline = opts.ttl.map(|t| {
             peer.note_ttl();

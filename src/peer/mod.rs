@@ -21,7 +21,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 pub(crate) use outbox::Owed;
-pub use outbox::{Ledger, Outbox, Outgoing, Return};
+pub use outbox::{Framed, Ledger, Outbox, Outgoing, Queued, Return, FRAMED_MAX_PAYLOAD};
 pub use requests::{Failure, Requests, Slot};
 
 use crate::deliver::{MemberQueue, OobQueue, PeerCreditSink, Progress};

@@ -6,20 +6,23 @@
 //! but for `SendCore::enqueue_batch`, which takes one for a chunk of messages and splits it
 //! among them with `Permit::take`; a journal restore charges the window with
 //! `SendWindow::take_up_to`); the message carries it
-//! ([`Outgoing`]) into the outbox and, once published, into the IO thread's [`Ledger`]; and
-//! it goes back exactly once, through [`Outbox::give_back`], naming why ([`Return`]):
+//! ([`Outgoing`]) into the outbox — or, encoded by its sender into a run of frames
+//! ([`Outbox::admit_framed`]), the run holds its messages' permits as one ([`Framed`]) —
+//! and, once published, into the IO thread's [`Ledger`]; and it goes back exactly once,
+//! through [`Outbox::give_back`], naming why ([`Return`]):
 //!
 //! | path | where | [`Return`] |
 //! |---|---|---|
 //! | outbox closed when the message arrived | `admit` | `Refused` |
 //! | outbox closed when a batch's chunk arrived (each of its messages) | `admit_all` | `Refused` |
+//! | outbox closed when a message to be encoded by its sender arrived (or a batch's chunk) | `admit_framed` / `admit_framed_all` | `Refused` |
 //! | the outbound filter dropped it at publish time | IO thread, `proto::Remote::publish` | `Filtered` |
 //! | its deadline passed while it was queued | IO thread, `Remote::publish` / `Remote::sweep_queued` (tick) | `Expired` |
 //! | the peer cannot take a message that large | IO thread, `Remote::publish` | `Failed` |
 //! | a request its requester gave up (timed out, handle dropped) before it left | IO thread, `Remote::publish` / `Remote::sweep_queued` (tick) | `Withdrawn` |
 //! | a `connected_only` send whose peer disconnected while it waited for the window | `SendCore::enqueue_to` | `Refused` |
 //! | unreliable, for a disconnected peer of a journalling node | IO thread, `Remote::publish` | `Failed` |
-//! | the peer was removed / the node shut down with it queued | IO thread, `Remote::retire` | `Failed` |
+//! | the peer was removed / the node shut down with it queued (a run taken apart, each message failed) | IO thread, `Remote::retire` | `Failed` |
 //! | published, then credited back by the receiver | IO thread, `Remote::on_ack` via [`Ledger::credit`] | `Credited` |
 //! | published, then the peer restarted, forgot us or was removed | IO thread, `Remote::bind` / `Remote::forget` / `Remote::retire` via [`Ledger::retire`] | `Retired` |
 //! | published unreliable, then lost with its connection | IO thread, `Remote::establish` (handshake counts) via [`Ledger::forget`] | `Lost` |
@@ -31,7 +34,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 
 use crate::flow::{cost, Permit, RecvCredit, SendWindow};
 use crate::handoff::{Handoff, Scheduled};
@@ -263,6 +266,172 @@ fn tagged(header: &[u8], payload: &[u8]) -> Bytes {
     b.freeze()
 }
 
+/// The largest payload a sender encodes itself ([`Outbox::admit_framed`]): a larger one is
+/// queued as it is and encoded by the IO thread, so that no sender copies much while it
+/// holds the outbox's lock.
+pub const FRAMED_MAX_PAYLOAD: usize = 4 * 1024;
+
+/// A run of queued messages stops taking more once its frames reach this many bytes: the IO
+/// thread publishes a run whole, so this bounds how far past its high-water mark one run
+/// fills a connection's write buffer.
+const FRAMED_RUN_BYTES: usize = 32 * 1024;
+
+/// Room the outbox's frame buffer takes at a time when it needs more: the buffer is one
+/// allocation that successive runs are split from, reused once every run in it has been
+/// acknowledged and dropped. With a run's bytes this stays under the size at which the
+/// allocator maps and unmaps memory for each buffer (128 KiB by default for glibc).
+const FRAMED_BUFFER_BYTES: usize = 64 * 1024;
+
+/// Buffers of acknowledged runs a peer's outbox keeps for its next runs: a sender writes
+/// into a recycled buffer rather than a fresh allocation whose pages the kernel must map
+/// again. An ack retires about 1 024 messages at a time (up to four buffers of 256-byte
+/// messages), so four cover the buffers one ack frees; per peer that keeps at most
+/// 256 KiB.
+const FRAMED_FREE_BUFFERS: usize = 4;
+
+/// Reliable messages, regular or out-of-band, that their senders encoded themselves
+/// ([`Outbox::admit_framed`]), in order: data frames back to back, each with a 0 where its
+/// sequence number goes, and the permits of them all. The IO thread numbers and publishes
+/// the run whole ([`wire::number_frames`]), with no per-message work but the number and
+/// the unacked entry; a run that must go one message at a time (one of them is larger than
+/// the peer takes, or it fails unpublished) is taken apart with
+/// [`Framed::into_messages`].
+#[derive(Debug)]
+pub struct Framed {
+    frames: BytesMut,
+    count: u64,
+    payload_bytes: u64,
+    largest: usize,
+    permit: Permit,
+}
+
+impl Framed {
+    fn new(frames: BytesMut) -> Framed {
+        debug_assert!(frames.is_empty());
+        Framed {
+            frames,
+            count: 0,
+            payload_bytes: 0,
+            largest: 0,
+            permit: Permit::none(),
+        }
+    }
+
+    /// Appends one message (`flags`: [`wire::FLAG_OOB`] or 0) holding `permit`, its cost.
+    #[inline]
+    fn push(&mut self, flags: u8, payload: &[u8], permit: Permit) {
+        debug_assert_eq!(
+            permit.bytes(),
+            cost(payload.len()),
+            "a message holds its cost"
+        );
+        debug_assert!(
+            self.frames.capacity() - self.frames.len() >= wire::data_frame_len(true, payload.len()),
+            "a run never grows: its buffer has room for it"
+        );
+        wire::encode_unnumbered(&mut self.frames, flags, payload);
+        self.count += 1;
+        self.payload_bytes += payload.len() as u64;
+        self.largest = self.largest.max(payload.len());
+        self.permit.absorb(permit);
+    }
+
+    /// Messages in the run.
+    pub fn len(&self) -> u64 {
+        self.count
+    }
+
+    /// Whether the run holds no message.
+    #[cfg(any(test, cohort_internals))]
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// Payload bytes of its messages.
+    pub fn payload_bytes(&self) -> u64 {
+        self.payload_bytes
+    }
+
+    /// Its largest payload.
+    pub fn largest(&self) -> usize {
+        self.largest
+    }
+
+    /// Window bytes its messages hold: the sum of their costs.
+    #[cfg(any(test, cohort_internals))]
+    pub fn cost(&self) -> u64 {
+        self.permit.bytes()
+    }
+
+    /// The run taken apart to be published whole: its frames (unnumbered), and its permits.
+    pub fn into_frames(self) -> (BytesMut, Permit) {
+        (self.frames, self.permit)
+    }
+
+    /// The run as the messages it holds, in order, each with its own permit: what a run
+    /// that cannot be published whole becomes. Their payloads are slices of the run's bytes.
+    pub fn into_messages(self) -> Vec<Outgoing> {
+        let Framed {
+            frames,
+            count,
+            mut permit,
+            ..
+        } = self;
+        let frames = frames.freeze();
+        let mut msgs = Vec::with_capacity(count as usize);
+        for (flags, payload) in wire::numbered_frames(&frames) {
+            let p = permit.take(cost(payload.len()));
+            msgs.push(Outgoing {
+                payload: frames.slice(payload),
+                flags,
+                deadline: None,
+                permit: p,
+                owed: None,
+            });
+        }
+        debug_assert_eq!(
+            permit.bytes(),
+            0,
+            "the run's permits all went to its messages"
+        );
+        msgs
+    }
+}
+
+/// What the outbox queues, in the order it was admitted: a message as its sender gave it,
+/// or a run of messages their senders encoded.
+#[derive(Debug)]
+pub enum Queued {
+    /// One message, encoded when it is published ([`Outbox::admit`]).
+    One(Outgoing),
+    /// Messages encoded by their senders ([`Outbox::admit_framed`]).
+    Framed(Framed),
+}
+
+#[cfg(any(test, cohort_internals))]
+impl Queued {
+    /// Messages it holds.
+    pub fn len(&self) -> u64 {
+        match self {
+            Queued::One(_) => 1,
+            Queued::Framed(f) => f.len(),
+        }
+    }
+
+    /// Whether it holds no message (never, once queued).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Window bytes its messages hold.
+    pub fn cost(&self) -> u64 {
+        match self {
+            Queued::One(m) => m.cost(),
+            Queued::Framed(f) => f.cost(),
+        }
+    }
+}
+
 /// Why permits went back to a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(usize)]
@@ -292,7 +461,15 @@ const RETURNS: usize = 8;
 
 #[derive(Debug, Default)]
 struct Queue {
-    msgs: VecDeque<Outgoing>,
+    msgs: VecDeque<Queued>,
+    /// The last of `msgs` is a run senders still add to.
+    open: bool,
+    /// The room left in the buffer the last run was written in, for the next run.
+    spare: BytesMut,
+    /// Buffers the IO thread handed back ([`Outbox::recycle`]) once every run written in
+    /// them was acknowledged: the next buffers, without an allocation (at most
+    /// `FRAMED_FREE_BUFFERS`).
+    free: Vec<BytesMut>,
     closed: bool,
     /// Messages and payload bytes ever admitted: counted under the lock that admits them
     /// (no extra atomic on the send path, and never behind what the IO thread has taken).
@@ -300,18 +477,54 @@ struct Queue {
     accepted_bytes: u64,
 }
 
+impl Queue {
+    /// Opens a run at the back of the queue (ending the open one) whose first frame takes
+    /// `need` bytes: in the room left in the last run's buffer, else in a buffer handed
+    /// back, else in a new one. A run never grows its buffer: one that is full ends, and
+    /// the next starts in another buffer, so no frame is ever copied twice here.
+    fn start_run(&mut self, need: usize) {
+        self.close_run();
+        let mut frames = std::mem::take(&mut self.spare);
+        if frames.capacity() < need {
+            let want = need.max(FRAMED_BUFFER_BYTES);
+            frames = match self.free.pop() {
+                Some(mut b) => {
+                    // Held by nobody else: `reserve` takes its whole allocation back.
+                    b.reserve(want);
+                    b
+                }
+                None => BytesMut::with_capacity(want),
+            };
+        }
+        self.open = true;
+        self.msgs.push_back(Queued::Framed(Framed::new(frames)));
+    }
+
+    /// Ends the open run, if any: the next framed message starts another, in the room its
+    /// buffer has left (split off, not copied).
+    #[inline]
+    fn close_run(&mut self) {
+        if std::mem::take(&mut self.open) {
+            if let Some(Queued::Framed(f)) = self.msgs.back_mut() {
+                let len = f.frames.len();
+                self.spare = f.frames.split_off(len);
+            }
+        }
+    }
+}
+
 /// A peer's send window and queue of accepted, unpublished messages.
 ///
 /// ```
 /// use cohort::internals::flow::cost;
-/// use cohort::internals::peer::{self, Outbox, Return};
+/// use cohort::internals::peer::{self, Outbox, Queued, Return};
 /// let ob = Outbox::new(1024);
 /// let payload = cohort::Bytes::from_static(b"hi");
 /// let permit = ob.window().try_acquire(cost(payload.len())).unwrap();
 /// ob.admit(peer::outgoing(payload, false, None, permit)).unwrap();
 /// let mut taken = std::collections::VecDeque::new();
 /// ob.take_into(&mut taken);
-/// let m = taken.pop_front().unwrap();
+/// let Some(Queued::One(m)) = taken.pop_front() else { unreachable!("one message") };
 /// let cost = m.cost();
 /// ob.give_back(Return::Filtered, peer::into_permit(m));
 /// assert_eq!(ob.window().available(), 1024);
@@ -350,10 +563,63 @@ impl Outbox {
             self.give_back(Return::Refused, permit);
             return Err(m);
         }
+        q.close_run();
         q.accepted += 1;
         q.accepted_bytes += m.payload.len() as u64;
-        q.msgs.push_back(m);
+        q.msgs.push_back(Queued::One(m));
         Ok(())
+    }
+
+    /// Queues a reliable message (`oob`: out of band) of at most [`FRAMED_MAX_PAYLOAD`]
+    /// bytes, whose cost the caller has taken from the window as `permit`, encoded here as
+    /// the frame it travels in (its sequence number written when it is published), and
+    /// counts it *accepted*. If the outbox is closed its permits go back at once
+    /// (`Return::Refused`) and it returns `false`.
+    ///
+    /// The sender copies the payload into the last run of the queue ([`Framed`]), so the
+    /// IO thread publishes what senders queued a run at a time, and the payload is the
+    /// caller's again when this returns: no reference count of it crosses threads.
+    pub fn admit_framed(&self, oob: bool, payload: &[u8], permit: Permit) -> bool {
+        self.admit_framed_all(oob, std::iter::once((payload, permit)))
+    }
+
+    /// Queues every message of `msgs` (each a payload and its cost, taken as its permit)
+    /// in order, under one lock, as [`admit_framed`](Outbox::admit_framed) does for one.
+    /// If the outbox is closed nothing is queued, every permit goes back
+    /// (`Return::Refused`), and it returns `false`.
+    pub fn admit_framed_all<'p>(
+        &self,
+        oob: bool,
+        msgs: impl Iterator<Item = (&'p [u8], Permit)>,
+    ) -> bool {
+        let flags = if oob { wire::FLAG_OOB } else { 0 };
+        let mut q = self.queue.lock();
+        if q.closed {
+            drop(q);
+            let mut back = Permit::none();
+            msgs.for_each(|(_, p)| back.absorb(p));
+            self.give_back(Return::Refused, back);
+            return false;
+        }
+        let q = &mut *q;
+        for (payload, permit) in msgs {
+            debug_assert!(payload.len() <= FRAMED_MAX_PAYLOAD);
+            let need = wire::data_frame_len(true, payload.len());
+            let fits = q.open
+                && matches!(q.msgs.back(), Some(Queued::Framed(f))
+                    if f.frames.len() < FRAMED_RUN_BYTES
+                        && f.frames.capacity() - f.frames.len() >= need);
+            if !fits {
+                q.start_run(need);
+            }
+            let Some(Queued::Framed(run)) = q.msgs.back_mut() else {
+                unreachable!("the open run is the last of the queue")
+            };
+            run.push(flags, payload, permit);
+            q.accepted += 1;
+            q.accepted_bytes += payload.len() as u64;
+        }
+        true
     }
 
     /// Queues every message of `ms` in order under one lock (what [`admit`](Outbox::admit)
@@ -370,9 +636,10 @@ impl Outbox {
             }
             return false;
         }
+        q.close_run();
         q.accepted += ms.len() as u64;
         q.accepted_bytes += ms.iter().map(|m| m.payload.len() as u64).sum::<u64>();
-        q.msgs.extend(ms.drain(..));
+        q.msgs.extend(ms.drain(..).map(Queued::One));
         true
     }
 
@@ -385,8 +652,9 @@ impl Outbox {
 
     /// Moves every queued message to the back of `into` (one lock, no copy when `into` is
     /// empty: the queues are swapped).
-    pub fn take_into(&self, into: &mut VecDeque<Outgoing>) {
+    pub fn take_into(&self, into: &mut VecDeque<Queued>) {
         let mut q = self.queue.lock();
+        q.close_run();
         if into.is_empty() {
             std::mem::swap(&mut q.msgs, into);
         } else {
@@ -402,8 +670,8 @@ impl Outbox {
     pub fn next_to_publish(
         &self,
         scheduled: &Scheduled,
-        pending: &mut VecDeque<Outgoing>,
-    ) -> Option<Outgoing> {
+        pending: &mut VecDeque<Queued>,
+    ) -> Option<Queued> {
         if pending.is_empty() {
             scheduled.clear_then(|| self.take_into(pending));
         }
@@ -424,8 +692,8 @@ impl Outbox {
     /// outbox and fails every message not published — `pending`, taken earlier, and what is
     /// queued — giving their permits back as [`Return::Failed`]. Returns them, permits
     /// taken, for the caller to report.
-    pub fn fail_queued(&self, pending: &mut VecDeque<Outgoing>) -> VecDeque<Outgoing> {
-        let mut queued = std::mem::take(pending);
+    pub fn fail_queued(&self, pending: &mut VecDeque<Queued>) -> VecDeque<Outgoing> {
+        let mut queued = messages(std::mem::take(pending));
         queued.extend(self.close());
         let mut permits = Permit::none();
         for m in &mut queued {
@@ -448,12 +716,15 @@ impl Outbox {
         self.queue.lock().msgs.is_empty()
     }
 
-    /// Refuses new messages from now on and returns what is queued (the caller fails them
-    /// through [`give_back`](Outbox::give_back)).
+    /// Refuses new messages from now on and returns what is queued, one by one (the
+    /// caller fails them through [`give_back`](Outbox::give_back)).
     pub fn close(&self) -> VecDeque<Outgoing> {
         let mut q = self.queue.lock();
         q.closed = true;
-        std::mem::take(&mut q.msgs)
+        q.close_run();
+        let queued = std::mem::take(&mut q.msgs);
+        drop(q);
+        messages(queued)
     }
 
     /// Refuses new messages but keeps what is queued (shutdown: still flushed).
@@ -465,6 +736,23 @@ impl Outbox {
     #[cfg(any(test, cohort_internals))]
     pub fn is_closed(&self) -> bool {
         self.queue.lock().closed
+    }
+
+    /// The IO thread hands back `buffers`, in each of which every run the senders wrote
+    /// was acknowledged (and which nothing else holds): the next runs that need a buffer
+    /// take them instead of allocating (at most `FRAMED_FREE_BUFFERS` are kept; the rest
+    /// are freed, outside the lock). Leaves `buffers` empty.
+    pub fn recycle(&self, buffers: &mut Vec<BytesMut>) {
+        let mut q = self.queue.lock();
+        if !q.closed {
+            while q.free.len() < FRAMED_FREE_BUFFERS {
+                let Some(mut b) = buffers.pop() else { break };
+                b.clear();
+                q.free.push(b);
+            }
+        }
+        drop(q);
+        buffers.clear();
     }
 
     /// The one place permits go back to the window.
@@ -481,6 +769,18 @@ impl Outbox {
     pub fn returned(&self, why: Return) -> u64 {
         self.returned[why as usize].load(Ordering::Relaxed)
     }
+}
+
+/// The messages of `queued`, one by one, in order (runs taken apart).
+fn messages(queued: VecDeque<Queued>) -> VecDeque<Outgoing> {
+    let mut msgs = VecDeque::with_capacity(queued.len());
+    for q in queued {
+        match q {
+            Queued::One(m) => msgs.push_back(m),
+            Queued::Framed(f) => msgs.extend(f.into_messages()),
+        }
+    }
+    msgs
 }
 
 /// The IO thread's account of published messages: the permits of what was published to the
@@ -535,9 +835,10 @@ mod tests {
 
     #[derive(Debug, Clone)]
     enum Ev {
-        /// try_send of a message of this length
-        Accept(u16),
-        /// the writer takes the queue and publishes (true) or filters (false) each message
+        /// try_send of a message of this length, encoded by its sender (true) or not
+        Accept(u16, bool),
+        /// the writer takes the queue and publishes (true) or filters (false) each message;
+        /// a run it filters is taken apart first (one decision)
         Write(Vec<bool>),
         /// the peer returns this much credit
         Credit(u32),
@@ -547,56 +848,79 @@ mod tests {
 
     fn ev() -> impl Strategy<Value = Ev> {
         prop_oneof![
-            4 => (0u16..3000).prop_map(Ev::Accept),
+            4 => (0u16..3000, any::<bool>()).prop_map(|(l, f)| Ev::Accept(l, f)),
             3 => proptest::collection::vec(any::<bool>(), 0..8).prop_map(Ev::Write),
             3 => (0u32..20_000).prop_map(Ev::Credit),
             1 => Just(Ev::Remove),
         ]
     }
 
+    /// Fails what is queued and pending (what `fail_queued` does), permits back.
+    fn fail_all(ob: &Outbox, pending: &mut VecDeque<Queued>) {
+        for m in ob.fail_queued(pending) {
+            assert_eq!(m.permit.bytes(), 0, "fail_queued took the permits");
+        }
+    }
+
     proptest! {
         /// Any sequence of accept / publish / filter / credit / remove keeps
         /// `in_flight == cost(queued) + uncredited` and never releases more than was taken
-        /// (the window asserts that in debug builds).
+        /// (the window asserts that in debug builds), with messages queued one by one and
+        /// in runs their senders encoded.
         #[test]
         fn permits_are_conserved(events in proptest::collection::vec(ev(), 0..200)) {
             const W: u64 = 16 * 1024;
             let ob = Outbox::new(W);
             let mut ledger = Ledger::default();
-            let mut pending: VecDeque<Outgoing> = VecDeque::new();
-            let mut consumed_not_credited = 0u64; // what the "receiver" could still credit
+            let mut pending: VecDeque<Queued> = VecDeque::new();
+            let mut accepted = 0u64;
             for e in events {
                 match e {
-                    Ev::Accept(len) => {
+                    Ev::Accept(len, framed) => {
                         if let Ok(permit) = ob.window().try_acquire(cost(len as usize)) {
-                            let payload = Bytes::from(vec![0u8; len as usize]);
-                            let _ = ob.admit(Outgoing::new(payload, false, None, permit));
+                            let payload = Bytes::from(vec![7u8; len as usize]);
+                            let queued = if framed {
+                                ob.admit_framed(false, &payload, permit)
+                            } else {
+                                ob.admit(Outgoing::new(payload, false, None, permit)).is_ok()
+                            };
+                            accepted += u64::from(queued);
                         }
                     }
                     Ev::Write(decisions) => {
                         ob.take_into(&mut pending);
                         for publish in decisions {
-                            let Some(m) = pending.pop_front() else { break };
-                            if publish {
-                                consumed_not_credited += m.cost();
-                                ledger.publish(m.into_permit());
-                            } else {
-                                ob.give_back(Return::Filtered, m.into_permit());
+                            match pending.pop_front() {
+                                None => break,
+                                Some(Queued::One(m)) if publish => ledger.publish(m.into_permit()),
+                                Some(Queued::One(m)) => {
+                                    ob.give_back(Return::Filtered, m.into_permit());
+                                }
+                                Some(Queued::Framed(f)) if publish => {
+                                    let (frames, permit) = f.into_frames();
+                                    prop_assert!(wire::numbered_frames(&frames)
+                                        .all(|(_, p)| frames[p].iter().all(|&b| b == 7)));
+                                    ledger.publish(permit);
+                                }
+                                Some(Queued::Framed(f)) => {
+                                    let n = f.len();
+                                    let msgs = f.into_messages();
+                                    prop_assert_eq!(msgs.len() as u64, n);
+                                    for m in msgs.into_iter().rev() {
+                                        pending.push_front(Queued::One(m));
+                                    }
+                                }
                             }
                         }
                     }
                     Ev::Credit(c) => {
                         // A well-behaved receiver credits at most what it consumed; a bad one
                         // sends more, and the ledger clamps.
-                        let c = u64::from(c);
-                        consumed_not_credited = consumed_not_credited.saturating_sub(c);
-                        let back = ledger.credit(c);
+                        let back = ledger.credit(u64::from(c));
                         ob.give_back(Return::Credited, back);
                     }
                     Ev::Remove => {
-                        for m in ob.close().into_iter().chain(pending.drain(..)) {
-                            ob.give_back(Return::Failed, m.into_permit());
-                        }
+                        fail_all(&ob, &mut pending);
                         ob.give_back(Return::Retired, ledger.retire());
                     }
                 }
@@ -604,23 +928,81 @@ mod tests {
                     let mut all = VecDeque::new();
                     // Peek without consuming: take, measure, put back in order.
                     ob.take_into(&mut all);
-                    let n = all.iter().map(Outgoing::cost).sum::<u64>();
+                    let n = all.iter().map(Queued::cost).sum::<u64>();
                     let q = &mut ob.queue.lock().msgs;
                     all.extend(q.drain(..));
                     *q = all;
                     n
                 };
-                let pending_cost: u64 = pending.iter().map(Outgoing::cost).sum();
+                let pending_cost: u64 = pending.iter().map(Queued::cost).sum();
                 prop_assert_eq!(ob.window().in_flight(), queued + pending_cost + ledger.uncredited());
                 prop_assert_eq!(ob.window().available() + ob.window().in_flight(), W);
+                prop_assert_eq!(ob.accepted().0, accepted);
             }
             // Drain: publish nothing more, credit everything, fail the rest.
-            for m in ob.close().into_iter().chain(pending.drain(..)) {
-                ob.give_back(Return::Failed, m.into_permit());
-            }
+            fail_all(&ob, &mut pending);
             let back = ledger.credit(u64::MAX);
             ob.give_back(Return::Credited, back);
             prop_assert_eq!(ob.window().available(), W);
+        }
+    }
+
+    /// A run of framed messages taken apart gives each message back as it was sent, with
+    /// its own cost, in order; regular and out-of-band runs stay apart.
+    #[test]
+    fn a_run_taken_apart_is_its_messages_in_order() {
+        let ob = Outbox::new(1 << 20);
+        let payloads: Vec<Vec<u8>> = (0..50u8).map(|i| vec![i; i as usize * 3]).collect();
+        for (i, p) in payloads.iter().enumerate() {
+            let permit = ob.window().try_acquire(cost(p.len())).unwrap();
+            assert!(ob.admit_framed(i == 20, p, permit));
+        }
+        let mut pending = VecDeque::new();
+        ob.take_into(&mut pending);
+        // The out-of-band message needs its own flags: same run, its own flag byte.
+        let msgs: Vec<Outgoing> = pending
+            .drain(..)
+            .flat_map(|q| match q {
+                Queued::Framed(f) => f.into_messages(),
+                Queued::One(_) => panic!("nothing was queued unframed"),
+            })
+            .collect();
+        assert_eq!(msgs.len(), payloads.len());
+        for (i, (m, p)) in msgs.into_iter().zip(&payloads).enumerate() {
+            assert_eq!(m.payload(), &p[..]);
+            assert_eq!(m.is_oob(), i == 20);
+            assert!(m.is_reliable());
+            assert_eq!(m.permit.bytes(), cost(p.len()));
+            ob.give_back(Return::Failed, m.into_permit());
+        }
+        assert_eq!(ob.window().available(), 1 << 20);
+        assert_eq!(
+            ob.accepted(),
+            (50, payloads.iter().map(|p| p.len() as u64).sum())
+        );
+    }
+
+    /// A run stops growing at its size: the IO thread publishes runs whole, and one run
+    /// bounds how far past its mark it fills a write buffer.
+    #[test]
+    fn runs_are_bounded() {
+        let ob = Outbox::new(1 << 24);
+        let payload = [1u8; 1000];
+        for _ in 0..1000 {
+            let permit = ob.window().try_acquire(cost(payload.len())).unwrap();
+            assert!(ob.admit_framed(false, &payload, permit));
+        }
+        let mut pending = VecDeque::new();
+        ob.take_into(&mut pending);
+        assert!(pending.len() > 1);
+        assert_eq!(pending.iter().map(Queued::len).sum::<u64>(), 1000);
+        for q in pending.drain(..) {
+            let Queued::Framed(f) = q else {
+                panic!("framed")
+            };
+            let (frames, permit) = f.into_frames();
+            assert!(frames.len() < FRAMED_RUN_BYTES + wire::data_frame_len(true, 1000));
+            ob.give_back(Return::Failed, permit);
         }
     }
 
@@ -634,6 +1016,11 @@ mod tests {
         assert!(back.is_oob());
         assert_eq!(ob.window().available(), 100);
         assert_eq!(ob.returned(Return::Refused), cost(3));
+        let permit = ob.window().try_acquire(cost(3)).unwrap();
+        assert!(!ob.admit_framed(false, b"abc", permit));
+        assert_eq!(ob.window().available(), 100);
+        assert_eq!(ob.returned(Return::Refused), 2 * cost(3));
+        assert_eq!(ob.accepted(), (0, 0));
     }
 
     #[test]

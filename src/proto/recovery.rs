@@ -11,7 +11,9 @@
 
 use std::collections::VecDeque;
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
+
+use crate::wire;
 
 /// A published reliable message kept until the peer acknowledges it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +25,108 @@ pub struct Unacked {
     pub flags: u8,
     /// The bytes, kept for resend.
     pub payload: Bytes,
+}
+
+/// A published message waiting for the peer's ack, as the unacked queue holds it: one
+/// message (published from the outbox one by one, or restored from a journal), or a run of
+/// messages published together, kept as the numbered frames they went out in
+/// (`Outbox::admit_framed`): one entry, one reference count and no per-message work for the
+/// whole run.
+#[derive(Clone, Debug)]
+enum Held {
+    One(Unacked),
+    /// Messages `first .. first + count` (`count >= 1`): their frames, back to back.
+    Run {
+        first: u64,
+        count: u64,
+        frames: Bytes,
+    },
+}
+
+impl Held {
+    /// Its last sequence number.
+    fn last(&self) -> u64 {
+        match self {
+            Held::One(u) => u.seq,
+            Held::Run { first, count, .. } => first + count - 1,
+        }
+    }
+
+    /// Appends its messages to `into`, in order (a run's payloads sliced out of its frames).
+    fn unpack(self, into: &mut Vec<Unacked>) {
+        match self {
+            Held::One(u) => into.push(u),
+            Held::Run { first, frames, .. } => {
+                into.extend(wire::numbered_frames(&frames).zip(first..).map(
+                    |((flags, payload), seq)| Unacked {
+                        seq,
+                        flags,
+                        payload: frames.slice(payload),
+                    },
+                ));
+            }
+        }
+    }
+}
+
+/// The messages of `held`, one by one, in order.
+fn unpack(held: VecDeque<Held>) -> Vec<Unacked> {
+    let mut msgs = Vec::with_capacity(held.len());
+    for h in held {
+        h.unpack(&mut msgs);
+    }
+    msgs
+}
+
+/// A message to resend ([`Descriptor::resume`]): its number, flags and payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Resend<'a> {
+    /// Its sequence number.
+    pub seq: u64,
+    /// Data flags it was sent with.
+    pub flags: u8,
+    /// The bytes.
+    pub payload: &'a [u8],
+}
+
+/// The unacked messages in order ([`Descriptor::resume`]).
+#[derive(Debug)]
+pub struct Resends<'a> {
+    held: std::collections::vec_deque::Iter<'a, Held>,
+    /// The run being gone through: its next number, its frames and where it is in them.
+    run: Option<(u64, &'a Bytes, wire::NumberedFrames<'a>)>,
+}
+
+impl<'a> Iterator for Resends<'a> {
+    type Item = Resend<'a>;
+
+    fn next(&mut self) -> Option<Resend<'a>> {
+        loop {
+            if let Some((seq, frames, at)) = &mut self.run {
+                if let Some((flags, payload)) = at.next() {
+                    *seq += 1;
+                    return Some(Resend {
+                        seq: *seq - 1,
+                        flags,
+                        payload: &frames[payload],
+                    });
+                }
+                self.run = None;
+            }
+            match self.held.next()? {
+                Held::One(u) => {
+                    return Some(Resend {
+                        seq: u.seq,
+                        flags: u.flags,
+                        payload: &u.payload,
+                    })
+                }
+                Held::Run { first, frames, .. } => {
+                    self.run = Some((*first, frames, wire::numbered_frames(frames)));
+                }
+            }
+        }
+    }
 }
 
 /// What [`Descriptor::accept_data`] decided about an incoming reliable message.
@@ -121,7 +225,10 @@ pub struct Descriptor {
     acked: u64,
     received: u64,
     acks_sent: u64,
-    unacked: VecDeque<Unacked>,
+    unacked: VecDeque<Held>,
+    /// Buffers whose last run was acknowledged (nothing else holds them), to be handed
+    /// back to the outbox ([`spent`](Descriptor::spent)).
+    spent: Vec<BytesMut>,
     /// Receiver side: credit returned to the peer so far (cumulative, this incarnation).
     credit_returned: u64,
     /// Receiver side: window bytes of the messages received from this incarnation
@@ -173,7 +280,7 @@ impl Descriptor {
             acked,
             received,
             acks_sent: received,
-            unacked: unacked.into(),
+            unacked: unacked.into_iter().map(Held::One).collect(),
             credit_returned,
             // Nothing received in this process is outstanding yet.
             received_cost: credit_returned,
@@ -212,7 +319,7 @@ impl Descriptor {
                 Vec::new()
             }
             Some(_) => {
-                let old = std::mem::take(&mut self.unacked).into();
+                let old = unpack(std::mem::take(&mut self.unacked));
                 *self = Descriptor {
                     remote_launch: Some(launch_id),
                     ..Descriptor::default()
@@ -227,7 +334,7 @@ impl Descriptor {
     /// unacknowledged messages are returned (undelivered), as for a new incarnation.
     pub fn reset(&mut self) -> Vec<Unacked> {
         let launch = self.remote_launch;
-        let old = std::mem::take(&mut self.unacked).into();
+        let old = unpack(std::mem::take(&mut self.unacked));
         *self = Descriptor {
             remote_launch: launch,
             ..Descriptor::default()
@@ -263,7 +370,8 @@ impl Descriptor {
     }
     /// Messages waiting for an ack.
     pub fn unacked_len(&self) -> usize {
-        self.unacked.len()
+        // The queue holds exactly `acked + 1 ..= sent`.
+        (self.sent - self.acked) as usize
     }
     /// The sequence number the next reliable message [published](Descriptor::publish) gets.
     #[inline]
@@ -277,12 +385,34 @@ impl Descriptor {
     #[inline]
     pub fn publish(&mut self, flags: u8, payload: Bytes) -> u64 {
         self.sent += 1;
-        self.unacked.push_back(Unacked {
+        self.unacked.push_back(Held::One(Unacked {
             seq: self.sent,
             flags,
             payload,
+        }));
+        self.sent
+    }
+
+    /// Publishes a run of `count` reliable messages: `frames`, their data frames back to
+    /// back, numbered from [`next_seq`](Descriptor::next_seq) (`wire::number_frames`), kept
+    /// whole for resend. Returns the last number.
+    pub fn publish_run(&mut self, count: u64, frames: Bytes) -> u64 {
+        debug_assert!(count > 0);
+        debug_assert_eq!(wire::numbered_frames(&frames).count() as u64, count);
+        let first = self.sent + 1;
+        self.sent += count;
+        self.unacked.push_back(Held::Run {
+            first,
+            count,
+            frames,
         });
         self.sent
+    }
+
+    /// Buffers every run written in which was acknowledged since they were last taken
+    /// (`Outbox::recycle` reuses them and clears this).
+    pub fn spent(&mut self) -> &mut Vec<BytesMut> {
+        &mut self.spent
     }
 
     /// Our stream jumps to `to`: the peer holds more of it than we do (our journal lost its
@@ -295,7 +425,8 @@ impl Descriptor {
         if to <= self.sent {
             return Vec::new();
         }
-        let fresh: Vec<Unacked> = self.unacked.drain(..).filter(|m| m.seq > kept).collect();
+        let mut fresh = unpack(std::mem::take(&mut self.unacked));
+        fresh.retain(|m| m.seq > kept);
         self.sent = to;
         self.acked = to;
         fresh
@@ -315,10 +446,32 @@ impl Descriptor {
         }
         // The queue is in sequence order: one search per ack finds where the retired ones
         // end, and they go in one drain (no check and pop per message).
-        let n = self.unacked.partition_point(|u| u.seq <= received);
-        self.unacked.drain(..n);
+        let n = self.unacked.partition_point(|h| h.last() <= received);
+        for h in self.unacked.drain(..n) {
+            if let Held::Run { frames, .. } = h {
+                // The last run of its buffer: the buffer is free again.
+                if let Ok(b) = frames.try_into_mut() {
+                    self.spent.push(b);
+                }
+            }
+        }
+        if let Some(Held::Run {
+            first,
+            count,
+            frames,
+        }) = self.unacked.front_mut()
+        {
+            if *first <= received {
+                // The ack ends inside a run: its acknowledged frames are let go of.
+                let acked = received + 1 - *first;
+                frames.advance(wire::numbered_frames_len(frames, acked));
+                *first += acked;
+                *count -= acked;
+            }
+        }
+        let messages = received - self.acked;
         self.acked = received;
-        Ok(Retired { messages: n as u64 })
+        Ok(Retired { messages })
     }
 
     /// Receiver side: admits a data message costing `cost` window bytes — reliable with
@@ -378,10 +531,7 @@ impl Descriptor {
 
     /// Handshake: the peer says it has received `peer_received` of our messages. Retires
     /// those and returns the rest, in order, to be resent before any new message.
-    pub fn resume(
-        &mut self,
-        peer_received: u64,
-    ) -> Result<impl Iterator<Item = &Unacked>, RecoveryError> {
+    pub fn resume(&mut self, peer_received: u64) -> Result<Resends<'_>, RecoveryError> {
         if peer_received < self.acked {
             return Err(RecoveryError::AckWentBack {
                 claimed: peer_received,
@@ -390,7 +540,10 @@ impl Descriptor {
         }
         self.on_ack(peer_received)?;
         self.connections += 1;
-        Ok(self.unacked.iter())
+        Ok(Resends {
+            held: self.unacked.iter(),
+            run: None,
+        })
     }
 
     /// Connections established with incarnation `launch_id` so far (zero if the descriptor
@@ -468,7 +621,7 @@ impl Descriptor {
 
     /// Takes every unacknowledged message out (the peer was removed or the node stopped).
     pub fn drain_unacked(&mut self) -> Vec<Unacked> {
-        std::mem::take(&mut self.unacked).into()
+        unpack(std::mem::take(&mut self.unacked))
     }
 }
 
@@ -481,6 +634,114 @@ mod tests {
         for i in 0..n {
             d.publish(crate::wire::FLAG_RELIABLE, Bytes::from(vec![i as u8; 3]));
         }
+    }
+
+    /// `payloads` encoded by their sender into `buf` and published as one run, as
+    /// `Outbox::admit_framed` and `Remote::publish` do; odd-length payloads out of band.
+    fn publish_run(d: &mut Descriptor, buf: &mut BytesMut, payloads: &[&[u8]]) -> u64 {
+        for p in payloads {
+            let flags = if p.len() % 2 == 1 { wire::FLAG_OOB } else { 0 };
+            wire::encode_unnumbered(buf, flags, p);
+        }
+        let mut frames = buf.split();
+        assert_eq!(
+            wire::number_frames(&mut frames, d.next_seq()),
+            payloads.len() as u64
+        );
+        d.publish_run(payloads.len() as u64, frames.freeze())
+    }
+
+    fn resent(d: &mut Descriptor, peer_received: u64) -> Vec<(u64, u8, Vec<u8>)> {
+        d.resume(peer_received)
+            .unwrap()
+            .map(|r| (r.seq, r.flags, r.payload.to_vec()))
+            .collect()
+    }
+
+    /// A run is retired in part by an ack that ends inside it, and what is resent is
+    /// exactly what comes after, each message with its own number, flags and bytes, in
+    /// order with the messages published one by one around it.
+    #[test]
+    fn runs_retire_in_part_and_resend_from_where_the_ack_ended() {
+        let mut d = Descriptor::new();
+        d.bind(1);
+        publish_n(&mut d, 1); // 1
+        let mut buf = BytesMut::with_capacity(1024);
+        let last = publish_run(&mut d, &mut buf, &[b"ab", b"c", b"de", b"fgh", b"ij"]); // 2..=6
+        assert_eq!(last, 6);
+        publish_n(&mut d, 1); // 7
+        assert_eq!(d.unacked_len(), 7);
+        assert_eq!(d.on_ack(3).unwrap(), Retired { messages: 3 });
+        assert_eq!(d.unacked_len(), 4);
+        let r = wire::FLAG_RELIABLE;
+        let o = wire::FLAG_OOB | r;
+        let want = vec![
+            (4, r, b"de".to_vec()),
+            (5, o, b"fgh".to_vec()),
+            (6, r, b"ij".to_vec()),
+            (7, r, vec![0, 0, 0]),
+        ];
+        assert_eq!(resent(&mut d, 3), want);
+        // A handshake that says more was received retires more, inside the run again.
+        assert_eq!(resent(&mut d, 5), want[2..].to_vec());
+        assert_eq!(d.on_ack(7).unwrap(), Retired { messages: 2 });
+        assert_eq!(d.unacked_len(), 0);
+        assert_eq!(resent(&mut d, 7), vec![]);
+    }
+
+    /// A new incarnation, a reset, a removal and a fast-forward take a run apart into the
+    /// messages it holds (what is reported undelivered, or published again), in order.
+    #[test]
+    fn runs_come_out_as_their_messages() {
+        let fill = |d: &mut Descriptor| {
+            let mut buf = BytesMut::with_capacity(64);
+            publish_n(d, 1);
+            publish_run(d, &mut buf, &[b"one", b"two!", b"three"]);
+            publish_n(d, 1);
+        };
+        let seqs = |v: &[Unacked]| v.iter().map(|u| u.seq).collect::<Vec<_>>();
+        let mut d = Descriptor::new();
+        d.bind(1);
+        fill(&mut d);
+        d.on_ack(2).unwrap();
+        let old = d.bind(2);
+        assert_eq!(seqs(&old), vec![3, 4, 5]);
+        assert_eq!(&old[0].payload[..], b"two!");
+        assert_eq!(old[0].flags, wire::FLAG_RELIABLE);
+        assert_eq!(&old[1].payload[..], b"three");
+        assert_eq!(old[1].flags, wire::FLAG_RELIABLE | wire::FLAG_OOB);
+        fill(&mut d);
+        assert_eq!(seqs(&d.reset()), vec![1, 2, 3, 4, 5]);
+        fill(&mut d);
+        assert_eq!(seqs(&d.drain_unacked()), vec![1, 2, 3, 4, 5]);
+        let mut d = Descriptor::new();
+        d.bind(1);
+        fill(&mut d);
+        let fresh = d.fast_forward(9, 2);
+        assert_eq!(seqs(&fresh), vec![3, 4, 5]);
+        assert_eq!(&fresh[0].payload[..], b"two!");
+        assert_eq!(d.unacked_len(), 0);
+    }
+
+    /// A buffer whose runs have all been acknowledged comes back to be written again (and
+    /// not before: a run still unacknowledged holds it).
+    #[test]
+    fn the_last_run_of_a_buffer_hands_the_buffer_back() {
+        let mut d = Descriptor::new();
+        d.bind(1);
+        let mut buf = BytesMut::with_capacity(4096);
+        publish_run(&mut d, &mut buf, &[b"aa", b"bb"]); // 1..=2
+        publish_run(&mut d, &mut buf, &[b"cc"]); // 3
+        drop(buf); // the sender moved on to another buffer
+        d.on_ack(2).unwrap();
+        assert!(d.spent().is_empty(), "run 3 still holds the buffer");
+        d.on_ack(3).unwrap();
+        let spent = std::mem::take(d.spent());
+        assert_eq!(spent.len(), 1);
+        let mut b = spent.into_iter().next().unwrap();
+        b.clear();
+        b.reserve(4096);
+        assert!(b.capacity() >= 4096);
     }
 
     #[test]
@@ -608,6 +869,7 @@ mod tests {
     #[derive(Debug, Clone)]
     enum Op {
         Publish(u8),
+        PublishRun(Vec<u8>),
         Ack(u64),
         Data(u64),
         AckWritten,
@@ -617,6 +879,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (1u8..50).prop_map(Op::Publish),
+            proptest::collection::vec(0u8..20, 1..6).prop_map(Op::PublishRun),
             (0u64..40).prop_map(Op::Ack),
             (0u64..40).prop_map(Op::Data),
             Just(Op::AckWritten),
@@ -635,6 +898,11 @@ mod tests {
             for o in ops {
                 match o {
                     Op::Publish(n) => { d.publish(0, Bytes::from(vec![0; n as usize])); }
+                    Op::PublishRun(lens) => {
+                        let payloads: Vec<Vec<u8>> = lens.iter().map(|&n| vec![n; n as usize]).collect();
+                        let refs: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+                        publish_run(&mut d, &mut BytesMut::new(), &refs);
+                    }
                     Op::Ack(x) => { let _ = d.on_ack(x); }
                     Op::Data(x) => { let _ = d.accept_data(Some(x), 1, u64::MAX); }
                     Op::AckWritten => { let rc = d.received(); d.ack_written(rc); }
@@ -644,9 +912,13 @@ mod tests {
                 s = d.sent(); a = d.acked(); r = d.received(); k = d.acks_sent();
                 prop_assert!(a <= s);
                 prop_assert!(k <= r);
-                let seqs: Vec<u64> = d.unacked.iter().map(|u| u.seq).collect();
+                let seqs: Vec<u64> = unpack(d.unacked.clone()).iter().map(|u| u.seq).collect();
                 let want: Vec<u64> = (a + 1..=s).collect();
-                prop_assert_eq!(seqs, want);
+                prop_assert_eq!(&seqs, &want);
+                prop_assert_eq!(d.unacked_len(), want.len());
+                // What a handshake would resend: the same messages, in order.
+                let resend: Vec<u64> = Resends { held: d.unacked.iter(), run: None }.map(|r| r.seq).collect();
+                prop_assert_eq!(resend, want);
             }
         }
     }

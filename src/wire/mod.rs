@@ -381,7 +381,6 @@ pub fn max_frame_len(max_payload: usize) -> usize {
 }
 
 /// Encoded size of a data frame.
-#[cfg(any(test, cohort_internals))]
 #[inline]
 pub fn data_frame_len(reliable: bool, payload_len: usize) -> usize {
     HEADER_BYTES + if reliable { 8 } else { 0 } + payload_len
@@ -413,6 +412,100 @@ pub fn encode_data(out: &mut Vec<u8>, flags: u8, seq: Option<u64>, payload: &[u8
     out.reserve(HEADER_BYTES + seq_len + payload.len());
     out.extend_from_slice(&header[..HEADER_BYTES + seq_len]);
     out.extend_from_slice(payload);
+}
+
+/// Appends a reliable data frame whose sequence number is not known yet: 0 stands in its
+/// place until [`number_frames`] writes it. A sender encodes its message this way before the
+/// IO thread numbers it (`Outbox::admit_framed`).
+#[inline]
+pub fn encode_unnumbered(out: &mut BytesMut, flags: u8, payload: &[u8]) {
+    let mut header = [0u8; HEADER_BYTES + 8];
+    let len = (2 + 8 + payload.len()) as u32;
+    header[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
+    header[LEN_BYTES] = kind::DATA;
+    header[LEN_BYTES + 1] = flags | FLAG_RELIABLE;
+    out.reserve(header.len() + payload.len());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(payload);
+}
+
+/// Numbers the reliable data frames of `frames` (written by [`encode_unnumbered`], back to
+/// back) `first`, `first + 1`, … in order, and returns how many there were.
+///
+/// ```
+/// use cohort::internals::wire::{self, Frame};
+/// let mut frames = bytes::BytesMut::new();
+/// wire::encode_unnumbered(&mut frames, 0, b"a");
+/// wire::encode_unnumbered(&mut frames, wire::FLAG_OOB, b"bc");
+/// assert_eq!(wire::number_frames(&mut frames, 7), 2);
+/// let (f, used) = wire::decode(&frames, 1 << 20).unwrap().unwrap();
+/// assert_eq!(f, Frame::Data { flags: wire::FLAG_RELIABLE, seq: Some(7), payload: b"a" });
+/// let (f, _) = wire::decode(&frames[used..], 1 << 20).unwrap().unwrap();
+/// assert_eq!(f, Frame::Data { flags: wire::FLAG_OOB | wire::FLAG_RELIABLE, seq: Some(8), payload: b"bc" });
+/// ```
+pub fn number_frames(frames: &mut [u8], first: u64) -> u64 {
+    let mut at = 0;
+    let mut seq = first;
+    while let Some(next) = next_numbered(frames, at) {
+        frames[at + HEADER_BYTES..at + HEADER_BYTES + 8].copy_from_slice(&seq.to_le_bytes());
+        seq += 1;
+        at = next;
+    }
+    debug_assert_eq!(at, frames.len(), "frames encoded back to back, whole");
+    seq - first
+}
+
+/// The reliable data frames of `frames` (written by [`encode_unnumbered`], back to back), in
+/// order: each one's flags and where its payload lies.
+pub fn numbered_frames(frames: &[u8]) -> NumberedFrames<'_> {
+    NumberedFrames { frames, at: 0 }
+}
+
+/// Bytes the first `n` reliable data frames of `frames` take (written by
+/// [`encode_unnumbered`], back to back): where frame `n + 1` starts.
+pub fn numbered_frames_len(frames: &[u8], n: u64) -> usize {
+    let mut at = 0;
+    for _ in 0..n {
+        match next_numbered(frames, at) {
+            Some(next) => at = next,
+            None => break,
+        }
+    }
+    at
+}
+
+/// Iterator of [`numbered_frames`]: `(flags, payload range)` per frame.
+#[derive(Debug)]
+pub struct NumberedFrames<'a> {
+    frames: &'a [u8],
+    at: usize,
+}
+
+impl Iterator for NumberedFrames<'_> {
+    type Item = (u8, std::ops::Range<usize>);
+
+    #[inline]
+    fn next(&mut self) -> Option<Self::Item> {
+        let at = self.at;
+        let next = next_numbered(self.frames, at)?;
+        self.at = next;
+        Some((self.frames[at + LEN_BYTES + 1], at + HEADER_BYTES + 8..next))
+    }
+}
+
+/// Where the reliable data frame at `at` of `frames` ends, or `None` at the end (or at
+/// anything but a whole reliable data frame: not what [`encode_unnumbered`] writes).
+#[inline]
+fn next_numbered(frames: &[u8], at: usize) -> Option<usize> {
+    let header = frames.get(at..at + HEADER_BYTES + 8)?;
+    let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    let end = at + LEN_BYTES + len;
+    let whole = header[LEN_BYTES] == kind::DATA
+        && header[LEN_BYTES + 1] & FLAG_RELIABLE != 0
+        && len >= 2 + 8
+        && end <= frames.len();
+    debug_assert!(whole, "not a whole reliable data frame at {at}");
+    whole.then_some(end)
 }
 
 /// Appends an ack frame.

@@ -8,7 +8,9 @@ use std::time::Instant;
 
 use super::Remote;
 use crate::journal::Record;
-use crate::peer::{Counters, Failure, Ledger, Outgoing, PeerInfo, PeerShared, Return};
+use crate::peer::{
+    Counters, Failure, Framed, Ledger, Outgoing, PeerInfo, PeerShared, Queued, Return,
+};
 use crate::proto::endpoint::{Config, Output, Produced};
 use crate::proto::link::Link;
 use crate::proto::recovery::{Descriptor, RecoveryError, Unacked};
@@ -121,10 +123,39 @@ impl Remote {
         let mut written = 0;
         // Clear before taking (`next_to_publish`): a send that pushes after this
         // reschedules the peer.
-        while let Some(mut m) = shared
+        while let Some(q) = shared
             .outbox
             .next_to_publish(&shared.scheduled, &mut self.outbound.pending)
         {
+            let mut m = match q {
+                Queued::One(m) => m,
+                Queued::Framed(f) => {
+                    match link.as_deref_mut() {
+                        Some(l)
+                            if f.largest() <= self.outbound.peer_max_message
+                                && !out.journal_open() =>
+                        {
+                            if l.unwritten() >= high {
+                                self.outbound.pending.push_front(Queued::Framed(f));
+                                shared.scheduled.hold(); // as for one message, below
+                                break;
+                            }
+                            let ledger = &mut self.outbound.ledger;
+                            written = publish_framed(&mut self.desc, ledger, l, f, &mut tally);
+                        }
+                        // One by one, through the checks below: a message larger than the
+                        // peer takes (its limit learnt after it was queued) fails alone,
+                        // and a journal records each message (a journalling node does not
+                        // frame at send; this keeps it right if one did).
+                        _ => {
+                            for m in f.into_messages().into_iter().rev() {
+                                self.outbound.pending.push_front(Queued::One(m));
+                            }
+                        }
+                    }
+                    continue;
+                }
+            };
             let stop = match link.as_deref() {
                 Some(l) => l.unwritten() >= high,
                 // A message with a ttl waits for a connection (or its expiry, by the
@@ -133,7 +164,7 @@ impl Remote {
                 None => m.deadline.is_some() && high != usize::MAX,
             };
             if stop {
-                self.outbound.pending.push_front(m);
+                self.outbound.pending.push_front(Queued::One(m));
                 // The socket is backed up: the writable event resumes this peer. Stay
                 // marked scheduled so that senders do not wake the IO thread for
                 // nothing on every message meanwhile.
@@ -275,6 +306,9 @@ impl Remote {
         self.attempt = 0; // the peer took the connection: backoff starts over
         let acked = self.desc.acked();
         self.desc.on_ack(received)?;
+        if !self.desc.spent().is_empty() {
+            self.shared.outbox.recycle(self.desc.spent());
+        }
         if self.desc.acked() > acked {
             self.acked_at = Some(now);
             self.note_unacked();
@@ -315,7 +349,7 @@ impl Remote {
 /// window bytes published and not yet credited back, and what the peer accepts.
 pub(crate) struct Outbound {
     /// Taken from the shared outbox, not yet published (the socket buffer was full).
-    pub(super) pending: VecDeque<Outgoing>,
+    pub(super) pending: VecDeque<Queued>,
     /// Window bytes published and not yet credited back by the peer.
     pub(super) ledger: Ledger,
     /// Largest payload the peer accepts (from its handshake).
@@ -362,21 +396,25 @@ impl Outbound {
         let withdrawn = |m: &Outgoing| {
             withdrawals && request_of(m).is_some_and(|id| !shared.requests.is_waiting(id))
         };
+        // A run its senders encoded holds neither: no ttl, no request.
+        let gone = |q: &Queued| matches!(q, Queued::One(m) if expired(m) || withdrawn(m));
         let (mut n, mut bytes, mut w, mut w_bytes) = (0u64, 0u64, 0u64, 0u64);
         let mut lost = Vec::new();
-        if self.pending.iter().any(|m| expired(m) || withdrawn(m)) {
+        if self.pending.iter().any(gone) {
             let queued = std::mem::take(&mut self.pending);
-            for m in queued {
-                if withdrawn(&m) {
-                    w += 1;
-                    w_bytes += m.payload.len() as u64;
-                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
-                } else if expired(&m) {
-                    n += 1;
-                    bytes += m.payload.len() as u64;
-                    lost.push(unsent(shared, Return::Expired, m));
-                } else {
-                    self.pending.push_back(m);
+            for q in queued {
+                match q {
+                    Queued::One(m) if withdrawn(&m) => {
+                        w += 1;
+                        w_bytes += m.payload.len() as u64;
+                        shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+                    }
+                    Queued::One(m) if expired(&m) => {
+                        n += 1;
+                        bytes += m.payload.len() as u64;
+                        lost.push(unsent(shared, Return::Expired, m));
+                    }
+                    q => self.pending.push_back(q),
                 }
             }
         }
@@ -407,13 +445,16 @@ impl Outbound {
     ) -> u64 {
         shared.outbox.take_into(&mut self.pending);
         let (mut w, mut w_bytes) = (0u64, 0u64);
-        for m in std::mem::take(&mut self.pending) {
-            if request_of(&m).is_some_and(|id| !shared.requests.is_waiting(id)) {
-                w += 1;
-                w_bytes += m.payload.len() as u64;
-                shared.outbox.give_back(Return::Withdrawn, m.into_permit());
-            } else {
-                self.pending.push_back(m);
+        for q in std::mem::take(&mut self.pending) {
+            match q {
+                Queued::One(m)
+                    if request_of(&m).is_some_and(|id| !shared.requests.is_waiting(id)) =>
+                {
+                    w += 1;
+                    w_bytes += m.payload.len() as u64;
+                    shared.outbox.give_back(Return::Withdrawn, m.into_permit());
+                }
+                q => self.pending.push_back(q),
             }
         }
         count_withdrawn(cfg, shared, w, w_bytes);
@@ -433,6 +474,32 @@ impl Outbound {
         report_unsent(shared, out, lost);
         n
     }
+}
+
+/// Publishes a run of messages their senders encoded ([`Framed`]) to `link`: numbers its
+/// frames in place from the descriptor's next sequence number, writes them whole, puts the
+/// run into the unacked queue as one entry (its numbered frames, kept for resend) and its
+/// permits into `ledger`, and counts them sent. Returns the last sequence number.
+// Not inlined into `publish`: its loop is the whole per-message cost of a run.
+#[inline(never)]
+fn publish_framed(
+    desc: &mut Descriptor,
+    ledger: &mut Ledger,
+    link: &mut Link,
+    run: Framed,
+    tally: &mut Tally,
+) -> u64 {
+    let (count, bytes) = (run.len(), run.payload_bytes());
+    let (mut frames, permit) = run.into_frames();
+    let first = desc.next_seq();
+    let numbered = wire::number_frames(&mut frames, first);
+    debug_assert_eq!(numbered, count);
+    link.wbuf.extend_from_slice(&frames);
+    desc.publish_run(count, frames.freeze());
+    ledger.publish(permit);
+    tally.sent += count;
+    tally.sent_bytes += bytes;
+    first + count - 1
 }
 
 /// The id of `m` if it is a request.
