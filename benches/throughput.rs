@@ -12,6 +12,9 @@
 //!   frame and counts it. 4→1 (8→1) is four (eight) connections, each with its own sender
 //!   thread.
 //!
+//! - `cohort_fresh` and `raw_tcp_fresh`: the same, each message a payload of its own that
+//!   the sending thread allocates and writes (as applications send; the other cases share
+//!   one payload per sender, its reference count taken per send).
 //! - `cohort_uds` and `raw_uds` (1→1 only): the `cohort` and `raw_tcp` cases over
 //!   Unix-domain sockets (the nodes listen on socket files, `Addr::unix`; the baseline is a
 //!   `UnixStream` pair), so the summary lines give UDS against TCP loopback, for cohort and
@@ -48,6 +51,16 @@ const SIZES: [(usize, &str); 2] = [(64, "64B"), (1024, "1KiB")];
 
 /// Longest wait for one batch to be counted before the bench fails.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How a batch's messages get their payloads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Payloads {
+    /// One payload per sender, its reference count taken per send (`Bytes::clone`).
+    Shared,
+    /// Each message a payload of its own, allocated and written by the sending thread as
+    /// an application makes one (`common::fresh_payload`); raw TCP writes the same.
+    Fresh,
+}
 
 /// Which side of the comparison a batch is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,6 +151,11 @@ impl CohortFanIn {
     /// Sends `n` messages (split evenly over the sources) with `opts` and waits until all
     /// are counted.
     fn run_batch(&self, n: u64, payload: &Bytes, opts: SendOptions) {
+        self.run_batch_of(n, payload, opts, Payloads::Shared)
+    }
+
+    /// `run_batch`, the payloads made as `payloads` says.
+    fn run_batch_of(&self, n: u64, payload: &Bytes, opts: SendOptions, payloads: Payloads) {
         let per_source = n / self.sources.len() as u64;
         self.received.expect_each(per_source);
         let send_all = |(i, source): (usize, &Node)| {
@@ -147,6 +165,15 @@ impl CohortFanIn {
             // first byte names the source to the sink's count.
             let mut own = payload.to_vec();
             own[0] = i as u8;
+            if payloads == Payloads::Fresh {
+                for k in 0..per_source {
+                    let p = Bytes::from(common::fresh_payload(&own, k));
+                    source
+                        .send_with("sink", p, opts)
+                        .expect("cohort: send to the sink");
+                }
+                return;
+            }
             let payload = Bytes::from(own);
             for _ in 0..per_source {
                 source
@@ -208,11 +235,20 @@ impl RawFanIn {
     /// Writes `n` frames (split evenly over the connections), flushes, and waits until the
     /// readers have counted them all.
     fn run_batch(&mut self, n: u64, payload: &[u8]) {
+        self.run_batch_of(n, payload, Payloads::Shared)
+    }
+
+    /// `run_batch`, the payloads made as `payloads` says.
+    fn run_batch_of(&mut self, n: u64, payload: &[u8], payloads: Payloads) {
         let per_writer = n / self.writers.len() as u64;
         let target = self.received.expect(per_writer * self.writers.len() as u64);
         let write_all = |w: &mut BufWriter<RawStream>| {
-            for _ in 0..per_writer {
-                common::write_frame(w, payload).expect("raw TCP: write");
+            for k in 0..per_writer {
+                let written = match payloads {
+                    Payloads::Shared => common::write_frame(w, payload),
+                    Payloads::Fresh => common::write_frame(w, &common::fresh_payload(payload, k)),
+                };
+                written.expect("raw TCP: write");
             }
             w.flush().expect("raw TCP: flush");
         };
@@ -284,6 +320,17 @@ fn fan_in(c: &mut Criterion, senders: usize) {
                 })
             })
         });
+        // Each message a payload of its own, as applications send (against raw TCP
+        // writing the same below): what a shared payload hides is the payload's reference
+        // count and allocation crossing threads.
+        let fresh_samples = Samples::new(n);
+        group.bench_function("cohort_fresh", |b| {
+            b.iter_custom(|iters| {
+                time_batches(iters, &fresh_samples, || {
+                    rig.run_batch_of(n, &payload, SendOptions::new(), Payloads::Fresh)
+                })
+            })
+        });
         rig.shutdown();
         let uds_samples = (senders == 1 && cfg!(unix)).then(|| {
             let samples = Samples::new(n);
@@ -323,6 +370,14 @@ fn fan_in(c: &mut Criterion, senders: usize) {
         group.bench_function("raw_tcp", |b| {
             b.iter_custom(|iters| time_batches(iters, &raw_samples, || raw.run_batch(n, &payload)))
         });
+        let raw_fresh_samples = Samples::new(n);
+        group.bench_function("raw_tcp_fresh", |b| {
+            b.iter_custom(|iters| {
+                time_batches(iters, &raw_fresh_samples, || {
+                    raw.run_batch_of(n, &payload, Payloads::Fresh)
+                })
+            })
+        });
         raw.shutdown();
         let raw_uds_samples = (senders == 1 && cfg!(unix)).then(|| {
             let samples = Samples::new(n);
@@ -337,6 +392,11 @@ fn fan_in(c: &mut Criterion, senders: usize) {
 
         if !common::test_mode() {
             summarize(&name, &cohort_samples, &raw_samples);
+            summarize(
+                &format!("{name} (fresh payloads)"),
+                &fresh_samples,
+                &raw_fresh_samples,
+            );
             if let (Some(uds), Some(raw_uds)) = (&uds_samples, &raw_uds_samples) {
                 compare(&name, "cohort", uds, &cohort_samples);
                 compare(&name, "raw", raw_uds, &raw_samples);

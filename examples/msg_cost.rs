@@ -2,11 +2,13 @@
 //! `size` bytes to one sink node in this process (as `benches/throughput.rs` does), or, with
 //! `--raw`, the same over raw TCP connections (u32-length frames, 64 KiB buffers). With
 //! `--batch N` each source sends `N` messages per `send_batch` instead of one per `send`; with
-//! `--to`, through a `PeerSender` (`Node::to`) instead of by name.
+//! `--to`, through a `PeerSender` (`Node::to`) instead of by name. With `--fresh` every message
+//! is a payload of its own, allocated and written by the sending thread as an application
+//! makes one (by default one payload is shared, its reference count taken per send).
 //! Prints the process's CPU time (every thread, from `/proc/self/stat`) per message.
 //!
 //! ```text
-//! cargo run --release --example msg_cost -- [--senders N] [--size B] [--count C] [--batch N] [--to] [--block] [--raw]
+//! cargo run --release --example msg_cost -- [--senders N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--block] [--raw]
 //! valgrind --tool=callgrind target/release/examples/msg_cost --block --count 20000
 //! ```
 //!
@@ -80,14 +82,32 @@ fn wait_for(counts: &Counts, target: u64) -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-fn cohort(
-    senders: usize,
-    size: usize,
-    count: u64,
+/// A payload of its own for message `k`: `template` (its first byte names the source) with
+/// `k` written after that byte, allocated here, as an application makes each message.
+fn fresh(template: &[u8], k: u64) -> Vec<u8> {
+    let mut v = template.to_vec();
+    let n = v.len().saturating_sub(1).min(8);
+    v[1..1 + n].copy_from_slice(&k.to_le_bytes()[..n]);
+    v
+}
+
+/// How a run of `msg_cost` sends: `batch` messages per call, through a `PeerSender`
+/// (`bound`), a payload of its own per message (`fresh`), nodes that block when idle.
+#[derive(Clone, Copy)]
+struct Mode {
     batch: u64,
     block: bool,
     bound: bool,
-) -> Result<(), Box<dyn Error>> {
+    fresh: bool,
+}
+
+fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box<dyn Error>> {
+    let Mode {
+        batch,
+        block,
+        bound,
+        fresh: own_payloads,
+    } = mode;
     let received = Arc::new(Counts::new(senders));
     let counter = received.clone();
     let idle = |b: cohort::Builder| {
@@ -130,8 +150,24 @@ fn cohort(
                 // names the source.
                 let mut own = payload.clone();
                 own[0] = i as u8;
-                let payload = Bytes::from(own);
-                if batch > 1 {
+                let next = |k: u64| -> Bytes {
+                    if own_payloads {
+                        Bytes::from(fresh(&own, k))
+                    } else {
+                        Bytes::from(own.clone())
+                    }
+                };
+                let payload = Bytes::from(own.clone());
+                if own_payloads && batch <= 1 {
+                    let sink = source.to("sink").expect("the sink is a peer");
+                    for k in 0..per {
+                        if bound {
+                            sink.send(next(k)).expect("send to the sink");
+                        } else {
+                            source.send("sink", next(k)).expect("send to the sink");
+                        }
+                    }
+                } else if batch > 1 {
                     let mut left = per;
                     while left > 0 {
                         let n = left.min(batch);
@@ -164,7 +200,12 @@ fn cohort(
     Ok(())
 }
 
-fn raw(senders: usize, size: usize, count: u64) -> Result<(), Box<dyn Error>> {
+fn raw(
+    senders: usize,
+    size: usize,
+    count: u64,
+    fresh_payloads: bool,
+) -> Result<(), Box<dyn Error>> {
     let received = Arc::new(Counts::new(senders));
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let mut writers = Vec::new();
@@ -197,10 +238,14 @@ fn raw(senders: usize, size: usize, count: u64) -> Result<(), Box<dyn Error>> {
         for w in writers.iter_mut() {
             let payload = &payload;
             s.spawn(move || {
-                for _ in 0..per {
+                for k in 0..per {
                     w.write_all(&(payload.len() as u32).to_le_bytes())
                         .expect("write");
-                    w.write_all(payload).expect("write");
+                    if fresh_payloads {
+                        w.write_all(&fresh(payload, k)).expect("write");
+                    } else {
+                        w.write_all(payload).expect("write");
+                    }
                 }
                 w.flush().expect("flush");
             });
@@ -228,7 +273,7 @@ fn report(n: u64, started: Instant, cpu: Option<Duration>) {
 }
 
 const USAGE: &str = "\
-usage: msg_cost [--senders N] [--size B] [--count C] [--batch N] [--to] [--block] [--raw]
+usage: msg_cost [--senders N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--block] [--raw]
 
 The CPU time per message of N source nodes sending to one sink node in this process.
   --senders N   source nodes (default 1)
@@ -236,24 +281,31 @@ The CPU time per message of N source nodes sending to one sink node in this proc
   --count C     messages in all (default 1000000)
   --batch N     each source sends N messages per send_batch (default 1: send)
   --to          send through a PeerSender (Node::to) instead of by name
+  --fresh       each message a payload of its own, allocated and written by the sender
   --block       both nodes block when idle (IdleStrategy::Block): repeatable counts
   --raw         the same over raw TCP connections instead of cohort
   -h, --help    this text
 ";
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let (mut senders, mut size, mut count, mut batch, mut block, mut raw_tcp, mut bound) =
-        (1usize, 64usize, 1_000_000u64, 1u64, false, false, false);
+    let (mut senders, mut size, mut count, mut raw_tcp) = (1usize, 64usize, 1_000_000u64, false);
+    let mut mode = Mode {
+        batch: 1,
+        block: false,
+        bound: false,
+        fresh: false,
+    };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--senders" => senders = args.next().ok_or("--senders N")?.parse()?,
             "--size" => size = args.next().ok_or("--size B")?.parse()?,
             "--count" => count = args.next().ok_or("--count C")?.parse()?,
-            "--batch" => batch = args.next().ok_or("--batch N")?.parse()?,
-            "--block" => block = true,
+            "--batch" => mode.batch = args.next().ok_or("--batch N")?.parse()?,
+            "--block" => mode.block = true,
             "--raw" => raw_tcp = true,
-            "--to" => bound = true,
+            "--to" => mode.bound = true,
+            "--fresh" => mode.fresh = true,
             "-h" | "--help" => {
                 print!("{USAGE}");
                 return Ok(());
@@ -265,8 +317,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         return Err("--senders: at most 256 (a message's first byte names its source)".into());
     }
     if raw_tcp {
-        raw(senders.max(1), size, count)
+        raw(senders.max(1), size, count, mode.fresh)
     } else {
-        cohort(senders.max(1), size, count, batch, block, bound)
+        cohort(senders.max(1), size, count, mode)
     }
 }

@@ -301,6 +301,15 @@ pub(crate) fn listen_addr(over: Over, dir: &std::path::Path, name: &str) -> coho
     }
 }
 
+/// The payload of message `k` as an application makes one: allocated and written by the
+/// sending thread, `template` with `k` after its first byte (which names the source).
+pub(crate) fn fresh_payload(template: &[u8], k: u64) -> Vec<u8> {
+    let mut v = template.to_vec();
+    let n = v.len().saturating_sub(1).min(8);
+    v[1..1 + n].copy_from_slice(&k.to_le_bytes()[..n]);
+    v
+}
+
 /// Writes one baseline frame: the payload's length as a little-endian `u32`, then the
 /// payload.
 pub(crate) fn write_frame<W: Write>(w: &mut W, payload: &[u8]) -> io::Result<()> {
