@@ -109,12 +109,28 @@ fn a_message_larger_than_the_peer_accepts_fails_its_send_once_the_limit_is_known
 /// limit is known, and kept while the receiver is away: a larger send fails at once.
 #[test]
 fn a_message_queued_before_the_handshake_and_larger_than_the_peer_accepts_is_reported() {
+    queued_before_the_handshake("t-losses-queued-large", LIMIT);
+}
+
+/// The same with every message small enough for its sender to encode it into the
+/// outbox's runs: the run holding the large ones is taken apart at publish, its large
+/// messages reported in send order and the small ones delivered, each once.
+#[test]
+fn a_message_encoded_at_send_and_larger_than_the_peer_accepts_is_reported() {
+    queued_before_the_handshake("t-losses-queued-large-framed", 256);
+}
+
+/// Messages alternately `limit / 2` and `2 * limit` bytes queued before the receiver,
+/// whose limit is `limit`, is up; see the tests above.
+fn queued_before_the_handshake(cluster: &str, limit: usize) {
     const N: u64 = 20;
+    let (small, large) = (limit / 2, 2 * limit);
+    let interleaved = |i: u64| payload(i, if i % 2 == 0 { small } else { large });
     let held = HeldAddr::new();
     let reports: Reports = Arc::default();
     let r = reports.clone();
     let a = Node::builder("a")
-        .cluster("t-losses-queued-large")
+        .cluster(cluster)
         .peer("b", held.addr())
         .redial_quickly()
         .on_undelivered(move |peer, msgs| r.lock().expect("reports").push((peer.to_owned(), msgs)))
@@ -125,8 +141,8 @@ fn a_message_queued_before_the_handshake_and_larger_than_the_peer_accepts_is_rep
             .expect("queued: the limit is not known yet");
     }
     let delivered = Counter::new();
-    let b = receiver_b("t-losses-queued-large", held.addr())
-        .max_message(LIMIT)
+    let b = receiver_b(cluster, held.addr())
+        .max_message(limit)
         .on_message(delivered.handler())
         .start()
         .expect("b starts");
@@ -158,24 +174,24 @@ fn a_message_queued_before_the_handshake_and_larger_than_the_peer_accepts_is_rep
     assert_eq!((s.accepted, s.sent, s.failed), (N, N / 2, N / 2));
     assert_eq!(delivered.get() + lost.len() as u64, N);
     // The limit is known now, and kept while b is away.
-    let e = a.send("b", payload(N, LARGE)).expect_err("too large for b");
+    let e = a.send("b", payload(N, large)).expect_err("too large for b");
     assert!(
-        matches!(e.error(), Error::TooLarge { max, .. } if *max == LIMIT),
+        matches!(e.error(), Error::TooLarge { max, .. } if *max == limit),
         "{e}"
     );
     b.shutdown(SHUTDOWN).expect("b shuts down");
     wait_until("a sees b gone", PATIENCE, || !is_connected(&a, "b"));
     let e = a
-        .send("b", payload(N + 1, LARGE))
+        .send("b", payload(N + 1, large))
         .expect_err("still too large");
     assert!(matches!(e.error(), Error::TooLarge { .. }), "{e}");
-    assert_eq!(&e.into_inner()[..], &payload(N + 1, LARGE)[..]);
-    a.send("b", payload(N + 2, SMALL))
+    assert_eq!(&e.into_inner()[..], &payload(N + 1, large)[..]);
+    a.send("b", payload(N + 2, small))
         .expect("a small one is queued for b's return");
     a.shutdown(SHUTDOWN).expect("a shuts down");
     assert_eq!(
         reported(&reports).last().map(|b| b.to_vec()),
-        Some(payload(N + 2, SMALL)),
+        Some(payload(N + 2, small)),
         "the message still queued at shutdown is reported too"
     );
 }

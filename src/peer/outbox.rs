@@ -269,7 +269,7 @@ fn tagged(header: &[u8], payload: &[u8]) -> Bytes {
 /// The largest payload a sender encodes itself ([`Outbox::admit_framed`]): a larger one is
 /// queued as it is and encoded by the IO thread, so that no sender copies much while it
 /// holds the outbox's lock.
-pub const FRAMED_MAX_PAYLOAD: usize = 4 * 1024;
+pub const FRAMED_MAX_PAYLOAD: usize = 1024;
 
 /// A run of queued messages stops taking more once its frames reach this many bytes: the IO
 /// thread publishes a run whole, so this bounds how far past its high-water mark one run
@@ -879,7 +879,8 @@ mod tests {
                     Ev::Accept(len, framed) => {
                         if let Ok(permit) = ob.window().try_acquire(cost(len as usize)) {
                             let payload = Bytes::from(vec![7u8; len as usize]);
-                            let queued = if framed {
+                            // Only a payload up to the limit is encoded by its sender.
+                            let queued = if framed && payload.len() <= FRAMED_MAX_PAYLOAD {
                                 ob.admit_framed(false, &payload, permit)
                             } else {
                                 ob.admit(Outgoing::new(payload, false, None, permit)).is_ok()
