@@ -153,6 +153,10 @@ fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>, held: &mut Permit) {
                 );
                 published.extend(payloads);
                 held.absorb(permit);
+                // As an ack of the run would, but at once: the buffer may still be shared
+                // with the room the next run is written in (the shipping IO thread hands
+                // back only a buffer nothing else holds; `recycle` is safe either way), so
+                // the hand-back races the senders' next runs under the outbox's lock.
                 peer.outbox.recycle(&mut vec![frames]);
             }
         }

@@ -285,8 +285,9 @@ const FRAMED_BUFFER_BYTES: usize = 64 * 1024;
 /// Buffers of acknowledged runs a peer's outbox keeps for its next runs: a sender writes
 /// into a recycled buffer rather than a fresh allocation whose pages the kernel must map
 /// again. An ack retires about 1 024 messages at a time (up to four buffers of 256-byte
-/// messages), so four cover the buffers one ack frees; per peer that keeps at most
-/// 256 KiB.
+/// messages), so four cover the buffers one ack frees. Per peer that keeps at most
+/// 256 KiB idle, besides the buffer runs are being written in (64 KiB); a closed outbox
+/// lets them all go.
 const FRAMED_FREE_BUFFERS: usize = 4;
 
 /// Reliable messages, regular or out-of-band, that their senders encoded themselves
@@ -369,7 +370,9 @@ impl Framed {
     }
 
     /// The run as the messages it holds, in order, each with its own permit: what a run
-    /// that cannot be published whole becomes. Their payloads are slices of the run's bytes.
+    /// that cannot be published whole becomes. Their payloads are copied out of the run
+    /// (a rare path): a payload the application keeps from a report does not hold the
+    /// buffer the run was written in.
     pub fn into_messages(self) -> Vec<Outgoing> {
         let Framed {
             frames,
@@ -377,12 +380,11 @@ impl Framed {
             mut permit,
             ..
         } = self;
-        let frames = frames.freeze();
         let mut msgs = Vec::with_capacity(count as usize);
         for (flags, payload) in wire::numbered_frames(&frames) {
             let p = permit.take(cost(payload.len()));
             msgs.push(Outgoing {
-                payload: frames.slice(payload),
+                payload: Bytes::copy_from_slice(&frames[payload]),
                 flags,
                 deadline: None,
                 permit: p,
@@ -723,7 +725,10 @@ impl Outbox {
         q.closed = true;
         q.close_run();
         let queued = std::mem::take(&mut q.msgs);
+        // No run will be written again: the buffers go (freed outside the lock).
+        let buffers = (std::mem::take(&mut q.spare), std::mem::take(&mut q.free));
         drop(q);
+        drop(buffers);
         messages(queued)
     }
 
@@ -741,7 +746,9 @@ impl Outbox {
     /// The IO thread hands back `buffers`, in each of which every run the senders wrote
     /// was acknowledged (and which nothing else holds): the next runs that need a buffer
     /// take them instead of allocating (at most `FRAMED_FREE_BUFFERS` are kept; the rest
-    /// are freed, outside the lock). Leaves `buffers` empty.
+    /// are freed, outside the lock). Leaves `buffers` empty. A buffer some other handle
+    /// still shares would be safe here too, only of no use: views of one allocation never
+    /// overlap, and `reserve` allocates afresh when it cannot take the whole allocation.
     pub fn recycle(&self, buffers: &mut Vec<BytesMut>) {
         let mut q = self.queue.lock();
         if !q.closed {

@@ -52,7 +52,9 @@ impl Held {
         }
     }
 
-    /// Appends its messages to `into`, in order (a run's payloads sliced out of its frames).
+    /// Appends its messages to `into`, in order (a run's payloads copied out of its frames:
+    /// a rare path, and a payload the application keeps from a report then does not hold
+    /// the buffer the run was written in).
     fn unpack(self, into: &mut Vec<Unacked>) {
         match self {
             Held::One(u) => into.push(u),
@@ -61,7 +63,7 @@ impl Held {
                     |((flags, payload), seq)| Unacked {
                         seq,
                         flags,
-                        payload: frames.slice(payload),
+                        payload: Bytes::copy_from_slice(&frames[payload]),
                     },
                 ));
             }

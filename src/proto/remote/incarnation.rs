@@ -257,6 +257,10 @@ impl Remote {
             }
             Err(e) => Err(e),
         };
+        if !self.desc.spent().is_empty() {
+            // Runs the peer's count acknowledged: their buffers are free again.
+            self.shared.outbox.recycle(self.desc.spent());
+        }
         match resumed {
             Ok(()) => {}
             Err(RecoveryError::AckWentBack { claimed, acked })
