@@ -286,8 +286,8 @@ const FRAMED_BUFFER_BYTES: usize = 64 * 1024;
 /// into a recycled buffer rather than a fresh allocation whose pages the kernel must map
 /// again. An ack retires about 1 024 messages at a time (up to four buffers of 256-byte
 /// messages), so four cover the buffers one ack frees. Per peer that keeps at most
-/// 256 KiB idle, besides the buffer runs are being written in (64 KiB); a closed outbox
-/// lets them all go.
+/// 256 KiB, besides the buffer runs are being written in (64 KiB), while it is busy: a
+/// peer found idle at a tick ([`Outbox::release_buffers`]) or closed lets them all go.
 const FRAMED_FREE_BUFFERS: usize = 4;
 
 /// Reliable messages, regular or out-of-band, that their senders encoded themselves
@@ -762,6 +762,28 @@ impl Outbox {
         buffers.clear();
     }
 
+    /// Lets the run buffers go — the room left in the last one and those kept for reuse —
+    /// when no run is open: the IO thread's tick calls it for a peer with nothing queued
+    /// and nothing unacknowledged, so an idle peer holds no buffer (the next message
+    /// encoded by its sender takes a new one). The buffers are freed outside the lock.
+    pub fn release_buffers(&self) {
+        let mut q = self.queue.lock();
+        if q.open || (q.free.is_empty() && q.spare.capacity() == 0) {
+            return;
+        }
+        let buffers = (std::mem::take(&mut q.spare), std::mem::take(&mut q.free));
+        drop(q);
+        drop(buffers);
+    }
+
+    /// Buffer bytes the outbox holds for runs not yet written: the room left in the last
+    /// buffer and the buffers kept for reuse.
+    #[cfg(any(test, cohort_internals))]
+    pub fn spare_bytes(&self) -> usize {
+        let q = self.queue.lock();
+        q.spare.capacity() + q.free.iter().map(BytesMut::capacity).sum::<usize>()
+    }
+
     /// The one place permits go back to the window.
     pub fn give_back(&self, why: Return, permit: Permit) {
         let bytes = permit.bytes();
@@ -988,6 +1010,42 @@ mod tests {
             ob.accepted(),
             (50, payloads.iter().map(|p| p.len() as u64).sum())
         );
+    }
+
+    /// Buffers handed back are reused by the next runs, at most `FRAMED_FREE_BUFFERS` are
+    /// kept, and an idle peer's release (or a close) lets every one go.
+    #[test]
+    fn buffers_are_reused_and_let_go() {
+        let ob = Outbox::new(1 << 24);
+        let mut handed = Vec::new();
+        for _ in 0..FRAMED_FREE_BUFFERS + 2 {
+            handed.push(BytesMut::with_capacity(FRAMED_BUFFER_BYTES));
+        }
+        ob.recycle(&mut handed);
+        assert!(handed.is_empty());
+        assert_eq!(ob.spare_bytes(), FRAMED_FREE_BUFFERS * FRAMED_BUFFER_BYTES);
+        // A run too large for the room left takes a kept buffer, not a new allocation.
+        let permit = ob.window().try_acquire(cost(100)).unwrap();
+        assert!(ob.admit_framed(false, &[1u8; 100], permit));
+        let mut pending = VecDeque::new();
+        ob.take_into(&mut pending);
+        assert_eq!(
+            ob.spare_bytes(),
+            FRAMED_FREE_BUFFERS * FRAMED_BUFFER_BYTES - wire::data_frame_len(true, 100),
+            "the run was written in a kept buffer, its room left over"
+        );
+        ob.release_buffers();
+        assert_eq!(ob.spare_bytes(), 0, "an idle peer holds no buffer");
+        let Some(Queued::Framed(run)) = pending.pop_front() else {
+            panic!("one run")
+        };
+        ob.give_back(Return::Failed, run.into_frames().1);
+        ob.recycle(&mut vec![BytesMut::with_capacity(1024)]);
+        assert!(ob.spare_bytes() > 0);
+        assert!(ob.close().is_empty());
+        assert_eq!(ob.spare_bytes(), 0, "a closed outbox holds no buffer");
+        ob.recycle(&mut vec![BytesMut::with_capacity(1024)]);
+        assert_eq!(ob.spare_bytes(), 0, "nor takes one back");
     }
 
     /// A run stops growing at its size: the IO thread publishes runs whole, and one run

@@ -1,6 +1,6 @@
 //! The housekeeping tick and the probes: a credit probe for senders parked on an empty
 //! window, a warning per long block, round-trip probes, residual credit, expiry of queued
-//! messages while disconnected.
+//! messages while disconnected, an idle peer's run buffers let go.
 
 use std::time::Instant;
 
@@ -13,8 +13,9 @@ use crate::wire;
 impl Remote {
     /// The housekeeping tick: a credit probe for senders parked on an empty window (once
     /// per probe interval), a warning per long block, residual credit once the sender's
-    /// queue is idle, expiry of queued messages while disconnected. Returns whether bytes
-    /// were written to `link`.
+    /// queue is idle, expiry of queued messages while disconnected, and the run buffers
+    /// of a peer with nothing queued or unacknowledged let go. Returns whether bytes were
+    /// written to `link`.
     pub(crate) fn tick(
         &mut self,
         cfg: &Config,
@@ -74,6 +75,11 @@ impl Remote {
         {
             // What waited behind an expired message is journalled now.
             self.publish(cfg, out, None, cfg.write_high_water, now);
+        }
+        if self.desc.unacked_len() == 0 && !self.outbound.has_queued(&self.shared) {
+            // Nothing queued, nothing unacknowledged: the peer's run buffers go, so an
+            // idle peer holds none.
+            self.shared.outbox.release_buffers();
         }
         wrote
     }

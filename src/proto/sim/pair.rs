@@ -162,6 +162,10 @@ fn handshake_data_and_acks() {
     let mut sim = Sim::new(settings_with(2));
     sim.pump();
     send_n(&mut sim, A, 3);
+    assert!(
+        sim.m[A].peers[0].shared.outbox.spare_bytes() > 0,
+        "alpha encoded runs: their buffer is held while messages are in flight"
+    );
     send_n(&mut sim, B, 1);
     sim.pump();
     assert_eq!(sim.m[B].delivered_len(), 3);
@@ -174,6 +178,15 @@ fn handshake_data_and_acks() {
     assert_eq!((sim.m[A].desc().acked(), sim.m[B].desc().acked()), (3, 1));
     sim.settle();
     sim.check_complete();
+    // Idle, everything acknowledged: the tick lets the run buffers go.
+    sim.advance(1000);
+    for s in [A, B] {
+        assert_eq!(
+            sim.m[s].peers[0].shared.outbox.spare_bytes(),
+            0,
+            "member {s}"
+        );
+    }
 }
 
 /// A probe (the sender's window ran dry) reaching a member that holds no credit is answered
