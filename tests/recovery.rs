@@ -109,6 +109,26 @@ impl ProxiedMesh {
 /// one connect, resends happened, some cuts landed mid-frame, nothing failed or was reported
 /// undelivered, no protocol error was seen (a cut mid-frame is an EOF, not a malformed
 /// frame), and every window is whole again.
+/// A builder per name of `names` in `cluster`, redialling quickly, whose handler is the
+/// order check of the same place in `checks`; `more` adds the test's own settings.
+fn checked(
+    names: &[&str],
+    checks: &[Arc<OrderCheck>],
+    cluster: &str,
+    more: impl Fn(Builder) -> Builder,
+) -> Vec<Builder> {
+    names
+        .iter()
+        .zip(checks)
+        .map(|(name, check)| {
+            more(Node::builder(name))
+                .cluster(cluster)
+                .redial_quickly()
+                .on_message(check.handler())
+        })
+        .collect()
+}
+
 #[test]
 fn three_members_200k_each_way_through_cutting_proxies() {
     const COUNT: u64 = 200_000;
@@ -118,17 +138,7 @@ fn three_members_200k_each_way_through_cutting_proxies() {
     const MIN_CUTS: u64 = 3;
     let started = Instant::now();
     let checks = NAMES.map(|_| OrderCheck::new());
-    let builders = NAMES
-        .iter()
-        .zip(&checks)
-        .map(|(name, check)| {
-            Node::builder(name)
-                .cluster("t-cut")
-                .pool_threads(2)
-                .redial_quickly()
-                .on_message(check.handler())
-        })
-        .collect();
+    let builders = checked(&NAMES, &checks, "t-cut", |b| b.pool_threads(2));
     let mesh = ProxiedMesh::start(builders, SEED, 512);
     let nodes = &mesh.nodes;
     wait_mesh_connected(nodes);
@@ -297,16 +307,7 @@ fn framed_and_whole_messages_keep_one_order_through_cuts() {
     const COUNT: u64 = 30_000;
     const NAMES: [&str; 2] = ["mix-a", "mix-b"];
     let checks = NAMES.map(|_| OrderCheck::new());
-    let builders = NAMES
-        .iter()
-        .zip(&checks)
-        .map(|(name, check)| {
-            Node::builder(name)
-                .cluster("t-mixed")
-                .redial_quickly()
-                .on_message(check.handler())
-        })
-        .collect();
+    let builders = checked(&NAMES, &checks, "t-mixed", |b| b);
     let mesh = ProxiedMesh::start(builders, 0x00C0_FFEE_2026_1206, 700);
     let nodes = &mesh.nodes;
     wait_mesh_connected(nodes);
