@@ -13,7 +13,7 @@ use super::{Error, ReplyFailure, SendError, TrySendError};
 use crate::flow::{cost, AcquireError};
 use crate::net::{IoShared, PeerMap};
 use crate::peer::{Failure, Found, Owed, Slot};
-use crate::peer::{Outgoing, PeerShared, PeerState, Return, FRAMED_MAX_PAYLOAD};
+use crate::peer::{Outgoing, PeerShared, PeerState, Return, FRAMED_MAX_PAYLOAD, FRAMED_RUN_BYTES};
 use crate::sync::atomic::{AtomicBool, Ordering};
 use crate::sync::{Arc, SharedStr};
 use crate::wire;
@@ -1235,9 +1235,6 @@ impl SendCore {
         /// The most messages a chunk takes: the IO thread may publish the first ones
         /// while the sender builds the next chunk.
         const CHUNK: usize = 64;
-        /// The most window bytes of a chunk the sender encodes itself: the outbox's lock
-        /// is held while it copies them.
-        const FRAMED_CHUNK_BYTES: u64 = 32 * 1024;
         let max_message = self.max_message.min(peer.peer_max_message());
         if let Some(len) = payloads.iter().map(Bytes::len).find(|&l| l > max_message) {
             let e = Error::TooLarge {
@@ -1256,9 +1253,9 @@ impl SendCore {
             let (mut n, mut total) = (0, 0);
             for p in rest.as_slice().iter().take(CHUNK) {
                 let c = cost(p.len());
-                // Encoded by this thread under the outbox's lock, a chunk copies at most
-                // `FRAMED_CHUNK_BYTES`.
-                let framed_full = self.frame && total + c > FRAMED_CHUNK_BYTES;
+                // Encoded by this thread under the outbox's lock, a chunk copies no more
+                // than a run holds.
+                let framed_full = self.frame && total + c > FRAMED_RUN_BYTES as u64;
                 if n > 0 && (total + c > most || framed_full) {
                     break;
                 }

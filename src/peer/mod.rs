@@ -21,7 +21,9 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 pub(crate) use outbox::Owed;
-pub use outbox::{Framed, Ledger, Outbox, Outgoing, Queued, Return, FRAMED_MAX_PAYLOAD};
+pub use outbox::{
+    Framed, Ledger, Outbox, Outgoing, Queued, Return, FRAMED_MAX_PAYLOAD, FRAMED_RUN_BYTES,
+};
 pub use requests::{Failure, Requests, Slot};
 
 use crate::deliver::{MemberQueue, OobQueue, PeerCreditSink, Progress};

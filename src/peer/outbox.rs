@@ -274,7 +274,7 @@ pub const FRAMED_MAX_PAYLOAD: usize = 1024;
 /// A run of queued messages stops taking more once its frames reach this many bytes: the IO
 /// thread publishes a run whole, so this bounds how far past its high-water mark one run
 /// fills a connection's write buffer.
-const FRAMED_RUN_BYTES: usize = 32 * 1024;
+pub const FRAMED_RUN_BYTES: usize = 32 * 1024;
 
 /// Room the outbox's frame buffer takes at a time when it needs more: the buffer is one
 /// allocation that successive runs are split from, reused once every run in it has been

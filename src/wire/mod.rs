@@ -398,20 +398,27 @@ fn put_header(out: &mut Vec<u8>, body_len: usize, kind: u8, flags: u8) {
 #[inline]
 pub fn encode_data(out: &mut Vec<u8>, flags: u8, seq: Option<u64>, payload: &[u8]) {
     debug_assert_eq!(seq.is_some(), flags & FLAG_RELIABLE != 0);
+    let (header, n) = data_header(flags, seq, payload.len());
+    out.reserve(n + payload.len());
+    out.extend_from_slice(&header[..n]);
+    out.extend_from_slice(payload);
+}
+
+/// A data frame's header in one piece (length, kind, flags, sequence number), and how many
+/// of its bytes are used (the sequence number only for a reliable frame): two copies per
+/// message, not five.
+#[inline]
+fn data_header(flags: u8, seq: Option<u64>, payload_len: usize) -> ([u8; HEADER_BYTES + 8], usize) {
     let seq_len = if seq.is_some() { 8 } else { 0 };
-    // The header in one piece (length, kind, flags, sequence number): two copies per
-    // message, not five.
     let mut header = [0u8; HEADER_BYTES + 8];
-    let len = (2 + seq_len + payload.len()) as u32;
+    let len = (2 + seq_len + payload_len) as u32;
     header[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
     header[LEN_BYTES] = kind::DATA;
     header[LEN_BYTES + 1] = flags;
     if let Some(s) = seq {
         header[HEADER_BYTES..].copy_from_slice(&s.to_le_bytes());
     }
-    out.reserve(HEADER_BYTES + seq_len + payload.len());
-    out.extend_from_slice(&header[..HEADER_BYTES + seq_len]);
-    out.extend_from_slice(payload);
+    (header, HEADER_BYTES + seq_len)
 }
 
 /// Appends a reliable data frame whose sequence number is not known yet: 0 stands in its
@@ -419,13 +426,8 @@ pub fn encode_data(out: &mut Vec<u8>, flags: u8, seq: Option<u64>, payload: &[u8
 /// IO thread numbers it (`Outbox::admit_framed`).
 #[inline]
 pub fn encode_unnumbered(out: &mut BytesMut, flags: u8, payload: &[u8]) {
-    let mut header = [0u8; HEADER_BYTES + 8];
-    let len = (2 + 8 + payload.len()) as u32;
-    header[..LEN_BYTES].copy_from_slice(&len.to_le_bytes());
-    header[LEN_BYTES] = kind::DATA;
-    header[LEN_BYTES + 1] = flags | FLAG_RELIABLE;
-    out.reserve(header.len() + payload.len());
-    out.extend_from_slice(&header);
+    let (header, n) = data_header(flags | FLAG_RELIABLE, Some(0), payload.len());
+    out.extend_from_slice(&header[..n]);
     out.extend_from_slice(payload);
 }
 
