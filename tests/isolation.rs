@@ -459,3 +459,66 @@ fn a_handler_blocked_past_the_idle_timeout_stalls_only_its_sender_and_is_not_sil
     check.assert_ok();
     shutdown_all(&[a, other, b]);
 }
+
+/// The frames one read brings are admitted as one run up to whatever is not the next
+/// message: a duplicate among them is counted and dropped, an unreliable message keeps its
+/// place, and a gap closes the connection with what came before it delivered once, in
+/// order.
+#[test]
+fn a_duplicate_inside_a_read_is_dropped_and_a_gap_closes_after_what_came_before() {
+    let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let g = got.clone();
+    let b = Node::builder("runs-b")
+        .cluster(CLUSTER)
+        .allow_unknown_members(true)
+        .on_message(move |d: Delivery| {
+            let mut g = g.lock().expect("not poisoned");
+            g.push((d.seq(), d.payload().to_vec()));
+        })
+        .start()
+        .expect("start b");
+    let me = raw::identity(CLUSTER, "runs-raw", 1 << 20, None);
+    let mut s = raw::dial(b.local_addr(), me, b.name(), PATIENCE);
+    // (sequence number, payload) in the order written; `None`: unreliable.
+    let frames: [(Option<u64>, &[u8]); 9] = [
+        (Some(1), b"one"),
+        (Some(2), b"two"),
+        (Some(3), b"three"),
+        (Some(2), b"two again"),
+        (None, b"unreliable"),
+        (Some(4), b"four"),
+        (Some(5), b"five"),
+        (Some(7), b"seven, after a gap"),
+        (Some(8), b"eight"),
+    ];
+    let mut buf = Vec::new();
+    for (seq, payload) in frames {
+        let flags = if seq.is_some() {
+            wire::FLAG_RELIABLE
+        } else {
+            0
+        };
+        wire::encode_data(&mut buf, flags, seq, payload);
+    }
+    s.write_all(&buf).expect("write the frames at once");
+    assert_eq!(raw::closed_with(&mut s), Some(CloseCode::Protocol));
+    let want: Vec<(Option<u64>, Vec<u8>)> = [
+        (Some(1), &b"one"[..]),
+        (Some(2), b"two"),
+        (Some(3), b"three"),
+        (None, b"unreliable"),
+        (Some(4), b"four"),
+        (Some(5), b"five"),
+    ]
+    .into_iter()
+    .map(|(s, p)| (s, p.to_vec()))
+    .collect();
+    wait_until("the messages before the gap delivered", PATIENCE, || {
+        got.lock().expect("not poisoned").len() >= want.len()
+    });
+    assert_eq!(*got.lock().expect("not poisoned"), want);
+    let p = peer_stats(&b, "runs-raw");
+    assert_eq!((p.received, p.duplicates), (6, 1), "{}", b.stats());
+    assert_eq!(b.stats().connections.protocol_errors, 1, "{}", b.stats());
+    shutdown_all(&[b]);
+}

@@ -28,8 +28,9 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::internals::deliver::{CreditSink, MemberQueue, Run, RunFrame, RunOutcome};
+use cohort::internals::deliver::{CreditSink, MemberQueue, Run, RunOutcome};
 use cohort::internals::flow::cost;
+use cohort::internals::wire;
 use cohort::Delivery;
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -46,12 +47,12 @@ enum Mode {
     Journalling,
 }
 
-/// The sequence number of message `i` of producer `p`. Plain: `i` (the models check the
-/// order per producer). Journalling: distinct numbers (producer 0: 1, 2; producer 1: 11),
+/// The sequence number of message `i` of producer `p`. Plain: `i + 1` (the models check
+/// the order per producer). Journalling: distinct numbers (producer 0: 1, 2; producer 1: 11),
 /// and producer 1's second message is unreliable.
 fn seq(mode: Mode, p: u8, i: u8) -> Option<u64> {
     match mode {
-        Mode::Plain => Some(u64::from(i)),
+        Mode::Plain => Some(u64::from(i) + 1),
         Mode::Journalling => (p == 0 || i == 0).then(|| u64::from(p) * 10 + u64::from(i) + 1),
     }
 }
@@ -386,21 +387,21 @@ fn producers_push_batches_budget_3() {
 }
 
 /// Producer `p`'s messages as one [`Run`], as the IO thread queues the regular messages of
-/// one read: one buffer holding them behind frame headers, and where each lies.
+/// one read: their data frames, back to back in one buffer.
 fn run_of(mode: Mode, p: u8) -> Run {
     let mut buf = Vec::new();
-    let mut frames = Vec::new();
+    let mut bytes = 0;
     for i in 0..PER_PRODUCER {
-        buf.extend_from_slice(&[0xFF; 3]); // a frame header, not part of any payload
-        let start = buf.len();
-        buf.extend_from_slice(message(mode, p, i).payload());
-        frames.push(RunFrame {
-            start,
-            len: payload_len(p, i),
-            seq: seq(mode, p, i),
-        });
+        let seq = seq(mode, p, i);
+        let flags = if seq.is_some() {
+            wire::FLAG_RELIABLE
+        } else {
+            0
+        };
+        wire::encode_data(&mut buf, flags, seq, message(mode, p, i).payload());
+        bytes += payload_len(p, i) as u64;
     }
-    Run::new(Bytes::from(buf), 0, frames)
+    Run::new(Bytes::from(buf), 0, usize::from(PER_PRODUCER), bytes)
 }
 
 /// Each producer pushes its messages as one run (the IO thread's item for the messages of

@@ -27,6 +27,7 @@ use bytes::Bytes;
 use super::{Delivery, NodeRef, Origin};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Arc, Mutex, SharedStr};
+use crate::wire;
 
 const RUNNING: usize = 0b01;
 const NOTIFIED: usize = 0b10;
@@ -94,73 +95,87 @@ impl Segment {
     }
 }
 
-/// Where one message of a [`Run`] lies in the run's bytes, and its sequence number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RunFrame {
-    /// Offset of the payload in the run's bytes.
-    pub start: usize,
-    /// Payload length.
-    pub len: usize,
-    /// Sequence number (reliable messages).
-    pub seq: Option<u64>,
-}
-
 /// Regular messages of one sender, of one stream epoch, in order, that one read brought:
-/// the read's bytes, taken off the read buffer once, and where each message lies in them.
-/// The deliverer slices each message's payload out as it delivers it.
+/// their data frames as they came, taken off the read buffer once. The IO thread checks and
+/// counts the frames; the deliverer finds each message in them ([`wire::read_regular`])
+/// and slices its payload out as it delivers it.
 #[derive(Debug)]
 pub struct Run {
-    buf: Bytes,
+    /// `count` regular data frames, back to back.
+    frames: Bytes,
     epoch: u32,
-    frames: Vec<RunFrame>,
-    /// Frames before this one were taken off by a deliverer that split the run.
-    next: usize,
+    count: usize,
+    /// Payload bytes of the messages.
+    bytes: u64,
 }
 
 impl Run {
-    /// The messages at `frames` of `buf`, of stream epoch `epoch`.
+    /// The `count` messages (`payload_bytes` bytes of payload) whose regular data frames
+    /// (each one that [`wire::peek_regular`] finds) lie back to back in `frames`, of stream
+    /// epoch `epoch`.
     ///
     /// # Panics
-    /// If a frame lies outside `buf` (in debug builds, at once; otherwise when it is
-    /// delivered).
-    pub fn new(buf: Bytes, epoch: u32, frames: Vec<RunFrame>) -> Run {
-        debug_assert!(frames.iter().all(|f| f.start + f.len <= buf.len()));
-        Run {
-            buf,
-            epoch,
+    /// In debug builds, if `frames` does not hold exactly that.
+    pub fn new(frames: Bytes, epoch: u32, count: usize, payload_bytes: u64) -> Run {
+        let run = Run {
             frames,
-            next: 0,
-        }
+            epoch,
+            count,
+            bytes: payload_bytes,
+        };
+        debug_assert_eq!(
+            {
+                let (mut n, mut at, mut bytes) = (0, 0, 0);
+                while let Some(r) = wire::peek_regular(&run.frames[at..], usize::MAX) {
+                    (n, at, bytes) = (n + 1, at + r.total, bytes + (r.total - r.header) as u64);
+                }
+                (n, at, bytes)
+            },
+            (count, run.frames.len(), payload_bytes),
+            "a run's frames are exactly its messages' regular data frames"
+        );
+        run
     }
 
     /// Messages in the run.
     pub fn len(&self) -> usize {
-        self.frames.len() - self.next
+        self.count
     }
 
     /// Whether the run holds no message.
     #[cfg(any(test, cohort_internals))]
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.count == 0
     }
 
     /// Payload bytes of its messages.
     pub fn payload_bytes(&self) -> u64 {
-        self.frames[self.next..].iter().map(|f| f.len as u64).sum()
+        self.bytes
     }
 
-    /// Takes the run's first `n` messages off as a run of their own, sharing the bytes
-    /// (copying only their places: a long run split by many budgets is copied once).
-    fn take_front(&mut self, n: usize) -> Run {
-        let end = self.next + n;
-        let front = Run {
-            buf: self.buf.clone(),
+    /// Hands its first `n` messages (all of them, if it has fewer) to `each` in order: each
+    /// payload, sliced from the run's bytes, and its sequence number. Returns the rest, as
+    /// a run, if any is left.
+    #[inline]
+    fn deliver_front(self, n: usize, mut each: impl FnMut(Bytes, Option<u64>)) -> Option<Run> {
+        let (mut at, mut taken, mut taken_bytes) = (0, 0, 0);
+        while taken < n.min(self.count) {
+            // Checked as they were read (`wire::peek_regular`): every frame is found.
+            let Some(r) = wire::read_regular(&self.frames[at..]) else {
+                debug_assert!(false, "a run's frame lies within its bytes");
+                break;
+            };
+            each(self.frames.slice(at + r.header..at + r.total), r.seq);
+            at += r.total;
+            taken += 1;
+            taken_bytes += (r.total - r.header) as u64;
+        }
+        (taken < self.count).then(|| Run {
+            frames: self.frames.slice(at..),
             epoch: self.epoch,
-            frames: self.frames[self.next..end].to_vec(),
-            next: 0,
-        };
-        self.next = end;
-        front
+            count: self.count - taken,
+            bytes: self.bytes - taken_bytes,
+        })
     }
 }
 
@@ -343,6 +358,10 @@ impl MemberQueue {
             // afterwards, and the idle transition below fails. Acquire pairs with the
             // producers' Release.
             self.state.fetch_and(!NOTIFIED, Ordering::AcqRel);
+            // Of the batch's last item, a run that crosses the budget: the messages to
+            // deliver now. The rest goes back to the front of the queue once they are
+            // delivered (found in the run's bytes as they are, not walked twice).
+            let mut split = None;
             let n = {
                 let mut q = self.queue.lock();
                 let room = budget - done;
@@ -350,25 +369,21 @@ impl MemberQueue {
                     std::mem::swap(&mut q.items, &mut batch);
                     std::mem::take(&mut q.messages)
                 } else {
-                    // Whole items up to the budget; a run that crosses it is split, its
-                    // rest left at the front.
+                    // Whole items up to the budget, and the run that crosses it.
                     let mut taken = 0;
                     while taken < room {
-                        let Some(front) = q.items.front_mut() else {
+                        let Some(item) = q.items.pop_front() else {
                             break;
                         };
-                        let item = match front {
-                            Queued::Run(run) if run.len() > room - taken => {
-                                Queued::Run(run.take_front(room - taken))
-                            }
-                            _ => match q.items.pop_front() {
-                                Some(item) => item,
-                                None => break,
-                            },
-                        };
-                        taken += item.len();
+                        if item.len() > room - taken {
+                            split = Some(room - taken);
+                            taken = room;
+                        } else {
+                            taken += item.len();
+                        }
                         batch.push_back(item);
                     }
+                    // The rest of a split run stays counted: it goes back.
                     q.messages -= taken;
                     taken
                 }
@@ -405,22 +420,31 @@ impl MemberQueue {
                     seqs.push(seq);
                 }
             };
-            for item in batch.drain(..) {
+            let last = batch.len().wrapping_sub(1);
+            for (i, item) in batch.drain(..).enumerate() {
                 match item {
                     Queued::One(d) => deliver(d),
                     // Each payload sliced out of the run's bytes as it is delivered.
                     Queued::Run(run) => {
-                        let shared = (run.len() > 1).then(|| {
+                        let (epoch, take) = match split.filter(|_| i == last) {
+                            Some(k) => (run.epoch, k),
+                            None => (run.epoch, run.len()),
+                        };
+                        let shared = (take > 1).then(|| {
                             &*origin.get_or_insert_with(|| {
                                 Arc::new(Origin::new(self.name.clone(), node.cloned()))
                             })
                         });
-                        for f in &run.frames[run.next..] {
-                            let payload = run.buf.slice(f.start..f.start + f.len);
+                        let rest = run.deliver_front(take, |payload, seq| {
                             deliver(match shared {
-                                Some(o) => Delivery::of_run(o, payload, f.seq, run.epoch),
-                                None => Delivery::unnamed(payload, f.seq).in_epoch(run.epoch),
-                            });
+                                Some(o) => Delivery::of_run(o, payload, seq, epoch),
+                                None => Delivery::unnamed(payload, seq).in_epoch(epoch),
+                            })
+                        });
+                        if let Some(rest) = rest {
+                            // Only the deliverer takes from the queue: the front is still
+                            // where the rest was.
+                            self.queue.lock().items.push_front(Queued::Run(rest));
                         }
                     }
                 }
@@ -504,22 +528,16 @@ mod tests {
         fn idle(&self) {}
     }
 
-    /// `n` payloads of 1..=n bytes, each holding its index, behind 6-byte headers in one
-    /// buffer, as a run of epoch `epoch` with sequence numbers from `first`.
+    /// `n` payloads of 1..=n bytes, each holding its sequence number, in reliable data
+    /// frames in one buffer, as a run of epoch `epoch` with sequence numbers from `first`.
     fn run(n: usize, first: u64, epoch: u32) -> Run {
         let mut buf = Vec::new();
-        let mut frames = Vec::new();
         for i in 0..n {
-            buf.extend_from_slice(&[0xEE; 6]);
-            let start = buf.len();
-            buf.extend(std::iter::repeat_n((first as usize + i) as u8, i + 1));
-            frames.push(RunFrame {
-                start,
-                len: i + 1,
-                seq: Some(first + i as u64),
-            });
+            let seq = first + i as u64;
+            let payload = vec![seq as u8; i + 1];
+            wire::encode_data(&mut buf, wire::FLAG_RELIABLE, Some(seq), &payload);
         }
-        Run::new(Bytes::from(buf), epoch, frames)
+        Run::new(Bytes::from(buf), epoch, n, (n * (n + 1) / 2) as u64)
     }
 
     /// Runs, split by the budget wherever it falls, and single messages between them come

@@ -13,7 +13,7 @@ mod room;
 
 pub use credit::PeerCreditSink;
 pub use inbox::{Inbox, InboxIter, InboxRecv, InboxTryIter, RecvError};
-pub use member::{CreditSink, MemberQueue, Queued, Run, RunFrame, RunOutcome};
+pub use member::{CreditSink, MemberQueue, Queued, Run, RunOutcome};
 pub use oob::{OobQueue, OobRun};
 pub(crate) use pool::on_pool_thread;
 pub use pool::{Handler, Next, Pool, PoolStats, Task, TaskQueue};

@@ -131,6 +131,19 @@ impl<'a> Iterator for Resends<'a> {
     }
 }
 
+/// What [`Descriptor::accept_frames`] admitted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Accepted {
+    /// Messages.
+    pub count: usize,
+    /// Bytes of their frames.
+    pub len: usize,
+    /// Payload bytes.
+    pub bytes: u64,
+    /// Window bytes they cost.
+    pub cost: u64,
+}
+
 /// What [`Descriptor::accept_data`] decided about an incoming reliable message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
@@ -512,6 +525,50 @@ impl Descriptor {
             None => self.unreliable_received += cost,
         }
         Ok(Receive::Deliver)
+    }
+
+    /// Receiver side: admits the regular data frames at the front of `frames` (each that
+    /// [`wire::peek_regular`] finds under `max`) from a peer whose window is `window`, as
+    /// [`accept_data`](Descriptor::accept_data) admits each, in one pass: no per-message
+    /// call, the counters updated once. Stops before the first frame that is not the next
+    /// reliable message (a duplicate or a gap) or would take the peer past `window` — for
+    /// the caller to take on its own, with `accept_data`, which reports it — or that is not
+    /// a complete regular frame, and after the first that brings the frames' cost past
+    /// `limit`.
+    // Inlined: its loop is the receiving IO thread's whole per-message work.
+    #[inline]
+    pub fn accept_frames(
+        &mut self,
+        frames: &[u8],
+        max: usize,
+        window: u64,
+        limit: u64,
+    ) -> Accepted {
+        let room = window.saturating_sub(self.outstanding_received());
+        let mut next = self.received + 1;
+        let (mut a, mut unreliable) = (Accepted::default(), 0u64);
+        while let Some(r) = wire::peek_regular(&frames[a.len..], max) {
+            let cost = crate::flow::cost(r.total - r.header);
+            if a.cost + cost > room {
+                break;
+            }
+            match r.seq {
+                Some(seq) if seq != next => break,
+                Some(_) => next += 1,
+                None => unreliable += cost,
+            }
+            a.count += 1;
+            a.len += r.total;
+            a.bytes += (r.total - r.header) as u64;
+            a.cost += cost;
+            if a.cost > limit {
+                break;
+            }
+        }
+        self.received = next - 1;
+        self.received_cost += a.cost;
+        self.unreliable_received += unreliable;
+        a
     }
 
     /// Receiver side: window bytes received from this incarnation and not yet credited
@@ -922,6 +979,107 @@ mod tests {
                 let resend: Vec<u64> = Resends { held: d.unacked.iter(), run: None }.map(|r| r.seq).collect();
                 prop_assert_eq!(resend, want);
             }
+        }
+    }
+
+    /// A frame for [`accept_frames_admits_as_accept_data_does`]: a reliable message with
+    /// this sequence number and payload length, or an unreliable one, or bytes that are not
+    /// a regular frame (an out-of-band message).
+    #[derive(Debug, Clone)]
+    enum In {
+        Reliable(u64, u8),
+        Unreliable(u8),
+        Oob(u8),
+    }
+
+    fn frame_in() -> impl Strategy<Value = In> {
+        prop_oneof![
+            8 => (1u64..12, 0u8..60).prop_map(|(s, n)| In::Reliable(s, n)),
+            2 => (0u8..60).prop_map(In::Unreliable),
+            1 => (0u8..60).prop_map(In::Oob),
+        ]
+    }
+
+    proptest! {
+        /// `accept_frames` admits exactly the frames that `accept_data`, called on each in
+        /// turn, delivers — up to the first it would not (a duplicate, a gap, past the
+        /// window), the first that is not a regular frame, the first over `max`, or just
+        /// after the cost passes `limit` — and leaves the descriptor as those calls do;
+        /// whatever it stops at, `accept_data` then reports as it would have.
+        #[test]
+        fn accept_frames_admits_as_accept_data_does(
+            ins in proptest::collection::vec(frame_in(), 0..24),
+            received in 0u64..4,
+            returned in 0u64..200,
+            window in 0u64..1500,
+            // Any, or exactly the cost of the first few frames.
+            limit in prop_oneof![Just(None), Just(Some(u64::MAX)), (0u64..1500).prop_map(Some)],
+            limit_at in 0usize..6,
+            max in prop_oneof![Just(usize::MAX), 20usize..80],
+            cut in 0usize..8,
+        ) {
+            let mut buf = Vec::new();
+            let mut ends = Vec::new();
+            for i in &ins {
+                match *i {
+                    In::Reliable(s, n) => wire::encode_data(&mut buf, wire::FLAG_RELIABLE, Some(s), &vec![1; n as usize]),
+                    In::Unreliable(n) => wire::encode_data(&mut buf, 0, None, &vec![2; n as usize]),
+                    In::Oob(n) => wire::encode_data(&mut buf, wire::FLAG_OOB, None, &vec![3; n as usize]),
+                }
+                ends.push(buf.len());
+            }
+            // The last frame may be incomplete.
+            buf.truncate(buf.len().saturating_sub(cut));
+            let limit = limit.unwrap_or_else(|| {
+                ins.iter()
+                    .take(limit_at)
+                    .map(|i| match *i {
+                        In::Reliable(_, n) | In::Unreliable(n) | In::Oob(n) => crate::flow::cost(n as usize),
+                    })
+                    .sum::<u64>()
+            });
+            let base = || {
+                let mut d = Descriptor::new();
+                d.bind(1);
+                for s in 1..=received {
+                    assert_eq!(d.accept_data(Some(s), 100, u64::MAX), Ok(Receive::Deliver));
+                }
+                d.credit_returned = returned.min(d.received_cost);
+                d
+            };
+            let mut batch = base();
+            let got = batch.accept_frames(&buf, max, window, limit);
+            // One by one (a refused or duplicate message changes nothing).
+            let mut one = base();
+            let mut want = Accepted::default();
+            let mut start = 0;
+            for (i, &end) in ins.iter().zip(&ends) {
+                if end > buf.len() || end - start - 4 > max {
+                    break;
+                }
+                let (seq, len) = match *i {
+                    In::Reliable(s, n) => (Some(s), n as usize),
+                    In::Unreliable(n) => (None, n as usize),
+                    In::Oob(_) => break,
+                };
+                let cost = crate::flow::cost(len);
+                if one.accept_data(seq, cost, window) != Ok(Receive::Deliver) {
+                    break;
+                }
+                want.count += 1;
+                want.len = end;
+                want.bytes += len as u64;
+                want.cost += cost;
+                start = end;
+                if want.cost > limit {
+                    break;
+                }
+            }
+            prop_assert_eq!(got, want);
+            prop_assert_eq!(
+                (batch.received, batch.received_cost, batch.unreliable_received),
+                (one.received, one.received_cost, one.unreliable_received)
+            );
         }
     }
 }

@@ -898,6 +898,33 @@ pub fn peek_regular(buf: &[u8], max_len: usize) -> Option<Regular> {
     }
 }
 
+/// The frame at the front of `buf`, read as the regular data frame that [`peek_regular`]
+/// found there before: its length and its flags' reliable bit, nothing checked again (a
+/// deliverer walks the frames of a run its IO thread checked). `None` only where `buf`
+/// ends before the frame does.
+#[inline]
+pub fn read_regular(buf: &[u8]) -> Option<Regular> {
+    let head = buf.get(..HEADER_BYTES)?;
+    let total = LEN_BYTES + u32::from_le_bytes([head[0], head[1], head[2], head[3]]) as usize;
+    if buf.len() < total {
+        return None;
+    }
+    if head[LEN_BYTES + 1] & FLAG_RELIABLE == 0 {
+        return Some(Regular {
+            seq: None,
+            header: HEADER_BYTES,
+            total,
+        });
+    }
+    let s = buf.get(HEADER_BYTES..HEADER_BYTES + 8)?;
+    let seq = u64::from_le_bytes([s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7]]);
+    Some(Regular {
+        seq: Some(seq),
+        header: HEADER_BYTES + 8,
+        total,
+    })
+}
+
 /// Finds the first complete frame at the front of `buf` (its length prefix checked against
 /// `max_len`, a data frame's header exactly as [`split_frame`] checks it) without taking
 /// it off: a reader can find every frame of a read first and take them off together.
@@ -1460,6 +1487,9 @@ mod tests {
                     _ => None,
                 };
                 prop_assert_eq!(peek_regular(buf, max), want);
+                if let Some(found) = want {
+                    prop_assert_eq!(read_regular(buf), Some(found));
+                }
             }
         }
 

@@ -43,28 +43,20 @@ impl Endpoint {
                         pending += total;
                         continue;
                     };
+                    let before = pending;
                     match p.admit_run(&mut self.ctx.out, &link.rbuf, max, &mut pending) {
                         // The frame after the run is another kind, or incomplete.
-                        Ok(Inflow::Continue) => {}
-                        Ok(Inflow::Pause) => {
+                        Inflow::Continue if pending > before => continue,
+                        // This frame is not the run's (a duplicate, a gap, past the
+                        // peer's window): taken on its own below, which says why.
+                        Inflow::Continue => {}
+                        Inflow::Pause => {
                             if self.links.pause(id, pid, &self.peers, &self.ctx) {
                                 break;
                             }
-                        }
-                        Err(e) => {
-                            self.links.cut_run(
-                                id,
-                                Some(pid),
-                                std::mem::take(&mut pending),
-                                &self.peers,
-                                &mut self.ctx,
-                            );
-                            self.links
-                                .bad_data(now, id, pid, &e, &mut self.peers, &mut self.ctx);
-                            break;
+                            continue;
                         }
                     }
-                    continue;
                 }
             }
             // Anything else is split off on its own, after the run before it.

@@ -365,12 +365,14 @@ pub(crate) struct Produced {
 }
 
 /// The regular messages of one sender found in a read buffer and admitted, not yet taken
-/// off it: where each lies, what they cost the receive window, and how much of that is not
-/// yet counted as held (`RecvCredit::received`, done once per run, and before the run is
-/// queued, so the pool never subtracts what was not added).
+/// off it (their frames lie back to back at its front): how many, what they cost the
+/// receive window, and how much of that is not yet counted as held
+/// (`RecvCredit::received`, done once per run, and before the run is queued, so the pool
+/// never subtracts what was not added).
 #[derive(Debug, Default)]
 pub(crate) struct RunBuilder {
-    pub(crate) frames: Vec<crate::deliver::RunFrame>,
+    /// Messages.
+    pub(crate) count: usize,
     /// The stream epoch of its messages.
     pub(crate) epoch: u32,
     /// Payload bytes.
@@ -384,7 +386,7 @@ pub(crate) struct RunBuilder {
 
 impl RunBuilder {
     pub(crate) fn clear(&mut self) {
-        self.frames.clear();
+        self.count = 0;
         self.bytes = 0;
         self.unflushed = 0;
     }
@@ -406,16 +408,17 @@ impl Produced {
             run.held = shared.credit.received(std::mem::take(&mut run.unflushed));
             shared.counters.note_held(run.held);
         }
-        if run.frames.is_empty() {
-            return; // duplicates only
+        if run.count == 0 {
+            return;
         }
-        Counters::add(&shared.counters.received, run.frames.len() as u64);
+        Counters::add(&shared.counters.received, run.count as u64);
         Counters::add(&shared.counters.received_bytes, run.bytes);
-        run.bytes = 0;
-        let n = run.frames.len();
-        let frames = std::mem::replace(&mut run.frames, Vec::with_capacity(n));
+        let (count, bytes) = (
+            std::mem::take(&mut run.count),
+            std::mem::take(&mut run.bytes),
+        );
         self.batch
-            .push(crate::deliver::Run::new(buf, run.epoch, frames).into());
+            .push(crate::deliver::Run::new(buf, run.epoch, count, bytes).into());
     }
 
     /// Pushes the messages split from one read to peer `p`'s queues (dropped if the peer

@@ -109,82 +109,55 @@ impl Remote {
         })
     }
 
-    /// A regular data frame (no request, reply or out-of-band flag) whose payload lies at
-    /// `start..start + len` of the link's read buffer: admitted as [`on_data`] admits it,
-    /// and added to the turn's run (`out.run`) instead of split off the buffer, so a read's
-    /// messages take its bytes once ([`cut_run`]). The held count is added to once per
-    /// run, or when the run may cross the receive window: then a pause is decided on the
-    /// count itself, as for a single message.
+    /// Admits the regular messages that follow one another in `rbuf` (the link's read
+    /// buffer, bound by `max` as the link's state says) from `*pending` on into the turn's
+    /// run, moving `*pending` past them: admitted as [`on_data`] admits each
+    /// ([`Descriptor::accept_frames`]), and left in the buffer, so a read's messages take
+    /// its bytes once ([`cut_run`]). Stops at the first frame that is not one of them
+    /// (another kind, a request, reply or out-of-band message, a duplicate, a gap, a frame
+    /// past the peer's window, or a malformed or incomplete frame: the caller takes it on
+    /// its own, and reports what is wrong with it) with `Continue`, or after the message
+    /// that took the peer past its receive window with `Pause`. The held count is added to
+    /// once per run, or when the run may cross the receive window: then a pause is decided
+    /// on the count itself, as for a single message.
     ///
     /// [`on_data`]: Remote::on_data
     /// [`cut_run`]: Produced::cut_run
-    pub(crate) fn on_run_data(
-        &mut self,
-        out: &mut Produced,
-        seq: Option<u64>,
-        start: usize,
-        len: usize,
-    ) -> Result<Inflow, RecoveryError> {
-        let cost = crate::flow::cost(len);
-        match self.desc.accept_data(seq, cost, self.peer_window)? {
-            Receive::Deliver => {}
-            Receive::Duplicate => {
-                Counters::add(&self.shared.counters.duplicates, 1);
-                // Still acked: the sender resent it because it lacks our ack.
-                self.acks.forced = true;
-                return Ok(Inflow::Continue);
-            }
-        }
-        let run = &mut out.run;
-        if run.frames.is_empty() && run.unflushed == 0 {
-            run.epoch = self.epoch;
-            run.held = self.shared.credit.held();
-        }
-        run.frames
-            .push(crate::deliver::RunFrame { start, len, seq });
-        run.bytes += len as u64;
-        run.unflushed += cost;
-        let window = self.shared.credit.window();
-        if run.held + run.unflushed > window {
-            run.held = self
-                .shared
-                .credit
-                .received(std::mem::take(&mut run.unflushed));
-            self.shared.counters.note_held(run.held);
-            if run.held > window {
-                return Ok(Inflow::Pause);
-            }
-        }
-        Ok(Inflow::Continue)
-    }
-
-    /// Admits the regular messages that follow one another in `rbuf` (the link's read
-    /// buffer, bound by `max` as the link's state says) from `*pending` on into the turn's
-    /// run ([`on_run_data`]), moving `*pending` past each. Stops at the first frame that is
-    /// not one (another kind, a request, reply or out-of-band message, or a malformed or
-    /// incomplete frame: the caller splits it off on its own) with `Continue`, or after the
-    /// message that took the peer past its receive window with `Pause`, or at a message
-    /// the peer had no right to send (`Err`, not admitted).
-    ///
-    /// [`on_run_data`]: Remote::on_run_data
+    /// [`Descriptor::accept_frames`]: crate::proto::Descriptor::accept_frames
     pub(crate) fn admit_run(
         &mut self,
         out: &mut Produced,
         rbuf: &[u8],
         max: usize,
         pending: &mut usize,
-    ) -> Result<Inflow, RecoveryError> {
-        // Anything but a regular data frame (or a frame `peek_frame` refuses) ends the run:
-        // the caller's loop takes it from there.
-        while let Some(wire::Regular { seq, header, total }) =
-            wire::peek_regular(&rbuf[*pending..], max)
-        {
-            let inflow = self.on_run_data(out, seq, *pending + header, total - header)?;
-            *pending += total;
-            if inflow == Inflow::Pause {
-                return Ok(Inflow::Pause);
+    ) -> Inflow {
+        let window = self.shared.credit.window();
+        let run = &mut out.run;
+        loop {
+            if run.count == 0 && run.unflushed == 0 {
+                run.epoch = self.epoch;
+                run.held = self.shared.credit.held();
+            }
+            let limit = window.saturating_sub(run.held + run.unflushed);
+            let a = self
+                .desc
+                .accept_frames(&rbuf[*pending..], max, self.peer_window, limit);
+            *pending += a.len;
+            run.count += a.count;
+            run.bytes += a.bytes;
+            run.unflushed += a.cost;
+            if run.held + run.unflushed <= window {
+                // Stopped at a frame that is not the run's.
+                return Inflow::Continue;
+            }
+            run.held = self
+                .shared
+                .credit
+                .received(std::mem::take(&mut run.unflushed));
+            self.shared.counters.note_held(run.held);
+            if run.held > window {
+                return Inflow::Pause;
             }
         }
-        Ok(Inflow::Continue)
     }
 }
