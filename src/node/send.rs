@@ -772,12 +772,22 @@ pub(super) struct Route<'a> {
 
 impl Route<'_> {
     pub(super) fn send(self, payload: Bytes) -> Result<(), SendError<Bytes>> {
-        self.send_with(payload, SendOptions::new())
+        match self.core.send_plain(self.to, payload) {
+            Plain::Sent => Ok(()),
+            Plain::Closed(payload) => Err(SendError::new(Error::Closed, payload)),
+            Plain::Other(payload) => self.send_with(payload, SendOptions::new()),
+        }
     }
 
     pub(super) fn try_send(self, payload: Bytes) -> Result<(), TrySendError<Bytes>> {
-        self.core
-            .enqueue(self.to, payload, SendOptions::new(), Wait::No)
+        match self.core.send_plain(self.to, payload) {
+            Plain::Sent => Ok(()),
+            Plain::Closed(payload) => Err(TrySendError::Failed(payload, Error::Closed)),
+            Plain::Other(payload) => {
+                self.core
+                    .enqueue(self.to, payload, SendOptions::new(), Wait::No)
+            }
+        }
     }
 
     pub(super) fn send_timeout(
@@ -1046,6 +1056,21 @@ struct SendCore {
     warned_reply: Arc<AtomicBool>,
 }
 
+thread_local! {
+    /// The peer this thread's last send by name found, with the map it was found in.
+    static LAST_FOUND: RefCell<Option<Found>> = const { RefCell::new(None) };
+}
+
+/// What [`SendCore::send_plain`] did with a message.
+enum Plain {
+    /// Queued.
+    Sent,
+    /// Refused: the peer's outbox is closed (its permits went back).
+    Closed(Bytes),
+    /// Not tried: the general path ([`SendCore::enqueue`]) takes it.
+    Other(Bytes),
+}
+
 /// What a send queues: a message, or a request with its id and the room it reserves for
 /// its reply.
 #[derive(Clone, Copy)]
@@ -1129,6 +1154,60 @@ impl SendCore {
         }
     }
 
+    /// The common send, in one short frame: a plain message (regular, reliable, no ttl,
+    /// small enough to be framed by this thread) to the peer `to` gives, or names as this
+    /// thread's last send by name found it ([`Peers::remembered_if_hit`]), with room in its
+    /// window now. Anything else — a look-up, a wait for room, a message too large, a
+    /// stopped node, another kind of message — is not tried (`Plain::Other`): the general
+    /// path ([`enqueue`](SendCore::enqueue)) takes it from the start. What this does, in
+    /// its order, is what [`enqueue_to`](SendCore::enqueue_to) does for such a message.
+    ///
+    /// [`Peers::remembered_if_hit`]: crate::peer::Peers::remembered_if_hit
+    #[inline]
+    fn send_plain(&self, to: To<'_>, payload: Bytes) -> Plain {
+        if !self.frame || payload.len() > FRAMED_MAX_PAYLOAD {
+            return Plain::Other(payload);
+        }
+        let name = match to {
+            To::Peer(peer) => return self.queue_plain(peer, payload),
+            To::Name(name) => name,
+        };
+        let mut payload = Some(payload);
+        let done = LAST_FOUND.try_with(|cell| {
+            let mut last = cell.try_borrow_mut().ok()?;
+            let peer = self.peers.remembered_if_hit(name, &mut last)?;
+            Some(self.queue_plain(peer, payload.take()?))
+        });
+        match done {
+            Ok(Some(done)) => done,
+            // Not remembered, or a send from a payload's drop, or the thread is exiting.
+            _ => Plain::Other(payload.take().expect("not taken: not tried")),
+        }
+    }
+
+    /// [`send_plain`](SendCore::send_plain) to `peer`.
+    #[inline]
+    fn queue_plain(&self, peer: &PeerShared, payload: Bytes) -> Plain {
+        let len = payload.len();
+        if len > self.max_message.min(peer.peer_max_message())
+            || self.stopped.load(Ordering::Acquire)
+        {
+            return Plain::Other(payload);
+        }
+        let Ok(permit) = peer.outbox.window().try_acquire(cost(len)) else {
+            return Plain::Other(payload);
+        };
+        // Counted *accepted* under the queue lock, before the IO thread can see it.
+        if !peer.outbox.admit_framed(false, &payload, permit) {
+            // `admit_framed` gave the permits back (Return::Refused).
+            return Plain::Closed(payload);
+        }
+        // Copied into its frame: dropped here, on the sending thread.
+        drop(payload);
+        self.io.schedule(peer);
+        Plain::Sent
+    }
+
     /// Finds the peer by name (the one this thread's last send by name found, while the
     /// node's peer map is unchanged: [`Peers::remembered`](crate::peer::Peers::remembered);
     /// else [`Peers::look_up`](crate::peer::Peers::look_up)), and queues the message for
@@ -1140,10 +1219,6 @@ impl SendCore {
         opts: SendOptions,
         wait: Wait,
     ) -> Result<(), TrySendError<Bytes>> {
-        thread_local! {
-            /// The peer this thread's last send by name found, with the map it was found in.
-            static LAST_FOUND: RefCell<Option<Found>> = const { RefCell::new(None) };
-        }
         let mut payload = Some(payload);
         let sent = LAST_FOUND.try_with(|cell| {
             let payload = payload.take().expect("taken once");

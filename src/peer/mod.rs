@@ -336,7 +336,8 @@ impl Peers {
     /// in this map and the map has not changed since ([`remembered`](Peers::remembered));
     /// else the one the map holds, under its read lock ([`look_up`](Peers::look_up)).
     /// `None` if no peer has that name (`f` not run). What the send path does
-    /// (`SendCore::enqueue_found`), for the loom models.
+    /// (`SendCore::send_plain`'s first try, then `SendCore::enqueue_found`), for the loom
+    /// models.
     #[cfg(any(test, cohort_internals))]
     pub(crate) fn with_found<R>(
         &self,
@@ -344,6 +345,9 @@ impl Peers {
         last: &mut Option<Found>,
         f: impl FnOnce(&Arc<PeerShared>) -> R,
     ) -> Option<R> {
+        if let Some(peer) = self.remembered_if_hit(name, last) {
+            return Some(f(peer));
+        }
         if let Some(peer) = self.remembered(name, last) {
             return Some(f(peer));
         }
@@ -360,6 +364,10 @@ impl Peers {
         last: &'a mut Option<Found>,
     ) -> Option<&'a Arc<PeerShared>> {
         let found = last.as_mut()?;
+        if self.holds(found, name) {
+            found.misses = 0;
+            return Some(&found.peer);
+        }
         if found.map != self.id {
             // Another node's peer (perhaps of a node since gone): a miss like another name,
             // so a thread sending through two nodes in turn does not trade its entry back
@@ -370,12 +378,28 @@ impl Peers {
         if found.generation != self.generation() {
             return None;
         }
-        if *found.peer.name != *name {
-            found.misses += 1;
-            return None;
-        }
+        // Another name.
+        found.misses += 1;
+        None
+    }
+
+    /// [`remembered`](Peers::remembered), but a miss is not counted: for a first try that
+    /// leaves a miss to the look-up after it.
+    #[inline]
+    pub(crate) fn remembered_if_hit<'a>(
+        &self,
+        name: &str,
+        last: &'a mut Option<Found>,
+    ) -> Option<&'a Arc<PeerShared>> {
+        let found = last.as_mut().filter(|f| self.holds(f, name))?;
         found.misses = 0;
         Some(&found.peer)
+    }
+
+    /// Whether `found` is `name`'s entry in this map as it is now.
+    #[inline]
+    fn holds(&self, found: &Found, name: &str) -> bool {
+        found.map == self.id && found.generation == self.generation() && *found.peer.name == *name
     }
 
     /// Runs `f` on the peer named `name` under the map's read lock, and remembers it in
@@ -643,6 +667,72 @@ impl PeerShared {
 #[cfg(test)]
 mod tests {
     use super::PeerState::*;
+    use super::{Found, PeerShared, Peers, FOUND_GIVES_WAY};
+    use crate::deliver::{CreditSink, MemberQueue, OobQueue};
+    use crate::sync::{Arc, SharedStr};
+
+    /// A peer's shared state whose deliveries return no credit.
+    fn peer(id: usize, name: &str) -> Arc<PeerShared> {
+        struct NoCredit;
+        impl CreditSink for NoCredit {
+            fn consumed(&self, _epoch: u32, _cost: u64) {}
+            fn idle(&self) {}
+        }
+        let name: SharedStr = name.into();
+        let member = Arc::new(MemberQueue::new(name.clone(), Box::new(NoCredit)));
+        let oob = Arc::new(OobQueue::new(name.clone(), 1, Arc::new(NoCredit)));
+        let credit = Arc::new(crate::flow::RecvCredit::new());
+        Arc::new(PeerShared::new(
+            id,
+            name,
+            1 << 16,
+            credit,
+            member,
+            oob,
+            None,
+            1,
+        ))
+    }
+
+    /// A send's first try (`remembered_if_hit`) takes the remembered peer while the map is
+    /// unchanged and counts no miss; the look-up after it (`remembered`) counts one; the
+    /// remembered peer gives way to another name after `FOUND_GIVES_WAY` misses, and a
+    /// change of the map is never a hit.
+    #[test]
+    fn a_first_try_counts_no_miss_and_a_changed_map_is_never_a_hit() {
+        let peers = Peers::default();
+        super::admit(&peers, peer(0, "a"));
+        super::admit(&peers, peer(1, "b"));
+        let mut last: Option<Found> = None;
+        assert!(peers.remembered_if_hit("a", &mut last).is_none());
+        assert_eq!(peers.look_up("a", &mut last, |p| p.id), Some(0));
+        assert_eq!(
+            peers.remembered_if_hit("a", &mut last).map(|p| p.id),
+            Some(0)
+        );
+        for _ in 0..FOUND_GIVES_WAY * 2 {
+            assert!(peers.remembered_if_hit("b", &mut last).is_none());
+        }
+        assert_eq!(
+            last.as_ref().map(|f| f.misses),
+            Some(0),
+            "first tries count nothing"
+        );
+        for _ in 0..FOUND_GIVES_WAY {
+            assert!(peers.remembered("b", &mut last).is_none());
+        }
+        assert_eq!(peers.look_up("b", &mut last, |p| p.id), Some(1));
+        assert_eq!(
+            peers.remembered_if_hit("b", &mut last).map(|p| p.id),
+            Some(1)
+        );
+        super::admit(&peers, peer(2, "c"));
+        assert!(
+            peers.remembered_if_hit("b", &mut last).is_none(),
+            "the map changed since b was found"
+        );
+        assert!(peers.remembered("b", &mut last).is_none());
+    }
 
     #[test]
     fn rtt_smooths_like_tcp() {
