@@ -23,8 +23,9 @@
 //!
 //! One iteration is one round trip; criterion reports the mean time per round trip. Every
 //! round trip of criterion's measured samples is also timed on its own, and after the group
-//! a table gives min, p50, p99 and p99.9 of each case and the ratios to raw TCP, with the
-//! mode the baseline ran in (on a VM, raw TCP's round trip is either a few microseconds or,
+//! a table gives min, p50, p99 and p99.9 of each case, the process's CPU time per round trip
+//! over those samples (every thread: what a spinning idle strategy burns shows here), and
+//! the ratios to raw TCP, with the mode the baseline ran in (on a VM, raw TCP's round trip is either a few microseconds or,
 //! when its two threads wake on different idle cores, tens of microseconds).
 //!
 //! `cargo bench --bench ping_pong`; `cargo test --benches` runs each case once.
@@ -225,16 +226,19 @@ fn echo(stream: RawStream) -> io::Result<()> {
     Ok(())
 }
 
-/// Every round trip of each `iter_custom` call of one benchmark function, timed on its own.
+/// Every round trip of each `iter_custom` call of one benchmark function, timed on its own,
+/// and the process's CPU time over each call.
 #[derive(Debug, Default)]
 struct Latencies {
     calls: Mutex<Vec<Vec<Duration>>>,
+    cpu: Mutex<Vec<Duration>>,
 }
 
 impl Latencies {
     /// Times `iters` round trips with `run`, one by one; returns the total.
     fn time(&self, iters: u64, mut run: impl FnMut()) -> Duration {
         let mut each = Vec::with_capacity(iters as usize);
+        let cpu = common::process_cpu();
         let started = Instant::now();
         let mut last = started;
         for _ in 0..iters {
@@ -244,6 +248,12 @@ impl Latencies {
             last = now;
         }
         let elapsed = last - started;
+        if let (Some(before), Some(after)) = (cpu, common::process_cpu()) {
+            self.cpu
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(after.saturating_sub(before));
+        }
         self.calls
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -251,15 +261,39 @@ impl Latencies {
         elapsed
     }
 
+    /// How many of the last calls are criterion's measured samples (warm-up calls come
+    /// first).
+    fn samples() -> usize {
+        if common::quick_mode() {
+            2
+        } else {
+            common::SAMPLE_SIZE
+        }
+    }
+
+    /// The process's CPU time (every thread: both members, or raw TCP's two threads, and
+    /// the bench thread) per round trip over criterion's measured samples, in microseconds;
+    /// `None` where it could not be read.
+    fn cpu_per_trip(&self) -> Option<f64> {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let cpu = self.cpu.lock().unwrap_or_else(|e| e.into_inner());
+        if cpu.len() != calls.len() {
+            return None;
+        }
+        let n = Self::samples();
+        let trips: usize = calls[calls.len().saturating_sub(n)..]
+            .iter()
+            .map(Vec::len)
+            .sum();
+        let total: Duration = cpu[cpu.len().saturating_sub(n)..].iter().sum();
+        (trips > 0).then(|| total.as_secs_f64() * 1e6 / trips as f64)
+    }
+
     /// The round trips of criterion's measured samples (its last calls: warm-up calls come
     /// first), sorted.
     fn measured(&self) -> Vec<Duration> {
         let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
-        let samples = if common::quick_mode() {
-            2
-        } else {
-            common::SAMPLE_SIZE
-        };
+        let samples = Self::samples();
         let mut all: Vec<Duration> = calls[calls.len().saturating_sub(samples)..]
             .iter()
             .flatten()
@@ -281,25 +315,34 @@ fn percentiles(sorted: &[Duration]) -> [f64; 4] {
 
 /// Prints the table of every case's percentiles and their ratios to raw TCP.
 fn summary(name: &str, cases: &[(&str, &Latencies)]) {
-    let rows: Vec<(&str, usize, [f64; 4])> = cases
+    let rows: Vec<(&str, usize, [f64; 4], Option<f64>)> = cases
         .iter()
         .filter_map(|(case, l)| {
             let sorted = l.measured();
-            (!sorted.is_empty()).then(|| (*case, sorted.len(), percentiles(&sorted)))
+            (!sorted.is_empty())
+                .then(|| (*case, sorted.len(), percentiles(&sorted), l.cpu_per_trip()))
         })
         .collect();
-    let Some(&(_, _, raw)) = rows.iter().find(|r| r.0 == "raw_tcp") else {
+    let Some(&(_, _, raw, raw_cpu)) = rows.iter().find(|r| r.0 == "raw_tcp") else {
         return;
     };
-    println!("summary {name}: µs per round trip (ratio to raw TCP in brackets)");
     println!(
-        "  {:<20} {:>9} {:>16} {:>16} {:>16} {:>16}",
-        "case", "trips", "min", "p50", "p99", "p99.9"
+        "summary {name}: µs per round trip, and CPU µs per round trip (every thread of the \
+         process); ratio to raw TCP in brackets"
     );
-    for (case, n, p) in &rows {
+    println!(
+        "  {:<24} {:>9} {:>16} {:>16} {:>16} {:>16} {:>16}",
+        "case", "trips", "min", "p50", "p99", "p99.9", "CPU"
+    );
+    for (case, n, p, cpu) in &rows {
         let cell = |k: usize| format!("{:.1} ({:.2}×)", p[k], p[k] / raw[k]);
+        let cpu = match (cpu, raw_cpu) {
+            (Some(c), Some(r)) if r > 0.0 => format!("{c:.1} ({:.2}×)", c / r),
+            (Some(c), _) => format!("{c:.1}"),
+            _ => "-".to_owned(),
+        };
         println!(
-            "  {case:<20} {n:>9} {:>16} {:>16} {:>16} {:>16}",
+            "  {case:<24} {n:>9} {:>16} {:>16} {:>16} {:>16} {cpu:>16}",
             cell(0),
             cell(1),
             cell(2),

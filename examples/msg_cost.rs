@@ -27,15 +27,8 @@ use std::time::{Duration, Instant};
 
 use cohort::{Bytes, IdleStrategy, Node};
 
-/// The process's CPU time so far (user + system, every thread), from `/proc/self/stat`.
-fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(Duration::from_millis((utime + stime) * 10))
-}
+mod support;
+use support::process_cpu;
 
 /// Messages counted per source (a cohort source, or a raw connection), each count alone in
 /// its cache line and bumped with a plain load and store: written by one thread at a time

@@ -2,7 +2,9 @@
 //! pong's handler sends it back, and ping waits for it before sending the next. After a
 //! warm-up, K round trips are timed one by one and their percentiles printed in
 //! microseconds, next to the same measurement over raw blocking TCP (u32-length-prefixed
-//! frames, `TCP_NODELAY`, an echo thread) in the same run, and the ratio of the medians.
+//! frames, `TCP_NODELAY`, an echo thread) in the same run, and the ratio of the medians;
+//! then the process's CPU time per round trip of each (every thread, over the timed round
+//! trips: what a spinning idle strategy burns shows here).
 //!
 //! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S
 //! --journal never|interval|every]` (defaults: K = 100 000 round trips of B = 64 bytes after
@@ -20,6 +22,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use cohort::{Builder, Bytes, FsyncPolicy, Node};
+
+mod support;
+use support::process_cpu;
 
 /// Longest wait for one reply before giving up.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -171,7 +176,11 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
 
     let payload = Bytes::from(vec![0x5A; size]);
     let mut rtts = Vec::with_capacity(count);
+    let mut cpu = None;
     for i in 0..warmup + count {
+        if i == warmup {
+            cpu = process_cpu();
+        }
         let sent = Instant::now();
         ping.send("pong", payload.clone())?;
         let arrived = replies
@@ -182,6 +191,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         }
     }
 
+    let cohort_cpu = cpu_per_trip(cpu, count);
     ping.shutdown(Duration::from_secs(5))?;
     pong.shutdown(Duration::from_secs(5))?;
     if policy.is_some() {
@@ -190,7 +200,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         }
     }
 
-    let raw = raw_tcp_rtts(size, warmup, count)?;
+    let (raw, raw_cpu) = raw_tcp_rtts(size, warmup, count)?;
     let journal = policy.map_or("no journal".to_owned(), |p| format!("journal {p:?}"));
     println!("{count} round trips of {size} B (after {warmup} warm-up, {journal}), RTT in µs:");
     println!(
@@ -200,7 +210,24 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     let cohort_p50 = print_row("cohort", &mut rtts);
     let raw_p50 = print_row("raw TCP", &mut raw.clone());
     println!("p50 cohort/raw = {:.2}", cohort_p50 / raw_p50);
+    if let (Some(c), Some(r)) = (cohort_cpu, raw_cpu) {
+        // Every thread of the process: both members' IO and pool threads (what a spinning
+        // idle strategy burns shows here) and main; raw TCP's two threads.
+        println!(
+            "CPU per round trip (every thread): cohort {:.1} µs, raw TCP {:.1} µs, cohort/raw = {:.2}",
+            micros(c),
+            micros(r),
+            c.as_secs_f64() / r.as_secs_f64().max(f64::MIN_POSITIVE)
+        );
+    }
     Ok(())
+}
+
+/// The process's CPU time since `before` over `trips` round trips (`None` if it could not be
+/// read).
+fn cpu_per_trip(before: Option<Duration>, trips: usize) -> Option<Duration> {
+    let spent = process_cpu()?.checked_sub(before?)?;
+    Some(spent / u32::try_from(trips).unwrap_or(u32::MAX))
 }
 
 /// Prints one row of percentiles; returns the median in µs.
@@ -221,8 +248,11 @@ fn print_row(label: &str, rtts: &mut [Duration]) -> f64 {
     p50
 }
 
+/// Raw TCP's round trips, and the process's CPU time per round trip over them.
+type RawRun = (Vec<Duration>, Option<Duration>);
+
 /// The baseline: the same ping-pong over one blocking loopback TCP connection.
-fn raw_tcp_rtts(size: usize, warmup: usize, count: usize) -> Result<Vec<Duration>, Box<dyn Error>> {
+fn raw_tcp_rtts(size: usize, warmup: usize, count: usize) -> Result<RawRun, Box<dyn Error>> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
@@ -246,7 +276,11 @@ fn raw_tcp_rtts(size: usize, warmup: usize, count: usize) -> Result<Vec<Duration
     frame.resize(4 + size, 0x5A);
     let mut reply = vec![0u8; 4 + size];
     let mut rtts = Vec::with_capacity(count);
+    let mut cpu = None;
     for i in 0..warmup + count {
+        if i == warmup {
+            cpu = process_cpu();
+        }
         let sent = Instant::now();
         s.write_all(&frame)?;
         s.read_exact(&mut reply)?;
@@ -254,7 +288,8 @@ fn raw_tcp_rtts(size: usize, warmup: usize, count: usize) -> Result<Vec<Duration
             rtts.push(sent.elapsed());
         }
     }
+    let cpu = cpu_per_trip(cpu, count);
     drop(s);
     echo.join().map_err(|_| "raw TCP echo thread panicked")??;
-    Ok(rtts)
+    Ok((rtts, cpu))
 }
