@@ -53,8 +53,9 @@ fn flood(mut s: TcpStream, count: u64, size: usize) -> JoinHandle<u64> {
 fn receiver(
     name: &str,
     gate: &Arc<Gate>,
-    blocked_sender: &'static str,
+    blocked_sender: &str,
 ) -> (cohort::Builder, Arc<OrderCheck>) {
+    let blocked_sender = blocked_sender.to_owned();
     let check = OrderCheck::new();
     let (g, c) = (gate.clone(), check.clone());
     let b = Node::builder(name)
@@ -127,22 +128,37 @@ fn a_peer_that_ignores_credit_is_closed_and_never_held_past_its_window() {
 
 #[test]
 fn a_peer_with_a_larger_window_is_read_only_within_the_receive_window() {
+    // 3 MiB in 48 messages: a pause falls between messages.
+    read_only_within_the_receive_window("larger", 64 * 1024, 48);
+}
+
+#[test]
+fn a_peer_with_a_larger_window_is_paused_inside_a_read_of_small_messages() {
+    // 3 MiB in 32 768 messages, hundreds to a read: a pause falls inside a run.
+    read_only_within_the_receive_window("larger-small", 84, 32 * 1024);
+}
+
+/// A peer (named `{name}-window`) that declares a 1 GiB window floods the receiver with
+/// `count` messages of `size` bytes while its handler is blocked: the receiver holds at most
+/// its receive window of them (and the message that crossed it), reads nothing more until
+/// the handler catches up, and delivers every one in order once it does, while another
+/// member's stream goes through meanwhile.
+fn read_only_within_the_receive_window(name: &str, size: usize, count: u64) {
     const RECV_WINDOW: u64 = 256 * 1024;
-    const SIZE: usize = 64 * 1024;
-    const COUNT: u64 = 48; // 3 MiB
+    let raw_name = &format!("{name}-window");
     let gate = Gate::new();
-    let (b, got) = receiver("larger-b", &gate, "larger-window");
+    let (b, got) = receiver(&format!("{name}-b"), &gate, raw_name);
     let b = b.recv_window(RECV_WINDOW).start().expect("start b");
-    let a = Node::builder("larger-a")
+    let a = Node::builder(&format!("{name}-a"))
         .cluster(CLUSTER)
         .peer(b.name(), b.local_addr())
         .start()
         .expect("start a");
     // It declares a 1 GiB window: honest about it, it may send that much. The receiver
     // holds only its receive window of it and leaves the rest in the kernel.
-    let me = raw::identity(CLUSTER, "larger-window", 1 << 30, None);
+    let me = raw::identity(CLUSTER, raw_name, 1 << 30, None);
     let s = raw::dial(b.local_addr(), me, b.name(), PATIENCE);
-    let writer = flood(s.try_clone().expect("clone"), COUNT, SIZE);
+    let writer = flood(s.try_clone().expect("clone"), count, size);
     wait_until_or(
         PATIENCE,
         || b.stats().connections.read_pauses > 0,
@@ -155,9 +171,9 @@ fn a_peer_with_a_larger_window_is_read_only_within_the_receive_window() {
     wait_until("the good member's stream delivered", PATIENCE, || {
         got.count_from(a.name()) == 2_000
     });
-    let held = peer_stats(&b, "larger-window");
+    let held = peer_stats(&b, raw_name);
     assert!(
-        held.unconsumed_peak <= RECV_WINDOW + cost(SIZE),
+        held.unconsumed_peak <= RECV_WINDOW + cost(size),
         "held {} bytes with a receive window of {RECV_WINDOW}:\n{}",
         held.unconsumed_peak,
         b.stats()
@@ -165,16 +181,16 @@ fn a_peer_with_a_larger_window_is_read_only_within_the_receive_window() {
     gate.open();
     wait_until_or(
         PATIENCE,
-        || got.count_from("larger-window") == COUNT,
+        || got.count_from(raw_name) == count,
         || format!("every message of the paused peer:\n{}", b.stats()),
     );
-    assert_eq!(writer.join().expect("writer"), COUNT);
+    assert_eq!(writer.join().expect("writer"), count);
     let st = b.stats();
     assert_eq!(st.connections.protocol_errors, 0, "{st}");
     assert_eq!(st.connections.idle_timeouts, 0, "{st}");
-    let p = peer_stats(&b, "larger-window");
+    let p = peer_stats(&b, raw_name);
     assert_eq!((p.connects, p.disconnects), (1, 0), "{st}");
-    assert!(p.unconsumed_peak <= RECV_WINDOW + cost(SIZE), "{st}");
+    assert!(p.unconsumed_peak <= RECV_WINDOW + cost(size), "{st}");
     got.assert_ok();
     drop(s);
     shutdown_all(&[a, b]);
