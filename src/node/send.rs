@@ -772,21 +772,21 @@ pub(super) struct Route<'a> {
 
 impl Route<'_> {
     pub(super) fn send(self, payload: Bytes) -> Result<(), SendError<Bytes>> {
-        match self.core.send_plain(self.to, payload) {
+        match self.core.send_plain(self.to, &payload) {
+            // Copied into its frame: dropped here, on the sending thread.
             Plain::Sent => Ok(()),
-            Plain::Closed(payload) => Err(SendError::new(Error::Closed, payload)),
-            Plain::Other(payload) => self.send_with(payload, SendOptions::new()),
+            Plain::Closed => Err(SendError::new(Error::Closed, payload)),
+            Plain::Other => self.send_with(payload, SendOptions::new()),
         }
     }
 
     pub(super) fn try_send(self, payload: Bytes) -> Result<(), TrySendError<Bytes>> {
-        match self.core.send_plain(self.to, payload) {
+        match self.core.send_plain(self.to, &payload) {
             Plain::Sent => Ok(()),
-            Plain::Closed(payload) => Err(TrySendError::Failed(payload, Error::Closed)),
-            Plain::Other(payload) => {
-                self.core
-                    .enqueue(self.to, payload, SendOptions::new(), Wait::No)
-            }
+            Plain::Closed => Err(TrySendError::Failed(payload, Error::Closed)),
+            Plain::Other => self
+                .core
+                .enqueue(self.to, payload, SendOptions::new(), Wait::No),
         }
     }
 
@@ -1063,12 +1063,12 @@ thread_local! {
 
 /// What [`SendCore::send_plain`] did with a message.
 enum Plain {
-    /// Queued.
+    /// Queued (copied into its frame: the caller drops the payload).
     Sent,
     /// Refused: the peer's outbox is closed (its permits went back).
-    Closed(Bytes),
+    Closed,
     /// Not tried: the general path ([`SendCore::enqueue`]) takes it.
-    Other(Bytes),
+    Other,
 }
 
 /// What a send queues: a message, or a request with its id and the room it reserves for
@@ -1164,46 +1164,43 @@ impl SendCore {
     ///
     /// [`Peers::remembered_if_hit`]: crate::peer::Peers::remembered_if_hit
     #[inline]
-    fn send_plain(&self, to: To<'_>, payload: Bytes) -> Plain {
+    fn send_plain(&self, to: To<'_>, payload: &[u8]) -> Plain {
         if !self.frame || payload.len() > FRAMED_MAX_PAYLOAD {
-            return Plain::Other(payload);
+            return Plain::Other;
         }
         let name = match to {
             To::Peer(peer) => return self.queue_plain(peer, payload),
             To::Name(name) => name,
         };
-        let mut payload = Some(payload);
-        let done = LAST_FOUND.try_with(|cell| {
-            let mut last = cell.try_borrow_mut().ok()?;
-            let peer = self.peers.remembered_if_hit(name, &mut last)?;
-            Some(self.queue_plain(peer, payload.take()?))
-        });
-        match done {
-            Ok(Some(done)) => done,
+        LAST_FOUND
+            .try_with(|cell| {
+                let mut last = cell.try_borrow_mut().ok()?;
+                let peer = self.peers.remembered_if_hit(name, &mut last)?;
+                Some(self.queue_plain(peer, payload))
+            })
+            .ok()
+            .flatten()
             // Not remembered, or a send from a payload's drop, or the thread is exiting.
-            _ => Plain::Other(payload.take().expect("not taken: not tried")),
-        }
+            .unwrap_or(Plain::Other)
     }
 
     /// [`send_plain`](SendCore::send_plain) to `peer`.
     #[inline]
-    fn queue_plain(&self, peer: &PeerShared, payload: Bytes) -> Plain {
+    fn queue_plain(&self, peer: &PeerShared, payload: &[u8]) -> Plain {
         let len = payload.len();
         if len > self.max_message.min(peer.peer_max_message())
             || self.stopped.load(Ordering::Acquire)
         {
-            return Plain::Other(payload);
+            return Plain::Other;
         }
         let Ok(permit) = peer.outbox.window().try_acquire(cost(len)) else {
-            return Plain::Other(payload);
+            return Plain::Other;
         };
         // Counted *accepted* under the queue lock, before the IO thread can see it.
-        if !peer.outbox.admit_framed(false, &payload, permit) {
+        if !peer.outbox.admit_framed(false, payload, permit) {
             // `admit_framed` gave the permits back (Return::Refused).
-            return Plain::Closed(payload);
+            return Plain::Closed;
         }
-        // Copied into its frame: dropped here, on the sending thread.
-        drop(payload);
         self.io.schedule(peer);
         Plain::Sent
     }
