@@ -426,10 +426,8 @@ impl MemberQueue {
                     Queued::One(d) => deliver(d),
                     // Each payload sliced out of the run's bytes as it is delivered.
                     Queued::Run(run) => {
-                        let (epoch, take) = match split.filter(|_| i == last) {
-                            Some(k) => (run.epoch, k),
-                            None => (run.epoch, run.len()),
-                        };
+                        let epoch = run.epoch;
+                        let take = split.filter(|_| i == last).unwrap_or(run.len());
                         let shared = (take > 1).then(|| {
                             &*origin.get_or_insert_with(|| {
                                 Arc::new(Origin::new(self.name.clone(), node.cloned()))
