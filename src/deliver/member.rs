@@ -22,7 +22,7 @@
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 
 use super::{Delivery, NodeRef, Origin};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -153,29 +153,65 @@ impl Run {
         self.bytes
     }
 
-    /// Hands its first `n` messages (all of them, if it has fewer) to `each` in order: each
-    /// payload, sliced from the run's bytes, and its sequence number. Returns the rest, as
-    /// a run, if any is left.
+    /// Takes its first message off: the payload, sliced from the run's bytes, and its
+    /// sequence number. `None` once it is empty.
     #[inline]
-    fn deliver_front(self, n: usize, mut each: impl FnMut(Bytes, Option<u64>)) -> Option<Run> {
-        let (mut at, mut taken, mut taken_bytes) = (0, 0, 0);
-        while taken < n.min(self.count) {
-            // Checked as they were read (`wire::peek_regular`): every frame is found.
-            let Some(r) = wire::read_regular(&self.frames[at..]) else {
-                debug_assert!(false, "a run's frame lies within its bytes");
-                break;
-            };
-            each(self.frames.slice(at + r.header..at + r.total), r.seq);
-            at += r.total;
-            taken += 1;
-            taken_bytes += (r.total - r.header) as u64;
+    fn pop_front(&mut self) -> Option<(Bytes, Option<u64>)> {
+        if self.count == 0 {
+            return None;
         }
-        (taken < self.count).then(|| Run {
-            frames: self.frames.slice(at..),
-            epoch: self.epoch,
-            count: self.count - taken,
-            bytes: self.bytes - taken_bytes,
-        })
+        // Checked as they were read (`wire::peek_regular`): every frame is found.
+        let r = wire::read_regular(&self.frames);
+        debug_assert!(r.is_some(), "a run's frame lies within its bytes");
+        let r = r?;
+        let payload = self.frames.slice(r.header..r.total);
+        self.frames.advance(r.total);
+        self.count -= 1;
+        self.bytes -= payload.len() as u64;
+        Some((payload, r.seq))
+    }
+}
+
+/// A run the deliverer took off its queue, `owed` of its messages counted as taken (no
+/// longer in the queue's count) and not yet delivered. What is left of it when this goes —
+/// delivered in part because it crossed the budget, or a panic on the way — goes back to
+/// the front of the queue, where it was (only the deliverer takes from the queue, and the
+/// IO thread only appends), and what was counted as taken of it is counted back.
+struct Taken<'a> {
+    queue: &'a Mutex<Items>,
+    run: Run,
+    owed: usize,
+}
+
+impl Taken<'_> {
+    /// Its next message, one of those counted as taken.
+    #[inline]
+    fn next(&mut self) -> Option<(Bytes, Option<u64>)> {
+        if self.owed == 0 {
+            return None;
+        }
+        let m = self.run.pop_front()?;
+        self.owed -= 1;
+        Some(m)
+    }
+}
+
+impl Drop for Taken<'_> {
+    fn drop(&mut self) {
+        if self.run.count > 0 {
+            let rest = std::mem::replace(
+                &mut self.run,
+                Run {
+                    frames: Bytes::new(),
+                    epoch: 0,
+                    count: 0,
+                    bytes: 0,
+                },
+            );
+            let mut q = self.queue.lock();
+            q.messages += self.owed;
+            q.items.push_front(Queued::Run(rest));
+        }
     }
 }
 
@@ -358,10 +394,9 @@ impl MemberQueue {
             // afterwards, and the idle transition below fails. Acquire pairs with the
             // producers' Release.
             self.state.fetch_and(!NOTIFIED, Ordering::AcqRel);
-            // Of the batch's last item, a run that crosses the budget: the messages to
-            // deliver now. The rest goes back to the front of the queue once they are
-            // delivered (found in the run's bytes as they are, not walked twice).
-            let mut split = None;
+            // When the batch's last item is a run that crosses the budget: how many of its
+            // messages to deliver now (the rest goes back, still counted: `Taken`).
+            let mut last_take = None;
             let n = {
                 let mut q = self.queue.lock();
                 let room = budget - done;
@@ -376,7 +411,7 @@ impl MemberQueue {
                             break;
                         };
                         if item.len() > room - taken {
-                            split = Some(room - taken);
+                            last_take = Some(room - taken);
                             taken = room;
                         } else {
                             taken += item.len();
@@ -427,22 +462,22 @@ impl MemberQueue {
                     // Each payload sliced out of the run's bytes as it is delivered.
                     Queued::Run(run) => {
                         let epoch = run.epoch;
-                        let take = split.filter(|_| i == last).unwrap_or(run.len());
+                        let take = last_take.filter(|_| i == last).unwrap_or(run.len());
                         let shared = (take > 1).then(|| {
                             &*origin.get_or_insert_with(|| {
                                 Arc::new(Origin::new(self.name.clone(), node.cloned()))
                             })
                         });
-                        let rest = run.deliver_front(take, |payload, seq| {
+                        let mut run = Taken {
+                            queue: &self.queue,
+                            run,
+                            owed: take,
+                        };
+                        while let Some((payload, seq)) = run.next() {
                             deliver(match shared {
                                 Some(o) => Delivery::of_run(o, payload, seq, epoch),
                                 None => Delivery::unnamed(payload, seq).in_epoch(epoch),
-                            })
-                        });
-                        if let Some(rest) = rest {
-                            // Only the deliverer takes from the queue: the front is still
-                            // where the rest was.
-                            self.queue.lock().items.push_front(Queued::Run(rest));
+                            });
                         }
                     }
                 }
@@ -536,6 +571,44 @@ mod tests {
             wire::encode_data(&mut buf, wire::FLAG_RELIABLE, Some(seq), &payload);
         }
         Run::new(Bytes::from(buf), epoch, n, (n * (n + 1) / 2) as u64)
+    }
+
+    /// A credit sink that panics at its first report, as a broken one would.
+    struct PanicsOnce(std::sync::atomic::AtomicBool);
+
+    impl CreditSink for Arc<PanicsOnce> {
+        fn consumed(&self, _epoch: u32, _cost: u64) {
+            if !self.0.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                panic!("the credit sink fails");
+            }
+        }
+        fn idle(&self) {}
+    }
+
+    /// A panic outside the handler, while a run that crossed the budget is being delivered,
+    /// leaves the rest of that run at the front of the queue and counted: the message in
+    /// hand is lost with the panic, nothing else.
+    #[test]
+    fn a_panic_while_a_split_run_is_delivered_leaves_its_rest_queued_and_counted() {
+        let sink = Arc::new(PanicsOnce(std::sync::atomic::AtomicBool::new(false)));
+        let q = MemberQueue::new("a".into(), Box::new(sink));
+        let single = Delivery::unnamed(Bytes::from_static(&[4; 4]), Some(4)).into();
+        // The run's first message, of another epoch, reports the single message's credit.
+        assert!(q.push([single, Queued::Run(run(5, 5, 8))]));
+        let mut seen = Vec::new();
+        let panicked = catch_unwind(AssertUnwindSafe(|| {
+            q.run(3, |d| seen.push(d.seq().expect("reliable")))
+        }));
+        assert!(panicked.is_err());
+        assert_eq!(seen, vec![4]);
+        assert_eq!(q.queued(), 4, "messages 6 to 9 are still queued");
+        // The deliverer still holds RUNNING: run again, as a re-submission would.
+        assert_eq!(
+            q.run(64, |d| seen.push(d.seq().expect("reliable"))),
+            RunOutcome::Idle
+        );
+        assert_eq!(seen, vec![4, 6, 7, 8, 9]);
+        assert_eq!(q.queued(), 0);
     }
 
     /// Runs, split by the budget wherever it falls, and single messages between them come

@@ -136,10 +136,10 @@ impl<'a> Iterator for Resends<'a> {
 pub struct Accepted {
     /// Messages.
     pub count: usize,
-    /// Bytes of their frames.
-    pub len: usize,
-    /// Payload bytes.
-    pub bytes: u64,
+    /// Bytes of their frames, headers included: how far they reach into the buffer.
+    pub frame_bytes: usize,
+    /// Bytes of their payloads.
+    pub payload_bytes: u64,
     /// Window bytes they cost.
     pub cost: u64,
 }
@@ -547,7 +547,7 @@ impl Descriptor {
         let room = window.saturating_sub(self.outstanding_received());
         let mut next = self.received + 1;
         let (mut a, mut unreliable) = (Accepted::default(), 0u64);
-        while let Some(r) = wire::peek_regular(&frames[a.len..], max) {
+        while let Some(r) = wire::peek_regular(&frames[a.frame_bytes..], max) {
             let cost = crate::flow::cost(r.total - r.header);
             if a.cost + cost > room {
                 break;
@@ -558,8 +558,8 @@ impl Descriptor {
                 None => unreliable += cost,
             }
             a.count += 1;
-            a.len += r.total;
-            a.bytes += (r.total - r.header) as u64;
+            a.frame_bytes += r.total;
+            a.payload_bytes += (r.total - r.header) as u64;
             a.cost += cost;
             if a.cost > limit {
                 break;
@@ -1067,8 +1067,8 @@ mod tests {
                     break;
                 }
                 want.count += 1;
-                want.len = end;
-                want.bytes += len as u64;
+                want.frame_bytes = end;
+                want.payload_bytes += len as u64;
                 want.cost += cost;
                 start = end;
                 if want.cost > limit {

@@ -45,7 +45,9 @@ impl Endpoint {
                     };
                     let before = pending;
                     match p.admit_run(&mut self.ctx.out, &link.rbuf, max, &mut pending) {
-                        // The frame after the run is another kind, or incomplete.
+                        // The frame after the run is not one of its messages (another
+                        // kind, a duplicate, a gap, past the window) or is incomplete: the
+                        // next turn of the loop sees which.
                         Inflow::Continue if pending > before => continue,
                         // This frame is not the run's (a duplicate, a gap, past the
                         // peer's window): taken on its own below, which says why.

@@ -142,9 +142,9 @@ impl Remote {
             let a = self
                 .desc
                 .accept_frames(&rbuf[*pending..], max, self.peer_window, limit);
-            *pending += a.len;
+            *pending += a.frame_bytes;
             run.count += a.count;
-            run.bytes += a.bytes;
+            run.bytes += a.payload_bytes;
             run.unflushed += a.cost;
             if run.held + run.unflushed <= window {
                 // Stopped at a frame that is not the run's.
