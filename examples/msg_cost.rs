@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use cohort::{Bytes, IdleStrategy, Node};
 
 mod support;
-use support::process_cpu;
+use support::{fresh_payload, process_cpu};
 
 /// Messages counted per source (a cohort source, or a raw connection), each count alone in
 /// its cache line and bumped with a plain load and store: written by one thread at a time
@@ -73,15 +73,6 @@ fn wait_for(counts: &Counts, target: u64) -> Result<(), Box<dyn Error>> {
         thread::sleep(Duration::from_millis(1));
     }
     Ok(())
-}
-
-/// A payload of its own for message `k`: `template` (its first byte names the source) with
-/// `k` written after that byte, allocated here, as an application makes each message.
-fn fresh(template: &[u8], k: u64) -> Vec<u8> {
-    let mut v = template.to_vec();
-    let n = v.len().saturating_sub(1).min(8);
-    v[1..1 + n].copy_from_slice(&k.to_le_bytes()[..n]);
-    v
 }
 
 /// How a run of `msg_cost` sends: `batch` messages per call, through a `PeerSender`
@@ -145,7 +136,7 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
                 own[0] = i as u8;
                 let next = |k: u64| -> Bytes {
                     if own_payloads {
-                        Bytes::from(fresh(&own, k))
+                        Bytes::from(fresh_payload(&own, k))
                     } else {
                         Bytes::from(own.clone())
                     }
@@ -235,7 +226,7 @@ fn raw(
                     w.write_all(&(payload.len() as u32).to_le_bytes())
                         .expect("write");
                     if fresh_payloads {
-                        w.write_all(&fresh(payload, k)).expect("write");
+                        w.write_all(&fresh_payload(payload, k)).expect("write");
                     } else {
                         w.write_all(payload).expect("write");
                     }

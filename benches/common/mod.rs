@@ -14,6 +14,12 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 
+// The CPU clock and the fresh payloads, shared with the measuring examples.
+#[path = "../../examples/support/mod.rs"]
+mod support;
+#[allow(unused_imports)] // each bench uses a subset
+pub(crate) use support::{fresh_payload, process_cpu};
+
 /// Samples per benchmark: each sample is one `iter_custom` call of many iterations.
 pub(crate) const SAMPLE_SIZE: usize = 10;
 
@@ -301,15 +307,6 @@ pub(crate) fn listen_addr(over: Over, dir: &std::path::Path, name: &str) -> coho
     }
 }
 
-/// The payload of message `k` as an application makes one: allocated and written by the
-/// sending thread, `template` with `k` after its first byte (which names the source).
-pub(crate) fn fresh_payload(template: &[u8], k: u64) -> Vec<u8> {
-    let mut v = template.to_vec();
-    let n = v.len().saturating_sub(1).min(8);
-    v[1..1 + n].copy_from_slice(&k.to_le_bytes()[..n]);
-    v
-}
-
 /// Writes one baseline frame: the payload's length as a little-endian `u32`, then the
 /// payload.
 pub(crate) fn write_frame<W: Write>(w: &mut W, payload: &[u8]) -> io::Result<()> {
@@ -373,22 +370,6 @@ pub(crate) struct Samples {
     /// The process's CPU time (every thread: both ends of the benchmark live in this
     /// process) spent in each recorded call, when it could be read.
     cpu: Mutex<Vec<(u64, Duration)>>,
-}
-
-/// CPU time this process has used so far, every thread, user and system, from
-/// `/proc/self/stat` (Linux; `None` elsewhere or if it cannot be read). Its resolution is the
-/// kernel's clock tick (10 ms at the usual 100 Hz): good over a sample of seconds.
-pub(crate) fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The command name (field 2) may hold spaces: the fields after it start past its ')'.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    // utime and stime are fields 14 and 15 of the whole line, 11 and 12 after the name.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    // The USER_HZ the kernel reports these in is 100 on every Linux configuration Rust
-    // targets (sysconf(_SC_CLK_TCK)).
-    Some(Duration::from_millis((utime + stime) * 10))
 }
 
 impl Samples {
