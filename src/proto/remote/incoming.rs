@@ -147,7 +147,7 @@ impl Remote {
             run.bytes += a.payload_bytes;
             run.unflushed += a.cost;
             if run.held + run.unflushed <= window {
-                // Stopped at a frame that is not the run's.
+                // Stopped at a frame that is not the run's, or at the end of the read.
                 return Inflow::Continue;
             }
             run.held = self
