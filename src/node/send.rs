@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use super::{Error, ReplyFailure, SendError, TrySendError};
-use crate::flow::{cost, AcquireError};
+use crate::flow::{cost, AcquireError, Permit};
 use crate::net::{IoShared, PeerMap};
 use crate::peer::{Failure, Found, Owed, Slot};
 use crate::peer::{Outgoing, PeerShared, PeerState, Return, FRAMED_MAX_PAYLOAD, FRAMED_RUN_BYTES};
@@ -1165,7 +1165,7 @@ impl SendCore {
     /// [`Peers::remembered_if_hit`]: crate::peer::Peers::remembered_if_hit
     #[inline]
     fn send_plain(&self, to: To<'_>, payload: &[u8]) -> Plain {
-        if !self.frame || payload.len() > FRAMED_MAX_PAYLOAD {
+        if !self.frames(payload.len()) {
             return Plain::Other;
         }
         let name = match to {
@@ -1188,21 +1188,45 @@ impl SendCore {
     #[inline]
     fn queue_plain(&self, peer: &PeerShared, payload: &[u8]) -> Plain {
         let len = payload.len();
-        if len > self.max_message.min(peer.peer_max_message())
-            || self.stopped.load(Ordering::Acquire)
-        {
+        if len > self.max_message_to(peer) || self.stopped.load(Ordering::Acquire) {
             return Plain::Other;
         }
         let Ok(permit) = peer.outbox.window().try_acquire(cost(len)) else {
             return Plain::Other;
         };
+        if self.queue_framed(peer, false, payload, permit) {
+            Plain::Sent
+        } else {
+            Plain::Closed
+        }
+    }
+
+    /// Whether this thread encodes a message of `len` bytes of payload itself (a node with
+    /// no outbound filter and no journal, a payload of at most `FRAMED_MAX_PAYLOAD`): for a
+    /// plain message, the caller checks the rest (reliable, no ttl, not a request).
+    #[inline]
+    fn frames(&self, len: usize) -> bool {
+        self.frame && len <= FRAMED_MAX_PAYLOAD
+    }
+
+    /// The largest message `peer` takes: ours, or the peer's once its handshake told it
+    /// (kept while it is disconnected).
+    #[inline]
+    fn max_message_to(&self, peer: &PeerShared) -> usize {
+        self.max_message.min(peer.peer_max_message())
+    }
+
+    /// Queues a plain message encoded by this thread into `peer`'s outbox, holding
+    /// `permit`, and schedules the peer: `false` if the outbox is closed (the permits went
+    /// back, `Return::Refused`). The payload is the caller's again (copied into its frame).
+    #[inline]
+    fn queue_framed(&self, peer: &PeerShared, oob: bool, payload: &[u8], permit: Permit) -> bool {
         // Counted *accepted* under the queue lock, before the IO thread can see it.
-        if !peer.outbox.admit_framed(false, payload, permit) {
-            // `admit_framed` gave the permits back (Return::Refused).
-            return Plain::Closed;
+        if !peer.outbox.admit_framed(oob, payload, permit) {
+            return false;
         }
         self.io.schedule(peer);
-        Plain::Sent
+        true
     }
 
     /// Finds the peer by name (the one this thread's last send by name found, while the
@@ -1307,7 +1331,7 @@ impl SendCore {
         /// The most messages a chunk takes: the IO thread may publish the first ones
         /// while the sender builds the next chunk.
         const CHUNK: usize = 64;
-        let max_message = self.max_message.min(peer.peer_max_message());
+        let max_message = self.max_message_to(peer);
         if let Some(len) = payloads.iter().map(Bytes::len).find(|&l| l > max_message) {
             let e = Error::TooLarge {
                 len,
@@ -1358,10 +1382,7 @@ impl SendCore {
                 // Closed: `acquire` waits without a deadline, never `Full` or `TimedOut`.
                 Err(_) => return Err(SendError::new(Error::Closed, rest.collect())),
             };
-            let framed = self.frame
-                && rest.as_slice()[..n]
-                    .iter()
-                    .all(|p| p.len() <= FRAMED_MAX_PAYLOAD);
+            let framed = rest.as_slice()[..n].iter().all(|p| self.frames(p.len()));
             if framed {
                 let msgs = rest.as_slice()[..n]
                     .iter()
@@ -1420,8 +1441,7 @@ impl SendCore {
             Kind::Request(..) => wire::REQUEST_HEADER_BYTES,
         };
         let on_wire = len + id_bytes;
-        // Ours, or the peer's once its handshake told it (kept while it is disconnected).
-        let max_message = self.max_message.min(peer.peer_max_message());
+        let max_message = self.max_message_to(peer);
         if on_wire > max_message {
             let e = Error::TooLarge {
                 len,
@@ -1483,20 +1503,15 @@ impl SendCore {
                 return Err(TrySendError::Failed(payload, e));
             }
         }
-        if self.frame
+        if self.frames(len)
             && matches!(kind, Kind::Message)
             && !opts.unreliable
             && opts.ttl.is_none()
-            && len <= FRAMED_MAX_PAYLOAD
         {
-            // Counted *accepted* under the queue lock, before the IO thread can see it.
-            if !peer.outbox.admit_framed(opts.oob, &payload, permit) {
-                // `admit_framed` gave the permits back (Return::Refused).
+            if !self.queue_framed(peer, opts.oob, &payload, permit) {
                 return Err(TrySendError::Failed(payload, Error::Closed));
             }
-            // The payload was copied into the frame: dropped here, on the sending thread.
-            drop(payload);
-            self.io.schedule(peer);
+            // Copied into its frame: dropped here, on the sending thread.
             return Ok(());
         }
         let deadline = opts.ttl.map(|t| {
