@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, ThreadId};
 use std::time::{Duration, Instant};
 
-use cohort::internals::deliver::{CreditSink, MemberQueue, OobQueue, Pool, Task};
+use cohort::internals::deliver::{CreditSink, Handler, MemberQueue, OobQueue, Pool, Task};
 use cohort::{Bytes, Delivery};
 use common::{Progress, Samples};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -141,7 +141,7 @@ impl Rig {
             "bench",
             POOL_THREADS,
             DELIVERY_BUDGET,
-            Arc::new(move |_: Delivery| {
+            Handler::owned(move |_: Delivery| {
                 tally.note();
                 count.add(1);
             }),

@@ -101,7 +101,9 @@ mod wire;
 
 pub use addr::{Addr, AddrParseError, Seed, ToAddr, ToSeed};
 pub use bytes::Bytes;
-pub use deliver::{Delivery, Inbox, InboxIter, InboxRecv, InboxTryIter, PoolStats, RecvError};
+pub use deliver::{
+    Delivery, DeliveryRef, Inbox, InboxIter, InboxRecv, InboxTryIter, PoolStats, RecvError,
+};
 pub use events::{DisconnectReason, Event, MemberInfo, MemberState, RefuseReason};
 pub use journal::{
     inspect as inspect_journal, FsyncPolicy, JournalError, JournalInspection, JournalStats,

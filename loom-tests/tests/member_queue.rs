@@ -28,10 +28,10 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::internals::deliver::{CreditSink, MemberQueue, Run, RunOutcome};
+use cohort::internals::deliver::{CreditSink, Lending, MemberQueue, Run, RunOutcome};
 use cohort::internals::flow::cost;
 use cohort::internals::wire;
-use cohort::Delivery;
+use cohort::{Delivery, DeliveryRef};
 use loom::cell::UnsafeCell;
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use loom::sync::{Arc, Condvar, Mutex};
@@ -199,19 +199,21 @@ impl Record {
 type Handler = Box<dyn Fn(Delivery) + Send + Sync>;
 
 fn handler(rec: Arc<Record>) -> Handler {
-    Box::new(move |d: Delivery| {
-        // Relaxed on purpose: these counters must not create happens-before edges of their
-        // own, or they would hide a missing Acquire/Release in the queue from the
-        // `UnsafeCell` check. (A read-modify-write still sees the latest value, so an
-        // overlap is counted whatever the ordering.)
-        let now = rec.in_handler.fetch_add(1, Ordering::Relaxed) + 1;
-        rec.max_in_handler.fetch_max(now, Ordering::Relaxed);
-        let p = d.payload();
-        let entry = (p[0], p[1]);
-        assert_eq!(d.seq(), seq(rec.mode, entry.0, entry.1));
-        rec.log.with_mut(|log| unsafe { (*log).push(entry) });
-        rec.in_handler.fetch_sub(1, Ordering::Relaxed);
-    })
+    Box::new(move |d: Delivery| handle(&rec, d.payload(), d.seq()))
+}
+
+/// What the handlers do with a message: `payload`, with sequence number `seq`.
+fn handle(rec: &Record, payload: &[u8], got: Option<u64>) {
+    // Relaxed on purpose: these counters must not create happens-before edges of their
+    // own, or they would hide a missing Acquire/Release in the queue from the
+    // `UnsafeCell` check. (A read-modify-write still sees the latest value, so an
+    // overlap is counted whatever the ordering.)
+    let now = rec.in_handler.fetch_add(1, Ordering::Relaxed) + 1;
+    rec.max_in_handler.fetch_max(now, Ordering::Relaxed);
+    let entry = (payload[0], payload[1]);
+    assert_eq!(got, seq(rec.mode, entry.0, entry.1));
+    rec.log.with_mut(|log| unsafe { (*log).push(entry) });
+    rec.in_handler.fetch_sub(1, Ordering::Relaxed);
 }
 
 /// Message `i` of producer `p`: `[p, i]` padded to a length that differs per message, so
@@ -438,6 +440,34 @@ fn producers_push_runs_budget_1() {
 fn producers_push_runs_budget_3() {
     loom_tests::model("member_queue/producers_push_runs_budget_3", || {
         producers_push_runs(3, Mode::Plain);
+    });
+}
+
+/// `producers_push_runs` with the messages lent to the handler where they lie in their
+/// run's bytes (`Lending`, as `on_message_ref` hands them over), budget 1: every run split,
+/// its rest back at the front while the other producer pushes.
+#[test]
+fn producers_push_runs_lent_budget_1() {
+    loom_tests::model("member_queue/producers_push_runs_lent_budget_1", || {
+        let mode = Mode::Plain;
+        let (q, credit, rec) = new_queue(mode);
+        let threads: Vec<_> = (0..2u8)
+            .map(|p| {
+                let (q, rec) = (q.clone(), rec.clone());
+                thread::spawn(move || {
+                    if q.push([run_of(mode, p)]) {
+                        let mut lending = Lending::new(None, |m: DeliveryRef<'_>| {
+                            handle(&rec, m.payload(), m.seq())
+                        });
+                        while q.run_with_node(1, None, &mut lending) == RunOutcome::Yield {}
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        check_quiescent(&q, &rec, &credit, 2);
     });
 }
 

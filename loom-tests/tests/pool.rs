@@ -17,7 +17,7 @@
 #![cfg(loom)]
 
 use bytes::Bytes;
-use cohort::internals::deliver::{CreditSink, MemberQueue, Pool, Task, TaskQueue};
+use cohort::internals::deliver::{CreditSink, Handler, MemberQueue, Pool, Task, TaskQueue};
 use cohort::Delivery;
 use loom::sync::{Condvar, Mutex};
 use loom::thread;
@@ -172,7 +172,7 @@ fn the_pool_runs_a_yielding_sender_task() {
         let ran = Ran::new(2);
         let handler = {
             let ran = ran.clone();
-            Arc::new(move |d: Delivery| ran.ran(usize::from(d.payload()[0])))
+            Handler::owned(move |d: Delivery| ran.ran(usize::from(d.payload()[0])))
         };
         let pool = Pool::start("model", 1, 1, handler, None).expect("pool started");
         let member = Arc::new(MemberQueue::new(Arc::from("sender"), Box::new(NoCredit)));

@@ -20,13 +20,14 @@
 //! message).
 
 use std::collections::VecDeque;
+use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use bytes::{Buf, Bytes};
+use bytes::Bytes;
 
-use super::{Delivery, NodeRef, Origin};
+use super::{Delivery, DeliveryRef, NodeRef, Owning, Recipient};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::sync::{Arc, Mutex, SharedStr};
+use crate::sync::{Mutex, SharedStr};
 use crate::wire;
 
 const RUNNING: usize = 0b01;
@@ -97,12 +98,14 @@ impl Segment {
 
 /// Regular messages of one sender, of one stream epoch, in order, that one read brought:
 /// their data frames as they came, taken off the read buffer once. The IO thread checks and
-/// counts the frames; the deliverer finds each message in them ([`wire::read_regular`])
-/// and slices its payload out as it delivers it.
+/// counts the frames; the deliverer finds each message in them ([`wire::read_regular`]) and
+/// lends its payload where it lies.
 #[derive(Debug)]
 pub struct Run {
-    /// `count` regular data frames, back to back.
+    /// `count` regular data frames, back to back, from `at` on (before it: those already
+    /// delivered).
     frames: Bytes,
+    at: usize,
     epoch: u32,
     count: usize,
     /// Payload bytes of the messages.
@@ -119,6 +122,7 @@ impl Run {
     pub fn new(frames: Bytes, epoch: u32, count: usize, payload_bytes: u64) -> Run {
         let run = Run {
             frames,
+            at: 0,
             epoch,
             count,
             bytes: payload_bytes,
@@ -153,21 +157,21 @@ impl Run {
         self.bytes
     }
 
-    /// Takes its first message off: the payload, sliced from the run's bytes, and its
+    /// Takes its first message off: where its payload lies in the run's bytes, and its
     /// sequence number. `None` once it is empty.
     #[inline]
-    fn pop_front(&mut self) -> Option<(Bytes, Option<u64>)> {
+    fn pop_front(&mut self) -> Option<(Range<usize>, Option<u64>)> {
         if self.count == 0 {
             return None;
         }
         // Checked as they were read (`wire::peek_regular`): every frame is found.
-        let r = wire::read_regular(&self.frames);
+        let r = wire::read_regular(&self.frames[self.at..]);
         debug_assert!(r.is_some(), "a run's frame lies within its bytes");
         let r = r?;
-        let payload = self.frames.slice(r.header..r.total);
-        self.frames.advance(r.total);
+        let payload = self.at + r.header..self.at + r.total;
+        self.at += r.total;
         self.count -= 1;
-        self.bytes -= payload.len() as u64;
+        self.bytes -= (r.total - r.header) as u64;
         Some((payload, r.seq))
     }
 }
@@ -184,9 +188,10 @@ struct Taken<'a> {
 }
 
 impl Taken<'_> {
-    /// Its next message, one of those counted as taken.
+    /// Its next message, one of those counted as taken: where its payload lies in
+    /// `self.run.frames`, and its sequence number.
     #[inline]
-    fn next(&mut self) -> Option<(Bytes, Option<u64>)> {
+    fn next(&mut self) -> Option<(Range<usize>, Option<u64>)> {
         if self.owed == 0 {
             return None;
         }
@@ -203,6 +208,7 @@ impl Drop for Taken<'_> {
                 &mut self.run,
                 Run {
                     frames: Bytes::new(),
+                    at: 0,
                     epoch: 0,
                     count: 0,
                     bytes: 0,
@@ -369,19 +375,18 @@ impl MemberQueue {
     /// after [`RunOutcome::Yield`]).
     #[cfg(any(test, cohort_internals))]
     pub fn run(&self, budget: usize, handler: impl FnMut(Delivery)) -> RunOutcome {
-        self.run_with_node(budget, None, handler)
+        self.run_with_node(budget, None, &mut Owning::new(None, handler))
     }
 
-    /// [`run`](MemberQueue::run), the messages of runs handed over with `node` (the
-    /// receiving node's send handle; the pool's handler gives it to the others).
+    /// [`run`](MemberQueue::run), each message handed over to `to` as it lies: a message
+    /// of a run lent out of the run's bytes, carrying `node` (the receiving node's send
+    /// handle), a message that came alone as its delivery.
     pub fn run_with_node(
         &self,
         budget: usize,
         node: Option<&NodeRef>,
-        mut handler: impl FnMut(Delivery),
+        to: &mut impl Recipient,
     ) -> RunOutcome {
-        // Made at the first run of two messages or more in this call, for all of them.
-        let mut origin: Option<Arc<Origin>> = None;
         let now_active = self.active.fetch_add(1, Ordering::AcqRel) + 1;
         self.max_active.fetch_max(now_active, Ordering::AcqRel);
         let budget = budget.max(1);
@@ -428,56 +433,48 @@ impl MemberQueue {
             // What the batch consumed, reported per stream epoch (a batch spans two epochs
             // only right after the sender's stream restarted).
             let mut seg = Segment::default();
-            let mut deliver = |mut d: Delivery| {
-                if !d.is_named() {
-                    d.name_as(&self.name);
-                }
-                if d.epoch() != seg.epoch && !seg.is_empty() {
+            // Counts one message about to be handed over: `len` payload bytes, `cost` window
+            // bytes, of stream epoch `epoch`, reliable with sequence number `seq` or not.
+            // (Reported once the batch is through, or before a message of another epoch:
+            // after the handler returned.)
+            let mut count = |epoch: u32, len: usize, cost: u64, seq: Option<u64>| {
+                if epoch != seg.epoch && !seg.is_empty() {
                     seg.report(&*self.credit, &mut seqs);
                 }
-                seg.epoch = d.epoch();
-                let len = d.payload().len();
+                seg.epoch = epoch;
                 bytes += len as u64;
-                let cost = d.cost();
                 seg.cost += cost;
-                let seq = d.seq();
-                if track && seq.is_none() {
-                    seg.unreliable += cost;
-                }
-                if catch_unwind(AssertUnwindSafe(|| handler(d))).is_err() {
-                    self.panics.fetch_add(1, Ordering::Relaxed);
-                    log::error!(
-                        "message handler panicked on a message from '{}'; continuing",
-                        self.name
-                    );
-                }
-                if let Some(seq) = seq.filter(|_| track) {
-                    seqs.push(seq);
+                match seq {
+                    Some(seq) if track => seqs.push(seq),
+                    None if track => seg.unreliable += cost,
+                    _ => {}
                 }
             };
             let last = batch.len().wrapping_sub(1);
             for (i, item) in batch.drain(..).enumerate() {
                 match item {
-                    Queued::One(d) => deliver(d),
-                    // Each payload sliced out of the run's bytes as it is delivered.
+                    Queued::One(mut d) => {
+                        if !d.is_named() {
+                            d.name_as(&self.name);
+                        }
+                        count(d.epoch(), d.payload().len(), d.cost(), d.seq());
+                        self.guarded(|| to.take(d));
+                    }
+                    // Each payload lent where it lies in the run's bytes.
                     Queued::Run(run) => {
                         let epoch = run.epoch;
                         let take = last_take.filter(|_| i == last).unwrap_or(run.len());
-                        let shared = (take > 1).then(|| {
-                            &*origin.get_or_insert_with(|| {
-                                Arc::new(Origin::new(self.name.clone(), node.cloned()))
-                            })
-                        });
                         let mut run = Taken {
                             queue: &self.queue,
                             run,
                             owed: take,
                         };
-                        while let Some((payload, seq)) = run.next() {
-                            deliver(match shared {
-                                Some(o) => Delivery::of_run(o, payload, seq, epoch),
-                                None => Delivery::unnamed(payload, seq).in_epoch(epoch),
-                            });
+                        while let Some((at, seq)) = run.next() {
+                            let more = run.owed > 0;
+                            count(epoch, at.len(), crate::flow::cost(at.len()), seq);
+                            let frames = &run.run.frames;
+                            let msg = DeliveryRef::of_run(&self.name, node, frames, at, seq, epoch);
+                            self.guarded(|| to.lend(msg, more));
                         }
                     }
                 }
@@ -511,6 +508,19 @@ impl MemberQueue {
             self.credit.idle();
         }
         outcome
+    }
+
+    /// Runs `hand` (a message handed to the application), catching, counting and logging
+    /// a panic in it: the next message is delivered.
+    #[inline]
+    fn guarded(&self, hand: impl FnOnce()) {
+        if catch_unwind(AssertUnwindSafe(hand)).is_err() {
+            self.panics.fetch_add(1, Ordering::Relaxed);
+            log::error!(
+                "message handler panicked on a message from '{}'; continuing",
+                self.name
+            );
+        }
     }
 
     /// Payload bytes queued and not yet delivered.
@@ -548,6 +558,7 @@ impl MemberQueue {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::deliver::Lending;
     use crate::sync::Arc;
 
     /// Adds up the credit reported, per epoch.
@@ -609,6 +620,65 @@ mod tests {
         );
         assert_eq!(seen, vec![4, 6, 7, 8, 9]);
         assert_eq!(q.queued(), 0);
+    }
+
+    /// A lent message says what the delivery made of it says, run or single message,
+    /// wherever the budget splits a run, its kept bytes included; and the credit adds up as
+    /// for deliveries.
+    #[test]
+    fn lent_messages_say_what_their_deliveries_say_across_budgets() {
+        type Seen = (String, Option<u64>, Vec<u8>, bool, bool);
+        fn queue(tally: &Arc<Tally>) -> MemberQueue {
+            let q = MemberQueue::new("a".into(), Box::new(tally.clone()));
+            let single = Delivery::unnamed(Bytes::from_static(&[4; 4]), Some(4)).into();
+            assert!(q.push([Queued::Run(run(3, 1, 7)), single]));
+            assert!(!q.push([run(4, 5, 8)]));
+            q
+        }
+        for budget in [1, 2, 3, 5, 64] {
+            let (owned_tally, lent_tally) =
+                (Arc::new(Tally::default()), Arc::new(Tally::default()));
+            let (owned, lent) = (queue(&owned_tally), queue(&lent_tally));
+            let mut want: Vec<Seen> = Vec::new();
+            while owned.run(budget, |d| {
+                let seen = (
+                    d.from().to_owned(),
+                    d.seq(),
+                    d.payload().to_vec(),
+                    d.is_oob(),
+                    false,
+                );
+                want.push(seen);
+            }) == RunOutcome::Yield
+            {}
+            let mut got: Vec<Seen> = Vec::new();
+            let lend = |m: DeliveryRef<'_>| {
+                assert_eq!(m.payload_bytes(), m.payload(), "kept bytes");
+                assert_eq!(
+                    m.to_delivery().payload(),
+                    m.payload(),
+                    "a delivery of its own"
+                );
+                let seen = (
+                    m.from().to_owned(),
+                    m.seq(),
+                    m.payload().to_vec(),
+                    m.is_oob(),
+                    m.is_request(),
+                );
+                got.push(seen);
+            };
+            let mut lending = Lending::new(None, lend);
+            while lent.run_with_node(budget, None, &mut lending) == RunOutcome::Yield {}
+            assert_eq!(got, want, "budget {budget}");
+            assert_eq!(got.len(), 8);
+            assert_eq!(
+                *lent_tally.0.lock(),
+                *owned_tally.0.lock(),
+                "credit, budget {budget}"
+            );
+            assert_eq!((lent.queued(), lent.queued_bytes()), (0, 0));
+        }
     }
 
     /// Runs, split by the budget wherever it falls, and single messages between them come

@@ -22,6 +22,7 @@ pub(crate) use room::ReplyRoom;
 
 use std::any::Any;
 use std::fmt;
+use std::ops::Range;
 
 use bytes::Bytes;
 
@@ -265,5 +266,310 @@ impl Delivery {
     /// Whether the message was sent out of band (unordered, straight to the pool).
     pub fn is_oob(&self) -> bool {
         self.oob
+    }
+}
+
+/// Where a deliverer hands messages over: the application's handler, which takes each as a
+/// [`Delivery`] of its own ([`Owning`]) or borrows it ([`Lending`]), or an inbox.
+pub trait Recipient {
+    /// A message that came alone, as its delivery.
+    fn take(&mut self, d: Delivery);
+    /// A regular message of a run, lent where it lies in the run's bytes (`more`: further
+    /// messages of the same run follow in this turn).
+    fn lend(&mut self, msg: DeliveryRef<'_>, more: bool);
+}
+
+/// Hands messages to `F` as deliveries of their own, each carrying `node`. The messages of
+/// one sender's runs share one [`Origin`], made once per turn: one reference count taken
+/// per message instead of two. One per sender's turn: the origin names that sender.
+pub struct Owning<'n, F> {
+    node: Option<&'n NodeRef>,
+    origin: Option<Arc<Origin>>,
+    to: F,
+}
+
+impl<'n, F: FnMut(Delivery)> Owning<'n, F> {
+    /// Deliveries that carry `node`, handed to `to`.
+    pub fn new(node: Option<&'n NodeRef>, to: F) -> Owning<'n, F> {
+        Owning {
+            node,
+            origin: None,
+            to,
+        }
+    }
+}
+
+impl<F> fmt::Debug for Owning<'_, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Owning")
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F: FnMut(Delivery)> Recipient for Owning<'_, F> {
+    #[inline]
+    fn take(&mut self, d: Delivery) {
+        (self.to)(d.with_node(self.node));
+    }
+
+    #[inline]
+    fn lend(&mut self, msg: DeliveryRef<'_>, more: bool) {
+        let Lent::Run {
+            from,
+            frames,
+            at,
+            payload,
+            seq,
+            epoch,
+            ..
+        } = msg.lent
+        else {
+            return self.take(msg.to_delivery());
+        };
+        let payload = frames.slice(at..at + payload.len());
+        let d = match &self.origin {
+            Some(origin) => Delivery::of_run(origin, payload, seq, epoch),
+            // Made at the first message of a turn that has more to come.
+            None if more => {
+                let node = self.node;
+                let origin = self
+                    .origin
+                    .insert(Arc::new(Origin::new(from.clone(), node.cloned())));
+                Delivery::of_run(origin, payload, seq, epoch)
+            }
+            None => {
+                let mut d = Delivery::new(from.clone(), payload, seq, false).in_epoch(epoch);
+                d.node = self.node.cloned();
+                d
+            }
+        };
+        (self.to)(d);
+    }
+}
+
+/// Lends messages to `F`, each carrying `node`: a run's straight out of its bytes, one that
+/// came alone from its delivery (which goes once `F` returns).
+pub struct Lending<'n, F> {
+    node: Option<&'n NodeRef>,
+    to: F,
+}
+
+impl<'n, F: FnMut(DeliveryRef<'_>)> Lending<'n, F> {
+    /// Messages that carry `node`, lent to `to`.
+    pub fn new(node: Option<&'n NodeRef>, to: F) -> Lending<'n, F> {
+        Lending { node, to }
+    }
+}
+
+impl<F> fmt::Debug for Lending<'_, F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lending").finish_non_exhaustive()
+    }
+}
+
+impl<F: FnMut(DeliveryRef<'_>)> Recipient for Lending<'_, F> {
+    #[inline]
+    fn take(&mut self, d: Delivery) {
+        (self.to)(DeliveryRef::whole(&d.with_node(self.node)));
+    }
+
+    #[inline]
+    fn lend(&mut self, msg: DeliveryRef<'_>, _more: bool) {
+        (self.to)(msg);
+    }
+}
+
+/// A message lent to the application's handler for the length of one call
+/// ([`Builder::on_message_ref`](crate::Builder::on_message_ref)): what a
+/// [`Delivery`] says of it, borrowed where the transport holds it. Handing one over touches
+/// no reference count and moves nothing: the regular messages one read brought are lent
+/// straight out of that read's bytes. Keep what outlives the call with
+/// [`to_delivery`](DeliveryRef::to_delivery) (or
+/// [`payload_bytes`](DeliveryRef::payload_bytes) for the bytes alone), which take the
+/// reference counts a `Delivery` holds.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+///
+/// let bytes = Arc::new(AtomicU64::new(0));
+/// let seen = bytes.clone();
+/// let builder = cohort::Node::builder("beta").on_message_ref(move |m| {
+///     // Read in place: nothing is copied or counted to hand it over.
+///     seen.fetch_add(m.payload().len() as u64, Ordering::Relaxed);
+///     if m.is_request() {
+///         let _ = m.reply(b"ok".to_vec());
+///     }
+/// });
+/// # let _ = builder;
+/// ```
+#[derive(Clone, Copy)]
+pub struct DeliveryRef<'a> {
+    lent: Lent<'a>,
+}
+
+/// Where a lent message lives.
+#[derive(Clone, Copy)]
+enum Lent<'a> {
+    /// A delivery the deliverer holds whole (a message that came alone: out of band, a
+    /// request, one the IO thread could not take as part of a run).
+    Whole(&'a Delivery),
+    /// A regular message of a run: its payload lies in the run's bytes.
+    Run {
+        from: &'a SharedStr,
+        node: Option<&'a NodeRef>,
+        /// The run's bytes, from which [`DeliveryRef::payload_bytes`] slices the payload
+        /// (which starts `at` bytes in).
+        frames: &'a Bytes,
+        at: usize,
+        payload: &'a [u8],
+        seq: Option<u64>,
+        epoch: u32,
+    },
+}
+
+impl<'a> DeliveryRef<'a> {
+    /// Lends `d` whole.
+    pub(crate) fn whole(d: &'a Delivery) -> DeliveryRef<'a> {
+        DeliveryRef {
+            lent: Lent::Whole(d),
+        }
+    }
+
+    /// Lends a regular message of a run: the bytes `payload` of `frames`, reliable with
+    /// sequence number `seq` or not, of stream epoch `epoch`, from `from`, delivered by the
+    /// node whose send handle is `node`.
+    #[inline]
+    pub(crate) fn of_run(
+        from: &'a SharedStr,
+        node: Option<&'a NodeRef>,
+        frames: &'a Bytes,
+        payload: Range<usize>,
+        seq: Option<u64>,
+        epoch: u32,
+    ) -> DeliveryRef<'a> {
+        DeliveryRef {
+            lent: Lent::Run {
+                from,
+                node,
+                frames,
+                at: payload.start,
+                payload: &frames[payload],
+                seq,
+                epoch,
+            },
+        }
+    }
+
+    /// The sending member's name.
+    pub fn from(&self) -> &'a str {
+        match self.lent {
+            Lent::Whole(d) => d.from(),
+            Lent::Run { from, .. } => from,
+        }
+    }
+
+    /// The message bytes, where the transport holds them.
+    pub fn payload(&self) -> &'a [u8] {
+        match self.lent {
+            Lent::Whole(d) => d.payload(),
+            Lent::Run { payload, .. } => payload,
+        }
+    }
+
+    /// The message bytes as a [`Bytes`] of their own, to keep after the call: shares the
+    /// transport's buffer (a reference count, no copy).
+    pub fn payload_bytes(&self) -> Bytes {
+        match self.lent {
+            Lent::Whole(d) => d.payload().clone(),
+            Lent::Run {
+                frames,
+                at,
+                payload,
+                ..
+            } => frames.slice(at..at + payload.len()),
+        }
+    }
+
+    /// The sender's sequence number for a reliable message; `None` for an unreliable one
+    /// (see [`Delivery::seq`]).
+    pub fn seq(&self) -> Option<u64> {
+        match self.lent {
+            Lent::Whole(d) => d.seq(),
+            Lent::Run { seq, .. } => seq,
+        }
+    }
+
+    /// Whether the message was sent out of band (unordered, straight to the pool).
+    pub fn is_oob(&self) -> bool {
+        match self.lent {
+            Lent::Whole(d) => d.is_oob(),
+            Lent::Run { .. } => false,
+        }
+    }
+
+    /// Whether the message is a request, to answer with [`reply`](DeliveryRef::reply)
+    /// (see [`Delivery::is_request`]).
+    pub fn is_request(&self) -> bool {
+        self.as_whole().is_some_and(Delivery::is_request)
+    }
+
+    /// The most bytes a reply to this request may carry; `None` for a message that is
+    /// not a request (see [`Delivery::reply_room`]).
+    pub fn reply_room(&self) -> Option<usize> {
+        self.as_whole().and_then(Delivery::reply_room)
+    }
+
+    /// The message as a [`Delivery`] of its own, to keep after the call (to answer a
+    /// request later, say): takes the reference counts a delivery holds, copies no
+    /// payload. A request kept so is answered, or told unanswered, as the last clone of
+    /// its `Delivery` decides (see [`Delivery::reply`]).
+    pub fn to_delivery(&self) -> Delivery {
+        match self.lent {
+            Lent::Whole(d) => d.clone(),
+            Lent::Run {
+                from,
+                node,
+                frames,
+                at,
+                payload,
+                seq,
+                epoch,
+            } => {
+                let payload = frames.slice(at..at + payload.len());
+                let mut d = Delivery::new(from.clone(), payload, seq, false).in_epoch(epoch);
+                d.node = node.cloned();
+                d
+            }
+        }
+    }
+
+    /// The delivery lent whole, if it is one.
+    pub(crate) fn as_whole(&self) -> Option<&'a Delivery> {
+        match self.lent {
+            Lent::Whole(d) => Some(d),
+            Lent::Run { .. } => None,
+        }
+    }
+
+    /// The receiving node's send handle.
+    pub(crate) fn node(&self) -> Option<&'a dyn NodeHandle> {
+        match self.lent {
+            Lent::Whole(d) => d.node(),
+            Lent::Run { node, .. } => node.map(|n| &**n),
+        }
+    }
+}
+
+impl fmt::Debug for DeliveryRef<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeliveryRef")
+            .field("from", &self.from())
+            .field("len", &self.payload().len())
+            .field("seq", &self.seq())
+            .field("oob", &self.is_oob())
+            .field("request", &self.is_request())
+            .finish()
     }
 }

@@ -14,12 +14,36 @@ use std::time::{Duration, Instant};
 
 use super::member::{MemberQueue, RunOutcome};
 use super::oob::OobQueue;
-use super::{Delivery, NodeRef};
+use super::{Delivery, DeliveryRef, Lending, NodeRef, Owning, Recipient};
 use crate::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{thread, wait_timeout, wait_until, Arc, Condvar, Mutex};
 
-/// The application's message handler.
-pub type Handler = Arc<dyn Fn(Delivery) + Send + Sync>;
+/// The application's message handler: one that takes each message as a [`Delivery`] of
+/// its own ([`Builder::on_message`](crate::Builder::on_message)), or one each message is
+/// lent to for the call ([`Builder::on_message_ref`](crate::Builder::on_message_ref)).
+#[derive(Clone)]
+pub enum Handler {
+    /// Takes each message.
+    Owned(Arc<dyn Fn(Delivery) + Send + Sync>),
+    /// Borrows each message.
+    Lent(Arc<dyn Fn(DeliveryRef<'_>) + Send + Sync>),
+}
+
+impl Handler {
+    /// A handler that takes each message.
+    pub fn owned(f: impl Fn(Delivery) + Send + Sync + 'static) -> Handler {
+        Handler::Owned(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for Handler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Handler::Owned(_) => "Handler::Owned",
+            Handler::Lent(_) => "Handler::Lent",
+        })
+    }
+}
 
 /// A unit of work for the pool.
 pub enum Task {
@@ -345,7 +369,7 @@ impl Pool {
     /// A pool without worker threads, whose tasks an [`Inbox`](super::Inbox) runs on the
     /// application's thread.
     pub(crate) fn without_workers(budget: usize, node: Option<NodeRef>) -> std::io::Result<Pool> {
-        let unused: Handler = Arc::new(|_| {});
+        let unused = Handler::owned(|_| {});
         Pool::spawn("", 0, budget, unused, node)
     }
 
@@ -440,12 +464,12 @@ impl Pool {
         &self,
         deadline: Option<Instant>,
         node: Option<&NodeRef>,
-        handler: impl FnMut(Delivery),
+        mut handler: impl FnMut(Delivery),
     ) -> Next<()> {
         let s = &*self.shared;
         match s.tasks.next_until(|| spin_episode(s), deadline) {
             Next::Task(task) => {
-                run_task(s, task, node, handler);
+                run_task(s, task, node, &mut Owning::new(node, &mut handler));
                 Next::Task(())
             }
             Next::Stopped => Next::Stopped,
@@ -526,23 +550,28 @@ fn worker(s: Arc<Shared>) {
     // Each worker its own handle: the deliveries' clones of it then touch a reference count
     // no other worker touches.
     let node = s.node.as_ref().map(|n| n.fork());
+    let node = node.as_ref();
     while let Some(task) = s.tasks.next(|| spin_episode(&s)) {
-        run_task(&s, task, node.as_ref(), &*s.handler);
+        match &s.handler {
+            // One per task: a task is one sender's.
+            Handler::Owned(h) => run_task(&s, task, node, &mut Owning::new(node, &**h)),
+            Handler::Lent(h) => run_task(&s, task, node, &mut Lending::new(node, &**h)),
+        }
     }
     let mut live = s.live.lock();
     *live -= 1;
     s.exited.notify_all();
 }
 
-/// Runs one task on the calling thread, handing each delivery (with `node`, the send handle
-/// it carries) to `handler`; a task that yielded goes to the back of the queue again.
-fn run_task(s: &Shared, task: Task, node: Option<&NodeRef>, mut handler: impl FnMut(Delivery)) {
+/// Runs one task on the calling thread, handing each message over to `to` (a message of a
+/// run lent with `node`, the send handle it carries); a task that yielded goes to the back
+/// of the queue again.
+fn run_task(s: &Shared, task: Task, node: Option<&NodeRef>, to: &mut impl Recipient) {
     s.busy.fetch_add(1, Ordering::Relaxed);
-    let mut give = |d: Delivery| handler(d.with_node(node));
     let again = match task {
         Task::Member(m) => {
             let before = m.panics();
-            let outcome = m.run_with_node(s.budget, node, &mut give);
+            let outcome = m.run_with_node(s.budget, node, to);
             // One deliverer at a time runs a sender's queue: what its count gained since
             // `before` was caught in this run. Two loads per task, none per message.
             let caught = m.panics().saturating_sub(before);
@@ -555,7 +584,7 @@ fn run_task(s: &Shared, task: Task, node: Option<&NodeRef>, mut handler: impl Fn
             }
         }
         Task::Oob(q) => {
-            let run = q.run(s.budget, &mut give);
+            let run = q.run(s.budget, |d| to.take(d));
             s.oob_delivered.fetch_add(run.delivered, Ordering::Relaxed);
             s.oob_bytes.fetch_add(run.bytes, Ordering::Relaxed);
             s.panics.fetch_add(run.panics, Ordering::Relaxed);

@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::{ConfigError, Error, Node, Sender};
-use crate::deliver::{Delivery, Handler, Inbox};
+use crate::deliver::{Delivery, DeliveryRef, Handler, Inbox};
 use crate::flow::MESSAGE_OVERHEAD;
 use crate::journal::{FsyncPolicy, DEFAULT_SEGMENT_SIZE};
 use crate::net::{IdleStrategy, IoConfig};
@@ -762,7 +762,41 @@ impl Builder {
     where
         F: Fn(Delivery) + Send + Sync + 'static,
     {
-        self.handler = Some(Arc::new(f));
+        self.handler = Some(Handler::owned(f));
+        self
+    }
+
+    /// The message handler, called on a pool thread with each message lent for the call:
+    /// [`on_message`](Builder::on_message) without taking the message, for handlers that
+    /// read it in place. Nothing is copied or counted to hand a message over (a
+    /// [`Delivery`] of its own holds reference counts to the sender's name, the node and
+    /// the bytes the message came in, taken and dropped for each message); what must
+    /// outlive the call is kept with [`DeliveryRef::to_delivery`] or
+    /// [`DeliveryRef::payload_bytes`]. Everything else is as for `on_message`, which it
+    /// replaces (a node has one handler): order, one deliverer per sender, credit returned
+    /// as it returns, panics caught, requests answered with [`DeliveryRef::reply`] (one left
+    /// unanswered when the call returns fails its requester at once, unless a kept
+    /// `Delivery` may still answer it).
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let total = Arc::new(AtomicU64::new(0));
+    /// let sum = total.clone();
+    /// let builder = cohort::Node::builder("beta").on_message_ref(move |m| {
+    ///     // Read where it lies; nothing to drop.
+    ///     if let Some(&first) = m.payload().first() {
+    ///         sum.fetch_add(u64::from(first), Ordering::Relaxed);
+    ///     }
+    /// });
+    /// # let _ = builder;
+    /// ```
+    pub fn on_message_ref<F>(mut self, f: F) -> Self
+    where
+        F: Fn(DeliveryRef<'_>) + Send + Sync + 'static,
+    {
+        self.handler = Some(Handler::Lent(Arc::new(f)));
         self
     }
 

@@ -8,7 +8,7 @@ use std::any::Any;
 use bytes::Bytes;
 
 use super::{Error, SendError, Sender};
-use crate::deliver::{Delivery, NodeHandle, NodeRef};
+use crate::deliver::{Delivery, DeliveryRef, NodeHandle, NodeRef};
 use crate::sync::Arc;
 use crate::wire::ReplyStatus;
 
@@ -111,6 +111,39 @@ impl Delivery {
     /// # let _ = echo;
     /// ```
     pub fn sender(&self) -> Option<&Sender> {
+        // `Sender` is the only `NodeHandle`: the downcast finds it whenever a node is set.
+        self.node()
+            .and_then(|n| n.as_any().downcast_ref::<Sender>())
+    }
+}
+
+impl<'a> DeliveryRef<'a> {
+    /// Answers the request this message is, with `payload`: [`Delivery::reply`], which
+    /// says how and when it fails. Fails with [`Error::NotARequest`] for a message that is
+    /// not a request.
+    ///
+    /// ```
+    /// let server = cohort::Node::builder("server").on_message_ref(|m| {
+    ///     if m.is_request() {
+    ///         let mut answer = m.payload().to_vec();
+    ///         answer.reverse();
+    ///         if let Err(e) = m.reply(answer) {
+    ///             eprintln!("cannot answer {}: {e}", m.from());
+    ///         }
+    ///     }
+    /// });
+    /// # let _ = server;
+    /// ```
+    pub fn reply(&self, payload: impl Into<Bytes>) -> Result<(), SendError<Bytes>> {
+        match self.as_whole() {
+            Some(d) => d.reply(payload),
+            None => Err(SendError::new(Error::NotARequest, payload.into())),
+        }
+    }
+
+    /// The receiving node's send handle (see [`Delivery::sender`]): `Some` for every
+    /// message a node lends.
+    pub fn sender(&self) -> Option<&'a Sender> {
         // `Sender` is the only `NodeHandle`: the downcast finds it whenever a node is set.
         self.node()
             .and_then(|n| n.as_any().downcast_ref::<Sender>())

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 
 use crate::addr::{Addr, ToAddr};
-use crate::deliver::Pool;
+use crate::deliver::{Handler, Pool};
 use crate::net::{
     Command, Completion, IoParts, IoShared, IoThread, Listener, Outcome, PeerMap, UndeliveredHook,
 };
@@ -244,7 +244,7 @@ impl Node {
         let handler = b.handler.clone().unwrap_or_else(|| {
             let warned = Arc::new(AtomicBool::new(false));
             let node = name.clone();
-            Arc::new(move |d: crate::Delivery| {
+            Handler::owned(move |d: crate::Delivery| {
                 // A requester learns at once that nobody here answers.
                 d.refuse_no_handler();
                 if !warned.swap(true, Ordering::Relaxed) {

@@ -1,5 +1,5 @@
 //! Typed messages (feature `codec`): the typed send, request, reply and decode methods of
-//! the node's handles and of [`Delivery`], over the byte ones, with values encoded by the
+//! the node's handles and of [`Delivery`] (and [`DeliveryRef`]), over the byte ones, with values encoded by the
 //! [`codec`](crate::codec) module. The codec itself (`encode`, `decode`, `CodecError`) sits
 //! low in the layers, so that the node's [`Error`] can carry its error; these methods speak
 //! of the node's types, so they live here.
@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::{Error, Node, PeerSender, PendingReply, Sender};
 use crate::codec::{decode, encode};
-use crate::deliver::Delivery;
+use crate::deliver::{Delivery, DeliveryRef};
 
 /// The typed send variants, written once for the three handles that have them ([`Sender`],
 /// [`PeerSender`], [`Node`]) over their byte variants (`send_variants!`): each encodes the
@@ -139,6 +139,20 @@ impl Delivery {
     /// reply must fit in [`reply_room`](Delivery::reply_room)), or with [`Error::Codec`]
     /// if `value` cannot be encoded (nothing is sent, and the request may still be
     /// answered).
+    pub fn reply_typed<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), Error> {
+        Ok(self.reply(encode(value)?)?)
+    }
+}
+
+impl DeliveryRef<'_> {
+    /// Feature `codec`: decodes the message into a `T`, where it lies (see
+    /// [`Delivery::decode`]).
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, Error> {
+        Ok(decode(self.payload())?)
+    }
+
+    /// Feature `codec`: answers the request this message is with `value`, encoded (see
+    /// [`Delivery::reply_typed`]).
     pub fn reply_typed<T: Serialize + ?Sized>(&self, value: &T) -> Result<(), Error> {
         Ok(self.reply(encode(value)?)?)
     }

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use cohort::Delivery;
+use cohort::{Delivery, DeliveryRef};
 
 /// A test payload: `counter` as 8 little-endian bytes, padded with a byte pattern derived
 /// from the counter to `size` bytes (at least 8).
@@ -59,30 +59,42 @@ impl OrderCheck {
         move |d: Delivery| check.record(&d)
     }
 
+    /// A handler that records every message, lent:
+    /// `builder.on_message_ref(check.lent_handler())`.
+    pub(crate) fn lent_handler(
+        self: &Arc<Self>,
+    ) -> impl Fn(DeliveryRef<'_>) + Send + Sync + 'static {
+        let check = self.clone();
+        move |m: DeliveryRef<'_>| check.record_parts(m.from(), m.payload(), m.seq(), m.is_oob())
+    }
+
     /// Records one delivery.
     pub(crate) fn record(&self, d: &Delivery) {
+        self.record_parts(d.from(), d.payload(), d.seq(), d.is_oob());
+    }
+
+    /// Records one message: from `from`, `payload`, sequence number `seq`, out of band or
+    /// not.
+    pub(crate) fn record_parts(&self, from: &str, payload: &[u8], seq: Option<u64>, oob: bool) {
         let mut map = self.per_sender.lock().unwrap();
-        let t = map.entry(d.from().to_owned()).or_default();
-        let problem = match counter_of(d.payload()) {
-            Err(e) => Some(format!("from {}: {e}", d.from())),
-            Ok(_) if d.is_oob() => Some(format!("from {}: unexpected OOB message", d.from())),
+        let t = map.entry(from.to_owned()).or_default();
+        let problem = match counter_of(payload) {
+            Err(e) => Some(format!("from {from}: {e}")),
+            Ok(_) if oob => Some(format!("from {from}: unexpected OOB message")),
             Ok(n) if n != t.next => Some(format!(
-                "from {}: counter {n}, expected {} (out of order, lost or duplicated)",
-                d.from(),
+                "from {from}: counter {n}, expected {} (out of order, lost or duplicated)",
                 t.next
             )),
-            Ok(n) if d.seq() != Some(t.last_seq + 1) => Some(format!(
-                "from {}: message {n} has seq {:?}, expected Some({})",
-                d.from(),
-                d.seq(),
+            Ok(n) if seq != Some(t.last_seq + 1) => Some(format!(
+                "from {from}: message {n} has seq {seq:?}, expected Some({})",
                 t.last_seq + 1
             )),
             Ok(_) => None,
         };
-        if let Ok(n) = counter_of(d.payload()) {
+        if let Ok(n) = counter_of(payload) {
             t.next = n + 1;
         }
-        if let Some(s) = d.seq() {
+        if let Some(s) = seq {
             t.last_seq = s;
         }
         drop(map);
