@@ -15,6 +15,9 @@
 //! - `cohort_fresh` and `raw_tcp_fresh`: the same, each message a payload of its own that
 //!   the sending thread allocates and writes (as applications send; the other cases share
 //!   one payload per sender, its reference count taken per send).
+//! - `cohort_lent_fresh`: `cohort_fresh` with a sink whose handler borrows each message
+//!   (`Builder::on_message_ref`) instead of taking it (`on_message`): no reference count
+//!   and no `Delivery` per message on the delivering side.
 //! - `cohort_uds` and `raw_uds` (1→1 only): the `cohort` and `raw_tcp` cases over
 //!   Unix-domain sockets (the nodes listen on socket files, `Addr::unix`; the baseline is a
 //!   `UnixStream` pair), so the summary lines give UDS against TCP loopback, for cohort and
@@ -51,6 +54,15 @@ const SIZES: [(usize, &str); 2] = [(64, "64B"), (1024, "1KiB")];
 
 /// Longest wait for one batch to be counted before the bench fails.
 const BATCH_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How the sink's handler gets each message.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Handling {
+    /// Takes it (`on_message`, a `Delivery` of its own).
+    Owned,
+    /// Borrows it for the call (`on_message_ref`, a `DeliveryRef`).
+    Lent,
+}
 
 /// How a batch's messages get their payloads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +123,17 @@ impl CohortFanIn {
     /// With `ca`, every connection runs TLS with certificates from it; every node listens
     /// `over` TCP or a Unix-domain socket.
     fn start(senders: usize, ca: Option<&Ca>, over: Over) -> Result<CohortFanIn, cohort::Error> {
+        CohortFanIn::start_with(senders, ca, over, Handling::Owned)
+    }
+
+    /// [`start`](CohortFanIn::start), the sink's handler getting each message as `handling`
+    /// says.
+    fn start_with(
+        senders: usize,
+        ca: Option<&Ca>,
+        over: Over,
+        handling: Handling,
+    ) -> Result<CohortFanIn, cohort::Error> {
         let dir = match over {
             Over::Tcp => std::path::PathBuf::new(),
             Over::Unix => common::socket_dir("throughput"),
@@ -119,9 +142,16 @@ impl CohortFanIn {
         let counter = received.clone();
         let sink = secure(Node::builder("sink"), "sink", ca)
             .cluster("bench")
-            .listen(common::listen_addr(over, &dir, "sink"))
-            .on_message(move |d| counter.record(usize::from(d.payload()[0])))
-            .start()?;
+            .listen(common::listen_addr(over, &dir, "sink"));
+        let sink = match handling {
+            Handling::Owned => {
+                sink.on_message(move |d| counter.record(usize::from(d.payload()[0])))
+            }
+            Handling::Lent => {
+                sink.on_message_ref(move |m| counter.record(usize::from(m.payload()[0])))
+            }
+        }
+        .start()?;
         let mut sources = Vec::with_capacity(senders);
         for i in 0..senders {
             let name = format!("source-{i}");
@@ -332,6 +362,17 @@ fn fan_in(c: &mut Criterion, senders: usize) {
             })
         });
         rig.shutdown();
+        let lent_samples = Samples::new(n);
+        let rig = CohortFanIn::start_with(senders, None, Over::Tcp, Handling::Lent)
+            .expect("cohort: start the nodes");
+        group.bench_function("cohort_lent_fresh", |b| {
+            b.iter_custom(|iters| {
+                time_batches(iters, &lent_samples, || {
+                    rig.run_batch_of(n, &payload, SendOptions::new(), Payloads::Fresh)
+                })
+            })
+        });
+        rig.shutdown();
         let uds_samples = (senders == 1 && cfg!(unix)).then(|| {
             let samples = Samples::new(n);
             let rig = CohortFanIn::start(senders, None, Over::Unix)
@@ -395,6 +436,11 @@ fn fan_in(c: &mut Criterion, senders: usize) {
             summarize(
                 &format!("{name} (fresh payloads)"),
                 &fresh_samples,
+                &raw_fresh_samples,
+            );
+            summarize(
+                &format!("{name} (fresh payloads, lent to the handler)"),
+                &lent_samples,
                 &raw_fresh_samples,
             );
             if let (Some(uds), Some(raw_uds)) = (&uds_samples, &raw_uds_samples) {

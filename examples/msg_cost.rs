@@ -4,11 +4,12 @@
 //! `--batch N` each source sends `N` messages per `send_batch` instead of one per `send`; with
 //! `--to`, through a `PeerSender` (`Node::to`) instead of by name. With `--fresh` every message
 //! is a payload of its own, allocated and written by the sending thread as an application
-//! makes one (by default one payload is shared, its reference count taken per send).
+//! makes one (by default one payload is shared, its reference count taken per send). With
+//! `--lent` the sink's handler borrows each message (`Builder::on_message_ref`).
 //! Prints the process's CPU time (every thread, from `/proc/self/stat`) per message.
 //!
 //! ```text
-//! cargo run --release --example msg_cost -- [--senders N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--block] [--raw]
+//! cargo run --release --example msg_cost -- [--senders N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--raw]
 //! valgrind --tool=callgrind target/release/examples/msg_cost --block --count 20000
 //! ```
 //!
@@ -83,6 +84,7 @@ struct Mode {
     block: bool,
     bound: bool,
     fresh: bool,
+    lent: bool,
 }
 
 fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box<dyn Error>> {
@@ -91,6 +93,7 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
         block,
         bound,
         fresh: own_payloads,
+        lent,
     } = mode;
     let received = Arc::new(Counts::new(senders));
     let counter = received.clone();
@@ -101,11 +104,14 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
             b
         }
     };
-    let sink = idle(Node::builder("sink"))
-        .cluster("cost")
-        // A message's first byte names its source.
-        .on_message(move |d| counter.record(usize::from(d.payload()[0])))
-        .start()?;
+    let sink = idle(Node::builder("sink")).cluster("cost");
+    // A message's first byte names its source.
+    let sink = if lent {
+        sink.on_message_ref(move |m| counter.record(usize::from(m.payload()[0])))
+    } else {
+        sink.on_message(move |d| counter.record(usize::from(d.payload()[0])))
+    }
+    .start()?;
     let mut sources = Vec::new();
     for i in 0..senders {
         let name = format!("source-{i}");
@@ -257,7 +263,7 @@ fn report(n: u64, started: Instant, cpu: Option<Duration>) {
 }
 
 const USAGE: &str = "\
-usage: msg_cost [--senders N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--block] [--raw]
+usage: msg_cost [--senders N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--raw]
 
 The CPU time per message of N source nodes sending to one sink node in this process.
   --senders N   source nodes (default 1)
@@ -266,6 +272,7 @@ The CPU time per message of N source nodes sending to one sink node in this proc
   --batch N     each source sends N messages per send_batch (default 1: send)
   --to          send through a PeerSender (Node::to) instead of by name
   --fresh       each message a payload of its own, allocated and written by the sender
+  --lent        the sink's handler borrows each message (`on_message_ref`)
   --block       both nodes block when idle (IdleStrategy::Block): repeatable counts
   --raw         the same over raw TCP connections instead of cohort
   -h, --help    this text
@@ -278,6 +285,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         block: false,
         bound: false,
         fresh: false,
+        lent: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -290,6 +298,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             "--raw" => raw_tcp = true,
             "--to" => mode.bound = true,
             "--fresh" => mode.fresh = true,
+            "--lent" => mode.lent = true,
             "-h" | "--help" => {
                 print!("{USAGE}");
                 return Ok(());
