@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cohort::{Bytes, Delivery, Node, TrySendError};
+use cohort::{Bytes, DeliveryRef, Node, TrySendError};
 
 const USAGE: &str = "\
 usage:
@@ -197,7 +197,7 @@ struct SinkState {
 }
 
 impl SinkState {
-    fn handle(&self, d: Delivery) {
+    fn handle(&self, d: DeliveryRef<'_>) {
         let payload = d.payload();
         match payload.first() {
             Some(&DATA) => {
@@ -222,13 +222,13 @@ impl SinkState {
                     size,
                 });
             }
-            Some(&END) => self.finish(&d),
+            Some(&END) => self.finish(d),
             _ => eprintln!("sink: unexpected message from {}", d.from()),
         }
     }
 
     /// The end message of a run: everything before it from that source was handled.
-    fn finish(&self, d: &Delivery) {
+    fn finish(&self, d: DeliveryRef<'_>) {
         let Some(announced) = u64_at(d.payload(), 1) else {
             return eprintln!("sink: malformed end message from {}", d.from());
         };
@@ -285,7 +285,8 @@ fn sink(addr: &str, runs: Option<u64>) -> Result<(), Box<dyn Error>> {
         .cluster(CLUSTER)
         .listen(addr)
         .allow_unknown_members(true)
-        .on_message(move |d| handler_state.handle(d))
+        // Each message read where it lies: lent, not taken.
+        .on_message_ref(move |d| handler_state.handle(d))
         .start()?;
     println!(
         "sink: listening on {} (cluster '{CLUSTER}')",
