@@ -446,29 +446,42 @@ fn producers_push_runs_budget_3() {
 /// `producers_push_runs` with the messages lent to the handler where they lie in their
 /// run's bytes (`Lending`, as `on_message_ref` hands them over), budget 1: every run split,
 /// its rest back at the front while the other producer pushes.
+fn producers_push_runs_lent(mode: Mode) {
+    let (q, credit, rec) = new_queue(mode);
+    let threads: Vec<_> = (0..2u8)
+        .map(|p| {
+            let (q, rec) = (q.clone(), rec.clone());
+            thread::spawn(move || {
+                if q.push([run_of(mode, p)]) {
+                    let mut lending = Lending::new(None, |m: DeliveryRef<'_>| {
+                        handle(&rec, m.payload(), m.seq())
+                    });
+                    while q.run_to(1, &mut lending) == RunOutcome::Yield {}
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    check_quiescent(&q, &rec, &credit, 2);
+}
+
 #[test]
 fn producers_push_runs_lent_budget_1() {
     loom_tests::model("member_queue/producers_push_runs_lent_budget_1", || {
-        let mode = Mode::Plain;
-        let (q, credit, rec) = new_queue(mode);
-        let threads: Vec<_> = (0..2u8)
-            .map(|p| {
-                let (q, rec) = (q.clone(), rec.clone());
-                thread::spawn(move || {
-                    if q.push([run_of(mode, p)]) {
-                        let mut lending = Lending::new(None, |m: DeliveryRef<'_>| {
-                            handle(&rec, m.payload(), m.seq())
-                        });
-                        while q.run_with_node(1, None, &mut lending) == RunOutcome::Yield {}
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        check_quiescent(&q, &rec, &credit, 2);
+        producers_push_runs_lent(Mode::Plain);
     });
+}
+
+/// The same with a journalling sink: lent messages' sequence numbers reported handled
+/// before their credit, each once, across split runs.
+#[test]
+fn journalling_producers_push_runs_lent_budget_1() {
+    loom_tests::model(
+        "member_queue/journalling_producers_push_runs_lent_budget_1",
+        || producers_push_runs_lent(Mode::Journalling),
+    );
 }
 
 /// Runs with a journalling sink: sequence numbers of a run's messages, one unreliable,

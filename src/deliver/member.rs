@@ -15,9 +15,9 @@
 //! deliverer's `RUNNING → idle` transition fail. Nothing is stranded.
 //!
 //! The queue holds [`Queued`] items: a message, or a [`Run`] of the regular messages one
-//! read brought, which shares the read's bytes and is made into deliveries one by one by
-//! the deliverer (so the IO thread touches the read's reference count once, not once per
-//! message).
+//! read brought, which shares the read's bytes; the deliverer hands its messages one by one
+//! to a [`Recipient`], lent where they lie (so the IO thread touches the read's reference
+//! count once, not once per message, and a lending recipient never does).
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -25,7 +25,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use bytes::Bytes;
 
-use super::{Delivery, DeliveryRef, NodeRef, Owning, Recipient};
+use super::{Delivery, DeliveryRef, Owning, Recipient};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use crate::sync::{Mutex, SharedStr};
 use crate::wire;
@@ -375,18 +375,12 @@ impl MemberQueue {
     /// after [`RunOutcome::Yield`]).
     #[cfg(any(test, cohort_internals))]
     pub fn run(&self, budget: usize, handler: impl FnMut(Delivery)) -> RunOutcome {
-        self.run_with_node(budget, None, &mut Owning::new(None, handler))
+        self.run_to(budget, &mut Owning::new(None, handler))
     }
 
     /// [`run`](MemberQueue::run), each message handed over to `to` as it lies: a message
-    /// of a run lent out of the run's bytes, carrying `node` (the receiving node's send
-    /// handle), a message that came alone as its delivery.
-    pub fn run_with_node(
-        &self,
-        budget: usize,
-        node: Option<&NodeRef>,
-        to: &mut impl Recipient,
-    ) -> RunOutcome {
+    /// of a run lent out of the run's bytes, a message that came alone as its delivery.
+    pub fn run_to(&self, budget: usize, to: &mut impl Recipient) -> RunOutcome {
         let now_active = self.active.fetch_add(1, Ordering::AcqRel) + 1;
         self.max_active.fetch_max(now_active, Ordering::AcqRel);
         let budget = budget.max(1);
@@ -469,11 +463,11 @@ impl MemberQueue {
                             run,
                             owed: take,
                         };
-                        while let Some((at, seq)) = run.next() {
+                        while let Some((span, seq)) = run.next() {
                             let more = run.owed > 0;
-                            count(epoch, at.len(), crate::flow::cost(at.len()), seq);
+                            count(epoch, span.len(), crate::flow::cost(span.len()), seq);
                             let frames = &run.run.frames;
-                            let msg = DeliveryRef::of_run(&self.name, node, frames, at, seq, epoch);
+                            let msg = DeliveryRef::of_run(&self.name, frames, span, seq, epoch);
                             self.guarded(|| to.lend(msg, more));
                         }
                     }
@@ -646,7 +640,7 @@ mod tests {
                     d.seq(),
                     d.payload().to_vec(),
                     d.is_oob(),
-                    false,
+                    d.is_request(),
                 );
                 want.push(seen);
             }) == RunOutcome::Yield
@@ -669,7 +663,7 @@ mod tests {
                 got.push(seen);
             };
             let mut lending = Lending::new(None, lend);
-            while lent.run_with_node(budget, None, &mut lending) == RunOutcome::Yield {}
+            while lent.run_to(budget, &mut lending) == RunOutcome::Yield {}
             assert_eq!(got, want, "budget {budget}");
             assert_eq!(got.len(), 8);
             assert_eq!(

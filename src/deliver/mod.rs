@@ -274,8 +274,10 @@ impl Delivery {
 pub trait Recipient {
     /// A message that came alone, as its delivery.
     fn take(&mut self, d: Delivery);
-    /// A regular message of a run, lent where it lies in the run's bytes (`more`: further
-    /// messages of the same run follow in this turn).
+    /// A regular message of a run, lent where it lies in the run's bytes, without the
+    /// node's send handle: the recipient gives it the one it gives every message (`more`:
+    /// further messages of the same run follow in this turn). Only messages of runs come
+    /// this way.
     fn lend(&mut self, msg: DeliveryRef<'_>, more: bool);
 }
 
@@ -325,6 +327,7 @@ impl<F: FnMut(Delivery)> Recipient for Owning<'_, F> {
             ..
         } = msg.lent
         else {
+            debug_assert!(false, "only messages of runs are lent");
             return self.take(msg.to_delivery());
         };
         let payload = frames.slice(at..at + payload.len());
@@ -338,11 +341,7 @@ impl<F: FnMut(Delivery)> Recipient for Owning<'_, F> {
                     .insert(Arc::new(Origin::new(from.clone(), node.cloned())));
                 Delivery::of_run(origin, payload, seq, epoch)
             }
-            None => {
-                let mut d = Delivery::new(from.clone(), payload, seq, false).in_epoch(epoch);
-                d.node = self.node.cloned();
-                d
-            }
+            None => msg.carrying(self.node).to_delivery(),
         };
         (self.to)(d);
     }
@@ -376,15 +375,16 @@ impl<F: FnMut(DeliveryRef<'_>)> Recipient for Lending<'_, F> {
 
     #[inline]
     fn lend(&mut self, msg: DeliveryRef<'_>, _more: bool) {
-        (self.to)(msg);
+        (self.to)(msg.carrying(self.node));
     }
 }
 
 /// A message lent to the application's handler for the length of one call
 /// ([`Builder::on_message_ref`](crate::Builder::on_message_ref)): what a
-/// [`Delivery`] says of it, borrowed where the transport holds it. Handing one over touches
-/// no reference count and moves nothing: the regular messages one read brought are lent
-/// straight out of that read's bytes. Keep what outlives the call with
+/// [`Delivery`] says of it, borrowed where the transport holds it. The regular messages one
+/// read brought are lent straight out of that read's bytes: handing one over touches no
+/// reference count and makes nothing (a message that came alone — a request, an
+/// out-of-band message — is lent from its delivery). Keep what outlives the call with
 /// [`to_delivery`](DeliveryRef::to_delivery) (or
 /// [`payload_bytes`](DeliveryRef::payload_bytes) for the bytes alone), which take the
 /// reference counts a `Delivery` holds.
@@ -438,12 +438,11 @@ impl<'a> DeliveryRef<'a> {
     }
 
     /// Lends a regular message of a run: the bytes `payload` of `frames`, reliable with
-    /// sequence number `seq` or not, of stream epoch `epoch`, from `from`, delivered by the
-    /// node whose send handle is `node`.
+    /// sequence number `seq` or not, of stream epoch `epoch`, from `from`; without the
+    /// node's send handle until [`carrying`](DeliveryRef::carrying) gives it one.
     #[inline]
     pub(crate) fn of_run(
         from: &'a SharedStr,
-        node: Option<&'a NodeRef>,
         frames: &'a Bytes,
         payload: Range<usize>,
         seq: Option<u64>,
@@ -452,7 +451,7 @@ impl<'a> DeliveryRef<'a> {
         DeliveryRef {
             lent: Lent::Run {
                 from,
-                node,
+                node: None,
                 frames,
                 at: payload.start,
                 payload: &frames[payload],
@@ -460,6 +459,16 @@ impl<'a> DeliveryRef<'a> {
                 epoch,
             },
         }
+    }
+
+    /// The message of a run, carrying `node`, the receiving node's send handle (a message
+    /// lent whole carries its delivery's).
+    #[inline]
+    pub(crate) fn carrying(mut self, node: Option<&'a NodeRef>) -> DeliveryRef<'a> {
+        if let Lent::Run { node: n, .. } = &mut self.lent {
+            *n = node;
+        }
+        self
     }
 
     /// The sending member's name.

@@ -469,7 +469,7 @@ impl Pool {
         let s = &*self.shared;
         match s.tasks.next_until(|| spin_episode(s), deadline) {
             Next::Task(task) => {
-                run_task(s, task, node, &mut Owning::new(node, &mut handler));
+                run_task(s, task, &mut Owning::new(node, &mut handler));
                 Next::Task(())
             }
             Next::Stopped => Next::Stopped,
@@ -554,8 +554,8 @@ fn worker(s: Arc<Shared>) {
     while let Some(task) = s.tasks.next(|| spin_episode(&s)) {
         match &s.handler {
             // One per task: a task is one sender's.
-            Handler::Owned(h) => run_task(&s, task, node, &mut Owning::new(node, &**h)),
-            Handler::Lent(h) => run_task(&s, task, node, &mut Lending::new(node, &**h)),
+            Handler::Owned(h) => run_task(&s, task, &mut Owning::new(node, &**h)),
+            Handler::Lent(h) => run_task(&s, task, &mut Lending::new(node, &**h)),
         }
     }
     let mut live = s.live.lock();
@@ -563,15 +563,14 @@ fn worker(s: Arc<Shared>) {
     s.exited.notify_all();
 }
 
-/// Runs one task on the calling thread, handing each message over to `to` (a message of a
-/// run lent with `node`, the send handle it carries); a task that yielded goes to the back
-/// of the queue again.
-fn run_task(s: &Shared, task: Task, node: Option<&NodeRef>, to: &mut impl Recipient) {
+/// Runs one task on the calling thread, handing each message over to `to`; a task that
+/// yielded goes to the back of the queue again.
+fn run_task(s: &Shared, task: Task, to: &mut impl Recipient) {
     s.busy.fetch_add(1, Ordering::Relaxed);
     let again = match task {
         Task::Member(m) => {
             let before = m.panics();
-            let outcome = m.run_with_node(s.budget, node, to);
+            let outcome = m.run_to(s.budget, to);
             // One deliverer at a time runs a sender's queue: what its count gained since
             // `before` was caught in this run. Two loads per task, none per message.
             let caught = m.panics().saturating_sub(before);

@@ -768,9 +768,10 @@ impl Builder {
 
     /// The message handler, called on a pool thread with each message lent for the call:
     /// [`on_message`](Builder::on_message) without taking the message, for handlers that
-    /// read it in place. Nothing is copied or counted to hand a message over (a
-    /// [`Delivery`] of its own holds reference counts to the sender's name, the node and
-    /// the bytes the message came in, taken and dropped for each message); what must
+    /// read it in place. The regular messages one read brought are lent out of that read's
+    /// bytes: nothing is copied or counted to hand one over (a [`Delivery`] of its own holds
+    /// reference counts to the sender's name, the node and the bytes the message came in,
+    /// taken and dropped for each message); what must
     /// outlive the call is kept with [`DeliveryRef::to_delivery`] or
     /// [`DeliveryRef::payload_bytes`]. Everything else is as for `on_message`, which it
     /// replaces (a node has one handler): order, one deliverer per sender, credit returned
@@ -1395,8 +1396,8 @@ impl Builder {
     /// Like [`start`](Builder::start), but the application takes the messages on its own
     /// thread from the returned [`Inbox`] instead of a handler on pool threads (no pool is
     /// started). With no hop to a pool thread, it is the lowest-latency way to receive.
-    /// Fails with [`Error::Config`] if an [`on_message`](Builder::on_message) handler was
-    /// set.
+    /// Fails with [`Error::Config`] if a handler was set
+    /// ([`on_message`](Builder::on_message) or [`on_message_ref`](Builder::on_message_ref)).
     ///
     /// ```no_run
     /// # fn main() -> Result<(), cohort::Error> {

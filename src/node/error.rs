@@ -452,7 +452,7 @@ impl std::fmt::Display for ConfigError {
             ),
             ConfigError::InboxWithHandler => f.write_str(
                 "start_with_inbox takes messages through the inbox: remove the on_message \
-                 handler, or call start",
+                 (or on_message_ref) handler, or call start",
             ),
             ConfigError::Certificate { member, problem } => write!(
                 f,

@@ -1,6 +1,6 @@
 //! Typed messages (feature `codec`): the typed send, request, reply and decode methods of
-//! the node's handles and of [`Delivery`] (and [`DeliveryRef`]), over the byte ones, with values encoded by the
-//! [`codec`](crate::codec) module. The codec itself (`encode`, `decode`, `CodecError`) sits
+//! the node's handles, of [`Delivery`] and of [`DeliveryRef`], over the byte ones, with
+//! values encoded by the [`codec`](crate::codec) module. The codec itself (`encode`, `decode`, `CodecError`) sits
 //! low in the layers, so that the node's [`Error`] can carry its error; these methods speak
 //! of the node's types, so they live here.
 
