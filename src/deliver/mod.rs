@@ -341,7 +341,11 @@ impl<F: FnMut(Delivery)> Recipient for Owning<'_, F> {
                     .insert(Arc::new(Origin::new(from.clone(), node.cloned())));
                 Delivery::of_run(origin, payload, seq, epoch)
             }
-            None => msg.carrying(self.node).to_delivery(),
+            None => {
+                let mut d = Delivery::new(from.clone(), payload, seq, false).in_epoch(epoch);
+                d.node = self.node.cloned();
+                d
+            }
         };
         (self.to)(d);
     }
