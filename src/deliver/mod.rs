@@ -341,6 +341,8 @@ impl<F: FnMut(Delivery)> Recipient for Owning<'_, F> {
                     .insert(Arc::new(Origin::new(from.clone(), node.cloned())));
                 Delivery::of_run(origin, payload, seq, epoch)
             }
+            // What `to_delivery` makes, from the payload sliced above (its call would slice
+            // it again: a reference count taken and dropped for nothing).
             None => {
                 let mut d = Delivery::new(from.clone(), payload, seq, false).in_epoch(epoch);
                 d.node = self.node.cloned();
