@@ -406,19 +406,38 @@ fn run_of(mode: Mode, p: u8) -> Run {
     Run::new(Bytes::from(buf), 0, usize::from(PER_PRODUCER), bytes)
 }
 
+/// How the deliverer hands a run's messages over.
+#[derive(Clone, Copy)]
+enum Hand {
+    /// As deliveries of their own (`on_message`, the inbox).
+    Owned,
+    /// Lent where they lie in the run's bytes (`Lending`, as `on_message_ref` gets them).
+    Lent,
+}
+
 /// Each producer pushes its messages as one run (the IO thread's item for the messages of
-/// one read); the deliverer slices them out one by one. Budget 1 splits every run, leaving
-/// its rest at the front of the queue for the next run of the deliverer; budget 3 splits
-/// the second producer's run when the first's is in the same drain.
-fn producers_push_runs(budget: usize, mode: Mode) {
+/// one read); the deliverer hands them over one by one, as `hand` says. Budget 1 splits
+/// every run, leaving its rest at the front of the queue for the next run of the deliverer;
+/// budget 3 splits the second producer's run when the first's is in the same drain.
+fn producers_push_runs(budget: usize, mode: Mode, hand: Hand) {
     let (q, credit, rec) = new_queue(mode);
     let threads: Vec<_> = (0..2u8)
         .map(|p| {
-            let q = q.clone();
-            let h = handler(rec.clone());
+            let (q, rec) = (q.clone(), rec.clone());
             thread::spawn(move || {
-                if q.push([run_of(mode, p)]) {
-                    drive(&q, budget, &*h);
+                if !q.push([run_of(mode, p)]) {
+                    return;
+                }
+                match hand {
+                    Hand::Owned => {
+                        drive(&q, budget, &*handler(rec));
+                    }
+                    Hand::Lent => {
+                        let mut lending = Lending::new(None, |m: DeliveryRef<'_>| {
+                            handle(&rec, m.payload(), m.seq())
+                        });
+                        while q.run_to(budget, &mut lending) == RunOutcome::Yield {}
+                    }
                 }
             })
         })
@@ -432,45 +451,24 @@ fn producers_push_runs(budget: usize, mode: Mode) {
 #[test]
 fn producers_push_runs_budget_1() {
     loom_tests::model("member_queue/producers_push_runs_budget_1", || {
-        producers_push_runs(1, Mode::Plain);
+        producers_push_runs(1, Mode::Plain, Hand::Owned);
     });
 }
 
 #[test]
 fn producers_push_runs_budget_3() {
     loom_tests::model("member_queue/producers_push_runs_budget_3", || {
-        producers_push_runs(3, Mode::Plain);
+        producers_push_runs(3, Mode::Plain, Hand::Owned);
     });
 }
 
 /// `producers_push_runs` with the messages lent to the handler where they lie in their
-/// run's bytes (`Lending`, as `on_message_ref` hands them over), budget 1: every run split,
-/// its rest back at the front while the other producer pushes.
-fn producers_push_runs_lent(mode: Mode) {
-    let (q, credit, rec) = new_queue(mode);
-    let threads: Vec<_> = (0..2u8)
-        .map(|p| {
-            let (q, rec) = (q.clone(), rec.clone());
-            thread::spawn(move || {
-                if q.push([run_of(mode, p)]) {
-                    let mut lending = Lending::new(None, |m: DeliveryRef<'_>| {
-                        handle(&rec, m.payload(), m.seq())
-                    });
-                    while q.run_to(1, &mut lending) == RunOutcome::Yield {}
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
-    }
-    check_quiescent(&q, &rec, &credit, 2);
-}
-
+/// run's bytes, budget 1: every run split, its rest back at the front while the other
+/// producer pushes.
 #[test]
 fn producers_push_runs_lent_budget_1() {
     loom_tests::model("member_queue/producers_push_runs_lent_budget_1", || {
-        producers_push_runs_lent(Mode::Plain);
+        producers_push_runs(1, Mode::Plain, Hand::Lent);
     });
 }
 
@@ -480,7 +478,7 @@ fn producers_push_runs_lent_budget_1() {
 fn journalling_producers_push_runs_lent_budget_1() {
     loom_tests::model(
         "member_queue/journalling_producers_push_runs_lent_budget_1",
-        || producers_push_runs_lent(Mode::Journalling),
+        || producers_push_runs(1, Mode::Journalling, Hand::Lent),
     );
 }
 
@@ -491,7 +489,7 @@ fn journalling_producers_push_runs_budget_1() {
     loom_tests::model(
         "member_queue/journalling_producers_push_runs_budget_1",
         || {
-            producers_push_runs(1, Mode::Journalling);
+            producers_push_runs(1, Mode::Journalling, Hand::Owned);
         },
     );
 }
