@@ -135,6 +135,21 @@ impl Delivery {
             request: None,
         }
     }
+    /// A regular message of a run delivered with a name and a handle of its own (no
+    /// [`Origin`] shared with the rest of its run): `payload`, from `from`, of stream epoch
+    /// `epoch`, carrying `node`.
+    #[inline]
+    pub(crate) fn lone(
+        from: &SharedStr,
+        payload: Bytes,
+        seq: Option<u64>,
+        epoch: u32,
+        node: Option<&NodeRef>,
+    ) -> Delivery {
+        let mut d = Delivery::new(from.clone(), payload, seq, false).in_epoch(epoch);
+        d.node = node.cloned();
+        d
+    }
     /// Tags the delivery with the receiver's stream epoch.
     pub(crate) fn in_epoch(mut self, epoch: u32) -> Delivery {
         self.epoch = epoch;
@@ -341,13 +356,7 @@ impl<F: FnMut(Delivery)> Recipient for Owning<'_, F> {
                     .insert(Arc::new(Origin::new(from.clone(), node.cloned())));
                 Delivery::of_run(origin, payload, seq, epoch)
             }
-            // What `to_delivery` makes, from the payload sliced above (its call would slice
-            // it again: a reference count taken and dropped for nothing).
-            None => {
-                let mut d = Delivery::new(from.clone(), payload, seq, false).in_epoch(epoch);
-                d.node = self.node.cloned();
-                d
-            }
+            None => Delivery::lone(from, payload, seq, epoch, self.node),
         };
         (self.to)(d);
     }
@@ -551,12 +560,7 @@ impl<'a> DeliveryRef<'a> {
                 payload,
                 seq,
                 epoch,
-            } => {
-                let payload = frames.slice(at..at + payload.len());
-                let mut d = Delivery::new(from.clone(), payload, seq, false).in_epoch(epoch);
-                d.node = node.cloned();
-                d
-            }
+            } => Delivery::lone(from, frames.slice(at..at + payload.len()), seq, epoch, node),
         }
     }
 
