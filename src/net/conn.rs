@@ -4,7 +4,7 @@
 //! protocol side lives there. Many frames go out per `write` and come in per `read`; over
 //! TLS, many frames per TLS write (records of up to 16 KiB, written vectored).
 
-use std::io::{self, Write};
+use std::io::{self, IoSlice, Write};
 
 use bytes::BytesMut;
 use mio::{Interest, Registry, Token};
@@ -12,6 +12,7 @@ use mio::{Interest, Registry, Token};
 use super::socket::Stream;
 use crate::addr::Addr;
 
+use crate::proto::write_queue::Unwritten;
 use crate::proto::READ_CHUNK;
 #[cfg(feature = "tls")]
 use crate::tls::TlsPump;
@@ -78,12 +79,33 @@ impl Transport {
         }
     }
 
-    /// Writes as much of `buf` to `stream` as the socket takes (and, over TLS, the
-    /// transport's own records). Returns how many bytes of `buf` were taken.
+    /// Writes as much of `bytes` to `stream` as the socket takes (and, over TLS, the
+    /// transport's own records). Returns how many of them were taken.
     #[inline]
-    pub(crate) fn write(&mut self, stream: &mut Stream, buf: &[u8]) -> io::Result<usize> {
+    pub(crate) fn write(&mut self, stream: &mut Stream, bytes: Unwritten<'_>) -> io::Result<usize> {
         match self {
-            Transport::Plain => write_plain(stream, buf),
+            Transport::Plain => write_plain(stream, bytes),
+            #[cfg(feature = "tls")]
+            Transport::Tls(t) => {
+                // With no bytes of the link's, still one call: it writes the records rustls
+                // made of its own (the TLS handshake, alerts).
+                let mut taken = t.write(stream, &[])?;
+                for s in bytes.slices() {
+                    let n = t.write(stream, s)?;
+                    taken += n;
+                    if n < s.len() {
+                        break;
+                    }
+                }
+                Ok(taken)
+            }
+        }
+    }
+
+    /// Writes as much of `buf` as the socket takes (see [`write`](Transport::write)).
+    fn write_slice(&mut self, stream: &mut Stream, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Transport::Plain => write_plain_slice(stream, buf),
             #[cfg(feature = "tls")]
             Transport::Tls(t) => t.write(stream, buf),
         }
@@ -132,10 +154,36 @@ fn read_spare(stream: &Stream, rbuf: &mut BytesMut) -> io::Result<(usize, bool)>
 
 /// The plain write: until the socket says `WouldBlock` or `buf` is out.
 #[inline]
-fn write_plain(stream: &mut Stream, buf: &[u8]) -> io::Result<usize> {
+fn write_plain_slice(stream: &mut Stream, buf: &[u8]) -> io::Result<usize> {
     let mut done = 0;
     while done < buf.len() {
         match stream.write(&buf[done..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Slices handed to one `writev`.
+const WRITE_SLICES: usize = 64;
+
+/// The plain write: `bytes` as they lie (the link's buffer and the runs shared with it),
+/// several slices to a `writev`, until they are all out or the socket is full.
+fn write_plain(stream: &mut Stream, bytes: Unwritten<'_>) -> io::Result<usize> {
+    let mut done = 0;
+    let mut iov = [IoSlice::new(&[]); WRITE_SLICES];
+    while done < bytes.len() {
+        let k = bytes.fill(done, &mut iov);
+        let written = if k == 1 {
+            stream.write(&iov[0])
+        } else {
+            stream.write_vectored(&iov[..k])
+        };
+        match written {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -200,16 +248,16 @@ impl Conn {
         self.transport.read(&mut self.stream, rbuf, scratch)
     }
 
-    /// Writes as much of `buf` as the socket takes (see [`Transport::write`]). Returns how
-    /// many bytes of `buf` were taken.
-    pub(crate) fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.transport.write(&mut self.stream, buf)
+    /// Writes as much of `bytes` as the socket takes (see [`Transport::write`]). Returns
+    /// how many of them were taken.
+    pub(crate) fn write(&mut self, bytes: Unwritten<'_>) -> io::Result<usize> {
+        self.transport.write(&mut self.stream, bytes)
     }
 
     /// Best effort, right before the connection is dropped: writes `last` (a `Close`, after
     /// what was still buffered) and whatever the transport has of its own (a TLS alert).
     pub(crate) fn write_last(&mut self, last: &[u8]) {
-        let _ = self.write(last);
+        let _ = self.transport.write_slice(&mut self.stream, last);
     }
 
     /// With TLS, whether the peer's certificate is valid for member `name` (the acceptor's

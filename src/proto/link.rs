@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 
+use super::write_queue::{Unwritten, WriteQueue};
 use super::Handshake;
 use crate::wire;
 
@@ -16,9 +17,6 @@ use crate::wire;
 /// names nothing (a stale event is ignored).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub(crate) struct LinkId(pub(crate) usize);
-
-/// Written bytes at the front of the write buffer before it is compacted.
-const COMPACT_AT: usize = 64 * 1024;
 
 /// The protocol state of one connection.
 #[derive(Debug)]
@@ -44,13 +42,12 @@ pub(crate) struct Link {
     pub(crate) paused: bool,
     /// Bytes read and not yet split into frames.
     pub(crate) rbuf: BytesMut,
-    /// Frames encoded and not yet written; `wpos` is how far they were.
-    pub(crate) wbuf: Vec<u8>,
-    pub(crate) wpos: usize,
-    /// With a journal: `(end, batch)` — the bytes of `wbuf` before `end` (and after the
-    /// previous gate's) may leave only once journal batch `batch` is appended. Bytes past
-    /// the last gate hold no record the journal lacks.
-    gates: VecDeque<(usize, u64)>,
+    /// Frames encoded and not yet written.
+    pub(crate) out: WriteQueue,
+    /// With a journal: `(end, batch)` — the bytes of `out` before position `end` (and after
+    /// the previous gate's) may leave only once journal batch `batch` is appended. Bytes
+    /// past the last gate hold no record the journal lacks.
+    gates: VecDeque<(u64, u64)>,
     /// When bytes last arrived (failure detection).
     pub(crate) last_read: Instant,
     /// When bytes were last written (heartbeats go out only on a quiet link).
@@ -86,8 +83,7 @@ impl Link {
             remote: None,
             paused: false,
             rbuf: BytesMut::with_capacity(super::READ_CHUNK),
-            wbuf: first,
-            wpos: 0,
+            out: WriteQueue::new(first),
             gates: VecDeque::new(),
             last_read: now,
             last_write: now,
@@ -106,22 +102,23 @@ impl Link {
     }
 
     /// Bytes encoded and not yet written.
+    #[inline]
     pub(crate) fn unwritten(&self) -> usize {
-        self.wbuf.len() - self.wpos
+        self.out.len()
     }
 
     /// The bytes to write next.
-    pub(crate) fn to_write(&self) -> &[u8] {
-        &self.wbuf[self.wpos..]
+    pub(crate) fn to_write(&self) -> Unwritten<'_> {
+        self.out.all()
     }
 
     /// Gates every unwritten byte behind journal batch `batch`: they hold (or follow)
     /// records of that batch, and may not leave before it is appended.
     pub(crate) fn gate(&mut self, batch: u64) {
-        if self.unwritten() == 0 {
+        if self.out.is_empty() {
             return;
         }
-        let end = self.wbuf.len();
+        let end = self.out.end();
         match self.gates.back_mut() {
             Some(last) if last.0 == end => last.1 = batch,
             _ => self.gates.push_back((end, batch)),
@@ -133,41 +130,29 @@ impl Link {
     /// a later batch. Bytes past the last gate were made after it, so they may depend on any
     /// batch cut so far (a resend on a new link of messages journalled in a batch still on
     /// its way): they wait for `cut`.
-    pub(crate) fn durable_part(&self, appended: u64, cut: u64) -> &[u8] {
+    pub(crate) fn durable_part(&self, appended: u64, cut: u64) -> Unwritten<'_> {
+        let written = self.out.written();
         let end = match self.gates.iter().position(|&(_, b)| b > appended) {
-            None if cut <= appended => self.wbuf.len(),
-            None => self.gates.back().map_or(self.wpos, |g| g.0),
-            Some(0) => self.wpos,
+            None if cut <= appended => return self.out.all(),
+            None => self.gates.back().map_or(written, |g| g.0),
+            Some(0) => written,
             Some(i) => self.gates[i - 1].0,
         };
-        &self.wbuf[self.wpos..end.max(self.wpos)]
+        self.out.upto(end)
     }
 
     /// `n` bytes of [`to_write`](Link::to_write) were written at `now`. Returns `true` when
-    /// the buffer is empty: everything encoded so far has left.
+    /// the queue is empty: everything encoded so far has left.
     pub(crate) fn wrote(&mut self, n: usize, now: Instant) -> bool {
         if n > 0 {
-            self.wpos += n;
             self.last_write = now;
         }
-        while self.gates.front().is_some_and(|&(end, _)| end <= self.wpos) {
+        let empty = self.out.advance(n);
+        let written = self.out.written();
+        while self.gates.front().is_some_and(|&(end, _)| end <= written) {
             self.gates.pop_front();
         }
-        if self.wpos >= self.wbuf.len() {
-            self.wbuf.clear();
-            self.wpos = 0;
-            return true;
-        }
-        // Drop the written prefix once it is most of the buffer, so a socket that never
-        // fully drains cannot make the buffer grow without bound.
-        if self.wpos >= COMPACT_AT && self.wpos * 2 >= self.wbuf.len() {
-            self.wbuf.drain(..self.wpos);
-            for gate in &mut self.gates {
-                gate.0 -= self.wpos;
-            }
-            self.wpos = 0;
-        }
-        false
+        empty
     }
 
     /// The read buffer, for the transport to read into.

@@ -11,6 +11,7 @@ pub mod handshake;
 pub(crate) mod link;
 pub mod recovery;
 pub(crate) mod remote;
+pub(crate) mod write_queue;
 // The simulation: the tests' harness, and (for the fuzz target `endpoints`) the schedules
 // read out of bytes; not under loom, whose primitives live only inside a model.
 #[cfg(any(test, all(cohort_internals, not(loom))))]

@@ -404,6 +404,15 @@ pub fn encode_data(out: &mut Vec<u8>, flags: u8, seq: Option<u64>, payload: &[u8
     out.extend_from_slice(payload);
 }
 
+/// Appends a data frame's header: what [`encode_data`] writes before the payload, for a
+/// payload of `payload_len` bytes the caller writes after it.
+#[inline]
+pub fn encode_data_header(out: &mut Vec<u8>, flags: u8, seq: Option<u64>, payload_len: usize) {
+    debug_assert_eq!(seq.is_some(), flags & FLAG_RELIABLE != 0);
+    let (header, n) = data_header(flags, seq, payload_len);
+    out.extend_from_slice(&header[..n]);
+}
+
 /// A data frame's header in one piece (length, kind, flags, sequence number), and how many
 /// of its bytes are used (the sequence number only for a reliable frame): two copies per
 /// message, not five.

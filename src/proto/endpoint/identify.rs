@@ -187,7 +187,7 @@ impl Handshakes<'_> {
             return;
         };
         let Some(hs) = link.hs.as_mut() else { return };
-        hs.accept(received, connections, unreliable, &mut link.wbuf);
+        hs.accept(received, connections, unreliable, link.out.tail());
         self.links.dirty.push_back(id);
         self.establish(now, id, peer_received, peer_unreliable);
     }
@@ -219,7 +219,7 @@ impl Handshakes<'_> {
             return;
         };
         let Some(hs) = link.hs.as_mut() else { return };
-        hs.accept(received, connections, unreliable, &mut link.wbuf);
+        hs.accept(received, connections, unreliable, link.out.tail());
         link.asked_at = now;
         self.links.dirty.push_back(id);
     }
@@ -294,7 +294,7 @@ impl Handshakes<'_> {
             log::debug!("{line}");
         }
         if let Some(link) = holder.link.and_then(|o| self.links.table.get_mut(&o)) {
-            wire::encode_heartbeat(&mut link.wbuf);
+            wire::encode_heartbeat(link.out.tail());
             self.links.dirty.push_back(link.id);
         }
         self.ctx.counters.refusal(CloseCode::NameInUse);

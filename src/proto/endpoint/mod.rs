@@ -35,6 +35,7 @@ use super::admission::{self, Admission, Shedding, Verdict};
 use super::link::{Link, LinkId};
 use super::remote::{Inflow, Remote, Unestablished};
 use super::timer::{Backoff, TimerKind, Timers};
+use super::write_queue::Unwritten;
 use super::{
     resolve, Handshake, HsEvent, LocalIdentity, PeerIdentity, RecoveryError, Resolution, TieBreak,
 };
@@ -486,7 +487,7 @@ impl Ctx {
 
     /// The bytes of `link` that may be written now: all of them without a journal; with
     /// one, those whose journal records are durable (`appended`).
-    pub(super) fn may_leave<'l>(&self, link: &'l Link) -> &'l [u8] {
+    pub(super) fn may_leave<'l>(&self, link: &'l Link) -> Unwritten<'l> {
         match &self.journal {
             None => link.to_write(),
             Some(j) => link.durable_part(j.marks.appended, j.cut),
@@ -772,7 +773,7 @@ impl Endpoint {
 
     /// The bytes of link `id` that may be written now: all of them without a journal; with
     /// one, those whose journal records are durable (`appended`).
-    pub(crate) fn to_write(&self, id: LinkId) -> Option<&[u8]> {
+    pub(crate) fn to_write(&self, id: LinkId) -> Option<Unwritten<'_>> {
         let link = self.links.table.get(&id)?;
         Some(self.ctx.may_leave(link))
     }

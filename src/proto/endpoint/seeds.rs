@@ -479,7 +479,7 @@ impl Handshakes<'_> {
                 return;
             };
             let Some(hs) = link.hs.as_mut() else { return };
-            hs.accept(0, 0, 0, &mut link.wbuf);
+            hs.accept(0, 0, 0, link.out.tail());
             link.asked_at = now;
             self.links.dirty.push_back(id);
             return;

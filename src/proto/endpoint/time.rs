@@ -140,7 +140,7 @@ impl Links {
             if !link.paused && unread >= ctx.cfg.idle_timeout {
                 silent.push(link.id);
             } else if now.saturating_duration_since(link.last_write) >= ctx.cfg.heartbeat {
-                wire::encode_heartbeat(&mut link.wbuf);
+                wire::encode_heartbeat(link.out.tail());
                 self.dirty.push_back(link.id);
             }
         }

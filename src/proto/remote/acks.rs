@@ -94,7 +94,7 @@ impl Remote {
             self.shared.credit.take()
         };
         let total = self.desc.return_credit(credit);
-        wire::encode_ack(&mut link.wbuf, received, total);
+        wire::encode_ack(link.out.tail(), received, total);
         self.acks.unwritten = Some(received);
         true
     }

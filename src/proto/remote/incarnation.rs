@@ -250,7 +250,7 @@ impl Remote {
                     if u.payload.len() > self.outbound.peer_max_message && oversized.is_none() {
                         oversized = Some((u.seq, u.payload.len()));
                     }
-                    wire::encode_data(&mut link.wbuf, u.flags, Some(u.seq), u.payload);
+                    wire::encode_data(link.out.tail(), u.flags, Some(u.seq), u.payload);
                     resent += 1;
                 }
                 Ok(())

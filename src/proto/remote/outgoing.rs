@@ -260,14 +260,14 @@ impl Remote {
                     // Encoded with the number it is about to get, while its payload is at
                     // hand (not read back from the unacked queue).
                     written = self.desc.next_seq();
-                    wire::encode_data(&mut l.wbuf, flags, Some(written), &payload);
+                    l.out.push_data(flags, Some(written), &payload);
                 }
                 let seq = number(&mut self.desc, out, &shared.name, flags, payload);
                 debug_assert!(link.is_none() || seq == written);
             } else if let Some(l) = link.as_deref_mut() {
                 self.desc
                     .publish_unreliable(crate::flow::frame_cost(flags, &payload));
-                wire::encode_data(&mut l.wbuf, flags, None, &payload);
+                l.out.push_data(flags, None, &payload);
             }
             self.outbound.ledger.publish(permit);
             tally.sent += 1;
@@ -477,8 +477,9 @@ impl Outbound {
 }
 
 /// Publishes a run of messages their senders encoded ([`Framed`]) to `link`: numbers its
-/// frames in place from the descriptor's next sequence number, writes them whole, puts the
-/// run into the unacked queue as one entry (its numbered frames, kept for resend) and its
+/// frames in place from the descriptor's next sequence number, queues them whole on the
+/// link (a long run shared with the unacked queue, not copied), puts the run into the
+/// unacked queue as one entry (its numbered frames, kept for resend) and its
 /// permits into `ledger`, and counts them sent. Returns the last sequence number.
 // Not inlined into `publish`: its loop is the whole per-message cost of a run.
 #[inline(never)]
@@ -494,8 +495,9 @@ fn publish_framed(
     let first = desc.next_seq();
     let numbered = wire::number_frames(&mut frames, first);
     debug_assert_eq!(numbered, count);
-    link.wbuf.extend_from_slice(&frames);
-    desc.publish_run(count, frames.freeze());
+    let frames = frames.freeze();
+    link.out.push(&frames);
+    desc.publish_run(count, frames);
     ledger.publish(permit);
     tally.sent += count;
     tally.sent_bytes += bytes;

@@ -38,7 +38,7 @@ impl Remote {
                 self.rtt.defer(now);
                 Counters::add(&self.shared.counters.probes, 1);
                 if let Some(l) = link.as_deref_mut() {
-                    wire::encode_probe(&mut l.wbuf);
+                    wire::encode_probe(l.out.tail());
                     wrote = true;
                 }
             }
@@ -119,7 +119,7 @@ impl RoundTrip {
         if !due || owed {
             return false;
         }
-        wire::encode_probe(&mut link.wbuf);
+        wire::encode_probe(link.out.tail());
         self.probe = Some((link.id, now));
         self.probed = Some(now);
         true

@@ -177,8 +177,14 @@ impl Sim {
         if self.links[l].cut || self.links[l].closed_by_peer(side) {
             self.stats.bytes_lost += k as u64;
         } else {
-            let bytes = bytes[..k].to_vec();
-            self.links[l].from(side).extend(bytes);
+            let mut left = k;
+            let mut taken = Vec::with_capacity(k);
+            for s in bytes.slices() {
+                let s = &s[..left.min(s.len())];
+                taken.extend_from_slice(s);
+                left -= s.len();
+            }
+            self.links[l].from(side).extend(taken);
         }
         self.m[side].ep.handle(now, Input::Wrote { link: id, n: k });
         self.drain(side);

@@ -258,7 +258,7 @@ fn a_twin_dying_mid_handshake_lets_the_other_in() {
                     n += sim.m[s]
                         .ep
                         .to_write(sim.links[0].end(s).expect("end"))
-                        .map_or(0, <[u8]>::len);
+                        .map_or(0, |b| b.len());
                     sim.write(s, 0, usize::MAX);
                     sim.read(HUB + T1 - s, 0, usize::MAX);
                 }
