@@ -27,8 +27,8 @@
 //! find the state `RUNNING` (and set `NOTIFIED`) or idle.
 #![cfg(loom)]
 
-use bytes::Bytes;
-use cohort::internals::deliver::{CreditSink, Lending, MemberQueue, Run, RunOutcome};
+use bytes::{Bytes, BytesMut};
+use cohort::internals::deliver::{CreditSink, Lending, MemberQueue, ReadBuffers, Run, RunOutcome};
 use cohort::internals::flow::cost;
 use cohort::internals::wire;
 use cohort::{Delivery, DeliveryRef};
@@ -391,6 +391,12 @@ fn producers_push_batches_budget_3() {
 /// Producer `p`'s messages as one [`Run`], as the IO thread queues the regular messages of
 /// one read: their data frames, back to back in one buffer.
 fn run_of(mode: Mode, p: u8) -> Run {
+    let (buf, bytes) = frames_of(mode, p);
+    Run::new(Bytes::from(buf), 0, usize::from(PER_PRODUCER), bytes)
+}
+
+/// Producer `p`'s messages as data frames back to back, and their payload bytes.
+fn frames_of(mode: Mode, p: u8) -> (Vec<u8>, u64) {
     let mut buf = Vec::new();
     let mut bytes = 0;
     for i in 0..PER_PRODUCER {
@@ -403,7 +409,7 @@ fn run_of(mode: Mode, p: u8) -> Run {
         wire::encode_data(&mut buf, flags, seq, message(mode, p, i).payload());
         bytes += payload_len(p, i) as u64;
     }
-    Run::new(Bytes::from(buf), 0, usize::from(PER_PRODUCER), bytes)
+    (buf, bytes)
 }
 
 /// How the deliverer hands a run's messages over.
@@ -446,6 +452,52 @@ fn producers_push_runs(budget: usize, mode: Mode, hand: Hand) {
         t.join().unwrap();
     }
     check_quiescent(&q, &rec, &credit, 2);
+}
+
+/// A read buffer's way back: the IO thread cuts two runs off one read buffer (each giving
+/// the buffer back to `ReadBuffers` when it drops the last view of it), pushes them, moves
+/// on to another buffer and reads into whatever `make_room` gives it, while deliverers
+/// (one per push that found the queue idle, as the pool runs it) deliver the runs, budget
+/// 1. Checked, besides the queue's own invariants: the handler never sees a payload the IO
+/// thread overwrote (a buffer is reused only once nothing reads it), and the buffer ends
+/// up exactly once in one place — reused by the IO thread, kept for the next read, or
+/// freed by whichever drop came last while the IO thread still held it.
+#[test]
+fn a_read_buffer_is_reused_only_once_its_runs_are_delivered() {
+    const CHUNK: usize = 1024;
+    loom_tests::model("member_queue/read_buffer_reuse", || {
+        let (q, credit, rec) = new_queue(Mode::Plain);
+        let home = std::sync::Arc::new(ReadBuffers::new(CHUNK));
+        let mut rbuf = BytesMut::with_capacity(CHUNK);
+        let base = rbuf.as_ptr();
+        let mut deliverers = Vec::new();
+        for p in 0..2u8 {
+            let (frames, bytes) = frames_of(Mode::Plain, p);
+            rbuf.extend_from_slice(&frames);
+            let cut = rbuf.split_to(frames.len()).freeze();
+            let run = Run::new(cut, 0, usize::from(PER_PRODUCER), bytes).returning_to(&home);
+            if q.push([run]) {
+                let (q, rec) = (q.clone(), rec.clone());
+                deliverers.push(thread::spawn(move || {
+                    drive(&q, 1, &*handler(rec));
+                }));
+            }
+        }
+        // The IO thread moves on: the next read's room, and the read itself.
+        drop(rbuf);
+        let mut next = BytesMut::new();
+        home.make_room(&mut next);
+        let reused = next.as_ptr() == base;
+        let room = next.capacity() - next.len();
+        next.extend_from_slice(&vec![0xFF; room]);
+        for t in deliverers {
+            t.join().unwrap();
+        }
+        check_quiescent(&q, &rec, &credit, 2);
+        let kept = home.kept();
+        assert!(kept <= 1);
+        assert!(!(reused && kept == 1), "one buffer in two places");
+    });
 }
 
 #[test]

@@ -25,9 +25,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use bytes::Bytes;
 
-use super::{Delivery, DeliveryRef, Owning, Recipient};
+use super::{Delivery, DeliveryRef, Owning, ReadBuffers, Recipient};
 use crate::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use crate::sync::{Mutex, SharedStr};
+use crate::sync::{Arc, Mutex, SharedStr};
 use crate::wire;
 
 const RUNNING: usize = 0b01;
@@ -110,6 +110,20 @@ pub struct Run {
     count: usize,
     /// Payload bytes of the messages.
     bytes: u64,
+    /// Where its read buffer goes when this run drops its last view of it.
+    home: Option<Arc<ReadBuffers>>,
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            // Unique only when every other run of the buffer, every delivery still holding
+            // a payload of it, and the IO thread's own view of it are gone.
+            if let Ok(buf) = std::mem::take(&mut self.frames).try_into_mut() {
+                home.give(buf);
+            }
+        }
+    }
 }
 
 impl Run {
@@ -126,6 +140,7 @@ impl Run {
             epoch,
             count,
             bytes: payload_bytes,
+            home: None,
         };
         debug_assert_eq!(
             {
@@ -139,6 +154,12 @@ impl Run {
             "a run's frames are exactly its messages' regular data frames"
         );
         run
+    }
+
+    /// The run gives its read buffer to `home` when it drops the last view of it.
+    pub fn returning_to(mut self, home: &Arc<ReadBuffers>) -> Run {
+        self.home = Some(Arc::clone(home));
+        self
     }
 
     /// Messages in the run.
@@ -212,6 +233,7 @@ impl Drop for Taken<'_> {
                     epoch: 0,
                     count: 0,
                     bytes: 0,
+                    home: None,
                 },
             );
             let mut q = self.queue.lock();
@@ -726,6 +748,56 @@ mod tests {
                 (8, cost(1) + cost(2) + cost(3) + cost(4)),
             ];
             assert_eq!(per_epoch.into_iter().collect::<Vec<_>>(), want);
+        }
+    }
+
+    /// Two runs cut from one read buffer: the buffer goes back for the next reads once the
+    /// last view of it goes — the later run delivered after the IO thread moved on, or a
+    /// delivery kept past its run — and not while anything still reads it.
+    #[test]
+    fn a_read_buffer_goes_back_when_its_last_view_is_delivered() {
+        const CHUNK: usize = 64 * 1024;
+        let frames = |n: usize| {
+            let mut buf = Vec::new();
+            for seq in 1..=n as u64 {
+                wire::encode_data(&mut buf, wire::FLAG_RELIABLE, Some(seq), &[seq as u8; 3]);
+            }
+            buf
+        };
+        for keep_one in [false, true] {
+            let home = Arc::new(ReadBuffers::new(CHUNK));
+            let mut rbuf = bytes::BytesMut::with_capacity(CHUNK);
+            rbuf.extend_from_slice(&frames(2));
+            rbuf.extend_from_slice(&frames(3));
+            rbuf.extend_from_slice(b"partial");
+            let len = frames(2).len();
+            let first = Run::new(rbuf.split_to(len).freeze(), 0, 2, 6).returning_to(&home);
+            let len = frames(3).len();
+            let second = Run::new(rbuf.split_to(len).freeze(), 0, 3, 9).returning_to(&home);
+            let q = MemberQueue::new("a".into(), Box::new(Arc::new(Tally::default())));
+            assert!(q.push([Queued::Run(first)]));
+            let mut kept = None;
+            let outcome = q.run(64, |d| kept = kept.take().or(Some(d)).filter(|_| keep_one));
+            assert_eq!(outcome, RunOutcome::Idle);
+            assert_eq!(home.kept(), 0, "the IO thread still reads into it");
+            // The IO thread moves on to another buffer.
+            drop(rbuf);
+            assert_eq!(home.kept(), 0, "the second run is not delivered yet");
+            assert!(q.push([Queued::Run(second)]));
+            assert_eq!(q.run(64, |_| {}), RunOutcome::Idle);
+            if keep_one {
+                assert_eq!(home.kept(), 0, "a delivery kept by the handler reads it");
+                drop(kept);
+                assert_eq!(
+                    home.kept(),
+                    0,
+                    "freed by the handler's drop, not given back"
+                );
+            } else {
+                assert_eq!(home.kept(), 1, "given back by the last run's drop");
+                let buf = home.take().expect("kept");
+                assert!(buf.is_empty() && buf.capacity() >= CHUNK);
+            }
         }
     }
 }

@@ -3,6 +3,7 @@
 //! any moment, in order), and per sender an out-of-band queue that at most its fair share of
 //! the pool's threads drain at once, in any order.
 
+mod buffers;
 mod credit;
 mod inbox;
 mod member;
@@ -11,6 +12,7 @@ mod pool;
 mod progress;
 mod room;
 
+pub use buffers::ReadBuffers;
 pub use credit::PeerCreditSink;
 pub use inbox::{Inbox, InboxIter, InboxRecv, InboxTryIter, RecvError};
 pub use member::{CreditSink, MemberQueue, Queued, Run, RunOutcome};

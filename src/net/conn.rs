@@ -12,6 +12,7 @@ use mio::{Interest, Registry, Token};
 use super::socket::Stream;
 use crate::addr::Addr;
 
+use crate::deliver::ReadBuffers;
 use crate::proto::write_queue::Unwritten;
 use crate::proto::READ_CHUNK;
 #[cfg(feature = "tls")]
@@ -67,15 +68,19 @@ impl Transport {
         &mut self,
         stream: &mut Stream,
         rbuf: &mut BytesMut,
+        buffers: &ReadBuffers,
         scratch: &mut Vec<u8>,
     ) -> io::Result<(usize, bool)> {
         match self {
             Transport::Plain => {
                 let _ = scratch;
-                read_plain(stream, rbuf)
+                read_plain(stream, rbuf, buffers)
             }
             #[cfg(feature = "tls")]
-            Transport::Tls(t) => t.read(stream, rbuf, scratch),
+            Transport::Tls(t) => {
+                buffers.make_room(rbuf);
+                t.read(stream, rbuf, scratch)
+            }
         }
     }
 
@@ -125,13 +130,15 @@ impl Transport {
 
 /// The plain read: straight into the spare room of `rbuf`.
 #[inline]
-fn read_plain(stream: &mut Stream, rbuf: &mut BytesMut) -> io::Result<(usize, bool)> {
-    // A partial frame at the front stays in place; `reserve` moves or grows the buffer
-    // only when the spare room is low (frames are split off as soon as they complete, so
-    // the buffer holds at most one partial frame plus a chunk).
-    if rbuf.capacity() - rbuf.len() < READ_CHUNK / 4 {
-        rbuf.reserve(READ_CHUNK);
-    }
+fn read_plain(
+    stream: &mut Stream,
+    rbuf: &mut BytesMut,
+    buffers: &ReadBuffers,
+) -> io::Result<(usize, bool)> {
+    // A partial frame at the front stays in place; the buffer moves (to one given back,
+    // or a new one) only when the spare room is low (frames are split off as soon as they
+    // complete, so it holds at most one partial frame plus a chunk).
+    buffers.make_room(rbuf);
     read_spare(stream, rbuf)
 }
 
@@ -243,9 +250,11 @@ impl Conn {
     pub(crate) fn read_some(
         &mut self,
         rbuf: &mut BytesMut,
+        buffers: &ReadBuffers,
         scratch: &mut Vec<u8>,
     ) -> io::Result<(usize, bool)> {
-        self.transport.read(&mut self.stream, rbuf, scratch)
+        self.transport
+            .read(&mut self.stream, rbuf, buffers, scratch)
     }
 
     /// Writes as much of `bytes` as the socket takes (see [`Transport::write`]). Returns
@@ -322,7 +331,7 @@ mod tests {
     fn read_to(stream: &mut Stream, rbuf: &mut BytesMut, want: usize) {
         while rbuf.len() < want {
             let before = rbuf.len();
-            let (n, _) = read_plain(stream, rbuf).expect("read");
+            let (n, _) = read_plain(stream, rbuf, &ReadBuffers::new(READ_CHUNK)).expect("read");
             assert!(n > 0, "EOF before {want} bytes");
             assert!(n <= READ_CHUNK);
             assert_eq!(rbuf.len(), before + n);
@@ -352,7 +361,8 @@ mod tests {
         assert!((READ_CHUNK / 4..READ_CHUNK).contains(&room), "{room}");
         w.write_all(&pattern(sent, room)).expect("write");
         sent += room;
-        let (n, short) = read_plain(&mut r, &mut rbuf).expect("read");
+        let (n, short) =
+            read_plain(&mut r, &mut rbuf, &ReadBuffers::new(READ_CHUNK)).expect("read");
         assert_eq!((n, short), (room, false));
         // More than two chunks: the buffer grows, moving what it holds.
         let big = 2 * READ_CHUNK + 12_345;
@@ -367,7 +377,10 @@ mod tests {
         assert_eq!(&rbuf[..front.len()], &front[..]);
         assert!(rbuf[front.len()..] == pattern(0, sent)[..], "bytes changed");
         let held = rbuf.len();
-        assert_eq!(read_plain(&mut r, &mut rbuf).expect("EOF"), (0, true));
+        assert_eq!(
+            read_plain(&mut r, &mut rbuf, &ReadBuffers::new(READ_CHUNK)).expect("EOF"),
+            (0, true)
+        );
         assert_eq!(rbuf.len(), held);
     }
 

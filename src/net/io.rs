@@ -25,7 +25,7 @@ use super::{
     LISTENER, MEMBERS, WAKER,
 };
 use crate::addr::Addr;
-use crate::deliver::{Pool, Task};
+use crate::deliver::{Pool, ReadBuffers, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
 use crate::journal::{JournalWriter, WriterMarks};
 use crate::proto::{
@@ -81,6 +81,8 @@ pub(crate) struct IoThread {
     /// Ciphertext read from a TLS connection before rustls decrypts it (shared by all
     /// connections; stays empty without TLS).
     scratch: Vec<u8>,
+    /// The endpoint's read buffers given back by delivered runs, where reads find room.
+    read_buffers: Arc<ReadBuffers>,
     /// Periodic work and when it is due next.
     periodic: Option<(super::Periodic, Instant)>,
 }
@@ -111,6 +113,7 @@ impl IoThread {
             new_peer,
             now,
         );
+        let read_buffers = Arc::clone(endpoint.read_buffers());
         Ok(IoThread {
             cfg: parts.config,
             poll: parts.poll,
@@ -133,6 +136,7 @@ impl IoThread {
             read_pending: VecDeque::new(),
             accept_pending: false,
             scratch: Vec::new(),
+            read_buffers,
             periodic: parts.periodic.map(|p| {
                 let first = now + p.every;
                 (p, first)
@@ -740,7 +744,7 @@ impl IoThread {
                 // bytes stay in the kernel (TCP pushes back on the peer) until it resumes.
                 return;
             }
-            match conn.read_some(link.read_buffer(), &mut self.scratch) {
+            match conn.read_some(link.read_buffer(), &self.read_buffers, &mut self.scratch) {
                 Ok((0, _)) => {
                     self.hand_over(now, id);
                     let why = Why::PeerClosed;

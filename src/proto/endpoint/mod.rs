@@ -39,7 +39,7 @@ use super::write_queue::Unwritten;
 use super::{
     resolve, Handshake, HsEvent, LocalIdentity, PeerIdentity, RecoveryError, Resolution, TieBreak,
 };
-use crate::deliver::Task;
+use crate::deliver::{ReadBuffers, Task};
 use crate::events::{DisconnectReason as Why, Event, RefuseReason};
 use crate::journal::{FsyncPolicy, Journal, JournalError, Record, RecoveredPeer, WriterMarks};
 use crate::peer::{Counters, OutboundFilter, PeerShared, PeerState};
@@ -363,6 +363,8 @@ pub(crate) struct Produced {
     pub(crate) run: RunBuilder,
     /// The node journals, and no journal write has failed.
     journal_open: bool,
+    /// Where delivered runs give their read buffers back, for the next reads.
+    pub(crate) read_buffers: Arc<ReadBuffers>,
 }
 
 /// The regular messages of one sender found in a read buffer and admitted, not yet taken
@@ -418,8 +420,8 @@ impl Produced {
             std::mem::take(&mut run.count),
             std::mem::take(&mut run.bytes),
         );
-        self.batch
-            .push(crate::deliver::Run::new(buf, run.epoch, count, bytes).into());
+        let run = crate::deliver::Run::new(buf, run.epoch, count, bytes);
+        self.batch.push(run.returning_to(&self.read_buffers).into());
     }
 
     /// Pushes the messages split from one read to peer `p`'s queues (dropped if the peer
@@ -563,6 +565,7 @@ impl Endpoint {
                     run: RunBuilder::default(),
                     batches: Vec::new(),
                     journal_open: journal.is_some(),
+                    read_buffers: Arc::new(ReadBuffers::new(crate::proto::READ_CHUNK)),
                 },
                 max_len: wire::max_frame_len(cfg.max_message),
                 local,
@@ -776,6 +779,12 @@ impl Endpoint {
     pub(crate) fn to_write(&self, id: LinkId) -> Option<Unwritten<'_>> {
         let link = self.links.table.get(&id)?;
         Some(self.ctx.may_leave(link))
+    }
+
+    /// The read buffers delivered runs give back: where the driver's next read buffers
+    /// come from (`ReadBuffers::make_room`).
+    pub(crate) fn read_buffers(&self) -> &Arc<ReadBuffers> {
+        &self.ctx.out.read_buffers
     }
 
     /// Peer `id`, for the simulation's checks.

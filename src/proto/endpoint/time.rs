@@ -52,7 +52,8 @@ impl Endpoint {
 
     /// Periodic work: pending links past their deadline closed (and the shedding warning,
     /// when due), each peer's tick (probes, block warnings, residual credit, expiry),
-    /// paused links back within their windows resumed, heartbeats and the idle timeout.
+    /// paused links back within their windows resumed, heartbeats and the idle timeout,
+    /// read buffers no read took since the last tick freed.
     pub(super) fn tick(&mut self, now: Instant) {
         self.links.shed_overdue(now, &mut self.peers, &mut self.ctx);
         self.warn_shedding(now);
@@ -82,6 +83,7 @@ impl Endpoint {
         }
         self.links
             .check_liveness(now, &mut self.peers, &mut self.ctx);
+        self.ctx.out.read_buffers.release_unused();
         self.ctx
             .timers
             .add(now + self.ctx.cfg.tick, TimerKind::Tick);

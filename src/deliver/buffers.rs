@@ -1,0 +1,168 @@
+//! Read buffers going back to the IO thread once their messages are delivered.
+//!
+//! The IO thread reads into a link's buffer and hands the frames of each read to the pool
+//! as runs, slices of that buffer; when too little room is left it moves on to another
+//! buffer. Without reuse, each buffer is freed by whichever thread drops its last run, and
+//! the next is a fresh allocation: memory the allocator may have handed back to the system
+//! meanwhile (glibc trims the top of its heap once 128 KiB lie free there), so the kernel's
+//! copy of the next read faults in every page anew. A deliverer that drops the last view of
+//! a buffer gives it back here instead ([`Run`](super::Run)'s drop), and the IO thread's
+//! next buffer comes from here when one is at hand: memory already mapped, and a `malloc`
+//! and a `free` fewer per buffer.
+
+use bytes::BytesMut;
+
+use crate::sync::Mutex;
+
+/// Buffers kept at most; one given back past that is freed. Enough for the buffers in
+/// flight between the IO thread and the deliverers of a busy node (each holds at most a
+/// read's room plus a partial frame).
+const KEEP: usize = 8;
+
+/// A buffer larger than this many reads' room (grown for a large frame) is freed rather
+/// than kept.
+const KEEP_AT_MOST: usize = 4;
+
+/// Read buffers whose every run was delivered, for the IO thread's next reads (see the
+/// module doc). Shared by the IO thread and the deliverers of one node.
+#[derive(Debug)]
+pub struct ReadBuffers {
+    /// The room one read takes at most (the driver's read chunk).
+    chunk: usize,
+    // A lock taken once per buffer (every few dozen KiB read), never while holding another.
+    free: Mutex<Free>,
+}
+
+#[derive(Debug, Default)]
+struct Free {
+    bufs: Vec<BytesMut>,
+    /// A buffer was taken since the last [`release_unused`](ReadBuffers::release_unused).
+    taken: bool,
+}
+
+impl ReadBuffers {
+    /// An empty set, for reads of at most `chunk` bytes.
+    pub fn new(chunk: usize) -> ReadBuffers {
+        ReadBuffers {
+            chunk,
+            free: Mutex::new(Free::default()),
+        }
+    }
+
+    /// Takes `buf` back: the last view of a read buffer, which nothing else holds. Kept
+    /// (emptied, its whole allocation reclaimed) when it is of a read buffer's size and
+    /// fewer than [`KEEP`] are kept; freed otherwise, outside the lock.
+    pub fn give(&self, mut buf: BytesMut) {
+        buf.clear();
+        if !buf.try_reclaim(self.chunk) || buf.capacity() > KEEP_AT_MOST * self.chunk {
+            return;
+        }
+        let mut free = self.free.lock();
+        if free.bufs.len() < KEEP {
+            free.bufs.push(buf);
+        }
+    }
+
+    /// A buffer given back, empty, with room for at least one read.
+    pub fn take(&self) -> Option<BytesMut> {
+        let mut free = self.free.lock();
+        free.taken = true;
+        free.bufs.pop()
+    }
+
+    /// Buffers kept now.
+    #[cfg(any(test, cohort_internals))]
+    pub fn kept(&self) -> usize {
+        self.free.lock().bufs.len()
+    }
+
+    /// Frees the buffers kept when no read took one since the last call (the IO thread's
+    /// tick calls it): a node that stopped receiving holds none for long.
+    pub fn release_unused(&self) {
+        let mut free = self.free.lock();
+        if std::mem::take(&mut free.taken) || free.bufs.is_empty() {
+            return;
+        }
+        let bufs = std::mem::take(&mut free.bufs);
+        drop(free);
+        drop(bufs);
+    }
+
+    /// Makes room for a read in `rbuf` when less than a quarter of a read's is left:
+    /// in place when nothing else holds its allocation, else in a buffer given back (the
+    /// partial frame at its front copied over), else in a new one.
+    pub fn make_room(&self, rbuf: &mut BytesMut) {
+        let chunk = self.chunk;
+        if rbuf.capacity() - rbuf.len() >= chunk / 4 || rbuf.try_reclaim(chunk) {
+            return;
+        }
+        match self.take() {
+            Some(mut fresh) => {
+                // Room for the partial frame and a quarter chunk at least: a partial frame
+                // of more than three quarters of the buffer makes `reserve` allocate.
+                fresh.reserve(rbuf.len() + chunk / 4);
+                fresh.extend_from_slice(rbuf);
+                *rbuf = fresh;
+            }
+            None => rbuf.reserve(chunk),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const READ_CHUNK: usize = 64 * 1024;
+
+    #[test]
+    fn a_delivered_buffer_is_read_into_again_without_a_new_allocation() {
+        let buffers = ReadBuffers::new(READ_CHUNK);
+        let mut rbuf = BytesMut::new();
+        buffers.make_room(&mut rbuf);
+        let first = rbuf.as_ptr();
+        rbuf.extend_from_slice(&[1u8; READ_CHUNK]);
+        // Two runs handed to delivery, and a partial frame left at the front.
+        let a = rbuf.split_to(1000).freeze();
+        let b = rbuf.split_to(READ_CHUNK - 1010).freeze();
+        buffers.make_room(&mut rbuf);
+        assert_ne!(
+            rbuf.as_ptr(),
+            first,
+            "the old buffer is still read by the runs"
+        );
+        assert_eq!(&rbuf[..], &[1u8; 10], "the partial frame moved with it");
+        drop(a);
+        // The last view goes back.
+        buffers.give(b.try_into_mut().expect("nothing else holds it"));
+        assert_eq!(buffers.kept(), 1);
+        // The next move takes it, with the partial frame copied to its front.
+        rbuf.extend_from_slice(&[2u8; READ_CHUNK - 20]);
+        let c = rbuf.split_to(READ_CHUNK - 15).freeze();
+        buffers.make_room(&mut rbuf);
+        assert_eq!(rbuf.as_ptr(), first, "the given-back buffer, not a new one");
+        assert_eq!(&rbuf[..], &[2u8; 5]);
+        assert!(rbuf.capacity() - rbuf.len() >= READ_CHUNK / 4);
+        assert_eq!(buffers.kept(), 0);
+        drop(c);
+    }
+
+    #[test]
+    fn kept_buffers_are_bounded_and_freed_once_unused() {
+        let buffers = ReadBuffers::new(READ_CHUNK);
+        for _ in 0..KEEP + 3 {
+            buffers.give(BytesMut::with_capacity(READ_CHUNK));
+        }
+        assert_eq!(buffers.kept(), KEEP);
+        buffers.give(BytesMut::with_capacity(KEEP_AT_MOST * READ_CHUNK + 1));
+        buffers.give(BytesMut::with_capacity(100));
+        assert_eq!(buffers.kept(), KEEP, "too large and too small are freed");
+        // One taken since the last tick: kept through it; none taken: freed.
+        let one = buffers.take().expect("one kept");
+        buffers.give(one);
+        buffers.release_unused();
+        assert_eq!(buffers.kept(), KEEP);
+        buffers.release_unused();
+        assert_eq!(buffers.kept(), 0);
+    }
+}
