@@ -457,11 +457,14 @@ fn producers_push_runs(budget: usize, mode: Mode, hand: Hand) {
 /// A read buffer's way back: the IO thread cuts two runs off one read buffer (each giving
 /// the buffer back to `ReadBuffers` when it drops the last view of it), pushes them, moves
 /// on to another buffer and reads into whatever `make_room` gives it, while deliverers
-/// (one per push that found the queue idle, as the pool runs it) deliver the runs, budget
-/// 1. Checked, besides the queue's own invariants: the handler never sees a payload the IO
-/// thread overwrote (a buffer is reused only once nothing reads it), and the buffer ends
-/// up exactly once in one place — reused by the IO thread, kept for the next read, or
-/// freed by whichever drop came last while the IO thread still held it.
+/// (one per push that found the queue idle, as the pool runs it) deliver the runs with a
+/// budget of one. Checked, besides the queue's own invariants: the handler never sees a
+/// payload the IO thread overwrote (a buffer is reused only once nothing reads it), and
+/// the buffer ends up exactly once in one place — reused by the IO thread, kept for the
+/// next read, or freed by whichever drop came last while the IO thread still held it.
+/// (The test of uniqueness is `bytes`' reference count, on std atomics that loom does not
+/// explore: the model covers the interleavings of the deliverers, `ReadBuffers`' lock and
+/// the IO thread, not that count's ordering.)
 #[test]
 fn a_read_buffer_is_reused_only_once_its_runs_are_delivered() {
     const CHUNK: usize = 1024;

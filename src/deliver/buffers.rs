@@ -50,11 +50,17 @@ impl ReadBuffers {
     }
 
     /// Takes `buf` back: the last view of a read buffer, which nothing else holds. Kept
-    /// (emptied, its whole allocation reclaimed) when it is of a read buffer's size and
-    /// fewer than [`KEEP`] are kept; freed otherwise, outside the lock.
+    /// (emptied, its whole allocation reclaimed) when that allocation is of a read buffer's
+    /// size (at least one read's room, at most [`KEEP_AT_MOST`] reads') and fewer than
+    /// [`KEEP`] are kept; freed otherwise, outside the lock.
     pub fn give(&self, mut buf: BytesMut) {
         buf.clear();
-        if !buf.try_reclaim(self.chunk) || buf.capacity() > KEEP_AT_MOST * self.chunk {
+        // The last view may start anywhere in its allocation: asking for one byte more than
+        // it offers moves it (empty) to the allocation's start, so that `capacity` is the
+        // whole allocation's before it is judged. (At the start already, nothing moves.)
+        let _ = buf.try_reclaim(buf.capacity() + 1);
+        let size = buf.capacity();
+        if size < self.chunk || size > KEEP_AT_MOST * self.chunk {
             return;
         }
         let mut free = self.free.lock();
@@ -96,15 +102,22 @@ impl ReadBuffers {
         if rbuf.capacity() - rbuf.len() >= chunk / 4 || rbuf.try_reclaim(chunk) {
             return;
         }
+        // A buffer given back takes the partial frame and leaves a quarter of a read's room
+        // at least; a longer partial frame (of a large message) grows its own buffer
+        // instead, which doubles as it grows: taking given-back buffers for it would copy
+        // the frame again at every quarter read.
+        let need = rbuf.len() + chunk / 4;
         match self.take() {
-            Some(mut fresh) => {
-                // Room for the partial frame and a quarter chunk at least: a partial frame
-                // of more than three quarters of the buffer makes `reserve` allocate.
-                fresh.reserve(rbuf.len() + chunk / 4);
+            Some(mut fresh) if fresh.capacity() >= need => {
                 fresh.extend_from_slice(rbuf);
                 *rbuf = fresh;
             }
-            None => rbuf.reserve(chunk),
+            other => {
+                if let Some(fresh) = other {
+                    self.give(fresh);
+                }
+                rbuf.reserve(chunk);
+            }
         }
     }
 }
@@ -148,15 +161,49 @@ mod tests {
     }
 
     #[test]
+    fn a_large_partial_frame_grows_a_buffer_of_its_own() {
+        let buffers = ReadBuffers::new(READ_CHUNK);
+        buffers.give(BytesMut::with_capacity(READ_CHUNK));
+        let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+        rbuf.resize(READ_CHUNK, 1);
+        // A run still read, and most of a large frame after it.
+        let run = rbuf.split_to(10).freeze();
+        buffers.make_room(&mut rbuf);
+        assert_eq!(
+            buffers.kept(),
+            1,
+            "the given-back buffer is left for shorter frames"
+        );
+        assert_eq!(rbuf.len(), READ_CHUNK - 10);
+        assert!(rbuf.iter().all(|&b| b == 1));
+        assert!(rbuf.capacity() - rbuf.len() >= READ_CHUNK);
+        drop(run);
+    }
+
+    #[test]
     fn kept_buffers_are_bounded_and_freed_once_unused() {
         let buffers = ReadBuffers::new(READ_CHUNK);
         for _ in 0..KEEP + 3 {
             buffers.give(BytesMut::with_capacity(READ_CHUNK));
         }
         assert_eq!(buffers.kept(), KEEP);
+        buffers.release_unused();
+        assert_eq!(buffers.kept(), 0);
         buffers.give(BytesMut::with_capacity(KEEP_AT_MOST * READ_CHUNK + 1));
         buffers.give(BytesMut::with_capacity(100));
-        assert_eq!(buffers.kept(), KEEP, "too large and too small are freed");
+        assert_eq!(buffers.kept(), 0, "too large and too small are freed");
+        // The last view of a large buffer, starting near its end, is judged by its whole
+        // allocation, not by the room after it.
+        let mut large = BytesMut::with_capacity(8 * READ_CHUNK);
+        large.resize(8 * READ_CHUNK, 7);
+        let last = large.split_off(7 * READ_CHUNK - 100);
+        drop(large);
+        buffers.give(last);
+        assert_eq!(buffers.kept(), 0, "a large allocation is freed");
+        for _ in 0..KEEP + 3 {
+            buffers.give(BytesMut::with_capacity(READ_CHUNK));
+        }
+        assert_eq!(buffers.kept(), KEEP);
         // One taken since the last tick: kept through it; none taken: freed.
         let one = buffers.take().expect("one kept");
         buffers.give(one);

@@ -98,7 +98,8 @@ impl Transport {
                 for s in bytes.slices() {
                     let n = t.write(stream, s)?;
                     taken += n;
-                    if n < s.len() {
+                    // Taken only in part, or records left unwritten: the socket is full.
+                    if n < s.len() || t.wants_write() {
                         break;
                     }
                 }
@@ -162,17 +163,7 @@ fn read_spare(stream: &Stream, rbuf: &mut BytesMut) -> io::Result<(usize, bool)>
 /// The plain write: until the socket says `WouldBlock` or `buf` is out.
 #[inline]
 fn write_plain_slice(stream: &mut Stream, buf: &[u8]) -> io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match stream.write(&buf[done..]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
+    write_until_full(buf.len(), |done| stream.write(&buf[done..]))
 }
 
 /// Slices handed to one `writev`.
@@ -181,16 +172,27 @@ const WRITE_SLICES: usize = 64;
 /// The plain write: `bytes` as they lie (the link's buffer and the runs shared with it),
 /// several slices to a `writev`, until they are all out or the socket is full.
 fn write_plain(stream: &mut Stream, bytes: Unwritten<'_>) -> io::Result<usize> {
-    let mut done = 0;
     let mut iov = [IoSlice::new(&[]); WRITE_SLICES];
-    while done < bytes.len() {
+    write_until_full(bytes.len(), |done| {
         let k = bytes.fill(done, &mut iov);
-        let written = if k == 1 {
+        if k == 1 {
             stream.write(&iov[0])
         } else {
             stream.write_vectored(&iov[..k])
-        };
-        match written {
+        }
+    })
+}
+
+/// Calls `write_from(done)` (a write of what follows the first `done` of `len` bytes)
+/// until all `len` are written or the socket is full. Returns how many were.
+#[inline]
+fn write_until_full(
+    len: usize,
+    mut write_from: impl FnMut(usize) -> io::Result<usize>,
+) -> io::Result<usize> {
+    let mut done = 0;
+    while done < len {
+        match write_from(done) {
             Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,

@@ -84,7 +84,7 @@ impl WriteQueue {
                 let piece = if rest <= TAIL_COPY_MAX {
                     Bytes::copy_from_slice(&self.tail[self.head..])
                 } else {
-                    Bytes::from(std::mem::take(&mut self.tail)).slice(self.head..)
+                    Bytes::from(self.take_tail()).slice(self.head..)
                 };
                 self.in_pieces += piece.len();
                 self.pieces.push_back(piece);
@@ -97,7 +97,7 @@ impl WriteQueue {
                 self.tail.clear();
                 piece
             } else {
-                Bytes::from(std::mem::take(&mut self.tail))
+                Bytes::from(self.take_tail())
             };
             self.in_pieces += piece.len();
             self.pieces.push_back(piece);
@@ -115,6 +115,12 @@ impl WriteQueue {
             wire::encode_data_header(&mut self.tail, flags, seq, payload.len());
             self.push(payload);
         }
+    }
+
+    /// The tail, handed over whole; the next frames go to a new one with room for a
+    /// few of them.
+    fn take_tail(&mut self) -> Vec<u8> {
+        std::mem::replace(&mut self.tail, Vec::with_capacity(TAIL_COPY_MAX))
     }
 
     /// Bytes queued and not yet written.
