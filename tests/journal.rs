@@ -491,13 +491,25 @@ fn sync_journal_never_reports_success_after_a_journal_write_failed() {
 /// holds at most 8 messages of 1 KiB, so b may receive no more than that.
 #[test]
 fn messages_whose_journal_write_failed_never_reach_the_peer() {
-    let dir = TempDir::new("journal-write-failed");
+    // 1 KiB messages are copied into the link's buffer; 5 000-byte ones are written from
+    // where their payloads lie: both wait behind the journal.
+    for len in [1024, 5000] {
+        messages_lost_with_the_journal_never_reach_the_peer(len);
+    }
+}
+
+/// Sends messages of `len` bytes from a member whose journal directory is removed under
+/// it, so that its journal write fails once its first 8 KiB segment is full: the peer gets
+/// at most the messages that segment could hold.
+fn messages_lost_with_the_journal_never_reach_the_peer(len: usize) {
+    let name = format!("journal-write-failed-{len}");
+    let dir = TempDir::new(&name);
     let got = Counter::new();
-    let b = receiver_b("journal-write-failed", "127.0.0.1:0")
+    let b = receiver_b(&name, "127.0.0.1:0")
         .on_message(got.handler())
         .start()
         .expect("b starts");
-    let a = journalled_a("journal-write-failed", dir.path(), b.local_addr())
+    let a = journalled_a(&name, dir.path(), b.local_addr())
         .journal_segment_size(8 << 10)
         .start()
         .expect("a starts");
@@ -510,7 +522,7 @@ fn messages_whose_journal_write_failed_never_reach_the_peer() {
     let tx = a.sender();
     let mut accepted = 0u64;
     for i in 0..50 {
-        if tx.send_timeout("b", payload(i, 1024), PATIENCE).is_err() {
+        if tx.send_timeout("b", payload(i, len), PATIENCE).is_err() {
             break; // the node stopped
         }
         accepted += 1;
@@ -526,11 +538,12 @@ fn messages_whose_journal_write_failed_never_reach_the_peer() {
     });
     let received = b.stats().peer("a").map_or(0, |p| p.received);
     b.shutdown(SHUTDOWN).expect("b stops");
+    let most = (8 << 10) / len as u64;
     assert!(
-        received <= 8,
-        "b received {received} of the {accepted} messages accepted, but a's journal could hold \
-         at most 8 of them before its write failed (journal stats after the last successful \
-         append: {js:?})"
+        received <= most,
+        "{len} B: b received {received} of the {accepted} messages accepted, but a's journal \
+         could hold at most {most} of them before its write failed (journal stats after the \
+         last successful append: {js:?})"
     );
 }
 
@@ -632,7 +645,9 @@ fn a_ttl_message_for_a_disconnected_peer_still_expires_with_a_journal() {
 /// either way a message may reach the peer only once its record is in the journal. The
 /// receiver's handler reads the sender's journal files as each message arrives, one message
 /// in flight at a time (a round trip, the case the inline append serves): the journal
-/// already holds at least that many messages.
+/// already holds at least that many messages. Every other message is 20 000 bytes: its
+/// payload is written from where it lies (not copied into the link's buffer), behind the
+/// same journal gate as the frames around it.
 #[test]
 fn a_message_reaches_the_peer_only_once_its_record_is_in_the_journal_files() {
     for (policy, name) in [
@@ -675,7 +690,8 @@ fn a_message_reaches_the_peer_only_once_its_record_is_in_the_journal_files() {
             .start()
             .expect("a starts");
         for i in 1..=50u64 {
-            send_patiently(&a.sender(), "b", payload(i, 100));
+            let len = if i % 2 == 0 { 20_000 } else { 100 };
+            send_patiently(&a.sender(), "b", payload(i, len));
             wait_until(format!("message {i} at b ({name})"), PATIENCE, || {
                 got.get() >= i
             });
