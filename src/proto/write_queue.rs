@@ -24,11 +24,13 @@ use crate::wire;
 /// entry in the write's vector; copying costs the bytes.
 #[cfg(not(test))]
 pub(crate) const SHARE_AT: usize = 4 * 1024;
-/// In the crate's own tests pieces are shared from 48 bytes: the simulation's messages are
-/// short (up to 48 bytes) and its runs hold one or two, so about half its runs are then
-/// shared pieces, and its schedules (cuts at any byte, partial writes) run through them.
+/// In the crate's own tests pieces are shared from 32 bytes: the simulation's payloads are
+/// short (5 to 53 bytes) and its runs hold one or two messages, so about half its runs,
+/// and about half the payloads a journalling member's IO thread encodes, are then shared
+/// pieces, and its schedules (cuts at any byte, partial writes, journal gates) run through
+/// them as well as through copies.
 #[cfg(test)]
-pub(crate) const SHARE_AT: usize = 48;
+pub(crate) const SHARE_AT: usize = 32;
 
 /// Written bytes at the front of the tail before it is compacted.
 const COMPACT_AT: usize = 64 * 1024;
