@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# The many-core figures of docs/benchmarks.md in one run, from binaries built beforehand:
+#
+#   bash benches/many_core.sh prepare        # here: release bench binaries into target/many-core
+#   bash benches/many_core.sh run OUT [MIN]  # there: every figure into OUT, in about MIN minutes
+#
+# `prepare` builds the throughput bench, `examples/msg_cost` and `examples/ping_pong` (release)
+# and copies them to target/many-core/, so that a machine with many cores needs nothing but
+# that folder and this script: no toolchain, no network. `run` records the machine (nproc,
+# lscpu, the kernel), then, interleaved so that cohort and its baselines share the machine's
+# moods:
+#   - benches/throughput.rs: 1→1, 4→1 and 8→1 at 64 B and 1 KiB, fresh payloads, cohort with
+#     `on_message` and `on_message_ref` beside raw TCP (rates and CPU per message), twice;
+#   - examples/msg_cost: the process's CPU time per message, 1, 4, 8 and 16 senders, 64 B and
+#     1 KiB, both handlers and raw TCP, three rounds;
+#   - examples/ping_pong: the round trip (min / p50 / p99 / p99.9) with the defaults and with
+#     a 50 µs spin, raw TCP beside each, three rounds.
+# Each step's output goes to its own file in OUT; OUT/summary.txt gathers the summary lines.
+# MIN (default 6) scales the criterion measurement time to fit a lent machine's time limit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir=target/many-core
+
+prepare() {
+  cargo build --release --example msg_cost --example ping_pong
+  local bench
+  bench=$(cargo bench --bench throughput --no-run 2>&1 \
+    | sed -n 's/.*Executable benches\/throughput.rs (\(.*\))/\1/p' | tail -1)
+  [ -n "$bench" ] || { echo "no throughput bench binary found" >&2; exit 1; }
+  mkdir -p "$dir"
+  cp "$bench" "$dir/throughput"
+  cp target/release/examples/msg_cost target/release/examples/ping_pong "$dir/"
+  # Without debug info (symbols stay, for a profile there): a lent machine takes the folder
+  # with the working tree, 64 MiB in all.
+  if command -v strip >/dev/null; then
+    strip --strip-debug "$dir/throughput" "$dir/msg_cost" "$dir/ping_pong"
+  fi
+  git rev-parse HEAD > "$dir/commit" 2>/dev/null || echo unknown > "$dir/commit"
+  ls -l "$dir"
+}
+
+run() {
+  local out=$1 minutes=${2:-6}
+  mkdir -p "$out"
+  for b in throughput msg_cost ping_pong; do
+    [ -x "$dir/$b" ] || { echo "$dir/$b missing: run 'prepare' first" >&2; exit 1; }
+  done
+  {
+    echo "commit $(cat "$dir/commit")"
+    echo "nproc $(nproc)"
+    uname -sr
+    lscpu 2>/dev/null | grep -E 'Model name|^CPU\(s\)|Thread|Socket|NUMA node\(s\)' || true
+    free -g 2>/dev/null | head -2 || true
+  } > "$out/machine.txt"
+  # Criterion's measurement time per benchmark: 18 benchmarks, twice, in about half of MIN.
+  local measure=$(( minutes * 60 / 2 / 36 ))
+  [ "$measure" -ge 1 ] || measure=1
+  local groups='throughput_(1to1|4to1|8to1)_(64B|1KiB)/(cohort_fresh|cohort_lent_fresh|raw_tcp_fresh)$'
+  for round in 1 2; do
+    "$dir/throughput" --bench "$groups" --warm-up-time 1 --measurement-time "$measure" \
+      > "$out/throughput.$round.txt" 2>&1
+  done
+  local cases=() s n
+  for s in 64 1024; do
+    for n in 1 4 8 16; do
+      cases+=("--senders $n --size $s --fresh" "--senders $n --size $s --fresh --lent" \
+        "--senders $n --size $s --fresh --raw")
+    done
+  done
+  for round in 1 2 3; do
+    for c in "${cases[@]}"; do
+      local count=10000000
+      [[ $c == *"--size 1024"* ]] && count=2000000
+      # shellcheck disable=SC2086 # the case's flags are words
+      echo "$round | $c | $("$dir/msg_cost" --count $count $c 2>&1 | tail -1)" >> "$out/msg_cost.txt"
+    done
+    for spin in default 50; do
+      local flags=()
+      [ "$spin" = default ] || flags=(--spin-us "$spin")
+      echo "=== round $round, spin $spin" >> "$out/ping_pong.txt"
+      "$dir/ping_pong" --count 20000 --warmup 3000 "${flags[@]}" >> "$out/ping_pong.txt" 2>&1
+    done
+  done
+  grep -h '^summary' "$out"/throughput.*.txt > "$out/summary.txt" || true
+  cat "$out/machine.txt" "$out/summary.txt"
+}
+
+case "${1:-}" in
+  prepare) prepare ;;
+  run) shift; run "$@" ;;
+  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+esac
