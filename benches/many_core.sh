@@ -31,7 +31,8 @@ prepare() {
   [ -n "$bench" ] || { echo "no throughput bench binary found" >&2; exit 1; }
   mkdir -p "$dir"
   cp "$bench" "$dir/throughput"
-  cp target/release/examples/msg_cost target/release/examples/ping_pong "$dir/"
+  local examples="${CARGO_TARGET_DIR:-target}/release/examples"
+  cp "$examples/msg_cost" "$examples/ping_pong" "$dir/"
   # Without debug info (symbols stay, for a profile there): a lent machine takes the folder
   # with the working tree, 64 MiB in all.
   if command -v strip >/dev/null; then
