@@ -155,6 +155,15 @@ impl Link {
         empty
     }
 
+    /// When the frame at the front of the read buffer (its start read, the rest to come) is
+    /// longer than the buffer holds: room for all of it and a quarter read more, so that the
+    /// rest is read in place, moved once rather than at every growth of the buffer (a large
+    /// message was copied about once more as a whole, growing by doubling). The frame's
+    /// length is within the link's limit (`max`), so is at most the largest message.
+    pub(crate) fn make_room_for_frame(&mut self, max: usize) {
+        room_for_frame(&mut self.rbuf, max);
+    }
+
     /// The read buffer, for the transport to read into.
     pub(crate) fn read_buffer(&mut self) -> &mut BytesMut {
         &mut self.rbuf
@@ -168,5 +177,55 @@ impl Link {
     /// Whether it has bytes to write.
     pub(crate) fn wants_write(&self) -> bool {
         self.unwritten() > 0
+    }
+}
+
+/// See [`Link::make_room_for_frame`].
+fn room_for_frame(rbuf: &mut BytesMut, max: usize) {
+    let Ok(Some(len)) = wire::peek_len(rbuf, max) else {
+        return;
+    };
+    let want = wire::LEN_BYTES + len + super::READ_CHUNK / 4;
+    if want > rbuf.capacity() {
+        rbuf.reserve(want - rbuf.len());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::READ_CHUNK;
+
+    #[test]
+    fn a_large_frame_begun_gets_room_for_all_of_it_once() {
+        let mut frame = Vec::new();
+        wire::encode_data(&mut frame, 0, None, &vec![9u8; 5 * READ_CHUNK]);
+        let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+        rbuf.extend_from_slice(&frame[..1000]);
+        room_for_frame(&mut rbuf, 1 << 20);
+        assert!(rbuf.capacity() >= frame.len() + READ_CHUNK / 4);
+        assert_eq!(&rbuf[..], &frame[..1000], "what came of it kept");
+        let at = rbuf.as_ptr();
+        // The rest read in place: no move however it comes.
+        for chunk in frame[1000..].chunks(7000) {
+            room_for_frame(&mut rbuf, 1 << 20);
+            rbuf.extend_from_slice(chunk);
+        }
+        assert_eq!(rbuf.as_ptr(), at);
+        assert_eq!(&rbuf[..], &frame[..]);
+        // A frame that fits, one whose length is not there yet, or one over the limit:
+        // nothing changes.
+        for (bytes, max) in [(&frame[..3], 1 << 20), (&frame[..100], 1000)] {
+            let mut small = BytesMut::with_capacity(READ_CHUNK);
+            small.extend_from_slice(bytes);
+            room_for_frame(&mut small, max);
+            assert_eq!(small.capacity(), READ_CHUNK);
+        }
+        let mut short = Vec::new();
+        wire::encode_data(&mut short, 0, None, &[1; 100]);
+        let mut small = BytesMut::with_capacity(READ_CHUNK);
+        small.extend_from_slice(&short[..50]);
+        room_for_frame(&mut small, 1 << 20);
+        assert_eq!(small.capacity(), READ_CHUNK);
     }
 }

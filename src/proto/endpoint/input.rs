@@ -75,7 +75,10 @@ impl Endpoint {
                 break;
             };
             match wire::split_frame(&mut link.rbuf, max) {
-                Ok(None) => break,
+                Ok(None) => {
+                    link.make_room_for_frame(max);
+                    break;
+                }
                 Ok(Some(wire::Split::Data {
                     flags,
                     seq,
