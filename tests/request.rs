@@ -546,13 +546,25 @@ fn a_requester_that_does_not_read_its_replies_stops_being_read() {
         .expect("another member is answered");
     assert_eq!(r.len(), REPLY);
     // A bounded look, not a wait for an event: what the server owes the requester stays
-    // bounded while the requester goes on not reading.
-    let mut most = 0;
+    // bounded while the requester goes on not reading. Each reading counts only when the
+    // one after it agrees: `queued_bytes` is `accepted` less `sent`, counters read one
+    // after the other, so while replies flow a reader descheduled between the two reads
+    // would also count the replies queued and sent meanwhile.
+    let (mut most, mut readings) = (0, 0);
     let look_until = Instant::now() + Duration::from_secs(2);
     while Instant::now() < look_until {
-        most = most.max(peer_stats(&server, "nr-raw").queued_bytes);
+        let (a, b) = (peer_stats(&server, "nr-raw"), peer_stats(&server, "nr-raw"));
+        if (a.accepted_bytes, a.sent_bytes) == (b.accepted_bytes, b.sent_bytes) {
+            most = most.max(b.queued_bytes);
+            readings += 1;
+        }
         std::thread::yield_now();
     }
+    assert!(
+        readings > 0,
+        "no two readings agreed in 2 s:\n{}",
+        server.stats()
+    );
     let p = peer_stats(&server, "nr-raw");
     assert!(
         p.received < REQUESTS,
