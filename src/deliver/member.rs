@@ -644,6 +644,18 @@ mod tests {
     #[test]
     fn lent_messages_say_what_their_deliveries_say_across_budgets() {
         type Seen = (String, Option<u64>, Vec<u8>, bool, bool);
+        // What a handler can see of a message, a `Delivery` or a `DeliveryRef` alike.
+        macro_rules! seen {
+            ($m:expr) => {
+                (
+                    $m.from().to_owned(),
+                    $m.seq(),
+                    $m.payload().to_vec(),
+                    $m.is_oob(),
+                    $m.is_request(),
+                )
+            };
+        }
         fn queue(tally: &Arc<Tally>) -> MemberQueue {
             let q = MemberQueue::new("a".into(), Box::new(tally.clone()));
             let single = Delivery::unnamed(Bytes::from_static(&[4; 4]), Some(4)).into();
@@ -656,17 +668,7 @@ mod tests {
                 (Arc::new(Tally::default()), Arc::new(Tally::default()));
             let (owned, lent) = (queue(&owned_tally), queue(&lent_tally));
             let mut want: Vec<Seen> = Vec::new();
-            while owned.run(budget, |d| {
-                let seen = (
-                    d.from().to_owned(),
-                    d.seq(),
-                    d.payload().to_vec(),
-                    d.is_oob(),
-                    d.is_request(),
-                );
-                want.push(seen);
-            }) == RunOutcome::Yield
-            {}
+            while owned.run(budget, |d| want.push(seen!(d))) == RunOutcome::Yield {}
             let mut got: Vec<Seen> = Vec::new();
             let lend = |m: DeliveryRef<'_>| {
                 assert_eq!(m.payload_bytes(), m.payload(), "kept bytes");
@@ -675,14 +677,7 @@ mod tests {
                     m.payload(),
                     "a delivery of its own"
                 );
-                let seen = (
-                    m.from().to_owned(),
-                    m.seq(),
-                    m.payload().to_vec(),
-                    m.is_oob(),
-                    m.is_request(),
-                );
-                got.push(seen);
+                got.push(seen!(m));
             };
             let mut lending = Lending::new(None, lend);
             while lent.run_to(budget, &mut lending) == RunOutcome::Yield {}
