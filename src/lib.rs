@@ -111,7 +111,7 @@ pub use journal::{
 };
 pub use membership::MembershipStats;
 pub use node::{
-    Builder, ConfigError, ConnStats, Error, IdleStrategy, Node, PeerSender, PeerStats,
+    Builder, ConfigError, ConnStats, Error, IdleStats, IdleStrategy, Node, PeerSender, PeerStats,
     PendingReply, ReplyFailure, RequestOptions, SendError, SendOptions, Sender, ShutdownReport,
     Stats, TrySendError, UndeliveredFn,
 };

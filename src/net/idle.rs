@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use crate::handoff::SpinGate;
+use crate::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// How a node's IO thread and idle delivery threads wait for work
 /// ([`Builder::idle_strategy`](crate::Builder::idle_strategy)).
@@ -33,14 +34,27 @@ pub enum IdleStrategy {
     Block,
     /// After work, the IO thread and one idle delivery thread poll for up to this long
     /// before they block, while the node is lightly loaded and the cores are free: its IO
-    /// thread waited for more than half of its last 2 ms, and no yield of its spin gave
-    /// the core away for more than 25 µs. A loaded node, or one whose cores other threads
-    /// or processes want, blocks at once, so the spin does not take a core from bulk
-    /// traffic. The default, with 50 µs.
+    /// thread waited for more than half of its last 2 ms, and the yields of its spin gave
+    /// the core away for no more than 200 µs in all (counting only yields of over 25 µs;
+    /// a yield that finds only spinners takes a few). A loaded node, or one whose cores
+    /// other threads or processes want, blocks at once, so the spin does not take a core
+    /// from bulk traffic. [`IdleStats`] counts how often the spin
+    /// stood down, and why. The default, with 50 µs.
     Adaptive(Duration),
     /// After work, the IO thread and one idle delivery thread always poll for this long
     /// before they block: the lowest latency, for the price of those threads' cores.
     Spin(Duration),
+}
+
+impl IdleStrategy {
+    /// How long the IO thread spins after work (zero: never), and whether it adapts.
+    pub(super) fn spin(self) -> (Duration, bool) {
+        match self {
+            IdleStrategy::Block => (Duration::ZERO, false),
+            IdleStrategy::Adaptive(d) => (d, true),
+            IdleStrategy::Spin(d) => (d, false),
+        }
+    }
 }
 
 impl Default for IdleStrategy {
@@ -72,17 +86,122 @@ pub(super) struct Spin {
     /// Adaptive: whether the last window found the thread lightly loaded and its core
     /// not wanted by others.
     allowed: bool,
-    /// Adaptive: a yield in this window gave the core away for longer than
-    /// [`CONTENDED_YIELD`].
+    /// Adaptive: the time the yields of this window gave the core away, counting only
+    /// those longer than [`CONTENDED_YIELD`].
+    given_away: Duration,
+    /// Adaptive: the yields of this window gave away more than [`CONTENDED_BUDGET`].
     contended: bool,
 }
 
 /// Adaptive spin: the length of a load measurement window.
 const SPIN_WINDOW: Duration = Duration::from_millis(2);
 
-/// Adaptive spin: a yield that gave the core away for longer than this means other threads
-/// want the cores (a few microseconds is the cost of a yield that found only spinners).
+/// Adaptive spin: a yield that gave the core away for longer than this gave it to a thread
+/// that had work (a few microseconds is the cost of a yield that found only spinners).
 const CONTENDED_YIELD: Duration = Duration::from_micros(25);
+
+/// Adaptive spin: what such yields may give away in one window before the spin stops (a
+/// tenth of it). A thread of the node's own pipeline that runs on the spinner's core for a
+/// few tens of microseconds now and then is not contention: stopping for it cost every
+/// round trip of the next 2–4 ms a wake-up. One yield that gives away a time slice
+/// (another process, or bulk traffic's threads) still stops the spin at once.
+const CONTENDED_BUDGET: Duration = Duration::from_micros(200);
+
+/// Why an adaptive spin changed its mind (see [`Spin::account`] and [`Spin::yielded`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SpinChange {
+    /// The node is lightly loaded and its cores free again: spin after work.
+    Resumed,
+    /// The IO thread worked more than half of a window.
+    Loaded,
+    /// Its yields gave the core away for more than [`CONTENDED_BUDGET`] in a window.
+    Contended,
+}
+
+impl SpinChange {
+    /// Whether the spin is on after this change.
+    pub(super) fn allows(self) -> bool {
+        self == SpinChange::Resumed
+    }
+}
+
+/// What the IO thread's idle strategy did, for [`IdleStats`]: written
+/// by the IO thread alone, at each change of mind (at most one per window or yield), read
+/// by `Node::stats`.
+#[derive(Debug, Default)]
+pub(crate) struct SpinCounters {
+    /// Whether the IO thread spins after work now.
+    on: AtomicBool,
+    stood_down_loaded: AtomicU64,
+    stood_down_contended: AtomicU64,
+}
+
+impl SpinCounters {
+    /// Notes the strategy the IO thread starts with.
+    pub(super) fn start(&self, spins: bool) {
+        // Relaxed here and below: statistics, read on their own.
+        self.on.store(spins, Ordering::Relaxed);
+    }
+
+    /// Notes a change of mind of the adaptive spin.
+    pub(super) fn note(&self, change: SpinChange) {
+        self.on.store(change.allows(), Ordering::Relaxed);
+        let counter = match change {
+            SpinChange::Resumed => return,
+            SpinChange::Loaded => &self.stood_down_loaded,
+            SpinChange::Contended => &self.stood_down_contended,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A snapshot.
+    pub(crate) fn read(&self) -> IdleStats {
+        IdleStats {
+            spinning: self.on.load(Ordering::Relaxed),
+            stood_down_loaded: self.stood_down_loaded.load(Ordering::Relaxed),
+            stood_down_contended: self.stood_down_contended.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What the node's [`IdleStrategy`] did ([`Stats::idle`](crate::Stats::idle)): whether its
+/// IO thread spins after work now, and how often an adaptive spin stood down.
+///
+/// A round trip that finds the next thread polling costs no wake-up; one that finds it
+/// blocked costs a system call and, on a virtual machine, tens of microseconds. A latency
+/// tail that comes in bursts of milliseconds, with stand-downs counted meanwhile, is the
+/// adaptive strategy at work: [`IdleStrategy::Spin`] (`Builder::low_latency`) never stands
+/// down.
+///
+/// ```
+/// # fn main() -> Result<(), cohort::Error> {
+/// let node = cohort::Node::builder("quote").start()?;
+/// let idle = node.stats().idle;
+/// // The default strategy spins after work until the node is loaded.
+/// assert!(idle.spinning);
+/// println!(
+///     "stood down {} times for load, {} for contended cores",
+///     idle.stood_down_loaded, idle.stood_down_contended
+/// );
+/// # node.shutdown(std::time::Duration::from_secs(1))?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[non_exhaustive]
+pub struct IdleStats {
+    /// Whether the IO thread (and one idle delivery thread) spins after work now: always
+    /// with [`IdleStrategy::Spin`], never with [`IdleStrategy::Block`], and with
+    /// [`IdleStrategy::Adaptive`] while the node is lightly loaded and its cores free.
+    pub spinning: bool,
+    /// Times the adaptive spin stood down because the IO thread worked more than half of a
+    /// 2 ms window (it resumes after a quieter window).
+    pub stood_down_loaded: u64,
+    /// Times the adaptive spin stood down because its yields gave the core to other
+    /// threads or processes for more than 200 µs of a window (it resumes after the next
+    /// window).
+    pub stood_down_contended: u64,
+}
 
 impl Spin {
     pub(super) fn new(spin: Duration, adaptive: bool, now: Instant) -> Spin {
@@ -94,6 +213,7 @@ impl Spin {
             window: now,
             waited: Duration::ZERO,
             allowed: true,
+            given_away: Duration::ZERO,
             contended: false,
         }
     }
@@ -105,39 +225,52 @@ impl Spin {
 
     /// Adaptive: at the end of each window, whether to spin in the next: only if the
     /// thread waited more than half of it (a loaded node does not spin: a spinning thread
-    /// would hold a core the pipeline needs) and no yield of its spin gave the core away
-    /// for long (other threads or processes want the cores). A lightly loaded node on idle
+    /// would hold a core the pipeline needs) and its yields did not give the core away for
+    /// long (other threads or processes want the cores). A lightly loaded node on idle
     /// cores spins, and its requests and replies cross without a wake-up. Returns the
     /// decision when it changes.
-    pub(super) fn account(&mut self, now: Instant) -> Option<bool> {
+    pub(super) fn account(&mut self, now: Instant) -> Option<SpinChange> {
         let total = now.saturating_duration_since(self.window);
         if !self.adaptive || total < SPIN_WINDOW {
             return None;
         }
-        let allowed = self.waited * 2 > total && !self.contended;
+        let loaded = self.waited * 2 <= total;
+        let contended = self.contended;
         self.window = now;
         self.waited = Duration::ZERO;
+        self.given_away = Duration::ZERO;
         self.contended = false;
-        self.decide(allowed)
+        // A window whose yields stopped the spin was reported then (it was spinning, so it
+        // was allowed): a change to "off" here is for load.
+        match (loaded || contended, self.allowed) {
+            (true, true) => self.decide(false, SpinChange::Loaded),
+            (false, false) => self.decide(true, SpinChange::Resumed),
+            _ => None,
+        }
     }
 
-    /// A yield of the spin took `took`: if others held the core for longer than
-    /// [`CONTENDED_YIELD`], spinning is not free here: stop now (adaptive). Returns the
-    /// decision when it changes.
-    pub(super) fn yielded(&mut self, took: Duration) -> Option<bool> {
+    /// A yield of the spin took `took`: once the yields of this window that gave the core
+    /// away for longer than [`CONTENDED_YIELD`] add up to more than [`CONTENDED_BUDGET`],
+    /// spinning is not free here: stop now, and for the next window (adaptive). Returns
+    /// the decision when it changes.
+    pub(super) fn yielded(&mut self, took: Duration) -> Option<SpinChange> {
         self.waited += took;
         if !self.adaptive || took <= CONTENDED_YIELD {
             return None;
         }
+        self.given_away += took;
+        if self.given_away <= CONTENDED_BUDGET {
+            return None;
+        }
         self.contended = true;
         self.until = None;
-        self.decide(false)
+        self.decide(false, SpinChange::Contended)
     }
 
-    fn decide(&mut self, allowed: bool) -> Option<bool> {
+    fn decide(&mut self, allowed: bool, why: SpinChange) -> Option<SpinChange> {
         (allowed != self.allowed).then(|| {
             self.allowed = allowed;
-            allowed
+            why
         })
     }
 
@@ -165,7 +298,7 @@ impl Spin {
 
 #[cfg(test)]
 mod tests {
-    use super::Spin;
+    use super::{Spin, SpinChange, SpinCounters};
     use crate::handoff::{Handoff, Wake};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -239,18 +372,27 @@ mod tests {
         // A window in which it worked more than half: no spin until a quieter one.
         let t1 = t0 + Duration::from_millis(2);
         spin.waited(Duration::from_micros(500));
-        assert_eq!(spin.account(t1 + Duration::from_millis(2)), Some(false));
+        assert_eq!(
+            spin.account(t1 + Duration::from_millis(2)),
+            Some(SpinChange::Loaded)
+        );
         let t2 = t1 + Duration::from_millis(2);
         spin.active(t2);
         assert!(!spin.keep(t2, &handoff), "work starts no spin now");
         spin.waited(Duration::from_micros(1900));
-        assert_eq!(spin.account(t2 + Duration::from_millis(2)), Some(true));
-        // A yield that gave the core away for long: it stops at once, and the window
-        // after it does not spin either.
+        assert_eq!(
+            spin.account(t2 + Duration::from_millis(2)),
+            Some(SpinChange::Resumed)
+        );
+        // A yield that gave the core away for a time slice: it stops at once, and the
+        // window after it does not spin either.
         let t3 = t2 + Duration::from_millis(2);
         spin.active(t3);
         assert!(spin.keep(t3, &handoff));
-        assert_eq!(spin.yielded(Duration::from_micros(300)), Some(false));
+        assert_eq!(
+            spin.yielded(Duration::from_micros(300)),
+            Some(SpinChange::Contended)
+        );
         assert!(!spin.keep(t3, &handoff), "it stops at once");
         spin.waited(Duration::from_micros(1500));
         assert_eq!(
@@ -259,6 +401,56 @@ mod tests {
             "still off"
         );
         spin.waited(Duration::from_micros(1500));
-        assert_eq!(spin.account(t3 + Duration::from_millis(4)), Some(true));
+        assert_eq!(
+            spin.account(t3 + Duration::from_millis(4)),
+            Some(SpinChange::Resumed)
+        );
+    }
+
+    #[test]
+    fn an_adaptive_spin_rides_out_short_yields_until_they_add_up() {
+        let (handoff, _) = handoff();
+        let t0 = Instant::now();
+        let mut spin = Spin::new(Duration::from_micros(50), true, t0);
+        spin.active(t0);
+        // Yields that found only spinners, and a few that let another thread of the
+        // pipeline run for tens of microseconds: the spin goes on.
+        for _ in 0..100 {
+            assert_eq!(spin.yielded(Duration::from_micros(3)), None);
+        }
+        for _ in 0..4 {
+            assert_eq!(spin.yielded(Duration::from_micros(45)), None);
+        }
+        assert!(spin.keep(t0, &handoff), "still spinning");
+        // The window ends quiet: a new budget.
+        spin.waited(Duration::from_micros(1500));
+        assert_eq!(spin.account(t0 + Duration::from_millis(2)), None);
+        let t1 = t0 + Duration::from_millis(2);
+        spin.active(t1);
+        for _ in 0..4 {
+            assert_eq!(spin.yielded(Duration::from_micros(45)), None);
+        }
+        // The fifth in this window takes what they gave away past the budget.
+        assert_eq!(
+            spin.yielded(Duration::from_micros(45)),
+            Some(SpinChange::Contended)
+        );
+        assert!(!spin.keep(t1, &handoff), "it stops at once");
+    }
+
+    #[test]
+    fn the_counters_tell_why_the_spin_stood_down() {
+        let counters = SpinCounters::default();
+        counters.start(true);
+        counters.note(SpinChange::Loaded);
+        let seen = counters.read();
+        assert!(!seen.spinning);
+        assert_eq!((seen.stood_down_loaded, seen.stood_down_contended), (1, 0));
+        counters.note(SpinChange::Resumed);
+        counters.note(SpinChange::Contended);
+        counters.note(SpinChange::Resumed);
+        let seen = counters.read();
+        assert!(seen.spinning);
+        assert_eq!((seen.stood_down_loaded, seen.stood_down_contended), (1, 1));
     }
 }

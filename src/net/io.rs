@@ -17,9 +17,8 @@ use std::time::{Duration, Instant};
 use mio::{Events, Interest, Poll, Token};
 
 use super::conn::{self, Conn, Transport};
-use super::idle::Spin;
+use super::idle::{Spin, SpinChange};
 use super::socket::{Listener, Stream};
-use super::IdleStrategy;
 use super::{
     Command, Completion, IoConfig, IoParts, IoShared, PeerMap, UndeliveredHook, FIRST_CONN,
     LISTENER, MEMBERS, WAKER,
@@ -105,6 +104,11 @@ impl IoThread {
             }
             None => (None, None),
         };
+        // Set before the thread runs, so the node's first stats tell its strategy.
+        parts
+            .shared
+            .spin
+            .start(!parts.config.idle.spin().0.is_zero());
         let now = parts.shared.clock.now();
         let endpoint = Endpoint::new(
             parts.config.proto.clone(),
@@ -152,16 +156,12 @@ impl IoThread {
         self.handle_requests(self.shared.clock.now());
         self.endpoint.warn_unclaimed();
         self.drain(self.shared.clock.now());
-        let (spin_for, adaptive) = match self.cfg.idle {
-            IdleStrategy::Block => (Duration::ZERO, false),
-            IdleStrategy::Adaptive(d) => (d, true),
-            IdleStrategy::Spin(d) => (d, false),
-        };
+        let (spin_for, adaptive) = self.cfg.idle.spin();
         let mut spin = Spin::new(spin_for, adaptive, self.shared.clock.now());
         loop {
             let now = self.shared.clock.now();
-            if let Some(allowed) = spin.account(now) {
-                self.pool.allow_spin(allowed);
+            if let Some(change) = spin.account(now) {
+                self.spin_changed(change);
             }
             // Don't sleep with work in hand: unread input, bytes to write, connections to
             // accept.
@@ -218,8 +218,8 @@ impl IoThread {
                 // The real clock: how long the yield took, for the spin's accounting.
                 let before = Instant::now();
                 std::thread::yield_now();
-                if let Some(allowed) = spin.yielded(before.elapsed()) {
-                    self.pool.allow_spin(allowed);
+                if let Some(change) = spin.yielded(before.elapsed()) {
+                    self.spin_changed(change);
                 }
             }
             self.process_read_pending();
@@ -232,6 +232,12 @@ impl IoThread {
             }
         }
         self.finish();
+    }
+
+    /// The adaptive spin changed its mind: the pool follows it, and the stats count it.
+    fn spin_changed(&self, change: SpinChange) {
+        self.pool.allow_spin(change.allows());
+        self.shared.spin.note(change);
     }
 
     /// Does what the endpoint asks, in its order, until it asks nothing more

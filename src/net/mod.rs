@@ -16,7 +16,8 @@ use crate::addr::Addr;
 
 pub(crate) use clock::Clock;
 pub(crate) use conn::TlsSetup;
-pub use idle::IdleStrategy;
+pub(crate) use idle::SpinCounters;
+pub use idle::{IdleStats, IdleStrategy};
 pub(crate) use io::IoThread;
 pub(crate) use socket::{check_unix_path, Listener};
 
@@ -134,6 +135,8 @@ pub(crate) struct IoShared {
     /// Where the IO thread reads the time, and what hands it instants (a test's clock in
     /// cohort's own builds; `Instant::now()`, zero-sized, in the application's).
     pub(crate) clock: Clock,
+    /// What the IO thread's idle strategy did ([`crate::IdleStats`]).
+    pub(crate) spin: SpinCounters,
 }
 
 impl std::fmt::Debug for IoShared {
@@ -163,6 +166,7 @@ impl IoShared {
             journal_stats: Mutex::new(None),
             stopped_journal: Mutex::new(None),
             clock: Clock::new(),
+            spin: SpinCounters::default(),
         }
     }
 

@@ -11,7 +11,7 @@ mod stats;
 #[cfg(feature = "codec")]
 mod typed;
 
-pub use crate::net::IdleStrategy;
+pub use crate::net::{IdleStats, IdleStrategy};
 pub use builder::{Builder, UndeliveredFn};
 pub use error::{ConfigError, Error, ReplyFailure, SendError, TrySendError};
 use send::send_variants;
@@ -923,6 +923,7 @@ impl StatsSources {
             journal_failures: g(&c.journal_failures),
             events_dropped: self.events.as_ref().map_or(0, |q| q.dropped()),
             event_panics: self.events.as_ref().map_or(0, |q| q.panics()),
+            idle: self.io.spin.read(),
         }
     }
 }

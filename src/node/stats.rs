@@ -277,6 +277,9 @@ pub struct Stats {
     /// logged; the event counts as handled and the next one is delivered). Handler panics
     /// are [`PoolStats::panics`](crate::PoolStats::panics).
     pub event_panics: u64,
+    /// What the idle strategy did: whether the IO thread spins after work now, and how
+    /// often an adaptive spin stood down.
+    pub idle: crate::IdleStats,
 }
 
 impl Stats {
@@ -396,6 +399,18 @@ impl fmt::Display for Stats {
         } else if self.journal_failures > 0 {
             write!(f, "\njournal: {} failures", self.journal_failures)?;
         }
+        let i = &self.idle;
+        write!(
+            f,
+            "\nidle: {}, stood down {} times for load, {} for contended cores",
+            if i.spinning {
+                "spinning after work"
+            } else {
+                "blocking when idle"
+            },
+            i.stood_down_loaded,
+            i.stood_down_contended
+        )?;
         if self.events_dropped > 0 {
             write!(f, "\nevents dropped: {}", self.events_dropped)?;
         }
@@ -429,6 +444,7 @@ impl fmt::Display for Short {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::IdleStats;
 
     fn peer(name: &str) -> PeerStats {
         PeerStats {
@@ -502,6 +518,11 @@ mod tests {
             journal_failures: 0,
             events_dropped: 0,
             event_panics: 0,
+            idle: IdleStats {
+                spinning: false,
+                stood_down_loaded: 3,
+                stood_down_contended: 11,
+            },
         }
     }
 
@@ -536,6 +557,12 @@ mod tests {
     fn stats_table_shows_panics_and_lines_up() {
         let table = stats().to_string();
         assert!(table.contains("7 handler panics"), "{table}");
+        assert!(
+            table.contains(
+                "idle: blocking when idle, stood down 3 times for load, 11 for contended cores"
+            ),
+            "{table}"
+        );
         let rows: Vec<&str> = table.lines().skip(1).take(3).collect();
         let widths: Vec<usize> = rows.iter().map(|r| r.chars().count()).collect();
         assert!(widths.iter().all(|&w| w == widths[0]), "{table}");
