@@ -4,7 +4,8 @@
 //! microseconds, next to the same measurement over raw blocking TCP (u32-length-prefixed
 //! frames, `TCP_NODELAY`, an echo thread) in the same run, and the ratio of the medians;
 //! then the process's CPU time per round trip of each (every thread, over the timed round
-//! trips: what a spinning idle strategy burns shows here).
+//! trips: what a spinning idle strategy burns shows here), and how often each member's
+//! adaptive spin stood down (`Stats::idle`).
 //!
 //! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S
 //! --journal never|interval|every]` (defaults: K = 100 000 round trips of B = 64 bytes after
@@ -192,6 +193,21 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     }
 
     let cohort_cpu = cpu_per_trip(cpu, count);
+    // What each member's idle strategy did over the run (warm-up included): a tail that
+    // comes with stand-downs is the adaptive spin blocking where it would have polled.
+    let idle: Vec<String> = [&ping, &pong]
+        .iter()
+        .map(|n| {
+            let i = n.stats().idle;
+            format!(
+                "{} {} stand-downs ({} for load, {} for contended cores)",
+                n.name(),
+                i.stood_down_loaded + i.stood_down_contended,
+                i.stood_down_loaded,
+                i.stood_down_contended
+            )
+        })
+        .collect();
     ping.shutdown(Duration::from_secs(5))?;
     pong.shutdown(Duration::from_secs(5))?;
     if policy.is_some() {
@@ -220,6 +236,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
             c.as_secs_f64() / r.as_secs_f64().max(f64::MIN_POSITIVE)
         );
     }
+    println!("idle spin: {}", idle.join(", "));
     Ok(())
 }
 
