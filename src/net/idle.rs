@@ -36,10 +36,10 @@ pub enum IdleStrategy {
     /// before they block, while the node is lightly loaded and the cores are free: its IO
     /// thread waited for more than half of its last 2 ms, and the yields of its spin gave
     /// the core away for no more than 200 µs in all (counting only yields of over 25 µs;
-    /// a yield that finds only spinners takes a few). A loaded node, or one whose cores
+    /// a yield that finds only spinners takes a few microseconds). A loaded node, or one whose cores
     /// other threads or processes want, blocks at once, so the spin does not take a core
-    /// from bulk traffic. [`IdleStats`] counts how often the spin
-    /// stood down, and why. The default, with 50 µs.
+    /// from bulk traffic. [`IdleStats`] counts how often the spin stood down, and why.
+    /// The default, with 50 µs.
     Adaptive(Duration),
     /// After work, the IO thread and one idle delivery thread always poll for this long
     /// before they block: the lowest latency, for the price of those threads' cores.
@@ -47,11 +47,12 @@ pub enum IdleStrategy {
 }
 
 impl IdleStrategy {
-    /// How long the IO thread spins after work (zero: never), and whether it adapts.
-    pub(super) fn spin(self) -> (Duration, bool) {
+    /// How long the IO thread (and an idle delivery thread) spins after work (zero:
+    /// never), and whether it adapts (a spin of zero has nothing to adapt).
+    pub(crate) fn spin(self) -> (Duration, bool) {
         match self {
             IdleStrategy::Block => (Duration::ZERO, false),
-            IdleStrategy::Adaptive(d) => (d, true),
+            IdleStrategy::Adaptive(d) => (d, !d.is_zero()),
             IdleStrategy::Spin(d) => (d, false),
         }
     }
@@ -125,9 +126,8 @@ impl SpinChange {
     }
 }
 
-/// What the IO thread's idle strategy did, for [`IdleStats`]: written
-/// by the IO thread alone, at each change of mind (at most one per window or yield), read
-/// by `Node::stats`.
+/// What the IO thread's idle strategy did, for [`IdleStats`]: written by the IO thread
+/// alone, at each change of mind (at most one per window or yield), read by `Node::stats`.
 #[derive(Debug, Default)]
 pub(crate) struct SpinCounters {
     /// Whether the IO thread spins after work now.
@@ -137,7 +137,7 @@ pub(crate) struct SpinCounters {
 }
 
 impl SpinCounters {
-    /// Notes the strategy the IO thread starts with.
+    /// Notes the strategy the IO thread starts with (whether it spins at all).
     pub(super) fn start(&self, spins: bool) {
         // Relaxed here and below: statistics, read on their own.
         self.on.store(spins, Ordering::Relaxed);
@@ -177,8 +177,8 @@ impl SpinCounters {
 /// # fn main() -> Result<(), cohort::Error> {
 /// let node = cohort::Node::builder("quote").start()?;
 /// let idle = node.stats().idle;
-/// // The default strategy spins after work until the node is loaded.
-/// assert!(idle.spinning);
+/// // The default strategy spins after work while the node is lightly loaded.
+/// println!("spinning after work: {}", idle.spinning);
 /// println!(
 ///     "stood down {} times for load, {} for contended cores",
 ///     idle.stood_down_loaded, idle.stood_down_contended
@@ -191,15 +191,16 @@ impl SpinCounters {
 #[non_exhaustive]
 pub struct IdleStats {
     /// Whether the IO thread (and one idle delivery thread) spins after work now: always
-    /// with [`IdleStrategy::Spin`], never with [`IdleStrategy::Block`], and with
-    /// [`IdleStrategy::Adaptive`] while the node is lightly loaded and its cores free.
+    /// with [`IdleStrategy::Spin`], never with [`IdleStrategy::Block`] (nor with a spin of
+    /// zero), and with [`IdleStrategy::Adaptive`] while the node is lightly loaded and its
+    /// cores free.
     pub spinning: bool,
     /// Times the adaptive spin stood down because the IO thread worked more than half of a
-    /// 2 ms window (it resumes after a quieter window).
+    /// 2 ms window (decided as the window ends; it resumes after a quieter window).
     pub stood_down_loaded: u64,
     /// Times the adaptive spin stood down because its yields gave the core to other
-    /// threads or processes for more than 200 µs of a window (it resumes after the next
-    /// window).
+    /// threads or processes for more than 200 µs of a window (at once, for the rest of that
+    /// window and the next).
     pub stood_down_contended: u64,
 }
 
@@ -240,8 +241,8 @@ impl Spin {
         self.waited = Duration::ZERO;
         self.given_away = Duration::ZERO;
         self.contended = false;
-        // A window whose yields stopped the spin was reported then (it was spinning, so it
-        // was allowed): a change to "off" here is for load.
+        // A window whose yields stopped the spin was reported then (`yielded` turned it
+        // off): a change to "off" here is for load.
         match (loaded || contended, self.allowed) {
             (true, true) => self.decide(false, SpinChange::Loaded),
             (false, false) => self.decide(true, SpinChange::Resumed),
@@ -298,7 +299,7 @@ impl Spin {
 
 #[cfg(test)]
 mod tests {
-    use super::{Spin, SpinChange, SpinCounters};
+    use super::{IdleStrategy, Spin, SpinChange, SpinCounters};
     use crate::handoff::{Handoff, Wake};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -436,6 +437,19 @@ mod tests {
             Some(SpinChange::Contended)
         );
         assert!(!spin.keep(t1, &handoff), "it stops at once");
+    }
+
+    #[test]
+    fn a_strategy_names_its_spin_and_whether_it_adapts() {
+        let us = Duration::from_micros;
+        assert_eq!(IdleStrategy::Block.spin(), (Duration::ZERO, false));
+        assert_eq!(IdleStrategy::Spin(us(20)).spin(), (us(20), false));
+        assert_eq!(IdleStrategy::Adaptive(us(50)).spin(), (us(50), true));
+        // Nothing to adapt: it never spins, so it never stands down.
+        assert_eq!(
+            IdleStrategy::Adaptive(Duration::ZERO).spin(),
+            (Duration::ZERO, false)
+        );
     }
 
     #[test]

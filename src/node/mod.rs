@@ -276,10 +276,7 @@ impl Node {
 
         // The pool spins as long as the IO thread would; an adaptive IO thread turns the
         // pool's spin off while the node is loaded (`Pool::allow_spin`).
-        pool.set_spin(match b.io.idle {
-            IdleStrategy::Block => Duration::ZERO,
-            IdleStrategy::Adaptive(d) | IdleStrategy::Spin(d) => d,
-        });
+        pool.set_spin(b.io.idle.spin().0);
         for (pname, addr) in &peer_addrs {
             let shared = io.new_peer(pname.as_str().into(), window);
             peers.change(|map| map.insert(shared.name.clone(), shared.clone()));
