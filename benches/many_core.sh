@@ -13,8 +13,9 @@
 #     `on_message` and `on_message_ref` beside raw TCP (rates and CPU per message), twice;
 #   - examples/msg_cost: the process's CPU time per message, 1, 4, 8 and 16 senders, 64 B and
 #     1 KiB, both handlers and raw TCP, three rounds;
-#   - examples/ping_pong: the round trip (min / p50 / p99 / p99.9) with the defaults and with
-#     a 50 µs spin, raw TCP beside each, three rounds.
+#   - examples/ping_pong: the round trip (min / p50 / p99 / p99.9) with the defaults, with
+#     a 50 µs spin, and with the defaults and both members journalled (fsync `Never`, then
+#     `Interval`), raw TCP beside each, with each member's spin stand-downs, three rounds.
 # Each step's output goes to its own file in OUT; OUT/summary.txt gathers the summary lines.
 # MIN (default 6) scales the criterion measurement time to fit a lent machine's time limit.
 # MANY_CORE_SMOKE=1 runs every step once, briefly (criterion's test mode, small counts): what
@@ -80,10 +81,14 @@ run() {
       # shellcheck disable=SC2086 # the case's flags are words
       echo "$round | $c | $("$dir/msg_cost" --count $count $c 2>&1 | tail -1)" >> "$out/msg_cost.txt"
     done
-    for spin in default 50; do
+    # The defaults, a fixed 50 µs spin, and the defaults with each member journalled.
+    for setting in default spin50 never interval; do
       local flags=()
-      [ "$spin" = default ] || flags=(--spin-us "$spin")
-      echo "=== round $round, spin $spin" >> "$out/ping_pong.txt"
+      case $setting in
+        spin50) flags=(--spin-us 50) ;;
+        never | interval) flags=(--journal "$setting") ;;
+      esac
+      echo "=== round $round, $setting" >> "$out/ping_pong.txt"
       "$dir/ping_pong" --count "$trips" --warmup $(( trips / 6 )) "${flags[@]}" \
         >> "$out/ping_pong.txt" 2>&1
     done

@@ -200,7 +200,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         .map(|n| {
             let i = n.stats().idle;
             format!(
-                "{} {} stand-downs ({} for load, {} for contended cores)",
+                "{} stood down {} times ({} for load, {} for contended cores)",
                 n.name(),
                 i.stood_down_loaded + i.stood_down_contended,
                 i.stood_down_loaded,
