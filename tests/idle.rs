@@ -7,15 +7,15 @@ mod support;
 
 use std::time::Duration;
 
-use cohort::{IdleStrategy, Node, Stats};
+use cohort::{IdleStats, IdleStrategy, Node, Stats};
 use support::*;
 
 const BURST: u64 = 20_000;
 
 /// A pair under `idle`: `b` answers requests and counts the rest. Sends a burst of 1 KiB
 /// messages from `a` to `b` and makes round trips both before and after it; returns each
-/// member's stats once the burst is delivered.
-fn exercise(cluster: &str, idle: IdleStrategy) -> [Stats; 2] {
+/// member's stats once the burst is delivered, with its `idle_stats` read just after.
+fn exercise(cluster: &str, idle: IdleStrategy) -> [(Stats, IdleStats); 2] {
     let got = Counter::new();
     let count = got.clone();
     let nodes = connected([
@@ -50,7 +50,7 @@ fn exercise(cluster: &str, idle: IdleStrategy) -> [Stats; 2] {
         || format!("the burst delivered; stats:\n{}", all_stats(&nodes)),
     );
     round_trips(50);
-    let stats = [nodes[0].stats(), nodes[1].stats()];
+    let stats = [0, 1].map(|i| (nodes[i].stats(), nodes[i].idle_stats()));
     shutdown_all(&nodes);
     stats
 }
@@ -67,8 +67,9 @@ fn fixed_strategies_report_what_they_do_and_never_stand_down() {
             true,
         ),
     ] {
-        for s in exercise(cluster, idle) {
+        for (s, alone) in exercise(cluster, idle) {
             let i = s.idle;
+            assert_eq!(alone, i, "idle_stats reads what stats does:\n{s}");
             assert_eq!(i.spinning, spins, "{idle:?}:\n{s}");
             assert_eq!(
                 (i.stood_down_loaded, i.stood_down_contended),
@@ -103,7 +104,7 @@ fn the_adaptive_spin_counts_each_stand_down() {
         "a new node spins after work, or has counted why not: {i:?}"
     );
     fresh.shutdown(SHUTDOWN).expect("shutdown");
-    for s in exercise("t-idle-zero", IdleStrategy::Adaptive(Duration::ZERO)) {
+    for (s, _) in exercise("t-idle-zero", IdleStrategy::Adaptive(Duration::ZERO)) {
         let i = s.idle;
         assert!(!i.spinning, "a spin of zero:\n{s}");
         assert_eq!(
@@ -112,8 +113,12 @@ fn the_adaptive_spin_counts_each_stand_down() {
             "a spin of zero has nothing to stand down:\n{s}"
         );
     }
-    for s in exercise("t-idle-adaptive", IdleStrategy::default()) {
+    for (s, alone) in exercise("t-idle-adaptive", IdleStrategy::default()) {
         let i = s.idle;
+        assert!(
+            alone.spinning || alone.stood_down_loaded + alone.stood_down_contended > 0,
+            "off with no stand-down counted: {alone:?}"
+        );
         assert!(
             i.spinning || i.stood_down_loaded + i.stood_down_contended > 0,
             "off with no stand-down counted:\n{s}"

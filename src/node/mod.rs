@@ -616,6 +616,26 @@ impl Node {
         self.sender.wait_connected(peer, timeout)
     }
 
+    /// What the idle strategy did ([`Stats::idle`]) alone: three loads, no allocation, cheap
+    /// enough to read around every round trip (to tell the round trips that began with the
+    /// node's spin standing down, or saw it stand down, from the others).
+    ///
+    /// ```
+    /// # fn main() -> Result<(), cohort::Error> {
+    /// let node = cohort::Node::builder("quote").start()?;
+    /// let before = node.idle_stats();
+    /// // ... a round trip ...
+    /// let after = node.idle_stats();
+    /// let stood_down = after.stood_down_loaded + after.stood_down_contended
+    ///     > before.stood_down_loaded + before.stood_down_contended;
+    /// println!("began spinning: {}, stood down meanwhile: {stood_down}", before.spinning);
+    /// # node.shutdown(std::time::Duration::from_secs(1))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn idle_stats(&self) -> IdleStats {
+        self.io.spin.read()
+    }
+
     /// A snapshot of every counter.
     ///
     /// The counters are read one by one while the node runs, not frozen together. A
