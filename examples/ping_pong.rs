@@ -4,8 +4,9 @@
 //! microseconds, next to the same measurement over raw blocking TCP (u32-length-prefixed
 //! frames, `TCP_NODELAY`, an echo thread) in the same run, and the ratio of the medians;
 //! then the process's CPU time per round trip of each (every thread, over the timed round
-//! trips: what a spinning idle strategy burns shows here), and how often each member's
-//! adaptive spin stood down (`Stats::idle`).
+//! trips: what a spinning idle strategy burns shows here), how often each member's
+//! adaptive spin stood down (`Stats::idle`), and the round trips split by whether both
+//! members' spins were on throughout (`on`) or not (`off`), each with its share.
 //!
 //! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S
 //! --journal never|interval|every]` (defaults: K = 100 000 round trips of B = 64 bytes after
@@ -177,18 +178,30 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
 
     let payload = Bytes::from(vec![0x5A; size]);
     let mut rtts = Vec::with_capacity(count);
+    // The same round trips, split by whether both members' spins were on throughout
+    // (spinning as it began, no stand-down counted by its end) or not.
+    let (mut spun, mut not_spun) = (Vec::new(), Vec::new());
     let mut cpu = None;
     for i in 0..warmup + count {
         if i == warmup {
             cpu = process_cpu();
         }
+        let before = [ping.idle_stats(), pong.idle_stats()];
         let sent = Instant::now();
         ping.send("pong", payload.clone())?;
         let arrived = replies
             .recv_timeout(REPLY_TIMEOUT)
             .map_err(|e| format!("round trip {i}: no reply within {REPLY_TIMEOUT:?} ({e})"))?;
         if i >= warmup {
-            rtts.push(arrived - sent);
+            let after = [ping.idle_stats(), pong.idle_stats()];
+            let on = before.iter().zip(&after).all(|(b, a)| {
+                b.spinning
+                    && a.stood_down_loaded == b.stood_down_loaded
+                    && a.stood_down_contended == b.stood_down_contended
+            });
+            let rtt = arrived - sent;
+            rtts.push(rtt);
+            if on { &mut spun } else { &mut not_spun }.push(rtt);
         }
     }
 
@@ -237,6 +250,15 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         );
     }
     println!("idle spin: {}", idle.join(", "));
+    // Where the tail comes from: the round trips that found both members' spins on
+    // throughout ("on"), against those with a spin down or standing down ("off"), with the
+    // share of the round trips in each.
+    for (on, rtts) in [("on", &mut spun), ("off", &mut not_spun)] {
+        if !rtts.is_empty() {
+            let share = 100.0 * rtts.len() as f64 / count as f64;
+            print_row(&format!("{on} {share:>3.0}%"), rtts);
+        }
+    }
     Ok(())
 }
 
