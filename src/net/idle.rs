@@ -90,8 +90,6 @@ pub(super) struct Spin {
     /// Adaptive: the time the yields of this window gave the core away, counting only
     /// those longer than [`CONTENDED_YIELD`].
     given_away: Duration,
-    /// Adaptive: the yields of this window gave away more than [`CONTENDED_BUDGET`].
-    contended: bool,
 }
 
 /// Adaptive spin: the length of a load measurement window.
@@ -105,7 +103,8 @@ const CONTENDED_YIELD: Duration = Duration::from_micros(25);
 /// tenth of it). A thread of the node's own pipeline that runs on the spinner's core for a
 /// few tens of microseconds now and then is not contention: stopping for it cost every
 /// round trip of the next 2–4 ms a wake-up. One yield that gives away a time slice
-/// (another process, or bulk traffic's threads) still stops the spin at once.
+/// (another process, or bulk traffic's threads) still stops the spin at once, for the rest
+/// of its window.
 const CONTENDED_BUDGET: Duration = Duration::from_micros(200);
 
 /// Why an adaptive spin changed its mind (see [`Spin::account`] and [`Spin::yielded`]).
@@ -200,7 +199,7 @@ pub struct IdleStats {
     pub stood_down_loaded: u64,
     /// Times the adaptive spin stood down because its yields gave the core to other
     /// threads or processes for more than 200 µs of a window (at once, for the rest of that
-    /// window and the next).
+    /// window; it resumes after it unless the window was a loaded one).
     pub stood_down_contended: u64,
 }
 
@@ -215,7 +214,6 @@ impl Spin {
             waited: Duration::ZERO,
             allowed: true,
             given_away: Duration::ZERO,
-            contended: false,
         }
     }
 
@@ -236,14 +234,13 @@ impl Spin {
             return None;
         }
         let loaded = self.waited * 2 <= total;
-        let contended = self.contended;
         self.window = now;
         self.waited = Duration::ZERO;
         self.given_away = Duration::ZERO;
-        self.contended = false;
         // A window whose yields stopped the spin was reported then (`yielded` turned it
-        // off): a change to "off" here is for load.
-        match (loaded || contended, self.allowed) {
+        // off for the rest of that window): a change to "off" here is for load, and a
+        // window that was not loaded turns the spin back on, whatever stopped it.
+        match (loaded, self.allowed) {
             (true, true) => self.decide(false, SpinChange::Loaded),
             (false, false) => self.decide(true, SpinChange::Resumed),
             _ => None,
@@ -252,8 +249,9 @@ impl Spin {
 
     /// A yield of the spin took `took`: once the yields of this window that gave the core
     /// away for longer than [`CONTENDED_YIELD`] add up to more than [`CONTENDED_BUDGET`],
-    /// spinning is not free here: stop now, and for the next window (adaptive). Returns
-    /// the decision when it changes.
+    /// spinning is not free here: stop now, for the rest of this window (adaptive; the
+    /// window's end decides on the next as for any window). Returns the decision when it
+    /// changes.
     pub(super) fn yielded(&mut self, took: Duration) -> Option<SpinChange> {
         self.waited += took;
         if !self.adaptive || took <= CONTENDED_YIELD {
@@ -263,7 +261,6 @@ impl Spin {
         if self.given_away <= CONTENDED_BUDGET {
             return None;
         }
-        self.contended = true;
         self.until = None;
         self.decide(false, SpinChange::Contended)
     }
@@ -385,8 +382,8 @@ mod tests {
             spin.account(t2 + Duration::from_millis(2)),
             Some(SpinChange::Resumed)
         );
-        // A yield that gave the core away for a time slice: it stops at once, and the
-        // window after it does not spin either.
+        // A yield that gave the core away for a time slice: it stops at once, and work
+        // later in that window starts no spin.
         let t3 = t2 + Duration::from_millis(2);
         spin.active(t3);
         assert!(spin.keep(t3, &handoff));
@@ -395,16 +392,37 @@ mod tests {
             Some(SpinChange::Contended)
         );
         assert!(!spin.keep(t3, &handoff), "it stops at once");
+        let later = t3 + Duration::from_millis(1);
+        spin.active(later);
+        assert!(
+            !spin.keep(later, &handoff),
+            "off for the rest of the window"
+        );
+        // A quiet window's end turns it back on: the stand-down lasted that window alone.
         spin.waited(Duration::from_micros(1500));
         assert_eq!(
             spin.account(t3 + Duration::from_millis(2)),
+            Some(SpinChange::Resumed)
+        );
+        let t4 = t3 + Duration::from_millis(2);
+        spin.active(t4);
+        assert!(spin.keep(t4, &handoff));
+        // Contended in a window that was loaded too: off, and still off after its end.
+        assert_eq!(
+            spin.yielded(Duration::from_micros(300)),
+            Some(SpinChange::Contended)
+        );
+        spin.waited(Duration::from_micros(200));
+        assert_eq!(
+            spin.account(t4 + Duration::from_millis(2)),
             None,
             "still off"
         );
-        spin.waited(Duration::from_micros(1500));
-        assert_eq!(
-            spin.account(t3 + Duration::from_millis(4)),
-            Some(SpinChange::Resumed)
+        let t5 = t4 + Duration::from_millis(2);
+        spin.active(t5);
+        assert!(
+            !spin.keep(t5, &handoff),
+            "a loaded window's next starts no spin"
         );
     }
 
