@@ -6,7 +6,9 @@
 //! is a payload of its own, allocated and written by the sending thread as an application
 //! makes one (by default one payload is shared, its reference count taken per send). With
 //! `--lent` the sink's handler borrows each message (`Builder::on_message_ref`).
-//! Prints the process's CPU time (every thread, from `/proc/self/stat`) per message.
+//! Prints the process's CPU time (every thread, from `/proc/self/stat`) per message, and
+//! how many messages the sink's pool delivered per turn (`PoolStats::tasks_run`: a turn
+//! ends at the pool's budget or with the sender's queue empty).
 //!
 //! ```text
 //! cargo run --release --example msg_cost -- [--senders N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--raw]
@@ -184,6 +186,11 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
     });
     wait_for(&received, senders as u64 + per * senders as u64)?;
     report(per * senders as u64, started, cpu);
+    let tasks = sink.stats().pool.tasks_run;
+    println!(
+        "sink's pool: {tasks} delivery turns, {:.0} messages per turn",
+        (per * senders as u64) as f64 / tasks.max(1) as f64
+    );
     for n in sources.iter().chain([&sink]) {
         n.shutdown(Duration::from_secs(5))?;
     }
