@@ -185,12 +185,14 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
         }
     });
     wait_for(&received, senders as u64 + per * senders as u64)?;
-    report(per * senders as u64, started, cpu);
+    let line = report(per * senders as u64, started, cpu);
     let tasks = sink.stats().pool.tasks_run;
     println!(
         "sink's pool: {tasks} delivery turns, {:.0} messages per turn",
         (per * senders as u64) as f64 / tasks.max(1) as f64
     );
+    // The report's line last: scripts read it with `tail -1`.
+    println!("{line}");
     for n in sources.iter().chain([&sink]) {
         n.shutdown(Duration::from_secs(5))?;
     }
@@ -249,7 +251,7 @@ fn raw(
         }
     });
     wait_for(&received, per * senders as u64)?;
-    report(per * senders as u64, started, cpu);
+    println!("{}", report(per * senders as u64, started, cpu));
     drop(writers);
     for r in readers {
         let _ = r.join();
@@ -257,16 +259,18 @@ fn raw(
     Ok(())
 }
 
-fn report(n: u64, started: Instant, cpu: Option<Duration>) {
+/// The line of figures of a run of `n` messages begun at `started`, with the process's CPU
+/// time then (`cpu`).
+fn report(n: u64, started: Instant, cpu: Option<Duration>) -> String {
     let elapsed = started.elapsed();
     let per_msg = match (cpu, process_cpu()) {
         (Some(a), Some(b)) => format!("{} ns CPU/msg", (b - a).as_nanos() / u128::from(n.max(1))),
         _ => "CPU unknown".to_owned(),
     };
-    println!(
+    format!(
         "{n} messages in {elapsed:.2?}: {:.2} M/s, {per_msg}",
         n as f64 / elapsed.as_secs_f64() / 1e6
-    );
+    )
 }
 
 const USAGE: &str = "\
