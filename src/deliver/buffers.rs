@@ -14,10 +14,8 @@ use bytes::BytesMut;
 
 use crate::sync::Mutex;
 
-/// Buffers kept at most; one given back past that is freed. Enough for the buffers in
-/// flight between the IO thread and the deliverers of a busy node (each holds at most a
-/// read's room plus a partial frame).
-const KEEP: usize = 8;
+/// Buffers kept at least, however small the receive window.
+const MIN_KEEP: usize = 8;
 
 /// A buffer larger than this many reads' room (grown for a large frame) is freed rather
 /// than kept.
@@ -29,6 +27,8 @@ const KEEP_AT_MOST: usize = 4;
 pub struct ReadBuffers {
     /// The room one read takes at most (the driver's read chunk).
     chunk: usize,
+    /// Buffers kept at most.
+    keep: usize,
     // A lock taken once per buffer (every few dozen KiB read), never while holding another.
     free: Mutex<Free>,
 }
@@ -36,15 +36,33 @@ pub struct ReadBuffers {
 #[derive(Debug, Default)]
 struct Free {
     bufs: Vec<BytesMut>,
-    /// A buffer was taken since the last [`release_unused`](ReadBuffers::release_unused).
-    taken: bool,
+    /// The fewest buffers kept at any moment since the last
+    /// [`release_unused`](ReadBuffers::release_unused): that many no read needed.
+    low: usize,
 }
 
 impl ReadBuffers {
-    /// An empty set, for reads of at most `chunk` bytes.
+    /// An empty set, for reads of at most `chunk` bytes, that keeps [`MIN_KEEP`] buffers.
+    #[cfg(any(test, cohort_internals))]
     pub fn new(chunk: usize) -> ReadBuffers {
+        ReadBuffers::for_window(chunk, 0)
+    }
+
+    /// An empty set, for reads of at most `chunk` bytes, that keeps as many buffers as a
+    /// receive window of `window` bytes fills (and never fewer than [`MIN_KEEP`]). A peer
+    /// may make the node hold a window of its messages, each read's buffer held until the
+    /// last message read into it is delivered: when the deliverers catch up they give back
+    /// that many at once, and a set that kept fewer would free the rest, only for the next
+    /// reads to take new allocations, which the kernel's copy faults in page by page (a
+    /// third of a 1 KiB message's CPU, measured, when the allocator gave the memory back to
+    /// the system between bursts). What is kept is never more than the busiest moment held
+    /// (a buffer is made only when none is kept), and the tick frees what no read needed
+    /// ([`release_unused`](ReadBuffers::release_unused)).
+    pub fn for_window(chunk: usize, window: u64) -> ReadBuffers {
+        let fills = window / chunk.max(1) as u64;
         ReadBuffers {
             chunk,
+            keep: usize::try_from(fills).unwrap_or(usize::MAX).max(MIN_KEEP),
             free: Mutex::new(Free::default()),
         }
     }
@@ -52,7 +70,7 @@ impl ReadBuffers {
     /// Takes `buf` back: the last view of a read buffer, which nothing else holds. Kept
     /// (emptied, its whole allocation reclaimed) when that allocation is of a read buffer's
     /// size (at least one read's room, at most [`KEEP_AT_MOST`] reads') and fewer than
-    /// [`KEEP`] are kept; freed otherwise, outside the lock.
+    /// the set's bound are kept; freed otherwise, outside the lock.
     pub fn give(&self, mut buf: BytesMut) {
         buf.clear();
         // The last view may start anywhere in its allocation: asking for one byte more than
@@ -64,7 +82,7 @@ impl ReadBuffers {
             return;
         }
         let mut free = self.free.lock();
-        if free.bufs.len() < KEEP {
+        if free.bufs.len() < self.keep {
             free.bufs.push(buf);
         }
     }
@@ -72,8 +90,9 @@ impl ReadBuffers {
     /// A buffer given back, empty, with room for at least one read.
     pub fn take(&self) -> Option<BytesMut> {
         let mut free = self.free.lock();
-        free.taken = true;
-        free.bufs.pop()
+        let buf = free.bufs.pop();
+        free.low = free.low.min(free.bufs.len());
+        buf
     }
 
     /// Buffers kept now.
@@ -82,16 +101,18 @@ impl ReadBuffers {
         self.free.lock().bufs.len()
     }
 
-    /// Frees the buffers kept when no read took one since the last call (the IO thread's
-    /// tick calls it): a node that stopped receiving holds none for long.
+    /// Frees the buffers that no read needed since the last call (the IO thread's tick
+    /// calls it): as many as were kept throughout, at the fewest. A node that stopped
+    /// receiving holds none after two ticks, and a busy one only what its reads took.
     pub fn release_unused(&self) {
         let mut free = self.free.lock();
-        if std::mem::take(&mut free.taken) || free.bufs.is_empty() {
-            return;
-        }
-        let bufs = std::mem::take(&mut free.bufs);
+        let unused = free.low.min(free.bufs.len());
+        // The ones at the bottom: `take` pops the last given back, still in cache.
+        let kept = free.bufs.split_off(unused);
+        let released = std::mem::replace(&mut free.bufs, kept);
+        free.low = free.bufs.len();
         drop(free);
-        drop(bufs);
+        drop(released);
     }
 
     /// Makes room for a read in `rbuf` when less than a quarter of a read's is left:
@@ -183,12 +204,15 @@ mod tests {
     #[test]
     fn kept_buffers_are_bounded_and_freed_once_unused() {
         let buffers = ReadBuffers::new(READ_CHUNK);
-        for _ in 0..KEEP + 3 {
+        for _ in 0..MIN_KEEP + 3 {
             buffers.give(BytesMut::with_capacity(READ_CHUNK));
         }
-        assert_eq!(buffers.kept(), KEEP);
+        assert_eq!(buffers.kept(), MIN_KEEP);
+        // Given back since the last tick: the next one judges them.
         buffers.release_unused();
-        assert_eq!(buffers.kept(), 0);
+        assert_eq!(buffers.kept(), MIN_KEEP);
+        buffers.release_unused();
+        assert_eq!(buffers.kept(), 0, "no read took one for a whole tick");
         buffers.give(BytesMut::with_capacity(KEEP_AT_MOST * READ_CHUNK + 1));
         buffers.give(BytesMut::with_capacity(100));
         assert_eq!(buffers.kept(), 0, "too large and too small are freed");
@@ -200,16 +224,32 @@ mod tests {
         drop(large);
         buffers.give(last);
         assert_eq!(buffers.kept(), 0, "a large allocation is freed");
-        for _ in 0..KEEP + 3 {
+        for _ in 0..MIN_KEEP {
             buffers.give(BytesMut::with_capacity(READ_CHUNK));
         }
-        assert_eq!(buffers.kept(), KEEP);
-        // One taken since the last tick: kept through it; none taken: freed.
-        let one = buffers.take().expect("one kept");
-        buffers.give(one);
         buffers.release_unused();
-        assert_eq!(buffers.kept(), KEEP);
+        // Reads take three at once, then give them back: five were never needed.
+        let taken: Vec<_> = (0..3).map(|_| buffers.take().expect("kept")).collect();
+        taken.into_iter().for_each(|b| buffers.give(b));
+        buffers.release_unused();
+        assert_eq!(buffers.kept(), 3, "what the reads took stays for the next");
         buffers.release_unused();
         assert_eq!(buffers.kept(), 0);
+    }
+
+    #[test]
+    fn a_window_of_buffers_is_kept() {
+        let window = 40 * READ_CHUNK as u64;
+        let buffers = ReadBuffers::for_window(READ_CHUNK, window);
+        // The deliverers catch up and give back a window's worth at once.
+        for _ in 0..45 {
+            buffers.give(BytesMut::with_capacity(READ_CHUNK));
+        }
+        assert_eq!(buffers.kept(), 40);
+        assert_eq!(
+            ReadBuffers::for_window(READ_CHUNK, 1000).keep,
+            MIN_KEEP,
+            "however small the window"
+        );
     }
 }

@@ -284,11 +284,23 @@ const FRAMED_BUFFER_BYTES: usize = 64 * 1024;
 
 /// Buffers of acknowledged runs a peer's outbox keeps for its next runs: a sender writes
 /// into a recycled buffer rather than a fresh allocation whose pages the kernel must map
-/// again. An ack retires about 1 024 messages at a time (up to four buffers of 256-byte
-/// messages), so four cover the buffers one ack frees. Per peer that keeps at most
-/// 256 KiB, besides the buffer runs are being written in (64 KiB), while it is busy: a
-/// peer found idle at a tick ([`Outbox::release_buffers`]) or closed lets them all go.
-const FRAMED_FREE_BUFFERS: usize = 4;
+/// again (a page fault per 4 KiB written, which cost a third of a 1 KiB message's CPU when
+/// the allocator handed the memory back between acks). An ack retires up to
+/// `ack_threshold` messages at once (1 024 by default: 16 buffers of 1 KiB messages), and
+/// what it frees was written into while the window was in use; so the outbox keeps as many
+/// as the window fills, and never fewer than [`MIN_FREE_BUFFERS`]. That is memory the
+/// peer's unacknowledged runs held a moment before: a new buffer is made only when none
+/// is kept, so the buffers a peer holds never outnumber those its busiest moment needed.
+/// A peer found idle at a tick ([`Outbox::release_buffers`]) or closed lets them all go.
+fn free_buffers(window: u64) -> usize {
+    let fills = window / FRAMED_BUFFER_BYTES as u64;
+    usize::try_from(fills)
+        .unwrap_or(usize::MAX)
+        .max(MIN_FREE_BUFFERS)
+}
+
+/// The fewest buffers an outbox keeps for reuse, however small its window.
+const MIN_FREE_BUFFERS: usize = 4;
 
 /// Reliable messages, regular or out-of-band, that their senders encoded themselves
 /// ([`Outbox::admit_framed`]), in order: data frames back to back, each with a 0 where its
@@ -470,8 +482,10 @@ struct Queue {
     spare: BytesMut,
     /// Buffers the IO thread handed back ([`Outbox::recycle`]) once every run written in
     /// them was acknowledged: the next buffers, without an allocation (at most
-    /// `FRAMED_FREE_BUFFERS`).
+    /// `keep`).
     free: Vec<BytesMut>,
+    /// How many buffers `free` holds at most ([`free_buffers`] of the window).
+    keep: usize,
     closed: bool,
     /// Messages and payload bytes ever admitted: counted under the lock that admits them
     /// (no extra atomic on the send path, and never behind what the IO thread has taken).
@@ -544,7 +558,10 @@ impl Outbox {
     pub fn new(window: u64) -> Outbox {
         Outbox {
             window: SendWindow::new(window),
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Queue {
+                keep: free_buffers(window),
+                ..Queue::default()
+            }),
             returned: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
@@ -745,14 +762,14 @@ impl Outbox {
 
     /// The IO thread hands back `buffers`, in each of which every run the senders wrote
     /// was acknowledged (and which nothing else holds): the next runs that need a buffer
-    /// take them instead of allocating (at most `FRAMED_FREE_BUFFERS` are kept; the rest
-    /// are freed, outside the lock). Leaves `buffers` empty. A buffer some other handle
+    /// take them instead of allocating (at most [`free_buffers`] of the window are kept;
+    /// the rest are freed, outside the lock). Leaves `buffers` empty. A buffer some other handle
     /// still shares would be safe here too, only of no use: views of one allocation never
     /// overlap, and `reserve` allocates afresh when it cannot take the whole allocation.
     pub fn recycle(&self, buffers: &mut Vec<BytesMut>) {
         let mut q = self.queue.lock();
         if !q.closed {
-            while q.free.len() < FRAMED_FREE_BUFFERS {
+            while q.free.len() < q.keep {
                 let Some(mut b) = buffers.pop() else { break };
                 b.clear();
                 q.free.push(b);
@@ -1012,18 +1029,25 @@ mod tests {
         );
     }
 
-    /// Buffers handed back are reused by the next runs, at most `FRAMED_FREE_BUFFERS` are
-    /// kept, and an idle peer's release (or a close) lets every one go.
+    /// Buffers handed back are reused by the next runs, at most as many as the window fills
+    /// are kept, and an idle peer's release (or a close) lets every one go.
     #[test]
     fn buffers_are_reused_and_let_go() {
-        let ob = Outbox::new(1 << 24);
+        const KEPT: usize = 16;
+        assert_eq!(free_buffers(KEPT as u64 * FRAMED_BUFFER_BYTES as u64), KEPT);
+        assert_eq!(
+            free_buffers(1000),
+            MIN_FREE_BUFFERS,
+            "however small the window"
+        );
+        let ob = Outbox::new(KEPT as u64 * FRAMED_BUFFER_BYTES as u64);
         let mut handed = Vec::new();
-        for _ in 0..FRAMED_FREE_BUFFERS + 2 {
+        for _ in 0..KEPT + 2 {
             handed.push(BytesMut::with_capacity(FRAMED_BUFFER_BYTES));
         }
         ob.recycle(&mut handed);
         assert!(handed.is_empty());
-        assert_eq!(ob.spare_bytes(), FRAMED_FREE_BUFFERS * FRAMED_BUFFER_BYTES);
+        assert_eq!(ob.spare_bytes(), KEPT * FRAMED_BUFFER_BYTES);
         // A run too large for the room left takes a kept buffer, not a new allocation.
         let permit = ob.window().try_acquire(cost(100)).unwrap();
         assert!(ob.admit_framed(false, &[1u8; 100], permit));
@@ -1031,7 +1055,7 @@ mod tests {
         ob.take_into(&mut pending);
         assert_eq!(
             ob.spare_bytes(),
-            FRAMED_FREE_BUFFERS * FRAMED_BUFFER_BYTES - wire::data_frame_len(true, 100),
+            KEPT * FRAMED_BUFFER_BYTES - wire::data_frame_len(true, 100),
             "the run was written in a kept buffer, its room left over"
         );
         ob.release_buffers();

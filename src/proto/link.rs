@@ -185,9 +185,12 @@ fn room_for_frame(rbuf: &mut BytesMut, max: usize) {
     let Ok(Some(len)) = wire::peek_len(rbuf, max) else {
         return;
     };
-    let want = wire::LEN_BYTES + len + super::READ_CHUNK / 4;
-    if want > rbuf.capacity() {
-        rbuf.reserve(want - rbuf.len());
+    let frame = wire::LEN_BYTES + len;
+    // A frame of at most a quarter read is left to the read's own room-making
+    // (`ReadBuffers::make_room`), which keeps a quarter read of room past what the buffer
+    // holds, in a buffer given back where one is at hand rather than a new allocation.
+    if frame > rbuf.capacity() && frame > super::READ_CHUNK / 4 {
+        rbuf.reserve(frame + super::READ_CHUNK / 4 - rbuf.len());
     }
 }
 
@@ -227,5 +230,40 @@ mod tests {
         small.extend_from_slice(&short[..50]);
         room_for_frame(&mut small, 1 << 20);
         assert_eq!(small.capacity(), READ_CHUNK);
+    }
+
+    /// A read that filled its buffer ends, as a rule, inside a frame. A frame that a quarter
+    /// read holds gets no buffer of its own: the next read moves it into one given back,
+    /// so that a stream of such frames is read into the same few buffers.
+    #[test]
+    fn a_small_frame_cut_at_a_buffers_end_moves_to_one_given_back() {
+        use crate::deliver::ReadBuffers;
+        let buffers = ReadBuffers::new(READ_CHUNK);
+        let mut frame = Vec::new();
+        wire::encode_data(&mut frame, 0, None, &[5; 1024]);
+        let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+        let whole = READ_CHUNK / frame.len();
+        for _ in 0..whole {
+            rbuf.extend_from_slice(&frame);
+        }
+        let cut = READ_CHUNK - rbuf.len();
+        rbuf.extend_from_slice(&frame[..cut]);
+        assert_eq!(rbuf.capacity(), rbuf.len(), "the read filled the buffer");
+        // The whole frames go to delivery as a run; delivered, their buffer comes back.
+        let run = rbuf.split_to(whole * frame.len()).freeze();
+        let back = BytesMut::with_capacity(READ_CHUNK);
+        let back_at = back.as_ptr();
+        buffers.give(back);
+        room_for_frame(&mut rbuf, 1 << 20);
+        assert_eq!(rbuf.capacity(), cut, "no buffer of its own");
+        buffers.make_room(&mut rbuf);
+        assert_eq!(
+            rbuf.as_ptr(),
+            back_at,
+            "the buffer given back, not a new one"
+        );
+        assert_eq!(&rbuf[..], &frame[..cut]);
+        assert!(rbuf.capacity() - rbuf.len() >= frame.len() - cut);
+        drop(run);
     }
 }

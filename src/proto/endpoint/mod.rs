@@ -565,7 +565,10 @@ impl Endpoint {
                     run: RunBuilder::default(),
                     batches: Vec::new(),
                     journal_open: journal.is_some(),
-                    read_buffers: Arc::new(ReadBuffers::new(crate::proto::READ_CHUNK)),
+                    read_buffers: Arc::new(ReadBuffers::for_window(
+                        crate::proto::READ_CHUNK,
+                        cfg.recv_window,
+                    )),
                 },
                 max_len: wire::max_frame_len(cfg.max_message),
                 local,
