@@ -601,7 +601,10 @@ impl Builder {
 
     /// Send window per peer in bytes (default 4 MiB): how much may be accepted for a peer
     /// and not yet consumed by its application. Each message costs its length plus 16
-    /// bytes (so empty messages are flow-controlled too).
+    /// bytes (so empty messages are flow-controlled too). A busy peer also keeps, for its
+    /// next small messages, the buffers their acknowledged predecessors were encoded in, up
+    /// to this window's worth (never more than its busiest moment held), let go once a
+    /// tick finds it idle.
     pub fn window_bytes(mut self, bytes: u64) -> Self {
         self.io.proto.window = bytes;
         self
@@ -623,7 +626,10 @@ impl Builder {
     ///
     /// Memory held per peer is then at most this window plus one message, plus the
     /// bookkeeping of each message held (about 100 bytes each: at most `recv_window / 16`
-    /// of them, as every message costs at least 16 window bytes).
+    /// of them, as every message costs at least 16 window bytes). Besides, the node keeps
+    /// for its next reads the read buffers its handlers are done with, up to a receive
+    /// window's worth in all (never more than its busiest moment held), and lets go at
+    /// each tick of those no read took since the last.
     ///
     /// ```
     /// // Send with 16 MiB in flight per peer, but hold at most 4 MiB for any one peer.
