@@ -14,12 +14,8 @@ use bytes::BytesMut;
 
 use crate::sync::Mutex;
 
-/// Buffers kept at least, however small the receive window.
+/// Reads' room kept at least, however small the receive window.
 const MIN_KEEP: usize = 8;
-
-/// A buffer larger than this many reads' room (grown for a large frame) is freed rather
-/// than kept.
-const KEEP_AT_MOST: usize = 4;
 
 /// Read buffers whose every run was delivered, for the IO thread's next reads (see the
 /// module doc). Shared by the IO thread and the deliverers of one node.
@@ -27,8 +23,8 @@ const KEEP_AT_MOST: usize = 4;
 pub struct ReadBuffers {
     /// The room one read takes at most (the driver's read chunk).
     chunk: usize,
-    /// Buffers kept at most.
-    keep: usize,
+    /// Bytes of buffers kept at most.
+    budget: usize,
     // A lock taken once per buffer (every few dozen KiB read), never while holding another.
     free: Mutex<Free>,
 }
@@ -36,41 +32,52 @@ pub struct ReadBuffers {
 #[derive(Debug, Default)]
 struct Free {
     bufs: Vec<BytesMut>,
+    /// The capacity of `bufs`, all told.
+    bytes: usize,
     /// The fewest buffers kept at any moment since the last
     /// [`release_unused`](ReadBuffers::release_unused): that many no read needed.
     low: usize,
 }
 
+impl Free {
+    /// Takes the buffer at `at`.
+    fn remove(&mut self, at: usize) -> BytesMut {
+        let buf = self.bufs.remove(at);
+        self.bytes -= buf.capacity();
+        self.low = self.low.min(self.bufs.len());
+        buf
+    }
+}
+
 impl ReadBuffers {
-    /// An empty set, for reads of at most `chunk` bytes, that keeps [`MIN_KEEP`] buffers.
+    /// An empty set, for reads of at most `chunk` bytes, that keeps [`MIN_KEEP`] reads'
+    /// room.
     #[cfg(any(test, cohort_internals))]
     pub fn new(chunk: usize) -> ReadBuffers {
         ReadBuffers::for_window(chunk, 0)
     }
 
-    /// An empty set, for reads of at most `chunk` bytes, that keeps as many buffers as a
-    /// receive window of `window` bytes fills (and never fewer than [`MIN_KEEP`]). A peer
-    /// may make the node hold a window of its messages, each read's buffer held until the
-    /// last message read into it is delivered: when the deliverers catch up they give back
-    /// that many at once, and a set that kept fewer would free the rest, only for the next
-    /// reads to take new allocations, which the kernel's copy faults in page by page (a
-    /// third of a 1 KiB message's CPU, measured, when the allocator gave the memory back to
-    /// the system between bursts). What is kept is never more than the busiest moment held
-    /// (a buffer is made only when none is kept), and the tick frees what no read needed
+    /// An empty set, for reads of at most `chunk` bytes, that keeps buffers of a receive
+    /// window of `window` bytes in all (and never less than [`MIN_KEEP`] reads' room). A
+    /// peer may make the node hold a window of its messages, each read's buffer held until
+    /// the last message read into it is delivered: when the deliverers catch up they give
+    /// back that much at once, and a set that kept less would free the rest, only for the
+    /// next reads to take new allocations, which the kernel's copy faults in page by page
+    /// (a third of a 1 KiB message's CPU, measured, when the allocator gave the memory back
+    /// to the system between bursts). The tick frees what no read needed
     /// ([`release_unused`](ReadBuffers::release_unused)).
     pub fn for_window(chunk: usize, window: u64) -> ReadBuffers {
-        let fills = window / chunk.max(1) as u64;
+        let window = usize::try_from(window).unwrap_or(usize::MAX);
         ReadBuffers {
             chunk,
-            keep: usize::try_from(fills).unwrap_or(usize::MAX).max(MIN_KEEP),
+            budget: window.max(MIN_KEEP * chunk),
             free: Mutex::new(Free::default()),
         }
     }
 
     /// Takes `buf` back: the last view of a read buffer, which nothing else holds. Kept
-    /// (emptied, its whole allocation reclaimed) when that allocation is of a read buffer's
-    /// size (at least one read's room, at most [`KEEP_AT_MOST`] reads') and fewer than
-    /// the set's bound are kept; freed otherwise, outside the lock.
+    /// (emptied, its whole allocation reclaimed) when it has at least one read's room and
+    /// fits in what the set may keep; freed otherwise, outside the lock.
     pub fn give(&self, mut buf: BytesMut) {
         buf.clear();
         // The last view may start anywhere in its allocation: asking for one byte more than
@@ -78,21 +85,28 @@ impl ReadBuffers {
         // whole allocation's before it is judged. (At the start already, nothing moves.)
         let _ = buf.try_reclaim(buf.capacity() + 1);
         let size = buf.capacity();
-        if size < self.chunk || size > KEEP_AT_MOST * self.chunk {
+        if size < self.chunk {
             return;
         }
         let mut free = self.free.lock();
-        if free.bufs.len() < self.keep {
+        if free.bytes + size <= self.budget {
+            free.bytes += size;
             free.bufs.push(buf);
         }
     }
 
     /// A buffer given back, empty, with room for at least one read.
+    #[cfg(any(test, cohort_internals))]
     pub fn take(&self) -> Option<BytesMut> {
+        self.take_at_least(self.chunk)
+    }
+
+    /// A buffer given back, empty, with room for at least `need` bytes: the last given back
+    /// that has it (buffers grown for large frames are kept beside those of one read).
+    fn take_at_least(&self, need: usize) -> Option<BytesMut> {
         let mut free = self.free.lock();
-        let buf = free.bufs.pop();
-        free.low = free.low.min(free.bufs.len());
-        buf
+        let at = free.bufs.iter().rposition(|b| b.capacity() >= need)?;
+        Some(free.remove(at))
     }
 
     /// Buffers kept now.
@@ -110,6 +124,7 @@ impl ReadBuffers {
         // The ones at the bottom: `take` pops the last given back, still in cache.
         let kept = free.bufs.split_off(unused);
         let released = std::mem::replace(&mut free.bufs, kept);
+        free.bytes -= released.iter().map(BytesMut::capacity).sum::<usize>();
         free.low = free.bufs.len();
         drop(free);
         drop(released);
@@ -120,25 +135,37 @@ impl ReadBuffers {
     /// partial frame at its front copied over), else in a new one.
     pub fn make_room(&self, rbuf: &mut BytesMut) {
         let chunk = self.chunk;
-        if rbuf.capacity() - rbuf.len() >= chunk / 4 || rbuf.try_reclaim(chunk) {
+        if rbuf.capacity() - rbuf.len() >= chunk / 4 {
             return;
         }
-        // A buffer given back takes the partial frame and leaves a quarter of a read's room
-        // at least; a longer partial frame (of a large message) grows its own buffer
-        // instead, which doubles as it grows: taking given-back buffers for it would copy
-        // the frame again at every quarter read.
-        let need = rbuf.len() + chunk / 4;
-        match self.take() {
-            Some(mut fresh) if fresh.capacity() >= need => {
+        self.make_room_for(rbuf, rbuf.len() + chunk / 4, chunk);
+    }
+
+    /// Makes `rbuf` hold `need` bytes from its start (a frame that the read buffer's room
+    /// does not hold, whose start is at its front, and a quarter read more): in place when
+    /// nothing else holds its allocation, else in a buffer given back that is large enough
+    /// (what `rbuf` holds copied over), else in a new one. The rest of the frame is then
+    /// read in place, and a buffer that held a large frame is read into again, not faulted
+    /// in anew for the next.
+    pub fn room_for_frame(&self, rbuf: &mut BytesMut, need: usize) {
+        if rbuf.capacity() < need {
+            self.make_room_for(rbuf, need, need - rbuf.len());
+        }
+    }
+
+    /// [`make_room`](ReadBuffers::make_room) and
+    /// [`room_for_frame`](ReadBuffers::room_for_frame): `need` bytes from `rbuf`'s start,
+    /// or `grow` more than it holds in a buffer of its own.
+    fn make_room_for(&self, rbuf: &mut BytesMut, need: usize, grow: usize) {
+        if rbuf.try_reclaim(grow) {
+            return;
+        }
+        match self.take_at_least(need) {
+            Some(mut fresh) => {
                 fresh.extend_from_slice(rbuf);
                 *rbuf = fresh;
             }
-            other => {
-                if let Some(fresh) = other {
-                    self.give(fresh);
-                }
-                rbuf.reserve(chunk);
-            }
+            None => rbuf.reserve(grow),
         }
     }
 }
@@ -213,14 +240,14 @@ mod tests {
         assert_eq!(buffers.kept(), MIN_KEEP);
         buffers.release_unused();
         assert_eq!(buffers.kept(), 0, "no read took one for a whole tick");
-        buffers.give(BytesMut::with_capacity(KEEP_AT_MOST * READ_CHUNK + 1));
+        buffers.give(BytesMut::with_capacity(MIN_KEEP * READ_CHUNK + 1));
         buffers.give(BytesMut::with_capacity(100));
         assert_eq!(buffers.kept(), 0, "too large and too small are freed");
         // The last view of a large buffer, starting near its end, is judged by its whole
         // allocation, not by the room after it.
-        let mut large = BytesMut::with_capacity(8 * READ_CHUNK);
-        large.resize(8 * READ_CHUNK, 7);
-        let last = large.split_off(7 * READ_CHUNK - 100);
+        let mut large = BytesMut::with_capacity(9 * READ_CHUNK);
+        large.resize(9 * READ_CHUNK, 7);
+        let last = large.split_off(9 * READ_CHUNK - 100);
         drop(large);
         buffers.give(last);
         assert_eq!(buffers.kept(), 0, "a large allocation is freed");
@@ -246,9 +273,18 @@ mod tests {
             buffers.give(BytesMut::with_capacity(READ_CHUNK));
         }
         assert_eq!(buffers.kept(), 40);
+        // What is kept is counted in bytes: a buffer grown for a large frame counts as the
+        // reads' room it holds, and one that does not fit is freed.
+        let buffers = ReadBuffers::for_window(READ_CHUNK, window);
+        buffers.give(BytesMut::with_capacity(30 * READ_CHUNK));
+        buffers.give(BytesMut::with_capacity(20 * READ_CHUNK));
+        for _ in 0..15 {
+            buffers.give(BytesMut::with_capacity(READ_CHUNK));
+        }
+        assert_eq!(buffers.kept(), 11);
         assert_eq!(
-            ReadBuffers::for_window(READ_CHUNK, 1000).keep,
-            MIN_KEEP,
+            ReadBuffers::for_window(READ_CHUNK, 1000).budget,
+            MIN_KEEP * READ_CHUNK,
             "however small the window"
         );
     }

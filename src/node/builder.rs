@@ -628,8 +628,8 @@ impl Builder {
     /// bookkeeping of each message held (about 100 bytes each: at most `recv_window / 16`
     /// of them, as every message costs at least 16 window bytes). Besides, the node keeps
     /// for its next reads the read buffers its handlers are done with, up to a receive
-    /// window's worth in all (never more than its busiest moment held), and lets go at
-    /// each tick of those no read took since the last.
+    /// window's bytes in all, and lets go at each tick of those no read took since the
+    /// last.
     ///
     /// ```
     /// // Send with 16 MiB in flight per peer, but hold at most 4 MiB for any one peer.

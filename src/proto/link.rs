@@ -11,6 +11,7 @@ use bytes::BytesMut;
 
 use super::write_queue::{Unwritten, WriteQueue};
 use super::Handshake;
+use crate::deliver::ReadBuffers;
 use crate::wire;
 
 /// Identifies a link for as long as it lives; never reused, so an id that outlived its link
@@ -160,8 +161,8 @@ impl Link {
     /// rest is read in place, moved once rather than at every growth of the buffer (a large
     /// message was copied about once more as a whole, growing by doubling). The frame's
     /// length is within the link's limit (`max`), so is at most the largest message.
-    pub(crate) fn make_room_for_frame(&mut self, max: usize) {
-        room_for_frame(&mut self.rbuf, max);
+    pub(crate) fn make_room_for_frame(&mut self, max: usize, buffers: &ReadBuffers) {
+        room_for_frame(&mut self.rbuf, max, buffers);
     }
 
     /// The read buffer, for the transport to read into.
@@ -181,7 +182,7 @@ impl Link {
 }
 
 /// See [`Link::make_room_for_frame`].
-fn room_for_frame(rbuf: &mut BytesMut, max: usize) {
+fn room_for_frame(rbuf: &mut BytesMut, max: usize, buffers: &ReadBuffers) {
     let Ok(Some(len)) = wire::peek_len(rbuf, max) else {
         return;
     };
@@ -190,7 +191,7 @@ fn room_for_frame(rbuf: &mut BytesMut, max: usize) {
     // (`ReadBuffers::make_room`), which keeps a quarter read of room past what the buffer
     // holds, in a buffer given back where one is at hand rather than a new allocation.
     if frame > rbuf.capacity() && frame > super::READ_CHUNK / 4 {
-        rbuf.reserve(frame + super::READ_CHUNK / 4 - rbuf.len());
+        buffers.room_for_frame(rbuf, frame + super::READ_CHUNK / 4);
     }
 }
 
@@ -201,17 +202,18 @@ mod tests {
 
     #[test]
     fn a_large_frame_begun_gets_room_for_all_of_it_once() {
+        let buffers = ReadBuffers::new(READ_CHUNK);
         let mut frame = Vec::new();
         wire::encode_data(&mut frame, 0, None, &vec![9u8; 5 * READ_CHUNK]);
         let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
         rbuf.extend_from_slice(&frame[..1000]);
-        room_for_frame(&mut rbuf, 1 << 20);
+        room_for_frame(&mut rbuf, 1 << 20, &buffers);
         assert!(rbuf.capacity() >= frame.len() + READ_CHUNK / 4);
         assert_eq!(&rbuf[..], &frame[..1000], "what came of it kept");
         let at = rbuf.as_ptr();
         // The rest read in place: no move however it comes.
         for chunk in frame[1000..].chunks(7000) {
-            room_for_frame(&mut rbuf, 1 << 20);
+            room_for_frame(&mut rbuf, 1 << 20, &buffers);
             rbuf.extend_from_slice(chunk);
         }
         assert_eq!(rbuf.as_ptr(), at);
@@ -221,14 +223,14 @@ mod tests {
         for (bytes, max) in [(&frame[..3], 1 << 20), (&frame[..100], 1000)] {
             let mut small = BytesMut::with_capacity(READ_CHUNK);
             small.extend_from_slice(bytes);
-            room_for_frame(&mut small, max);
+            room_for_frame(&mut small, max, &buffers);
             assert_eq!(small.capacity(), READ_CHUNK);
         }
         let mut short = Vec::new();
         wire::encode_data(&mut short, 0, None, &[1; 100]);
         let mut small = BytesMut::with_capacity(READ_CHUNK);
         small.extend_from_slice(&short[..50]);
-        room_for_frame(&mut small, 1 << 20);
+        room_for_frame(&mut small, 1 << 20, &buffers);
         assert_eq!(small.capacity(), READ_CHUNK);
     }
 
@@ -237,7 +239,6 @@ mod tests {
     /// so that a stream of such frames is read into the same few buffers.
     #[test]
     fn a_small_frame_cut_at_a_buffers_end_moves_to_one_given_back() {
-        use crate::deliver::ReadBuffers;
         let buffers = ReadBuffers::new(READ_CHUNK);
         let mut frame = Vec::new();
         wire::encode_data(&mut frame, 0, None, &[5; 1024]);
@@ -254,7 +255,7 @@ mod tests {
         let back = BytesMut::with_capacity(READ_CHUNK);
         let back_at = back.as_ptr();
         buffers.give(back);
-        room_for_frame(&mut rbuf, 1 << 20);
+        room_for_frame(&mut rbuf, 1 << 20, &buffers);
         assert_eq!(rbuf.capacity(), cut, "no buffer of its own");
         buffers.make_room(&mut rbuf);
         assert_eq!(
@@ -264,6 +265,35 @@ mod tests {
         );
         assert_eq!(&rbuf[..], &frame[..cut]);
         assert!(rbuf.capacity() - rbuf.len() >= frame.len() - cut);
+        drop(run);
+    }
+
+    /// A large frame's room comes from a buffer given back when one is large enough: a
+    /// stream of large messages is read into the buffers of those before it.
+    #[test]
+    fn a_large_frame_takes_a_buffer_given_back_large_enough() {
+        let buffers = ReadBuffers::new(READ_CHUNK);
+        let mut frame = Vec::new();
+        wire::encode_data(&mut frame, 0, None, &vec![3u8; 100_000]);
+        let mut rbuf = BytesMut::with_capacity(READ_CHUNK);
+        rbuf.extend_from_slice(&[0u8; 1000]);
+        rbuf.extend_from_slice(&frame[..5000]);
+        // The frames before it, still being delivered: the buffer is shared.
+        let run = rbuf.split_to(1000).freeze();
+        buffers.give(BytesMut::with_capacity(READ_CHUNK));
+        let large = BytesMut::with_capacity(3 * READ_CHUNK);
+        let large_at = large.as_ptr();
+        buffers.give(large);
+        buffers.give(BytesMut::with_capacity(READ_CHUNK));
+        room_for_frame(&mut rbuf, 1 << 20, &buffers);
+        assert_eq!(
+            rbuf.as_ptr(),
+            large_at,
+            "the one large enough, not a new one"
+        );
+        assert_eq!(&rbuf[..], &frame[..5000]);
+        assert!(rbuf.capacity() >= frame.len() + READ_CHUNK / 4);
+        assert_eq!(buffers.kept(), 2, "the smaller ones stay for reads");
         drop(run);
     }
 }

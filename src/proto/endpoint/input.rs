@@ -76,7 +76,7 @@ impl Endpoint {
             };
             match wire::split_frame(&mut link.rbuf, max) {
                 Ok(None) => {
-                    link.make_room_for_frame(max);
+                    link.make_room_for_frame(max, &self.ctx.out.read_buffers);
                     break;
                 }
                 Ok(Some(wire::Split::Data {
