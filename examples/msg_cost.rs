@@ -5,13 +5,14 @@
 //! `--to`, through a `PeerSender` (`Node::to`) instead of by name. With `--fresh` every message
 //! is a payload of its own, allocated and written by the sending thread as an application
 //! makes one (by default one payload is shared, its reference count taken per send). With
-//! `--lent` the sink's handler borrows each message (`Builder::on_message_ref`).
-//! Prints the process's CPU time (every thread, from `/proc/self/stat`) per message, and
+//! `--lent` the sink's handler borrows each message (`Builder::on_message_ref`). With
+//! `--threads N` each source node sends from `N` threads, which share its outbox for the
+//! sink (cohort only). Prints the process's CPU time (every thread, from `/proc/self/stat`) per message, and
 //! how many messages the sink's pool delivered per turn (`PoolStats::tasks_run`: a turn
 //! ends at the pool's budget or with the sender's queue empty).
 //!
 //! ```text
-//! cargo run --release --example msg_cost -- [--senders N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--raw]
+//! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--raw]
 //! valgrind --tool=callgrind target/release/examples/msg_cost --block --count 20000
 //! ```
 //!
@@ -79,10 +80,12 @@ fn wait_for(counts: &Counts, target: u64) -> Result<(), Box<dyn Error>> {
 }
 
 /// How a run of `msg_cost` sends: `batch` messages per call, through a `PeerSender`
-/// (`bound`), a payload of its own per message (`fresh`), nodes that block when idle.
+/// (`bound`), a payload of its own per message (`fresh`), nodes that block when idle,
+/// `threads` sending threads per source node (sharing its outbox for the sink).
 #[derive(Clone, Copy)]
 struct Mode {
     batch: u64,
+    threads: usize,
     block: bool,
     bound: bool,
     fresh: bool,
@@ -92,6 +95,7 @@ struct Mode {
 fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box<dyn Error>> {
     let Mode {
         batch,
+        threads,
         block,
         bound,
         fresh: own_payloads,
@@ -129,11 +133,15 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
     }
     wait_for(&received, senders as u64)?;
     let payload = vec![0xA5; size.max(1)];
-    let per = count / senders as u64;
+    let per = count / (senders * threads) as u64;
     let cpu = process_cpu();
     let started = Instant::now();
     thread::scope(|s| {
-        for (i, source) in sources.iter().enumerate() {
+        let each_thread = sources
+            .iter()
+            .enumerate()
+            .flat_map(|s| std::iter::repeat_n(s, threads));
+        for (i, source) in each_thread {
             let payload = &payload;
             s.spawn(move || {
                 // Each source its own payload (different senders send different data):
@@ -184,12 +192,13 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
             });
         }
     });
-    wait_for(&received, senders as u64 + per * senders as u64)?;
-    let line = report(per * senders as u64, started, cpu);
+    let sent = per * (senders * threads) as u64;
+    wait_for(&received, senders as u64 + sent)?;
+    let line = report(sent, started, cpu);
     let tasks = sink.stats().pool.tasks_run;
     println!(
         "sink's pool: {tasks} delivery turns, {:.0} messages per turn",
-        (per * senders as u64) as f64 / tasks.max(1) as f64
+        sent as f64 / tasks.max(1) as f64
     );
     // The report's line last: scripts read it with `tail -1`.
     println!("{line}");
@@ -274,10 +283,11 @@ fn report(n: u64, started: Instant, cpu: Option<Duration>) -> String {
 }
 
 const USAGE: &str = "\
-usage: msg_cost [--senders N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--raw]
+usage: msg_cost [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--raw]
 
 The CPU time per message of N source nodes sending to one sink node in this process.
   --senders N   source nodes (default 1)
+  --threads N   sending threads per source node, sharing its outbox (default 1)
   --size B      payload bytes per message (default 64)
   --count C     messages in all (default 1000000)
   --batch N     each source sends N messages per send_batch (default 1: send)
@@ -293,6 +303,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let (mut senders, mut size, mut count, mut raw_tcp) = (1usize, 64usize, 1_000_000u64, false);
     let mut mode = Mode {
         batch: 1,
+        threads: 1,
         block: false,
         bound: false,
         fresh: false,
@@ -305,6 +316,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             "--size" => size = args.next().ok_or("--size B")?.parse()?,
             "--count" => count = args.next().ok_or("--count C")?.parse()?,
             "--batch" => mode.batch = args.next().ok_or("--batch N")?.parse()?,
+            "--threads" => mode.threads = args.next().ok_or("--threads N")?.parse()?,
             "--block" => mode.block = true,
             "--raw" => raw_tcp = true,
             "--to" => mode.bound = true,
@@ -320,6 +332,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     if senders > 256 {
         return Err("--senders: at most 256 (a message's first byte names its source)".into());
     }
+    mode.threads = mode.threads.max(1);
     if raw_tcp {
         raw(senders.max(1), size, count, mode.fresh)
     } else {
