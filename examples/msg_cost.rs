@@ -7,12 +7,12 @@
 //! makes one (by default one payload is shared, its reference count taken per send). With
 //! `--lent` the sink's handler borrows each message (`Builder::on_message_ref`). With
 //! `--threads N` each source node sends from `N` threads, which share its outbox for the
-//! sink (cohort only). Prints the process's CPU time (every thread, from `/proc/self/stat`) per message, and
+//! sink; with `--journal never|interval`, every node journals (cohort only). Prints the process's CPU time (every thread, from `/proc/self/stat`) per message, and
 //! how many messages the sink's pool delivered per turn (`PoolStats::tasks_run`: a turn
 //! ends at the pool's budget or with the sender's queue empty).
 //!
 //! ```text
-//! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--raw]
+//! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--journal never|interval] [--raw]
 //! valgrind --tool=callgrind target/release/examples/msg_cost --block --count 20000
 //! ```
 //!
@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cohort::{Bytes, IdleStrategy, Node};
+use cohort::{Builder, Bytes, FsyncPolicy, IdleStrategy, Node};
 
 mod support;
 use support::{fresh_payload, process_cpu};
@@ -81,11 +81,13 @@ fn wait_for(counts: &Counts, target: u64) -> Result<(), Box<dyn Error>> {
 
 /// How a run of `msg_cost` sends: `batch` messages per call, through a `PeerSender`
 /// (`bound`), a payload of its own per message (`fresh`), nodes that block when idle,
-/// `threads` sending threads per source node (sharing its outbox for the sink).
+/// `threads` sending threads per source node (sharing its outbox for the sink), every node
+/// journalling under `journal`.
 #[derive(Clone, Copy)]
 struct Mode {
     batch: u64,
     threads: usize,
+    journal: Option<FsyncPolicy>,
     block: bool,
     bound: bool,
     fresh: bool,
@@ -96,6 +98,7 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
     let Mode {
         batch,
         threads,
+        journal,
         block,
         bound,
         fresh: own_payloads,
@@ -103,14 +106,15 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
     } = mode;
     let received = Arc::new(Counts::new(senders));
     let counter = received.clone();
-    let idle = |b: cohort::Builder| {
+    let idle = |b: Builder| {
         if block {
             b.idle_strategy(IdleStrategy::Block)
         } else {
             b
         }
     };
-    let sink = idle(Node::builder("sink")).cluster("cost");
+    let node = |name: &str| journalled(idle(Node::builder(name)), name, journal);
+    let sink = node("sink").cluster("cost");
     // A message's first byte names its source.
     let sink = if lent {
         sink.on_message_ref(move |m| counter.record(usize::from(m.payload()[0])))
@@ -121,7 +125,7 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
     let mut sources = Vec::new();
     for i in 0..senders {
         let name = format!("source-{i}");
-        let source = idle(Node::builder(&name))
+        let source = node(&name)
             .cluster("cost")
             .peer("sink", sink.local_addr())
             .start()?;
@@ -204,8 +208,24 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
     println!("{line}");
     for n in sources.iter().chain([&sink]) {
         n.shutdown(Duration::from_secs(5))?;
+        if journal.is_some() {
+            let _ = std::fs::remove_dir_all(journal_dir(n.name()));
+        }
     }
     Ok(())
+}
+
+/// The journal directory of node `name` in this run.
+fn journal_dir(name: &str) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("cohort-msg-cost-{name}-{}", std::process::id()))
+}
+
+/// `b` journalling under `policy` in a fresh directory named after `name`, if asked.
+fn journalled(b: Builder, name: &str, policy: Option<FsyncPolicy>) -> Builder {
+    let Some(policy) = policy else { return b };
+    let dir = journal_dir(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    b.journal(dir).journal_fsync(policy)
 }
 
 fn raw(
@@ -283,7 +303,7 @@ fn report(n: u64, started: Instant, cpu: Option<Duration>) -> String {
 }
 
 const USAGE: &str = "\
-usage: msg_cost [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--raw]
+usage: msg_cost [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--journal never|interval] [--raw]
 
 The CPU time per message of N source nodes sending to one sink node in this process.
   --senders N   source nodes (default 1)
@@ -295,6 +315,8 @@ The CPU time per message of N source nodes sending to one sink node in this proc
   --fresh       each message a payload of its own, allocated and written by the sender
   --lent        the sink's handler borrows each message (`on_message_ref`)
   --block       both nodes block when idle (IdleStrategy::Block): repeatable counts
+  --journal P   every node journals in a fresh temp directory, fsync policy P: never or
+                interval (5 ms)
   --raw         the same over raw TCP connections instead of cohort
   -h, --help    this text
 ";
@@ -304,6 +326,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut mode = Mode {
         batch: 1,
         threads: 1,
+        journal: None,
         block: false,
         bound: false,
         fresh: false,
@@ -317,6 +340,13 @@ fn main() -> Result<(), Box<dyn Error>> {
             "--count" => count = args.next().ok_or("--count C")?.parse()?,
             "--batch" => mode.batch = args.next().ok_or("--batch N")?.parse()?,
             "--threads" => mode.threads = args.next().ok_or("--threads N")?.parse()?,
+            "--journal" => {
+                mode.journal = Some(match args.next().as_deref() {
+                    Some("never") => FsyncPolicy::Never,
+                    Some("interval") => FsyncPolicy::Interval(Duration::from_millis(5)),
+                    _ => return Err("--journal never|interval".into()),
+                })
+            }
             "--block" => mode.block = true,
             "--raw" => raw_tcp = true,
             "--to" => mode.bound = true,
