@@ -4,15 +4,17 @@
 //! `--batch N` each source sends `N` messages per `send_batch` instead of one per `send`; with
 //! `--to`, through a `PeerSender` (`Node::to`) instead of by name. With `--fresh` every message
 //! is a payload of its own, allocated and written by the sending thread as an application
-//! makes one (by default one payload is shared, its reference count taken per send). With
+//! makes one (by default one payload is shared, its reference count taken per send); with
+//! `--slice`, written into one buffer the sender reuses and sent with `send_slice`. With
 //! `--lent` the sink's handler borrows each message (`Builder::on_message_ref`). With
 //! `--threads N` each source node sends from `N` threads, which share its outbox for the
-//! sink; with `--journal never|interval`, every node journals (cohort only). Prints the process's CPU time (every thread, from `/proc/self/stat`) per message, and
-//! how many messages the sink's pool delivered per turn (`PoolStats::tasks_run`: a turn
-//! ends at the pool's budget or with the sender's queue empty).
+//! sink; with `--journal never|interval`, every node journals (cohort only). Prints the
+//! process's CPU time (every thread, from `/proc/self/stat`) per message, and how many
+//! messages the sink's pool delivered per turn (`PoolStats::tasks_run`: a turn ends at the
+//! pool's budget or with the sender's queue empty).
 //!
 //! ```text
-//! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--journal never|interval] [--raw]
+//! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--raw]
 //! valgrind --tool=callgrind target/release/examples/msg_cost --block --count 20000
 //! ```
 //!
@@ -88,6 +90,7 @@ struct Mode {
     batch: u64,
     threads: usize,
     journal: Option<FsyncPolicy>,
+    slice: bool,
     block: bool,
     bound: bool,
     fresh: bool,
@@ -99,6 +102,7 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
         batch,
         threads,
         journal,
+        slice,
         block,
         bound,
         fresh: own_payloads,
@@ -162,7 +166,15 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
                     }
                 };
                 let payload = Bytes::from(own.clone());
-                if own_payloads && batch <= 1 {
+                if slice {
+                    // Each message written into one buffer the thread reuses.
+                    let mut buf = own.clone();
+                    let n = buf.len().saturating_sub(1).min(8);
+                    for k in 0..per {
+                        buf[1..1 + n].copy_from_slice(&k.to_le_bytes()[..n]);
+                        source.send_slice("sink", &buf).expect("send to the sink");
+                    }
+                } else if own_payloads && batch <= 1 {
                     let sink = source.to("sink").expect("the sink is a peer");
                     for k in 0..per {
                         if bound {
@@ -303,7 +315,7 @@ fn report(n: u64, started: Instant, cpu: Option<Duration>) -> String {
 }
 
 const USAGE: &str = "\
-usage: msg_cost [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--block] [--journal never|interval] [--raw]
+usage: msg_cost [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--raw]
 
 The CPU time per message of N source nodes sending to one sink node in this process.
   --senders N   source nodes (default 1)
@@ -314,6 +326,7 @@ The CPU time per message of N source nodes sending to one sink node in this proc
   --to          send through a PeerSender (Node::to) instead of by name
   --fresh       each message a payload of its own, allocated and written by the sender
   --lent        the sink's handler borrows each message (`on_message_ref`)
+  --slice       each message written into a buffer the sender reuses, sent with send_slice
   --block       both nodes block when idle (IdleStrategy::Block): repeatable counts
   --journal P   every node journals in a fresh temp directory, fsync policy P: never or
                 interval (5 ms)
@@ -327,6 +340,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         batch: 1,
         threads: 1,
         journal: None,
+        slice: false,
         block: false,
         bound: false,
         fresh: false,
@@ -352,6 +366,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             "--to" => mode.bound = true,
             "--fresh" => mode.fresh = true,
             "--lent" => mode.lent = true,
+            "--slice" => mode.slice = true,
             "-h" | "--help" => {
                 print!("{USAGE}");
                 return Ok(());

@@ -30,6 +30,12 @@ macro_rules! send_variants {
             self.route($($to)?).send(payload.into())
         }
     };
+    (@one ($($to:ident)?) [$(#[$doc:meta])*] send_slice) => {
+        $(#[$doc])*
+        pub fn send_slice(&self, $($to: &str,)? payload: &[u8]) -> Result<(), Error> {
+            self.route($($to)?).send_slice(payload)
+        }
+    };
     (@one ($($to:ident)?) [$(#[$doc:meta])*] try_send) => {
         $(#[$doc])*
         pub fn try_send(&self, $($to: &str,)? payload: impl Into<Bytes>) -> Result<(), TrySendError<Bytes>> {
@@ -124,6 +130,7 @@ macro_rules! send_variants {
     (see Sender ($($to:ident)?)) => {
         send_variants! { ($($to)?)
             #[doc = "See [`Sender::send`]."] send;
+            #[doc = "See [`Sender::send_slice`]."] send_slice;
             #[doc = "See [`Sender::try_send`]."] try_send;
             #[doc = "See [`Sender::send_timeout`]."] send_timeout;
             #[doc = "See [`Sender::send_oob`]."] send_oob;
@@ -370,6 +377,36 @@ impl Sender {
         /// [`Builder::on_undelivered`](crate::Builder::on_undelivered): for instance one queued
         /// before `to`'s limit was known and larger than it.
         send;
+
+        /// Sends a regular message copied from `payload`, as [`send`](Sender::send) does,
+        /// for a caller that builds its messages in a buffer of its own and reuses it: a
+        /// message of up to 4 KiB, on a node with no outbound filter and no journal, goes
+        /// straight into the frame the node writes whenever the window has room (no
+        /// allocation, no reference count); any other is first copied into a buffer of its
+        /// own. Blocks and fails like `send` (the payload stays the caller's either way).
+        ///
+        /// ```
+        /// use std::time::Duration;
+        /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+        /// let (beta, inbox) = cohort::Node::builder("beta").start_with_inbox()?;
+        /// let alpha = cohort::Node::builder("alpha").peer("beta", beta.local_addr()).start()?;
+        /// beta.add_peer("alpha", alpha.local_addr())?;
+        /// let mut buf = Vec::with_capacity(64);
+        /// for i in 0..3u32 {
+        ///     buf.clear();
+        ///     buf.extend_from_slice(b"tick ");
+        ///     buf.extend_from_slice(&i.to_le_bytes());
+        ///     alpha.send_slice("beta", &buf)?;
+        /// }
+        /// for i in 0..3u32 {
+        ///     let d = inbox.recv_timeout(Duration::from_secs(10))?;
+        ///     assert_eq!(&d.payload()[5..], &i.to_le_bytes());
+        /// }
+        /// # alpha.shutdown(Duration::from_secs(5))?;
+        /// # beta.shutdown(Duration::from_secs(5))?;
+        /// # Ok(()) }
+        /// ```
+        send_slice;
 
         /// Like [`send`](Sender::send) but never blocks: a full window hands the payload back
         /// in [`TrySendError::Full`].
@@ -777,6 +814,17 @@ impl Route<'_> {
             Plain::Sent => Ok(()),
             Plain::Closed => Err(SendError::new(Error::Closed, payload)),
             Plain::Other => self.send_with(payload, SendOptions::new()),
+        }
+    }
+
+    pub(super) fn send_slice(self, payload: &[u8]) -> Result<(), Error> {
+        match self.core.send_plain(self.to, payload) {
+            Plain::Sent => Ok(()),
+            Plain::Closed => Err(Error::Closed),
+            // Any other path keeps the payload until it is published: a copy of its own.
+            Plain::Other => self
+                .send_with(Bytes::copy_from_slice(payload), SendOptions::new())
+                .map_err(|e| e.into_parts().1),
         }
     }
 
