@@ -166,6 +166,37 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Bytes, CodecError> {
         .map_err(|e| CodecError::encoding::<T>(&e))
 }
 
+/// The largest encoding buffer a thread keeps between typed sends: one grown past it for a
+/// large value is freed after its send.
+const SCRATCH_KEEP: usize = 64 * 1024;
+
+std::thread_local! {
+    /// The buffer this thread's typed sends encode into ([`with_encoded`]).
+    static SCRATCH: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Encodes `value` as [`encode`] does, into a buffer this thread reuses, and hands the
+/// bytes to `f` (a typed send, which copies them into the message's frame): no allocation
+/// per message once the buffer has grown. The buffer is out of its slot while `f` runs, so
+/// a typed send made from inside `f` encodes into a buffer of its own.
+pub(crate) fn with_encoded<T: Serialize + ?Sized, R>(
+    value: &T,
+    f: impl FnOnce(&[u8]) -> R,
+) -> Result<R, CodecError> {
+    // Never borrowed across a call: `borrow_mut` finds the slot free. `try_with`: a send
+    // from a thread-local's destructor, once the slot is gone, allocates.
+    let mut buf = SCRATCH
+        .try_with(|slot| std::mem::take(&mut *slot.borrow_mut()))
+        .unwrap_or_default();
+    buf.clear();
+    let buf = postcard::to_extend(value, buf).map_err(|e| CodecError::encoding::<T>(&e))?;
+    let r = f(&buf);
+    if buf.capacity() <= SCRATCH_KEEP {
+        let _ = SCRATCH.try_with(|slot| *slot.borrow_mut() = buf);
+    }
+    Ok(r)
+}
+
 /// Decodes a `T` from `bytes`, all of them: bytes left over after the value mean the
 /// payload is not a `T` (or not only one), and fail like a corrupt one. Never panics, and
 /// never allocates more than the payload's length can justify, whatever the bytes say.
@@ -198,6 +229,32 @@ mod tests {
         name: String,
         shapes: Vec<Shape>,
         tags: BTreeMap<String, Option<u64>>,
+    }
+
+    /// The reused buffer encodes as `encode` does, is reused (no allocation once grown),
+    /// lets a call made from inside `f` encode on its own, and is not kept once grown large.
+    #[test]
+    fn encoding_into_the_thread_s_buffer() {
+        let value = scene();
+        let (bytes, at) = with_encoded(&value, |b| (b.to_vec(), b.as_ptr())).expect("encodes");
+        assert_eq!(bytes, encode(&value).expect("encodes"));
+        let again = with_encoded(&value, |b| b.as_ptr()).expect("encodes");
+        assert_eq!(again, at, "the same buffer, reused");
+        let nested = with_encoded(&value, |outer| {
+            let inner = with_encoded(&7u32, |b| (b.to_vec(), b.as_ptr())).expect("encodes");
+            (outer.to_vec(), outer.as_ptr(), inner)
+        })
+        .expect("encodes");
+        assert_eq!(nested.0, bytes);
+        assert_eq!(nested.2 .0, encode(&7u32).expect("encodes"));
+        assert_ne!(
+            nested.2 .1, nested.1,
+            "the inner call had a buffer of its own"
+        );
+        let large = vec![1u8; 2 * SCRATCH_KEEP];
+        with_encoded(&large, |b| assert!(b.len() > 2 * SCRATCH_KEEP)).expect("encodes");
+        let kept = SCRATCH.with(|slot| slot.borrow().capacity());
+        assert!(kept <= SCRATCH_KEEP, "{kept} bytes kept");
     }
 
     fn scene() -> Scene {

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use super::{Error, Node, PeerSender, PendingReply, Sender};
-use crate::codec::{decode, encode};
+use crate::codec::{decode, encode, with_encoded};
 use crate::deliver::{Delivery, DeliveryRef};
 
 /// The typed send variants, written once for the three handles that have them ([`Sender`],
@@ -23,7 +23,7 @@ macro_rules! typed_variants {
     (@one ($($to:ident)?) [$(#[$doc:meta])*] send_typed) => {
         $(#[$doc])*
         pub fn send_typed<T: Serialize + ?Sized>(&self, $($to: &str,)? value: &T) -> Result<(), Error> {
-            self.send($($to,)? encode(value)?).map_err(Error::from)
+            with_encoded(value, |bytes| self.send_slice($($to,)? bytes))?
         }
     };
     (@one ($($to:ident)?) [$(#[$doc:meta])*] request_typed) => {
