@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 use cohort::{Builder, Bytes, FsyncPolicy, IdleStrategy, Node};
 
 mod support;
-use support::{fresh_payload, process_cpu};
+use support::{fresh_payload, journal_dir, journalled, process_cpu};
 
 /// Messages counted per source (a cohort source, or a raw connection), each count alone in
 /// its cache line and bumped with a plain load and store: written by one thread at a time
@@ -117,7 +117,7 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
             b
         }
     };
-    let node = |name: &str| journalled(idle(Node::builder(name)), name, journal);
+    let node = |name: &str| journalled(idle(Node::builder(name)), "msg-cost", name, journal);
     let sink = node("sink").cluster("cost");
     // A message's first byte names its source.
     let sink = if lent {
@@ -221,23 +221,10 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
     for n in sources.iter().chain([&sink]) {
         n.shutdown(Duration::from_secs(5))?;
         if journal.is_some() {
-            let _ = std::fs::remove_dir_all(journal_dir(n.name()));
+            let _ = std::fs::remove_dir_all(journal_dir("msg-cost", n.name()));
         }
     }
     Ok(())
-}
-
-/// The journal directory of node `name` in this run.
-fn journal_dir(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("cohort-msg-cost-{name}-{}", std::process::id()))
-}
-
-/// `b` journalling under `policy` in a fresh directory named after `name`, if asked.
-fn journalled(b: Builder, name: &str, policy: Option<FsyncPolicy>) -> Builder {
-    let Some(policy) = policy else { return b };
-    let dir = journal_dir(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    b.journal(dir).journal_fsync(policy)
 }
 
 fn raw(

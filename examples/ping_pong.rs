@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use cohort::{Builder, Bytes, FsyncPolicy, Node};
 
 mod support;
-use support::process_cpu;
+use support::{journal_dir, journalled, process_cpu};
 
 /// Longest wait for one reply before giving up.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
@@ -95,19 +95,6 @@ fn parse() -> Result<Option<Args>, String> {
     Ok(Some(a))
 }
 
-/// The journal directory of member `name` in this run.
-fn journal_dir(name: &str) -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("cohort-ping-pong-{name}-{}", std::process::id()))
-}
-
-/// `b` journalling under `policy` in a fresh directory named after `name`, if asked.
-fn journalled(b: Builder, name: &str, policy: Option<FsyncPolicy>) -> Builder {
-    let Some(policy) = policy else { return b };
-    let dir = journal_dir(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    b.journal(dir).journal_fsync(policy)
-}
-
 /// The value at quantile `q` (0..=1) of `sorted`, which must not be empty.
 fn quantile(sorted: &[Duration], q: f64) -> Duration {
     let rank = (q * (sorted.len() - 1) as f64).round() as usize;
@@ -155,7 +142,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     };
 
     // pong echoes through the node handle its delivery carries.
-    let pong = journalled(tune(Node::builder("pong")), "pong", policy)
+    let pong = journalled(tune(Node::builder("pong")), "ping-pong", "pong", policy)
         .cluster("ping-pong")
         .on_message(move |d| {
             let Some(node) = d.sender() else { return };
@@ -166,7 +153,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         .start()?;
 
     let (replied, replies) = mpsc::channel::<Instant>();
-    let ping = journalled(tune(Node::builder("ping")), "ping", policy)
+    let ping = journalled(tune(Node::builder("ping")), "ping-pong", "ping", policy)
         .cluster("ping-pong")
         .peer("pong", pong.local_addr())
         .on_message(move |_| {
@@ -225,7 +212,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     pong.shutdown(Duration::from_secs(5))?;
     if policy.is_some() {
         for name in ["ping", "pong"] {
-            let _ = std::fs::remove_dir_all(journal_dir(name));
+            let _ = std::fs::remove_dir_all(journal_dir("ping-pong", name));
         }
     }
 

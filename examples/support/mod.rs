@@ -3,7 +3,10 @@
 
 #![allow(dead_code)]
 
+use std::path::PathBuf;
 use std::time::Duration;
+
+use cohort::{Builder, FsyncPolicy};
 
 /// The process's CPU time so far (user + system, every thread), from `/proc/self/stat`
 /// (Linux; `None` elsewhere or if it cannot be read). Its resolution is the kernel's clock
@@ -28,4 +31,23 @@ pub(crate) fn fresh_payload(template: &[u8], k: u64) -> Vec<u8> {
     let n = v.len().saturating_sub(1).min(8);
     v[1..1 + n].copy_from_slice(&k.to_le_bytes()[..n]);
     v
+}
+
+/// The journal directory of member `name` in a run of the example `example`: under the
+/// system's temp directory, named after the process.
+pub(crate) fn journal_dir(example: &str, name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("cohort-{example}-{name}-{}", std::process::id()))
+}
+
+/// `b` journalling under `policy` in a fresh [`journal_dir`], if asked.
+pub(crate) fn journalled(
+    b: Builder,
+    example: &str,
+    name: &str,
+    policy: Option<FsyncPolicy>,
+) -> Builder {
+    let Some(policy) = policy else { return b };
+    let dir = journal_dir(example, name);
+    let _ = std::fs::remove_dir_all(&dir);
+    b.journal(dir).journal_fsync(policy)
 }
