@@ -288,9 +288,9 @@ const FRAMED_BUFFER_BYTES: usize = 64 * 1024;
 /// into a recycled buffer rather than a fresh allocation whose pages the kernel must map
 /// again (a page fault per 4 KiB written, which cost a third of a 1 KiB message's CPU when
 /// the allocator handed the memory back between acks). An ack retires up to
-/// `ack_threshold` messages at once (1 024 by default: 16 buffers of 1 KiB messages), and
-/// what it frees was written into while the window was in use; so the outbox keeps as many
-/// as the window fills, and never fewer than [`MIN_FREE_BUFFERS`]. That is memory the
+/// `ack_threshold` messages at once (1 024 by default: 16 buffers of 1 KiB messages, 64 of
+/// 4 KiB ones), and what it frees was written into while the window was in use; so the
+/// outbox keeps as many as the window fills, and never fewer than [`MIN_FREE_BUFFERS`]. That is memory the
 /// peer's unacknowledged runs held a moment before: a new buffer is made only when none
 /// is kept, so the buffers a peer holds never outnumber those its busiest moment needed.
 /// A peer found idle at a tick ([`Outbox::release_buffers`]) or closed lets them all go.
