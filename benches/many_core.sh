@@ -12,7 +12,7 @@
 #   - benches/throughput.rs: 1→1, 4→1 and 8→1 at 64 B and 1 KiB, fresh payloads, cohort with
 #     `on_message` and `on_message_ref` beside raw TCP (rates and CPU per message), twice;
 #   - examples/msg_cost: the process's CPU time per message, 1, 4, 8 and 16 senders, 64 B and
-#     1 KiB, both handlers and raw TCP, three rounds;
+#     1 KiB, both handlers, `send_slice` from a reused buffer, and raw TCP, three rounds;
 #   - examples/ping_pong: the round trip (min / p50 / p99 / p99.9) with the defaults, with
 #     a 50 µs spin, and with the defaults and both members journalled (fsync `Never`, then
 #     `Interval`), raw TCP beside each, with each member's spin stand-downs, three rounds.
@@ -71,7 +71,7 @@ run() {
   for s in 64 1024; do
     for n in 1 4 8 16; do
       cases+=("--senders $n --size $s --fresh" "--senders $n --size $s --fresh --lent" \
-        "--senders $n --size $s --fresh --raw")
+        "--senders $n --size $s --slice" "--senders $n --size $s --fresh --raw")
     done
   done
   for round in "${rounds[@]}"; do
