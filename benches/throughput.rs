@@ -15,6 +15,9 @@
 //! - `cohort_fresh` and `raw_tcp_fresh`: the same, each message a payload of its own that
 //!   the sending thread allocates and writes (as applications send; the other cases share
 //!   one payload per sender, its reference count taken per send).
+//! - `cohort_slice`: each message written into one buffer the sending thread reuses and
+//!   sent from it with `send_slice` (its summary line is against `raw_tcp`, which writes
+//!   from one buffer too).
 //! - `cohort_lent_fresh`: `cohort_fresh` with a sink whose handler borrows each message
 //!   (`Builder::on_message_ref`) instead of taking it (`on_message`): no reference count
 //!   and no `Delivery` per message on the delivering side.
@@ -72,6 +75,9 @@ enum Payloads {
     /// Each message a payload of its own, allocated and written by the sending thread as
     /// an application makes one (`common::fresh_payload`); raw TCP writes the same.
     Fresh,
+    /// Each message written into one buffer the sending thread reuses and sent from it
+    /// (`send_slice`, no options); raw TCP writes from its one buffer, as for `Shared`.
+    Reused,
 }
 
 /// Which side of the comparison a batch is for.
@@ -195,6 +201,18 @@ impl CohortFanIn {
             // first byte names the source to the sink's count.
             let mut own = payload.to_vec();
             own[0] = i as u8;
+            if payloads == Payloads::Reused {
+                debug_assert_eq!(opts, SendOptions::new(), "send_slice takes no options");
+                let mut buf = own;
+                let counter = buf.len().saturating_sub(1).min(8);
+                for k in 0..per_source {
+                    buf[1..1 + counter].copy_from_slice(&k.to_le_bytes()[..counter]);
+                    source
+                        .send_slice("sink", &buf)
+                        .expect("cohort: send to the sink");
+                }
+                return;
+            }
             if payloads == Payloads::Fresh {
                 for k in 0..per_source {
                     let p = Bytes::from(common::fresh_payload(&own, k));
@@ -275,7 +293,7 @@ impl RawFanIn {
         let write_all = |w: &mut BufWriter<RawStream>| {
             for k in 0..per_writer {
                 let written = match payloads {
-                    Payloads::Shared => common::write_frame(w, payload),
+                    Payloads::Shared | Payloads::Reused => common::write_frame(w, payload),
                     Payloads::Fresh => common::write_frame(w, &common::fresh_payload(payload, k)),
                 };
                 written.expect("raw TCP: write");
@@ -361,6 +379,15 @@ fn fan_in(c: &mut Criterion, senders: usize) {
                 })
             })
         });
+        // Each message built in a buffer the sender reuses and copied from it.
+        let slice_samples = Samples::new(n);
+        group.bench_function("cohort_slice", |b| {
+            b.iter_custom(|iters| {
+                time_batches(iters, &slice_samples, || {
+                    rig.run_batch_of(n, &payload, SendOptions::new(), Payloads::Reused)
+                })
+            })
+        });
         rig.shutdown();
         let lent_samples = Samples::new(n);
         let rig = CohortFanIn::start_with(senders, None, Over::Tcp, Handling::Lent)
@@ -442,6 +469,11 @@ fn fan_in(c: &mut Criterion, senders: usize) {
                 &format!("{name} (fresh payloads, lent to the handler)"),
                 &lent_samples,
                 &raw_fresh_samples,
+            );
+            summarize(
+                &format!("{name} (from a reused buffer: send_slice)"),
+                &slice_samples,
+                &raw_samples,
             );
             if let (Some(uds), Some(raw_uds)) = (&uds_samples, &raw_uds_samples) {
                 compare(&name, "cohort", uds, &cohort_samples);
