@@ -92,10 +92,10 @@ impl CohortPair {
             .listen(common::listen_addr(over, &dir, "pong"))
             .on_message(move |d| {
                 if d.is_request() {
-                    d.reply(d.payload().clone()).expect("pong: reply to ping");
+                    d.reply(d.payload_bytes()).expect("pong: reply to ping");
                 } else {
                     let node = d.sender().expect("a delivery carries its node");
-                    node.send(d.from(), d.payload().clone())
+                    node.send(d.from(), d.payload_bytes())
                         .expect("pong: echo to ping");
                 }
             })

@@ -122,7 +122,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         .peer("alpha", alpha_at.clone())
         .on_message(move |d| {
             if d.is_request() {
-                if let Err(e) = d.reply(d.payload().clone()) {
+                if let Err(e) = d.reply(d.payload_bytes()) {
                     eprintln!("beta: reply failed: {e}");
                 }
             } else {

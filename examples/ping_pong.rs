@@ -146,7 +146,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         .cluster("ping-pong")
         .on_message(move |d| {
             let Some(node) = d.sender() else { return };
-            if let Err(e) = node.send(d.from(), d.payload().clone()) {
+            if let Err(e) = node.send(d.from(), d.payload_bytes()) {
                 eprintln!("pong: reply to {} failed: {e}", d.from());
             }
         })

@@ -192,7 +192,7 @@ fn the_inbox_future_is_woken_by_a_message_and_ends_with_the_node() {
             counter.woken() > 0
         });
         match next.as_mut().poll(&mut cx) {
-            Poll::Ready(Ok(d)) => assert_eq!((d.from(), &d.payload()[..]), ("a", &b"one"[..])),
+            Poll::Ready(Ok(d)) => assert_eq!((d.from(), d.payload()), ("a", &b"one"[..])),
             other => panic!("expected the message, got {other:?}"),
         }
     }
@@ -206,8 +206,8 @@ fn the_inbox_future_is_woken_by_a_message_and_ends_with_the_node() {
         Ok::<_, RecvError>([first, second])
     })
     .expect("two messages");
-    assert_eq!(&got[0].payload()[..], b"two");
-    assert_eq!(&got[1].payload()[..], b"three");
+    assert_eq!(got[0].payload(), b"two");
+    assert_eq!(got[1].payload(), b"three");
 
     // Pending when the node shuts down: woken, and closed.
     let counter = Arc::new(CountingWaker::default());

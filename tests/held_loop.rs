@@ -272,7 +272,7 @@ impl Paused {
             .heartbeat(heartbeat, b_idle)
             .on_message(move |d| {
                 if d.is_oob() {
-                    if d.payload().as_ref() == b"block" {
+                    if d.payload() == b"block" {
                         g.pass();
                     }
                     n.fetch_add(1, Ordering::SeqCst);

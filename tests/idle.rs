@@ -25,7 +25,7 @@ fn exercise(cluster: &str, idle: IdleStrategy) -> [(Stats, IdleStats); 2] {
             .idle_strategy(idle)
             .on_message(move |d| {
                 if d.is_request() {
-                    let _ = d.reply(d.payload().clone());
+                    let _ = d.reply(d.payload_bytes());
                 } else {
                     count.add();
                 }

@@ -598,7 +598,7 @@ fn reply_rooms_come_back_answered_or_not() {
         .on_message(|d| {
             // Answer the even ones; drop the odd ones unanswered.
             if d.payload()[0] % 2 == 0 {
-                d.reply(d.payload().clone()).expect("reply");
+                d.reply(d.payload_bytes()).expect("reply");
             }
         })
         .start()

@@ -323,7 +323,7 @@ fn failed_requests_give_their_rooms_back() {
         |b| b,
         move |d| match d.payload()[0] % 3 {
             0 => {
-                d.reply(d.payload().clone()).expect("reply");
+                d.reply(d.payload_bytes()).expect("reply");
                 a.fetch_add(1, Ordering::SeqCst);
             }
             1 => {

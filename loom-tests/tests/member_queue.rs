@@ -467,40 +467,86 @@ fn producers_push_runs(budget: usize, mode: Mode, hand: Hand) {
 /// the IO thread, not that count's ordering.)
 #[test]
 fn a_read_buffer_is_reused_only_once_its_runs_are_delivered() {
-    const CHUNK: usize = 1024;
     loom_tests::model("member_queue/read_buffer_reuse", || {
-        let (q, credit, rec) = new_queue(Mode::Plain);
-        let home = std::sync::Arc::new(ReadBuffers::new(CHUNK));
-        let mut rbuf = BytesMut::with_capacity(CHUNK);
-        let base = rbuf.as_ptr();
-        let mut deliverers = Vec::new();
-        for p in 0..2u8 {
-            let (frames, bytes) = frames_of(Mode::Plain, p);
-            rbuf.extend_from_slice(&frames);
-            let cut = rbuf.split_to(frames.len()).freeze();
-            let run = Run::new(cut, 0, usize::from(PER_PRODUCER), bytes).returning_to(&home);
-            if q.push([run]) {
-                let (q, rec) = (q.clone(), rec.clone());
-                deliverers.push(thread::spawn(move || {
-                    drive(&q, 1, &*handler(rec));
-                }));
-            }
-        }
-        // The IO thread moves on: the next read's room, and the read itself.
-        drop(rbuf);
-        let mut next = BytesMut::new();
-        home.make_room(&mut next);
-        let reused = next.as_ptr() == base;
-        let room = next.capacity() - next.len();
-        next.extend_from_slice(&vec![0xFF; room]);
-        for t in deliverers {
-            t.join().unwrap();
-        }
-        check_quiescent(&q, &rec, &credit, 2);
-        let kept = home.kept();
-        assert!(kept <= 1);
-        assert!(!(reused && kept == 1), "one buffer in two places");
+        read_buffer_reuse(1, false);
     });
+}
+
+/// The same with a budget that hands each run over whole, so a run's deliveries share its
+/// bytes through one origin, and a handler that keeps every delivery for the application's
+/// thread, which drops them while the deliverers and the IO thread go on: the last one
+/// dropped, wherever, gives the buffer back, and none reads bytes the IO thread reused.
+#[test]
+fn a_read_buffer_kept_by_deliveries_goes_back_from_the_thread_that_drops_them() {
+    loom_tests::model("member_queue/read_buffer_kept_by_deliveries", || {
+        read_buffer_reuse(usize::from(PER_PRODUCER), true);
+    });
+}
+
+fn read_buffer_reuse(budget: usize, keep: bool) {
+    const CHUNK: usize = 1024;
+    let (q, credit, rec) = new_queue(Mode::Plain);
+    let home = std::sync::Arc::new(ReadBuffers::new(CHUNK));
+    let mut rbuf = BytesMut::with_capacity(CHUNK);
+    let base = rbuf.as_ptr();
+    // Deliveries the handler kept, for the application's thread.
+    let kept: Arc<Mutex<Vec<Delivery>>> = Arc::new(Mutex::new(Vec::new()));
+    let mut deliverers = Vec::new();
+    for p in 0..2u8 {
+        let (frames, bytes) = frames_of(Mode::Plain, p);
+        rbuf.extend_from_slice(&frames);
+        let cut = rbuf.split_to(frames.len()).freeze();
+        let run = Run::new(cut, 0, usize::from(PER_PRODUCER), bytes).returning_to(&home);
+        if q.push([run]) {
+            let (q, rec, kept) = (q.clone(), rec.clone(), kept.clone());
+            deliverers.push(thread::spawn(move || {
+                let h = handler(rec);
+                drive(&q, budget, &move |d: Delivery| {
+                    if keep {
+                        kept.lock().unwrap().push(d.clone());
+                    }
+                    h(d);
+                });
+            }));
+        }
+    }
+    // The application drops what it kept so far, reading each first.
+    let application = keep.then(|| {
+        let kept = kept.clone();
+        thread::spawn(move || {
+            let taken = std::mem::take(&mut *kept.lock().unwrap());
+            taken.iter().for_each(check_kept);
+        })
+    });
+    // The IO thread moves on: the next read's room, and the read itself.
+    drop(rbuf);
+    let mut next = BytesMut::new();
+    home.make_room(&mut next);
+    let reused = next.as_ptr() == base;
+    let room = next.capacity() - next.len();
+    next.extend_from_slice(&vec![0xFF; room]);
+    for t in deliverers.into_iter().chain(application) {
+        t.join().unwrap();
+    }
+    let rest = std::mem::take(&mut *kept.lock().unwrap());
+    rest.iter().for_each(check_kept);
+    drop(rest);
+    check_quiescent(&q, &rec, &credit, 2);
+    let kept = home.kept();
+    assert!(kept <= 1);
+    assert!(!(reused && kept == 1), "one buffer in two places");
+    if keep && !reused {
+        assert_eq!(kept, 1, "the last delivery dropped gave the buffer back");
+    }
+}
+
+/// A kept delivery still reads what was sent: its bytes were not reused under it.
+fn check_kept(d: &Delivery) {
+    let (p, i) = (d.payload()[0], d.payload()[1]);
+    assert!(
+        p < 2 && i < PER_PRODUCER,
+        "a kept delivery reads reused bytes: {d:?}"
+    );
 }
 
 #[test]

@@ -10,7 +10,7 @@
 //! next buffer comes from here when one is at hand: memory already mapped, and a `malloc`
 //! and a `free` fewer per buffer.
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 
 use crate::sync::Mutex;
 
@@ -92,6 +92,16 @@ impl ReadBuffers {
         if free.bytes + size <= self.budget {
             free.bytes += size;
             free.bufs.push(buf);
+        }
+    }
+
+    /// Takes back the read buffer `view` lies in if `view` is the last view of it (the
+    /// run that dropped last, or the last delivery of a run); otherwise only drops `view`.
+    /// Two last views dropped at once on two threads may both miss: the buffer is freed
+    /// then, not kept.
+    pub fn give_if_last(&self, view: Bytes) {
+        if let Ok(buf) = view.try_into_mut() {
+            self.give(buf);
         }
     }
 

@@ -79,7 +79,7 @@ pub enum RecvError {
 /// }
 /// for i in 0..10u8 {
 ///     let d = inbox.recv_timeout(Duration::from_secs(10))?;
-///     assert_eq!((d.from(), &d.payload()[..]), ("alpha", &[i][..]));
+///     assert_eq!((d.from(), d.payload()), ("alpha", &[i][..]));
 /// }
 /// assert_eq!(inbox.try_recv().unwrap_err(), cohort::RecvError::Empty);
 /// alpha.shutdown(Duration::from_secs(5))?;
@@ -175,7 +175,7 @@ impl Inbox {
     /// alpha.send("beta", &b"ping"[..])?;
     /// // Any executor; `pollster` is the smallest.
     /// let d = pollster::block_on(async { inbox.recv_async().await })?;
-    /// assert_eq!(&d.payload()[..], b"ping");
+    /// assert_eq!(d.payload(), b"ping");
     /// # alpha.shutdown(Duration::from_secs(5))?;
     /// # beta.shutdown(Duration::from_secs(5))?;
     /// # Ok(()) }

@@ -119,9 +119,7 @@ impl Drop for Run {
         if let Some(home) = self.home.take() {
             // Unique only when every other run of the buffer, every delivery still holding
             // a payload of it, and the IO thread's own view of it are gone.
-            if let Ok(buf) = std::mem::take(&mut self.frames).try_into_mut() {
-                home.give(buf);
-            }
+            home.give_if_last(std::mem::take(&mut self.frames));
         }
     }
 }
@@ -488,8 +486,9 @@ impl MemberQueue {
                         while let Some((span, seq)) = run.next() {
                             let more = run.owed > 0;
                             count(epoch, span.len(), crate::flow::cost(span.len()), seq);
-                            let frames = &run.run.frames;
-                            let msg = DeliveryRef::of_run(&self.name, frames, span, seq, epoch);
+                            let (frames, home) = (&run.run.frames, run.run.home.as_ref());
+                            let msg =
+                                DeliveryRef::of_run(&self.name, frames, home, span, seq, epoch);
                             self.guarded(|| to.lend(msg, more));
                         }
                     }
@@ -746,6 +745,35 @@ mod tests {
         }
     }
 
+    /// The deliveries of a run handed over in one turn share its bytes, and each still
+    /// gives its own payload, name and sequence number however it is read or taken; the
+    /// run's first and last, and a run of one, alike.
+    #[test]
+    fn deliveries_of_a_run_read_and_take_their_own_bytes() {
+        let q = MemberQueue::new("a".into(), Box::new(Arc::new(Tally::default())));
+        assert!(q.push([Queued::Run(run(3, 10, 0)), Queued::Run(run(1, 13, 0))]));
+        let mut got = Vec::new();
+        assert_eq!(q.run(64, |d| got.push(d)), RunOutcome::Idle);
+        assert_eq!(got.len(), 4);
+        for (i, d) in got.into_iter().enumerate() {
+            let seq = 10 + i as u64;
+            let want = if i < 3 {
+                vec![seq as u8; i + 1]
+            } else {
+                vec![13]
+            };
+            assert_eq!(
+                (d.from(), d.seq(), d.payload()),
+                ("a", Some(seq), &want[..])
+            );
+            assert_eq!(d.payload_bytes(), want);
+            let shown = format!("{d:?}");
+            assert!(shown.contains(&format!("len: {}", want.len())), "{shown}");
+            assert_eq!(d.clone().into_payload(), want);
+            assert_eq!(d.into_parts(), ("a".to_owned(), Bytes::from(want)));
+        }
+    }
+
     /// Two runs cut from one read buffer: the buffer goes back for the next reads once the
     /// last view of it goes — the later run delivered after the IO thread moved on, or a
     /// delivery kept past its run — and not while anything still reads it.
@@ -783,11 +811,7 @@ mod tests {
             if keep_one {
                 assert_eq!(home.kept(), 0, "a delivery kept by the handler reads it");
                 drop(kept);
-                assert_eq!(
-                    home.kept(),
-                    0,
-                    "freed by the handler's drop, not given back"
-                );
+                assert_eq!(home.kept(), 1, "given back by the kept delivery's drop");
             } else {
                 assert_eq!(home.kept(), 1, "given back by the last run's drop");
                 let buf = home.take().expect("kept");

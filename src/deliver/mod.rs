@@ -49,18 +49,57 @@ pub trait NodeHandle: fmt::Debug + Send + Sync + 'static {
 /// The receiving node's send half, as a delivery, the pool and an inbox carry it.
 pub type NodeRef = Arc<dyn NodeHandle>;
 
-/// The sender's name and the receiving node's send handle, made once for the messages of a
-/// run that one deliverer delivers in one turn and shared by their deliveries: one
-/// reference count taken per message instead of two.
-#[derive(Debug)]
+/// What the messages of one run that one deliverer hands over in one turn share: the
+/// sender's name, the receiving node's send handle and the run's bytes, where their payloads
+/// lie. Made once per run and turn, so handing one over takes one reference count (this
+/// one's, on a line the deliverer's core holds), where a delivery of its own takes three
+/// (the name's, the handle's and the run buffer's, a line the IO thread touches too).
 pub(crate) struct Origin {
     from: SharedStr,
     node: Option<NodeRef>,
+    frames: Bytes,
+    /// Where the run's read buffer goes when this drops the last view of it.
+    home: Option<Arc<ReadBuffers>>,
 }
 
 impl Origin {
-    pub(crate) fn new(from: SharedStr, node: Option<NodeRef>) -> Origin {
-        Origin { from, node }
+    /// The origin of messages from `from` lying in `frames`, carrying `node`; `frames`'s
+    /// read buffer goes back to `home` when the last view of it goes.
+    pub(crate) fn new(
+        from: SharedStr,
+        node: Option<NodeRef>,
+        frames: Bytes,
+        home: Option<Arc<ReadBuffers>>,
+    ) -> Origin {
+        Origin {
+            from,
+            node,
+            frames,
+            home,
+        }
+    }
+
+    /// Whether the payloads of `frames` lie in this origin's bytes (the same view of the
+    /// same buffer: while this holds it, no other run's bytes start there).
+    fn holds(&self, frames: &Bytes) -> bool {
+        self.frames.as_ptr() == frames.as_ptr() && self.frames.len() == frames.len()
+    }
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        if let Some(home) = self.home.take() {
+            home.give_if_last(std::mem::take(&mut self.frames));
+        }
+    }
+}
+
+impl fmt::Debug for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Origin")
+            .field("from", &self.from)
+            .field("run_bytes", &self.frames.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -73,67 +112,87 @@ impl Origin {
 /// });
 /// # let _ = builder;
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Delivery {
-    from: Option<SharedStr>,
-    payload: Bytes,
+    body: Body,
     seq: Option<u64>,
     oob: bool,
     /// The receiver's stream epoch (see [`Progress`]).
     epoch: u32,
-    /// The receiving node's send handle (set as the delivery is handed over).
-    node: Option<NodeRef>,
-    /// Sender and send handle together, for a message of a run (then `from` and `node` are
-    /// `None`).
-    origin: Option<Arc<Origin>>,
     /// The requester's id and the room it reserved for the reply, when the message is a
     /// request (behind a pointer: a delivery stays small).
     request: Option<Arc<ReplyRoom>>,
 }
 
+/// Who sent a delivered message, where its bytes lie and the node's send handle.
+#[derive(Clone)]
+enum Body {
+    /// A message with bytes of its own: its sender (filled in as it is delivered, when the
+    /// IO thread left it out), and the receiving node's send handle (set as it is handed
+    /// over).
+    Own {
+        from: Option<SharedStr>,
+        payload: Bytes,
+        node: Option<NodeRef>,
+    },
+    /// A message of a run: its origin names the sender, carries the handle and holds the
+    /// run's bytes, where the payload lies at `payload`.
+    InRun {
+        origin: Arc<Origin>,
+        payload: Range<usize>,
+    },
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("from", &self.from())
+            .field("len", &self.payload().len())
+            .field("seq", &self.seq)
+            .field("oob", &self.oob)
+            .field("epoch", &self.epoch)
+            .field("request", &self.request)
+            .finish()
+    }
+}
+
 impl Delivery {
     /// A delivery (used by the transport; public for tests and benches of handlers).
     pub fn new(from: SharedStr, payload: Bytes, seq: Option<u64>, oob: bool) -> Delivery {
+        Delivery::own(Some(from), payload, seq, oob)
+    }
+    fn own(from: Option<SharedStr>, payload: Bytes, seq: Option<u64>, oob: bool) -> Delivery {
         Delivery {
-            from: Some(from),
-            payload,
+            body: Body::Own {
+                from,
+                payload,
+                node: None,
+            },
             seq,
             oob,
             epoch: 0,
-            node: None,
-            origin: None,
             request: None,
         }
     }
     /// A regular message whose sender the [`MemberQueue`] fills in when it delivers it.
     pub(crate) fn unnamed(payload: Bytes, seq: Option<u64>) -> Delivery {
-        Delivery {
-            from: None,
-            payload,
-            seq,
-            oob: false,
-            epoch: 0,
-            node: None,
-            origin: None,
-            request: None,
-        }
+        Delivery::own(None, payload, seq, false)
     }
-    /// A regular message of a run, from `origin` (which names its sender and gives it the
-    /// node's send handle), of stream epoch `epoch`.
+    /// A regular message of a run, from `origin` (which names its sender, gives it the
+    /// node's send handle and holds the run's bytes, where its payload lies at `payload`),
+    /// of stream epoch `epoch`.
+    #[inline]
     pub(crate) fn of_run(
-        origin: &Arc<Origin>,
-        payload: Bytes,
+        origin: Arc<Origin>,
+        payload: Range<usize>,
         seq: Option<u64>,
         epoch: u32,
     ) -> Delivery {
         Delivery {
-            from: None,
-            payload,
+            body: Body::InRun { origin, payload },
             seq,
             oob: false,
             epoch,
-            node: None,
-            origin: Some(origin.clone()),
             request: None,
         }
     }
@@ -148,9 +207,17 @@ impl Delivery {
         epoch: u32,
         node: Option<&NodeRef>,
     ) -> Delivery {
-        let mut d = Delivery::new(from.clone(), payload, seq, false).in_epoch(epoch);
-        d.node = node.cloned();
-        d
+        Delivery {
+            body: Body::Own {
+                from: Some(from.clone()),
+                payload,
+                node: node.cloned(),
+            },
+            seq,
+            oob: false,
+            epoch,
+            request: None,
+        }
     }
     /// Tags the delivery with the receiver's stream epoch.
     pub(crate) fn in_epoch(mut self, epoch: u32) -> Delivery {
@@ -161,7 +228,10 @@ impl Delivery {
         self.epoch
     }
     pub(crate) fn is_named(&self) -> bool {
-        self.from.is_some() || self.origin.is_some()
+        match &self.body {
+            Body::Own { from, .. } => from.is_some(),
+            Body::InRun { .. } => true,
+        }
     }
     /// Marks the delivery a request: the requester's id and its reply's room (when there
     /// is one).
@@ -174,9 +244,9 @@ impl Delivery {
     /// header and the room it reserved for the reply.
     pub(crate) fn cost(&self) -> u64 {
         match &self.request {
-            None => crate::flow::cost(self.payload.len()),
+            None => crate::flow::cost(self.payload().len()),
             Some(room) => {
-                crate::flow::cost(self.payload.len() + crate::wire::REQUEST_HEADER_BYTES)
+                crate::flow::cost(self.payload().len() + crate::wire::REQUEST_HEADER_BYTES)
                     + room.bytes()
             }
         }
@@ -188,17 +258,21 @@ impl Delivery {
     #[inline]
     pub(crate) fn with_node(mut self, node: Option<&NodeRef>) -> Delivery {
         // A message of a run: its origin carries the handle (and it is no request).
-        if self.origin.is_none() {
+        if let Body::Own { .. } = self.body {
             self.attach_node(node);
         }
         self
     }
     /// [`with_node`](Delivery::with_node) for a delivery that is not part of a run.
     fn attach_node(&mut self, node: Option<&NodeRef>) {
-        self.node = node.cloned();
-        if let (Some(node), Some(from), Some(room)) =
-            (node, self.from.as_ref(), self.request.as_mut())
-        {
+        let Body::Own {
+            from, node: held, ..
+        } = &mut self.body
+        else {
+            return;
+        };
+        *held = node.cloned();
+        if let (Some(node), Some(from), Some(room)) = (node, from.as_ref(), self.request.as_mut()) {
             // Not cloned yet (it is being handed over): the room is this delivery's alone.
             if let Some(room) = Arc::get_mut(room) {
                 room.arm(node.clone(), from.clone());
@@ -212,27 +286,55 @@ impl Delivery {
             room.refuse_no_handler();
         }
     }
-    pub(crate) fn name_as(&mut self, from: &SharedStr) {
-        self.from = Some(from.clone());
+    /// Names the sender of a message the IO thread left unnamed (a message of a run is
+    /// named by its origin).
+    pub(crate) fn name_as(&mut self, sender: &SharedStr) {
+        if let Body::Own { from, .. } = &mut self.body {
+            *from = Some(sender.clone());
+        }
     }
     /// The sending member's name.
     pub fn from(&self) -> &str {
-        match &self.origin {
-            Some(o) => &o.from,
-            None => self.from.as_deref().unwrap_or(""),
+        match &self.body {
+            Body::Own { from, .. } => from.as_deref().unwrap_or(""),
+            Body::InRun { origin, .. } => &origin.from,
         }
     }
-    /// The message bytes.
-    pub fn payload(&self) -> &Bytes {
-        &self.payload
+    /// The message bytes, where the delivery holds them.
+    pub fn payload(&self) -> &[u8] {
+        match &self.body {
+            Body::Own { payload, .. } => payload,
+            Body::InRun { origin, payload } => &origin.frames[payload.clone()],
+        }
     }
-    /// Takes the message bytes.
+    /// The message bytes as a [`Bytes`] of their own, to keep or send on: shares the
+    /// delivery's buffer (a reference count, no copy).
+    ///
+    /// ```
+    /// let forward = cohort::Node::builder("relay").on_message(|d| {
+    ///     if let Some(node) = d.sender() {
+    ///         // Sent on without a copy of the bytes.
+    ///         let _ = node.try_send("archive", d.payload_bytes());
+    ///     }
+    /// });
+    /// # let _ = forward;
+    /// ```
+    pub fn payload_bytes(&self) -> Bytes {
+        match &self.body {
+            Body::Own { payload, .. } => payload.clone(),
+            Body::InRun { origin, payload } => origin.frames.slice(payload.clone()),
+        }
+    }
+    /// Takes the message bytes (sharing the delivery's buffer, no copy).
     pub fn into_payload(self) -> Bytes {
-        self.payload
+        match self.body {
+            Body::Own { payload, .. } => payload,
+            Body::InRun { origin, payload } => origin.frames.slice(payload),
+        }
     }
     /// Takes the sender's name and the message bytes.
     pub fn into_parts(self) -> (String, Bytes) {
-        (self.from().to_owned(), self.payload)
+        (self.from().to_owned(), self.into_payload())
     }
     /// Whether the message is a request (sent with [`Sender::request`](crate::Sender::request) or
     /// [`Sender::send_request`](crate::Sender::send_request)), which the requester waits to have answered with
@@ -267,9 +369,9 @@ impl Delivery {
     }
     /// The receiving node's send handle, once the delivery is handed over.
     pub(crate) fn node(&self) -> Option<&dyn NodeHandle> {
-        match &self.origin {
-            Some(o) => o.node.as_deref(),
-            None => self.node.as_deref(),
+        match &self.body {
+            Body::Own { node, .. } => node.as_deref(),
+            Body::InRun { origin, .. } => origin.node.as_deref(),
         }
     }
     /// The sender's sequence number for a reliable message (regular or out-of-band); `None`
@@ -299,8 +401,8 @@ pub trait Recipient {
 }
 
 /// Hands messages to `F` as deliveries of their own, each carrying `node`. The messages of
-/// one sender's runs share one [`Origin`], made once per turn: one reference count taken
-/// per message instead of two. One per sender's turn: the origin names that sender.
+/// one run that one turn hands over share one [`Origin`], made at the first of them: one
+/// reference count taken per message instead of a name's, a handle's and a buffer's.
 pub struct Owning<'n, F> {
     node: Option<&'n NodeRef>,
     origin: Option<Arc<Origin>>,
@@ -337,6 +439,7 @@ impl<F: FnMut(Delivery)> Recipient for Owning<'_, F> {
         let Lent::Run {
             from,
             frames,
+            home,
             at,
             payload,
             seq,
@@ -347,18 +450,28 @@ impl<F: FnMut(Delivery)> Recipient for Owning<'_, F> {
             debug_assert!(false, "only messages of runs are lent");
             return self.take(msg.to_delivery());
         };
-        let payload = frames.slice(at..at + payload.len());
-        let d = match &self.origin {
-            Some(origin) => Delivery::of_run(origin, payload, seq, epoch),
-            // Made at the first message of a turn that has more to come.
-            None if more => {
-                let node = self.node;
-                let origin = self
-                    .origin
-                    .insert(Arc::new(Origin::new(from.clone(), node.cloned())));
-                Delivery::of_run(origin, payload, seq, epoch)
+        let span = at..at + payload.len();
+        let origin = match self.origin.take() {
+            Some(origin) if origin.holds(frames) => Some(origin),
+            // Made at the first message of a run that has more to come in this turn.
+            _ if more => Some(Arc::new(Origin::new(
+                from.clone(),
+                self.node.cloned(),
+                frames.clone(),
+                home.cloned(),
+            ))),
+            _ => None,
+        };
+        let d = match origin {
+            Some(origin) => {
+                // Kept for the run's next message; the last one takes it, so the run's
+                // bytes go with its deliveries.
+                if more {
+                    self.origin = Some(Arc::clone(&origin));
+                }
+                Delivery::of_run(origin, span, seq, epoch)
             }
-            None => Delivery::lone(from, payload, seq, epoch, self.node),
+            None => Delivery::lone(from, frames.slice(span), seq, epoch, self.node),
         };
         (self.to)(d);
     }
@@ -439,6 +552,8 @@ enum Lent<'a> {
         /// The run's bytes, from which [`DeliveryRef::payload_bytes`] slices the payload
         /// (which starts `at` bytes in).
         frames: &'a Bytes,
+        /// Where the run's read buffer goes when its last view goes.
+        home: Option<&'a Arc<ReadBuffers>>,
         at: usize,
         payload: &'a [u8],
         seq: Option<u64>,
@@ -454,13 +569,15 @@ impl<'a> DeliveryRef<'a> {
         }
     }
 
-    /// Lends a regular message of a run: the bytes `payload` of `frames`, reliable with
-    /// sequence number `seq` or not, of stream epoch `epoch`, from `from`; without the
-    /// node's send handle until [`carrying`](DeliveryRef::carrying) gives it one.
+    /// Lends a regular message of a run: the bytes `payload` of `frames` (whose read
+    /// buffer goes back to `home`), reliable with sequence number `seq` or not, of stream
+    /// epoch `epoch`, from `from`; without the node's send handle until
+    /// [`carrying`](DeliveryRef::carrying) gives it one.
     #[inline]
     pub(crate) fn of_run(
         from: &'a SharedStr,
         frames: &'a Bytes,
+        home: Option<&'a Arc<ReadBuffers>>,
         payload: Range<usize>,
         seq: Option<u64>,
         epoch: u32,
@@ -470,6 +587,7 @@ impl<'a> DeliveryRef<'a> {
                 from,
                 node: None,
                 frames,
+                home,
                 at: payload.start,
                 payload: &frames[payload],
                 seq,
@@ -508,7 +626,7 @@ impl<'a> DeliveryRef<'a> {
     /// transport's buffer (a reference count, no copy).
     pub fn payload_bytes(&self) -> Bytes {
         match self.lent {
-            Lent::Whole(d) => d.payload().clone(),
+            Lent::Whole(d) => d.payload_bytes(),
             Lent::Run {
                 frames,
                 at,
@@ -562,6 +680,7 @@ impl<'a> DeliveryRef<'a> {
                 payload,
                 seq,
                 epoch,
+                ..
             } => Delivery::lone(from, frames.slice(at..at + payload.len()), seq, epoch, node),
         }
     }

@@ -883,7 +883,7 @@ impl Builder {
     ///     })
     ///     .start()?;
     /// let hello = inbox.recv_timeout(Duration::from_secs(10))?;
-    /// assert_eq!(&hello.payload()[..], b"hello beta, alpha here");
+    /// assert_eq!(hello.payload(), b"hello beta, alpha here");
     /// # alpha.shutdown(Duration::from_secs(5))?;
     /// # beta.shutdown(Duration::from_secs(5))?;
     /// # Ok(()) }

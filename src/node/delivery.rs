@@ -105,7 +105,7 @@ impl Delivery {
     /// let echo = cohort::Node::builder("echo").on_message(|d| {
     ///     if let Some(node) = d.sender() {
     ///         // A full window hands the payload back instead of blocking the handler.
-    ///         let _ = node.try_send(d.from(), d.payload().clone());
+    ///         let _ = node.try_send(d.from(), d.payload_bytes());
     ///     }
     /// });
     /// # let _ = echo;

@@ -94,7 +94,7 @@ pub struct ShutdownReport {
 /// let (tx, rx) = mpsc::channel();
 /// let tx = std::sync::Mutex::new(tx);
 /// let beta = cohort::Node::builder("beta")
-///     .on_message(move |d| { let _ = tx.lock().unwrap().send(d.payload().clone()); })
+///     .on_message(move |d| { let _ = tx.lock().unwrap().send(d.payload_bytes()); })
 ///     .start()?;
 /// let alpha = cohort::Node::builder("alpha").peer("beta", beta.local_addr()).start()?;
 /// beta.add_peer("alpha", alpha.local_addr())?;

@@ -452,7 +452,7 @@ impl Sender {
         /// alpha.sender().send_batch("beta", ticks)?;
         /// for i in 0..100u32 {
         ///     let d = inbox.recv_timeout(Duration::from_secs(10))?;
-        ///     assert_eq!(&d.payload()[..], &i.to_le_bytes()); // in order
+        ///     assert_eq!(d.payload(), &i.to_le_bytes()); // in order
         /// }
         /// # alpha.shutdown(Duration::from_secs(5))?;
         /// # beta.shutdown(Duration::from_secs(5))?;

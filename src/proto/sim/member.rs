@@ -327,7 +327,7 @@ impl Member {
         move |d: Delivery| {
             log.lock()
                 .expect("delivery log")
-                .push((d.seq(), d.payload().clone()));
+                .push((d.seq(), d.payload_bytes()));
         }
     }
 
