@@ -472,14 +472,17 @@ fn a_read_buffer_is_reused_only_once_its_runs_are_delivered() {
     });
 }
 
-/// The same with a budget that hands each run over whole, so a run's deliveries share its
-/// bytes through one origin, and a handler that keeps every delivery for the application's
-/// thread, which drops them while the deliverers and the IO thread go on: the last one
-/// dropped, wherever, gives the buffer back, and none reads bytes the IO thread reused.
+/// The same with a budget that hands both runs over in one turn when both are queued, so
+/// a run's deliveries share its bytes through one origin (and the second run gets one of
+/// its own), and a handler that keeps every delivery for the application's thread, which
+/// drops them while the deliverers and the IO thread go on: the last view dropped,
+/// wherever, gives the buffer back, and no delivery reads bytes the IO thread reused.
+/// (The handler's lock on the kept deliveries orders the handlers' calls, so the
+/// one-deliverer check is the budget-1 model's.)
 #[test]
 fn a_read_buffer_kept_by_deliveries_goes_back_from_the_thread_that_drops_them() {
     loom_tests::model("member_queue/read_buffer_kept_by_deliveries", || {
-        read_buffer_reuse(usize::from(PER_PRODUCER), true);
+        read_buffer_reuse(2 * usize::from(PER_PRODUCER), true);
     });
 }
 
@@ -510,6 +513,9 @@ fn read_buffer_reuse(budget: usize, keep: bool) {
             }));
         }
     }
+    // The IO thread moves on to another buffer: from here on the last view of the first is
+    // a run's or a delivery's.
+    drop(rbuf);
     // The application drops what it kept so far, reading each first.
     let application = keep.then(|| {
         let kept = kept.clone();
@@ -518,8 +524,7 @@ fn read_buffer_reuse(budget: usize, keep: bool) {
             taken.iter().for_each(check_kept);
         })
     });
-    // The IO thread moves on: the next read's room, and the read itself.
-    drop(rbuf);
+    // The next read's room, and the read itself.
     let mut next = BytesMut::new();
     home.make_room(&mut next);
     let reused = next.as_ptr() == base;

@@ -5,10 +5,13 @@
 //! buffer. Without reuse, each buffer is freed by whichever thread drops its last run, and
 //! the next is a fresh allocation: memory the allocator may have handed back to the system
 //! meanwhile (glibc trims the top of its heap once 128 KiB lie free there), so the kernel's
-//! copy of the next read faults in every page anew. A deliverer that drops the last view of
-//! a buffer gives it back here instead ([`Run`](super::Run)'s drop), and the IO thread's
-//! next buffer comes from here when one is at hand: memory already mapped, and a `malloc`
-//! and a `free` fewer per buffer.
+//! copy of the next read faults in every page anew. Whatever drops the last view of a
+//! buffer gives it back here instead: a run ([`Run`](super::Run)'s drop, on a deliverer),
+//! or the origin a run's deliveries share (on whichever thread drops the last of them, the
+//! application's too); the IO thread's next buffer comes from here when one is at hand:
+//! memory already mapped, and a `malloc` and a `free` fewer per buffer. (A payload sliced
+//! off on its own — a run's only message in a turn, `payload_bytes` — goes to the
+//! allocator when it is the last view.)
 
 use bytes::{Bytes, BytesMut};
 

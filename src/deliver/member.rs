@@ -117,8 +117,9 @@ pub struct Run {
 impl Drop for Run {
     fn drop(&mut self) {
         if let Some(home) = self.home.take() {
-            // Unique only when every other run of the buffer, every delivery still holding
-            // a payload of it, and the IO thread's own view of it are gone.
+            // Unique only when every other run of the buffer, every origin (so every
+            // delivery of a run) and payload slice of it, and the IO thread's own view of
+            // it are gone.
             home.give_if_last(std::mem::take(&mut self.frames));
         }
     }
@@ -692,8 +693,8 @@ mod tests {
     }
 
     /// Runs, split by the budget wherever it falls, and single messages between them come
-    /// out in the order they were queued, each payload sliced from its run's bytes, and
-    /// the credit adds up per epoch.
+    /// out in the order they were queued, each payload where it lies in its run's bytes,
+    /// and the credit adds up per epoch.
     #[test]
     fn runs_and_messages_are_delivered_in_order_across_budgets() {
         for budget in [1, 2, 3, 5, 64] {

@@ -52,8 +52,9 @@ pub type NodeRef = Arc<dyn NodeHandle>;
 /// What the messages of one run that one deliverer hands over in one turn share: the
 /// sender's name, the receiving node's send handle and the run's bytes, where their payloads
 /// lie. Made once per run and turn, so handing one over takes one reference count (this
-/// one's, on a line the deliverer's core holds), where a delivery of its own takes three
-/// (the name's, the handle's and the run buffer's, a line the IO thread touches too).
+/// one's, on a line the deliverer's core holds), where an origin of name and handle alone
+/// and a slice of the run's bytes took two (the run buffer's a line the IO thread touches
+/// too), and a delivery of its own takes three.
 pub(crate) struct Origin {
     from: SharedStr,
     node: Option<NodeRef>,
@@ -402,7 +403,7 @@ pub trait Recipient {
 
 /// Hands messages to `F` as deliveries of their own, each carrying `node`. The messages of
 /// one run that one turn hands over share one [`Origin`], made at the first of them: one
-/// reference count taken per message instead of a name's, a handle's and a buffer's.
+/// reference count taken per message (see [`Origin`]).
 pub struct Owning<'n, F> {
     node: Option<&'n NodeRef>,
     origin: Option<Arc<Origin>>,

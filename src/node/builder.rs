@@ -776,8 +776,9 @@ impl Builder {
     /// [`on_message`](Builder::on_message) without taking the message, for handlers that
     /// read it in place. The regular messages one read brought are lent out of that read's
     /// bytes: nothing is copied or counted to hand one over (a [`Delivery`] of its own holds
-    /// reference counts to the sender's name, the node and the bytes the message came in,
-    /// taken and dropped for each message); what must outlive the call is kept with
+    /// a reference count, taken and dropped for each message, to what the messages of its
+    /// run share: the sender's name, the node and the bytes they came in); what must
+    /// outlive the call is kept with
     /// [`DeliveryRef::to_delivery`] or [`DeliveryRef::payload_bytes`]. Everything else is as for `on_message`, which it
     /// replaces (a node has one handler): order, one deliverer per sender, credit returned
     /// as it returns, panics caught, requests answered with [`DeliveryRef::reply`] (one left
