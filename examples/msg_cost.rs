@@ -11,10 +11,13 @@
 //! sink; with `--journal never|interval`, every node journals (cohort only). Prints the
 //! process's CPU time (every thread, from `/proc/self/stat`) per message, and how many
 //! messages the sink's pool delivered per turn (`PoolStats::tasks_run`: a turn ends at the
-//! pool's budget or with the sender's queue empty).
+//! pool's budget or with the sender's queue empty). With `--idle S` (cohort only), the
+//! nodes then stay connected and quiet for `S` seconds, and it prints the CPU they used
+//! meanwhile and how often their threads woke (context switches of every thread, from
+//! `/proc/self/task/*/status`).
 //!
 //! ```text
-//! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--raw]
+//! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--idle S] [--raw]
 //! valgrind --tool=callgrind target/release/examples/msg_cost --block --count 20000
 //! ```
 //!
@@ -84,9 +87,10 @@ fn wait_for(counts: &Counts, target: u64) -> Result<(), Box<dyn Error>> {
 /// How a run of `msg_cost` sends: `batch` messages per call, through a `PeerSender`
 /// (`bound`), a payload of its own per message (`fresh`), nodes that block when idle,
 /// `threads` sending threads per source node (sharing its outbox for the sink), every node
-/// journalling under `journal`.
+/// journalling under `journal`, and a quiet `idle` after the run, measured.
 #[derive(Clone, Copy)]
 struct Mode {
+    idle: Option<Duration>,
     batch: u64,
     threads: usize,
     journal: Option<FsyncPolicy>,
@@ -99,6 +103,7 @@ struct Mode {
 
 fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box<dyn Error>> {
     let Mode {
+        idle: quiet,
         batch,
         threads,
         journal,
@@ -216,6 +221,9 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
         "sink's pool: {tasks} delivery turns, {:.0} messages per turn",
         sent as f64 / tasks.max(1) as f64
     );
+    if let Some(quiet) = quiet {
+        println!("{}", idle_report(quiet));
+    }
     // The report's line last: scripts read it with `tail -1`.
     println!("{line}");
     for n in sources.iter().chain([&sink]) {
@@ -287,6 +295,71 @@ fn raw(
     Ok(())
 }
 
+/// Context switches of every thread of this process so far (voluntary and not: each is a
+/// thread that stopped running, so at rest, how often threads wake), from
+/// `/proc/self/task/*/status`; `None` where it cannot be read.
+fn context_switches() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(status) = std::fs::read_to_string(task.ok()?.path().join("status")) else {
+            continue; // a thread that ended meanwhile
+        };
+        total += status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
+}
+
+/// The CPU time of every live thread of this process, to the microsecond: the sum of their
+/// `se.sum_exec_runtime` (milliseconds) in `/proc/self/task/*/sched`, where the kernel
+/// keeps it (`CONFIG_SCHED_DEBUG`); `None` elsewhere. (`/proc/self/stat` counts in
+/// hundredths of a second: too coarse for a quiet process.)
+fn threads_cpu() -> Option<Duration> {
+    let mut ms = 0.0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let Ok(sched) = std::fs::read_to_string(task.ok()?.path().join("sched")) else {
+            continue; // a thread that ended meanwhile
+        };
+        let line = sched
+            .lines()
+            .find(|l| l.starts_with("se.sum_exec_runtime"))?;
+        ms += line.split(':').nth(1)?.trim().parse::<f64>().ok()?;
+    }
+    Some(Duration::from_secs_f64(ms / 1e3))
+}
+
+/// The line of figures of the nodes left connected and quiet for `quiet`: the CPU they
+/// used meanwhile (every thread's, to the microsecond where the kernel tells it, else in
+/// hundredths of a second), as a share of one core, and their threads' context switches
+/// per second. (This thread only sleeps: what it adds is its own two wake-ups.)
+fn idle_report(quiet: Duration) -> String {
+    let fine = threads_cpu().is_some();
+    let cpu_now = || if fine { threads_cpu() } else { process_cpu() };
+    let (cpu, switches) = (cpu_now(), context_switches());
+    let started = Instant::now();
+    thread::sleep(quiet);
+    let elapsed = started.elapsed();
+    let used = match (cpu, cpu_now()) {
+        (Some(a), Some(b)) => format!(
+            "{:.3} % of one core ({:.2} ms of CPU)",
+            (b - a).as_secs_f64() / elapsed.as_secs_f64() * 100.0,
+            (b - a).as_secs_f64() * 1e3
+        ),
+        _ => "CPU unknown".to_owned(),
+    };
+    let woke = match (switches, context_switches()) {
+        (Some(a), Some(b)) => format!(
+            "{:.0} context switches per second",
+            b.saturating_sub(a) as f64 / elapsed.as_secs_f64()
+        ),
+        _ => "context switches unknown".to_owned(),
+    };
+    format!("then quiet for {elapsed:.2?}: {used}, {woke}")
+}
+
 /// The line of figures of a run of `n` messages begun at `started`, with the process's CPU
 /// time then (`cpu`).
 fn report(n: u64, started: Instant, cpu: Option<Duration>) -> String {
@@ -302,7 +375,7 @@ fn report(n: u64, started: Instant, cpu: Option<Duration>) -> String {
 }
 
 const USAGE: &str = "\
-usage: msg_cost [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--raw]
+usage: msg_cost [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--idle S] [--raw]
 
 The CPU time per message of N source nodes sending to one sink node in this process.
   --senders N   source nodes (default 1)
@@ -317,6 +390,8 @@ The CPU time per message of N source nodes sending to one sink node in this proc
   --block       both nodes block when idle (IdleStrategy::Block): repeatable counts
   --journal P   every node journals in a fresh temp directory, fsync policy P: never or
                 interval (5 ms)
+  --idle S      then leave the nodes connected and quiet for S seconds, and print the CPU
+                they used and their threads' context switches per second meanwhile
   --raw         the same over raw TCP connections instead of cohort
   -h, --help    this text
 ";
@@ -324,6 +399,7 @@ The CPU time per message of N source nodes sending to one sink node in this proc
 fn main() -> Result<(), Box<dyn Error>> {
     let (mut senders, mut size, mut count, mut raw_tcp) = (1usize, 64usize, 1_000_000u64, false);
     let mut mode = Mode {
+        idle: None,
         batch: 1,
         threads: 1,
         journal: None,
@@ -347,6 +423,13 @@ fn main() -> Result<(), Box<dyn Error>> {
                     Some("interval") => FsyncPolicy::Interval(Duration::from_millis(5)),
                     _ => return Err("--journal never|interval".into()),
                 })
+            }
+            "--idle" => {
+                let secs: f64 = args.next().ok_or("--idle S")?.parse()?;
+                if !(secs.is_finite() && secs > 0.0) {
+                    return Err("--idle S: a number of seconds above 0".into());
+                }
+                mode.idle = Some(Duration::from_secs_f64(secs));
             }
             "--block" => mode.block = true,
             "--raw" => raw_tcp = true,
