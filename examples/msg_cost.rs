@@ -295,22 +295,29 @@ fn raw(
     Ok(())
 }
 
+/// The sum over every live thread of this process of what `read` finds in its `file` under
+/// `/proc/self/task/<tid>/`; `None` where the directory cannot be read or `read` finds
+/// nothing in a thread's file. (A thread that ended meanwhile is skipped.)
+fn over_threads<T: std::iter::Sum<T>>(file: &str, read: impl Fn(&str) -> Option<T>) -> Option<T> {
+    let mut each = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        if let Ok(text) = std::fs::read_to_string(task.ok()?.path().join(file)) {
+            each.push(read(&text)?);
+        }
+    }
+    Some(each.into_iter().sum())
+}
+
 /// Context switches of every thread of this process so far (voluntary and not: each is a
 /// thread that stopped running, so at rest, how often threads wake), from
-/// `/proc/self/task/*/status`; `None` where it cannot be read.
+/// `/proc/self/task/*/status`.
 fn context_switches() -> Option<u64> {
-    let mut total = 0;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let Ok(status) = std::fs::read_to_string(task.ok()?.path().join("status")) else {
-            continue; // a thread that ended meanwhile
-        };
-        total += status
-            .lines()
-            .filter(|l| l.contains("ctxt_switches:"))
-            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum::<u64>();
-    }
-    Some(total)
+    over_threads("status", |status| {
+        let counts = status.lines().filter(|l| l.contains("ctxt_switches:"));
+        counts
+            .map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum()
+    })
 }
 
 /// The CPU time of every live thread of this process, to the microsecond: the sum of their
@@ -318,16 +325,12 @@ fn context_switches() -> Option<u64> {
 /// keeps it (`CONFIG_SCHED_DEBUG`); `None` elsewhere. (`/proc/self/stat` counts in
 /// hundredths of a second: too coarse for a quiet process.)
 fn threads_cpu() -> Option<Duration> {
-    let mut ms = 0.0;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let Ok(sched) = std::fs::read_to_string(task.ok()?.path().join("sched")) else {
-            continue; // a thread that ended meanwhile
-        };
+    let ms: f64 = over_threads("sched", |sched| {
         let line = sched
             .lines()
             .find(|l| l.starts_with("se.sum_exec_runtime"))?;
-        ms += line.split(':').nth(1)?.trim().parse::<f64>().ok()?;
-    }
+        line.split(':').nth(1)?.trim().parse::<f64>().ok()
+    })?;
     Some(Duration::from_secs_f64(ms / 1e3))
 }
 
