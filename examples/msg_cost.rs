@@ -13,8 +13,8 @@
 //! messages the sink's pool delivered per turn (`PoolStats::tasks_run`: a turn ends at the
 //! pool's budget or with the sender's queue empty). With `--idle S` (cohort only), the
 //! nodes then stay connected and quiet for `S` seconds, and it prints the CPU they used
-//! meanwhile and how often their threads woke (context switches of every thread, from
-//! `/proc/self/task/*/status`).
+//! meanwhile and how often their threads woke (voluntary context switches of every thread,
+//! from `/proc/self/task/*/status`, with the involuntary ones apart).
 //!
 //! ```text
 //! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--idle S] [--raw]
@@ -308,16 +308,18 @@ fn over_threads<T: std::iter::Sum<T>>(file: &str, read: impl Fn(&str) -> Option<
     Some(each.into_iter().sum())
 }
 
-/// Context switches of every thread of this process so far (voluntary and not: each is a
-/// thread that stopped running, so at rest, how often threads wake), from
-/// `/proc/self/task/*/status`.
-fn context_switches() -> Option<u64> {
-    over_threads("status", |status| {
-        let counts = status.lines().filter(|l| l.contains("ctxt_switches:"));
-        counts
-            .map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum()
-    })
+/// Context switches of every thread of this process so far, from
+/// `/proc/self/task/*/status`: voluntary (a thread blocked, so at rest, how often threads
+/// sleep and are woken) and involuntary (a runnable thread gave up its core: preempted, or
+/// yielding while the idle strategy spins).
+fn context_switches() -> Option<(u64, u64)> {
+    let count = |status: &str, key: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(key))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    };
+    let voluntary = over_threads("status", |s| count(s, "voluntary_ctxt_switches:"))?;
+    let involuntary = over_threads("status", |s| count(s, "nonvoluntary_ctxt_switches:"))?;
+    Some((voluntary, involuntary))
 }
 
 /// The CPU time of every live thread of this process, to the microsecond: the sum of their
@@ -337,7 +339,8 @@ fn threads_cpu() -> Option<Duration> {
 /// The line of figures of the nodes left connected and quiet for `quiet`: the CPU they
 /// used meanwhile (every thread's, to the microsecond where the kernel tells it, else in
 /// hundredths of a second), as a share of one core, and their threads' context switches
-/// per second. (This thread only sleeps: what it adds is its own two wake-ups.)
+/// per second, voluntary (wake-ups) and involuntary. (This thread only sleeps: what it
+/// adds is its own two wake-ups.)
 fn idle_report(quiet: Duration) -> String {
     let fine = threads_cpu().is_some();
     let cpu_now = || if fine { threads_cpu() } else { process_cpu() };
@@ -354,10 +357,14 @@ fn idle_report(quiet: Duration) -> String {
         _ => "CPU unknown".to_owned(),
     };
     let woke = match (switches, context_switches()) {
-        (Some(a), Some(b)) => format!(
-            "{:.0} context switches per second",
-            b.saturating_sub(a) as f64 / elapsed.as_secs_f64()
-        ),
+        (Some((v0, i0)), Some((v1, i1))) => {
+            let per_s = |a: u64, b: u64| b.saturating_sub(a) as f64 / elapsed.as_secs_f64();
+            format!(
+                "{:.1} wake-ups per second (voluntary context switches), {:.1} involuntary",
+                per_s(v0, v1),
+                per_s(i0, i1)
+            )
+        }
         _ => "context switches unknown".to_owned(),
     };
     format!("then quiet for {elapsed:.2?}: {used}, {woke}")
@@ -395,6 +402,7 @@ The CPU time per message of N source nodes sending to one sink node in this proc
                 interval (5 ms)
   --idle S      then leave the nodes connected and quiet for S seconds, and print the CPU
                 they used and their threads' context switches per second meanwhile
+                (voluntary: wake-ups; involuntary: preempted or yielding)
   --raw         the same over raw TCP connections instead of cohort
   -h, --help    this text
 ";
