@@ -96,8 +96,8 @@ impl Scheduled {
         self.0.store(true, Ordering::Release);
     }
 
-    /// Whether the flag is set.
-    #[cfg(any(test, cohort_internals))]
+    /// Whether the flag is set: while it is, a sender's push neither lists the peer nor
+    /// rings (the IO thread's tick looks at such a peer itself).
     pub fn is_set(&self) -> bool {
         // Acquire: as `claim`'s load.
         self.0.load(Ordering::Acquire)

@@ -258,3 +258,42 @@ fn a_pause_racing_the_last_consumption_is_always_resumed() {
         },
     );
 }
+
+/// The housekeeping tick's quiet check (`RecvCredit::settled`, in `Remote::is_quiet`)
+/// racing two pool threads' last consumption, through the shipping sinks: a check that
+/// finds nothing held and nothing pending is never followed by credit appearing, so a tick
+/// put off on its word owes no residual credit. (With the held count taken from before the
+/// credit was added, loom finds the check reading `held` 0 and `pending` 0 between the
+/// two.)
+#[test]
+fn a_settled_check_never_misses_consumed_credit() {
+    loom_tests::model(
+        "recv_credit/a_settled_check_never_misses_consumed_credit",
+        || {
+            let waker = ModelWaker::new();
+            // Below half the window (8): no flush is asked for, only the tick returns it.
+            let r = Receiver::new(&waker, 16, 3);
+            let pools: Vec<_> = [(0, 1), (1, 2)]
+                .into_iter()
+                .map(|(sink, bytes)| {
+                    let r = r.clone();
+                    thread::spawn(move || {
+                        r.sinks[sink].consumed(0, bytes);
+                    })
+                })
+                .collect();
+            let settled = r.credit.settled();
+            for p in pools {
+                p.join().unwrap();
+            }
+            assert_eq!(r.credit.held(), 0);
+            if settled {
+                assert_eq!(
+                    r.credit.pending(),
+                    0,
+                    "found settled, then credit appeared that no tick will return"
+                );
+            }
+        },
+    );
+}

@@ -528,13 +528,25 @@ impl RecvCredit {
     /// back within it (reading to resume). Credit of an epoch that has since restarted is
     /// dropped (the bytes are no longer held all the same).
     pub fn consumed(&self, epoch: u32, bytes: u64) -> bool {
+        // The credit first, then the held count: a reader that sees these bytes leave
+        // `held` sees their credit pending ([`settled`](RecvCredit::settled)).
+        let flush = self.credit(epoch, bytes);
         let before = self.held.fetch_sub(bytes, Ordering::SeqCst);
         debug_assert!(before >= bytes, "consumed more than was received");
         let held = before.saturating_sub(bytes);
         // Pairs with the fence in `pause` (see there).
         fence(Ordering::SeqCst);
         let resume = held <= self.window() && self.paused.load(Ordering::SeqCst);
-        self.credit(epoch, bytes) || resume
+        flush || resume
+    }
+
+    /// Whether nothing of this sender's is held here and no consumed credit waits to go
+    /// back: until more is received, no credit will be pending (the IO thread's tick owes
+    /// this sender nothing). Reads `held` before `pending`: `consumed` adds to `pending`
+    /// before it takes from `held` (a release, read here by a `SeqCst` load), so the read
+    /// that sees the last bytes leave `held` is followed by one that sees their credit.
+    pub fn settled(&self) -> bool {
+        self.held() == 0 && self.pending() == 0
     }
 
     /// Adds `bytes` of epoch `epoch` to the pending credit; whether it crossed half.

@@ -628,8 +628,8 @@ impl Builder {
     /// bookkeeping of each message held (about 100 bytes each: at most `recv_window / 16`
     /// of them, as every message costs at least 16 window bytes). Besides, the node keeps
     /// for its next reads the read buffers its handlers are done with, up to a receive
-    /// window's bytes in all, and lets go at each tick of those no read took since the
-    /// last.
+    /// window's bytes in all, and lets go at each housekeeping tick of those no read took
+    /// since the last (a node with nothing in flight ticks only at its heartbeats).
     ///
     /// ```
     /// // Send with 16 MiB in flight per peer, but hold at most 4 MiB for any one peer.
@@ -967,7 +967,10 @@ impl Builder {
     /// Failure detection: a heartbeat goes out on a connection that has written nothing
     /// for `heartbeat` (traffic suppresses it), and a connection that has read nothing for
     /// `idle_timeout` is closed and its peer redialled (defaults 1 s and 5 s). The timeout
-    /// should span several heartbeats.
+    /// should span several heartbeats. A node with nothing in flight (nothing queued,
+    /// unacknowledged, uncredited or waiting in its handlers' queues) looks at its
+    /// connections only when a heartbeat or a timeout is due, so a quiet node's IO thread
+    /// wakes a few times a heartbeat per connection rather than at every housekeeping tick.
     pub fn heartbeat(mut self, heartbeat: Duration, idle_timeout: Duration) -> Self {
         self.io.proto.heartbeat = heartbeat.max(Duration::from_millis(1));
         self.io.proto.idle_timeout = idle_timeout.max(self.io.proto.heartbeat);

@@ -256,7 +256,7 @@ impl Shedding {
     pub(crate) const EVERY: Duration = Duration::from_secs(10);
 
     /// Whether anything was shed since the last warning.
-    fn any(&self) -> bool {
+    pub(crate) fn any(&self) -> bool {
         self.over_source + self.refused + self.displaced + self.timed_out > 0
     }
 

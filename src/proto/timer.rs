@@ -64,6 +64,15 @@ impl Timers {
         self.heap.len()
     }
 
+    /// How many timers `which` picks, for tests.
+    #[cfg(test)]
+    pub(crate) fn count(&self, which: impl Fn(&TimerKind) -> bool) -> usize {
+        self.heap
+            .iter()
+            .filter(|Reverse((_, _, k))| which(k))
+            .count()
+    }
+
     /// Removes every timer `doomed` says is dead (a removed peer's, a closed connection's),
     /// so nothing of them is left behind.
     pub(crate) fn cancel(&mut self, doomed: impl Fn(&TimerKind) -> bool) {

@@ -15,6 +15,12 @@ pub(super) struct Gate {
 }
 
 impl Gate {
+    /// Whether admission leaves the tick nothing to do: no accepted connection pending,
+    /// nothing shed that the shedding warning has yet to report.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.pending.len() == 0 && !self.shed.any()
+    }
+
     pub(super) fn new(cfg: &Config) -> Gate {
         Gate {
             pending: Admission::new(cfg.max_pending, cfg.max_pending_per_source),

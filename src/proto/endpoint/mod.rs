@@ -95,7 +95,8 @@ pub(crate) struct Config {
     pub(crate) block_warning: Duration,
     /// Return residual credit (below half a window) once the sender's queue is idle.
     pub(crate) credit_on_idle: bool,
-    /// Period of the housekeeping tick.
+    /// Period of the housekeeping tick while anything is in flight (a quiet endpoint puts
+    /// it off until a link's next heartbeat or idle deadline: `time::Housekeeping`).
     pub(crate) tick: Duration,
     /// A heartbeat goes out on a link with nothing written for this long.
     pub(crate) heartbeat: Duration,
@@ -511,6 +512,8 @@ pub(crate) struct Endpoint {
     seeds: Seeds,
     /// Membership, when configured.
     members: Option<Members>,
+    /// When the housekeeping tick runs next, and whether it is put off.
+    housekeeping: time::Housekeeping,
 }
 
 impl Endpoint {
@@ -540,8 +543,10 @@ impl Endpoint {
             awaiting: VecDeque::new(),
         });
         let mut timers = Timers::default();
+        let housekeeping = time::Housekeeping::new(now, &cfg);
         timers.add(now + cfg.tick, TimerKind::Tick);
         let mut ep = Endpoint {
+            housekeeping,
             links: Links::new(&cfg),
             peers: Roster::new(new_peer),
             syncs: VecDeque::new(),
@@ -585,6 +590,18 @@ impl Endpoint {
     /// Takes what happened at `now`. Whatever it makes the endpoint ask of the driver
     /// comes out of [`poll`](Endpoint::poll), which the driver drains next.
     pub(crate) fn handle(&mut self, now: Instant, input: Input<'_>) {
+        // A put-off tick comes back on any input that may bring work: not the time passing,
+        // a write's progress, nor a membership packet (the view keeps its own timers; a
+        // member it makes a peer comes in as a dial's inputs).
+        let tick_back = self.housekeeping.put_off()
+            && !matches!(
+                input,
+                Input::Timeout | Input::Wrote { .. } | Input::Writable(_) | Input::Datagram { .. }
+            );
+        let read = match &input {
+            Input::Read { link, .. } => Some(*link),
+            _ => None,
+        };
         match input {
             Input::AddPeer { peer, addr } => self.peers.add(peer, addr, &mut self.ctx),
             Input::RemovePeer(id) => {
@@ -662,6 +679,9 @@ impl Endpoint {
                     m.timers(now);
                 }
             }
+        }
+        if tick_back {
+            self.bring_tick_back(now, read);
         }
         self.seeds.settle(now, &mut self.links, &mut self.ctx);
     }
@@ -788,6 +808,18 @@ impl Endpoint {
     /// come from (`ReadBuffers::make_room`).
     pub(crate) fn read_buffers(&self) -> &Arc<ReadBuffers> {
         &self.ctx.out.read_buffers
+    }
+
+    /// Whether the housekeeping tick is put off (the last one found the endpoint quiet),
+    /// and when it is due; for the simulation's checks.
+    #[cfg(test)]
+    pub(crate) fn tick_put_off(&self) -> (bool, Instant) {
+        debug_assert_eq!(
+            self.ctx.timers.count(|k| *k == TimerKind::Tick),
+            1,
+            "one housekeeping tick in the timer heap"
+        );
+        self.housekeeping.state()
     }
 
     /// Peer `id`, for the simulation's checks.

@@ -1,7 +1,45 @@
 //! The timers: delayed acks, handshake deadlines ([`Links::handshake_due`]), the
-//! housekeeping tick, liveness ([`Links::check_liveness`]).
+//! housekeeping tick ([`Housekeeping`]), liveness ([`Links::check_liveness`]).
 
 use super::*;
+
+/// When the housekeeping tick runs next. While anything is in flight it runs every
+/// `Config::tick`; a tick that finds the endpoint quiet ([`Endpoint::is_quiet`]) puts the
+/// next one off until a link's next heartbeat or idle deadline, so that a connected
+/// cluster with nothing to say wakes about once a heartbeat, not twenty times a second.
+/// Any input that may bring work ([`Endpoint::handle`]) brings the tick back within
+/// `Config::tick`. There is exactly one `TimerKind::Tick` in the heap: moving the tick
+/// earlier cancels the one put off.
+#[derive(Debug)]
+pub(super) struct Housekeeping {
+    /// When the one tick in the heap is due.
+    at: Instant,
+    /// The last tick found the endpoint quiet, and no input has brought work since.
+    quiet: bool,
+}
+
+impl Housekeeping {
+    /// The first tick, one period after `now`; the timer is the caller's to add.
+    pub(super) fn new(now: Instant, cfg: &Config) -> Housekeeping {
+        Housekeeping {
+            at: now + cfg.tick,
+            quiet: false,
+        }
+    }
+
+    /// Whether the tick is put off (the last one found the endpoint quiet) and an input
+    /// that may bring work must bring it back.
+    #[inline]
+    pub(super) fn put_off(&self) -> bool {
+        self.quiet
+    }
+
+    /// Whether the tick is put off; for tests, with the instant it is due.
+    #[cfg(test)]
+    pub(crate) fn state(&self) -> (bool, Instant) {
+        (self.quiet, self.at)
+    }
+}
 
 impl Endpoint {
     /// Runs every timer due at `now`. A driver passes the time its view of the links was
@@ -84,13 +122,90 @@ impl Endpoint {
         self.links
             .check_liveness(now, &mut self.peers, &mut self.ctx);
         self.ctx.out.read_buffers.release_unused();
-        self.ctx
-            .timers
-            .add(now + self.ctx.cfg.tick, TimerKind::Tick);
+        let quiet = self.is_quiet();
+        let at = if quiet {
+            self.quiet_until(now)
+        } else {
+            now + self.ctx.cfg.tick
+        };
+        self.housekeeping = Housekeeping { at, quiet };
+        self.ctx.timers.add(at, TimerKind::Tick);
+    }
+
+    /// Whether the housekeeping tick has nothing to do until a link's next heartbeat or
+    /// idle deadline: no shutdown under way, every link established and read, no accepted
+    /// connection pending, nothing shed and not yet reported, and every peer quiet
+    /// ([`Remote::is_quiet`]: nothing queued, unacknowledged, uncredited or held). What
+    /// ends quiet comes in as an input (a send, a read, a command, a connection), which
+    /// brings the tick back ([`Endpoint::bring_tick_back`]).
+    pub(super) fn is_quiet(&self) -> bool {
+        self.ctx.shutdown.is_none()
+            && self.links.is_quiet()
+            && self.peers.values().all(|p| p.is_quiet(&self.ctx.cfg))
+    }
+
+    /// When a quiet endpoint's next tick is due: the earliest heartbeat or idle deadline
+    /// of its links, at most a heartbeat away and at least a tick.
+    fn quiet_until(&self, now: Instant) -> Instant {
+        let cfg = &self.ctx.cfg;
+        let latest = now + cfg.heartbeat.max(cfg.tick);
+        let due = self
+            .links
+            .liveness_due(cfg, now)
+            .map_or(latest, |d| d.min(latest));
+        due.max(now + cfg.tick)
+    }
+
+    /// An input that may bring work came while the tick was put off: the tick comes back
+    /// within `Config::tick`. A read on an established link whose peer is still quiet
+    /// after it (a heartbeat, a probe, an ack) brought none.
+    #[cold]
+    pub(super) fn bring_tick_back(&mut self, now: Instant, read: Option<LinkId>) {
+        if let Some(l) = read.and_then(|id| self.links.table.get(&id)) {
+            let peer = l.peer.filter(|_| l.established && !l.paused);
+            if peer
+                .and_then(|p| self.peers.get(&p))
+                .is_some_and(|p| p.is_quiet(&self.ctx.cfg))
+            {
+                return;
+            }
+        }
+        self.housekeeping.quiet = false;
+        let at = now + self.ctx.cfg.tick;
+        if at < self.housekeeping.at {
+            self.ctx.timers.cancel(|k| *k == TimerKind::Tick);
+            self.ctx.timers.add(at, TimerKind::Tick);
+            self.housekeeping.at = at;
+        }
     }
 }
 
 impl Links {
+    /// Whether the links leave the tick nothing to do: every link established and read, no
+    /// accepted connection pending, nothing shed and not yet reported.
+    pub(super) fn is_quiet(&self) -> bool {
+        self.paused.is_empty() && self.gate.is_quiet() && self.table.values().all(|l| l.established)
+    }
+
+    /// The earliest instant after a tick at `now` that a link's liveness needs looking at:
+    /// its next heartbeat (a heartbeat after its last write, or after `now` where this
+    /// tick's [`check_liveness`](Links::check_liveness) just queued one) or its idle
+    /// deadline (the idle timeout after its last read). `None` without an established
+    /// link.
+    fn liveness_due(&self, cfg: &Config, now: Instant) -> Option<Instant> {
+        self.table
+            .values()
+            .filter(|l| l.established)
+            .map(|l| {
+                let mut beat = l.last_write + cfg.heartbeat;
+                if beat <= now {
+                    beat = now + cfg.heartbeat;
+                }
+                beat.min(l.last_read + cfg.idle_timeout)
+            })
+            .min()
+    }
+
     /// The handshake timer of link `id` fired. An accepted link is held to the deadline of
     /// the table as it is now (shorter under pressure; re-armed if the table emptied
     /// since); our own dial always has the whole `handshake_timeout`.

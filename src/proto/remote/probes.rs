@@ -83,6 +83,30 @@ impl Remote {
         }
         wrote
     }
+
+    /// Whether this peer leaves the tick nothing to do: no sender holds window bytes or
+    /// waits for them (no credit probe, no block warning due), nothing queued (nothing to
+    /// expire or withdraw), nothing unacknowledged, none of its bytes held here nor, with
+    /// `credit_on_idle`, consumed and not yet credited back (no residual credit to
+    /// return), and its `Scheduled` flag clear, so that the next send rings the IO thread
+    /// (the flag stays set while the peer is away with messages sent to it, and while its
+    /// socket is backed up: sends then ring nobody). What ends it comes in as an input: a
+    /// send (`Publish`), a read of its data, a credit flush.
+    pub(crate) fn is_quiet(&self, cfg: &Config) -> bool {
+        let window = self.shared.outbox.window();
+        let credit = &self.shared.credit;
+        let settled = if cfg.credit_on_idle {
+            credit.settled()
+        } else {
+            credit.held() == 0
+        };
+        settled
+            && window.in_flight() == 0
+            && self.desc.unacked_len() == 0
+            && !self.shared.scheduled.is_set()
+            && !self.outbound.has_queued(&self.shared)
+            && window.blocked_since().is_none()
+    }
 }
 
 /// Round-trip measurement: a probe on the peer's link at most once per heartbeat interval,

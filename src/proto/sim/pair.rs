@@ -155,6 +155,35 @@ fn current(sim: &mut Sim, side: Side) -> usize {
     sim.owner[&(side, id)]
 }
 
+/// A pair that exchanged three messages and settled: nothing in flight either way.
+fn settled_pair() -> Sim {
+    let mut sim = Sim::new(settings_with(100));
+    sim.pump();
+    send_n(&mut sim, A, 3);
+    sim.settle();
+    sim
+}
+
+/// Moves the clock `ms` on and runs `side`'s timers alone (nobody reads or writes).
+fn timers_alone(sim: &mut Sim, side: Side, ms: u64) {
+    sim.ms += ms;
+    let now = sim.now();
+    sim.m[side].ep.handle(now, Input::Timeout);
+    sim.drain(side);
+}
+
+/// Whole milliseconds until the earliest timer of `sides` (at least 1), as an event loop
+/// sleeping until it would wait.
+fn ms_to_next_timer(sim: &Sim, sides: &[Side]) -> u64 {
+    let next = sides
+        .iter()
+        .filter_map(|&s| sim.m[s].ep.poll_timeout())
+        .min()
+        .expect("the tick is always armed");
+    let wait = next.saturating_duration_since(sim.now()).as_nanos();
+    wait.div_ceil(1_000_000).max(1) as u64
+}
+
 /// No faults: the three handshake frames, then data both ways; the threshold acks at once,
 /// the timer acks the remainder, and every unacked queue empties.
 #[test]
@@ -461,6 +490,109 @@ fn an_hour_of_quiet_costs_only_heartbeats() {
     sim.check_complete();
 }
 
+/// A pair with nothing in flight puts its housekeeping tick off until a link's next
+/// heartbeat or idle deadline: driven as the IO thread drives it, each step sleeping until
+/// the earlier of the two endpoints' next timers, a quiet minute takes a few wake-ups a
+/// heartbeat (the tick's own 10 ms would take 100 a second; a read of a heartbeat or a
+/// probe bringing the tick back, two a second), keeps the link; a send brings the tick
+/// back within a tick, on both sides, one tick in each timer heap, and the stream
+/// completes.
+#[test]
+fn a_quiet_pair_wakes_a_few_times_a_heartbeat() {
+    use std::time::Duration;
+    let mut sim = settled_pair();
+    let start = sim.now();
+    let mut wakes = 0u64;
+    while sim.now() < start + Duration::from_secs(60) {
+        let ms = ms_to_next_timer(&sim, &[A, B]);
+        sim.advance(ms);
+        sim.pump();
+        wakes += 1;
+    }
+    for side in [A, B] {
+        let (put_off, at) = sim.m[side].ep.tick_put_off();
+        assert!(put_off, "side {side}: the tick is put off");
+        assert!(at > sim.now() + Duration::from_millis(10), "side {side}");
+    }
+    assert!(
+        wakes <= 90,
+        "{wakes} wake-ups in a quiet minute (the tick alone: 6000)"
+    );
+    sim.gather();
+    assert_eq!(sim.stats.established, 2, "the first link lived the minute");
+    // A send brings the sender's tick back, and the data read brings the receiver's.
+    send_n(&mut sim, A, 1);
+    let (put_off, at) = sim.m[A].ep.tick_put_off();
+    assert!(!put_off);
+    assert!(at <= sim.now() + Duration::from_millis(10));
+    sim.pump();
+    let (put_off, at) = sim.m[B].ep.tick_put_off();
+    assert!(!put_off);
+    assert!(at <= sim.now() + Duration::from_millis(10));
+    sim.settle();
+    sim.check_complete();
+}
+
+/// A quiet endpoint whose peer falls silent judges the link at its idle deadline, not at
+/// the next heartbeat after it: the put-off tick is armed for the earlier of the two.
+/// alpha alone is driven, each step to its next timer, and reads nothing more.
+#[test]
+fn a_quiet_link_that_falls_silent_is_closed_at_its_idle_deadline() {
+    use crate::sync::atomic::Ordering;
+    use std::time::Duration;
+    let mut sim = settled_pair();
+    let last_read = sim.m[A]
+        .ep
+        .links()
+        .find(|l| l.established)
+        .expect("an established link")
+        .last_read;
+    let idle = |sim: &Sim| sim.m[A].counters.idle_timeouts.load(Ordering::Relaxed);
+    let mut wakes = 0u64;
+    while idle(&sim) == 0 {
+        assert!(wakes < 1000, "the silent link was never judged");
+        let ms = ms_to_next_timer(&sim, &[A]);
+        timers_alone(&mut sim, A, ms);
+        wakes += 1;
+    }
+    let deadline = last_read + Duration::from_secs(30);
+    assert!(sim.now() >= deadline);
+    assert!(
+        sim.now() <= deadline + Duration::from_millis(10),
+        "judged {:?} after its deadline",
+        sim.now() - deadline
+    );
+    // About one wake-up a heartbeat over the 30 s (the tick alone: 3000).
+    assert!(wakes <= 2 * 30, "{wakes} wake-ups");
+}
+
+/// A peer whose sends would ring nobody keeps the tick: away, with messages sent to it
+/// (its `Scheduled` flag left set by the publish that found no link), the next send to it
+/// neither lists it nor wakes the IO thread, so only the tick expires that send's ttl or
+/// withdraws a request given up. alpha's peer is cut off and waits for its redial; with
+/// the flag set, every tick comes a tick after the last; once it is clear (nothing sent
+/// since), the tick is put off again.
+#[test]
+fn a_peer_whose_sends_ring_nobody_keeps_the_tick() {
+    use std::time::Duration;
+    let mut sim = settled_pair();
+    let l = current(&mut sim, A);
+    sim.cut(l, [0, 0]);
+    sim.pump();
+    sim.m[A].peer().scheduled.hold();
+    for _ in 0..20 {
+        timers_alone(&mut sim, A, 10);
+    }
+    let (put_off, at) = sim.m[A].ep.tick_put_off();
+    assert!(!put_off, "a tick put off with a send that rings nobody");
+    assert!(at <= sim.now() + Duration::from_millis(10));
+    sim.m[A].peer().scheduled.clear_then(|| ());
+    for _ in 0..3 {
+        timers_alone(&mut sim, A, 10);
+    }
+    assert!(sim.m[A].ep.tick_put_off().0, "nothing left for the tick");
+}
+
 /// `remove_peer` while a reconnect is scheduled (the Pulsar interleaving): the link breaks,
 /// a reconnect is scheduled, the peer is removed during the backoff. Ten simulated minutes
 /// later nothing has asked for a connection, and no timer is left but the tick — what a
@@ -482,10 +614,7 @@ fn a_removed_peer_is_never_dialled_again() {
     sim.m[A].ep.handle(now, Input::RemovePeer(id));
     sim.drain(A);
     for _ in 0..600 {
-        sim.ms += 1000;
-        let now = sim.now();
-        sim.m[A].ep.handle(now, Input::Timeout);
-        sim.drain(A);
+        timers_alone(&mut sim, A, 1000);
         assert!(
             sim.m[A].dials.is_empty(),
             "a removed peer was dialled again"
