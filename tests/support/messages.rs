@@ -97,14 +97,16 @@ impl OrderCheck {
         if let Some(s) = seq {
             t.last_seq = s;
         }
-        drop(map);
+        // Counted, and its problem noted, before the sender's entry is let go (`map` lives
+        // to the end): whoever reads that entry's count (`count_from`) and then `total` or
+        // the problems finds this message in each.
+        self.total.fetch_add(1, Ordering::SeqCst);
         if let Some(p) = problem {
             let mut errors = self.errors.lock().unwrap();
             if errors.len() < 20 {
                 errors.push(p);
             }
         }
-        self.total.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Messages recorded so far, all senders.
