@@ -211,9 +211,8 @@ impl IoThread {
                 self.journal_progress(now);
                 self.handle_requests(now);
             }
-            if !events.is_empty() || woken {
-                spin.active(now);
-            } else if idle_spin {
+            let worked = !events.is_empty() || woken;
+            if !worked && idle_spin {
                 // Nothing came in: give the core to whoever may be about to send to us.
                 // The real clock: how long the yield took, for the spin's accounting.
                 let before = Instant::now();
@@ -226,6 +225,12 @@ impl IoThread {
             self.endpoint.handle(polled_at, Input::Timeout);
             self.shared.clock.judged(polled_at);
             self.drain(now);
+            // A turn that left the node quiet (its housekeeping put off: a heartbeat, a
+            // probe or its answer read, a wake-up that asked nothing) starts no spin, as a
+            // turn woken by a timer alone: nothing is coming that a spin would catch.
+            if worked && !self.endpoint.tick_put_off() {
+                spin.active(now);
+            }
             self.run_periodic(polled_at);
             if self.endpoint.shutdown_done(self.shared.clock.now()) {
                 break;

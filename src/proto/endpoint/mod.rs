@@ -810,10 +810,17 @@ impl Endpoint {
         &self.ctx.out.read_buffers
     }
 
-    /// Whether the housekeeping tick is put off (the last one found the endpoint quiet),
-    /// and when it is due; for the simulation's checks.
+    /// Whether the housekeeping tick is put off: the last one found the endpoint quiet and
+    /// no input has brought work since.
+    #[inline]
+    pub(crate) fn tick_put_off(&self) -> bool {
+        self.housekeeping.put_off()
+    }
+
+    /// Whether the housekeeping tick is put off, and when it is due; for the simulation's
+    /// checks.
     #[cfg(test)]
-    pub(crate) fn tick_put_off(&self) -> (bool, Instant) {
+    pub(crate) fn tick_plan(&self) -> (bool, Instant) {
         debug_assert_eq!(
             self.ctx.timers.count(|k| *k == TimerKind::Tick),
             1,

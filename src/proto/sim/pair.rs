@@ -510,7 +510,7 @@ fn a_quiet_pair_wakes_a_few_times_a_heartbeat() {
         wakes += 1;
     }
     for side in [A, B] {
-        let (put_off, at) = sim.m[side].ep.tick_put_off();
+        let (put_off, at) = sim.m[side].ep.tick_plan();
         assert!(put_off, "side {side}: the tick is put off");
         assert!(at > sim.now() + Duration::from_millis(10), "side {side}");
     }
@@ -522,11 +522,11 @@ fn a_quiet_pair_wakes_a_few_times_a_heartbeat() {
     assert_eq!(sim.stats.established, 2, "the first link lived the minute");
     // A send brings the sender's tick back, and the data read brings the receiver's.
     send_n(&mut sim, A, 1);
-    let (put_off, at) = sim.m[A].ep.tick_put_off();
+    let (put_off, at) = sim.m[A].ep.tick_plan();
     assert!(!put_off);
     assert!(at <= sim.now() + Duration::from_millis(10));
     sim.pump();
-    let (put_off, at) = sim.m[B].ep.tick_put_off();
+    let (put_off, at) = sim.m[B].ep.tick_plan();
     assert!(!put_off);
     assert!(at <= sim.now() + Duration::from_millis(10));
     sim.settle();
@@ -583,14 +583,14 @@ fn a_peer_whose_sends_ring_nobody_keeps_the_tick() {
     for _ in 0..20 {
         timers_alone(&mut sim, A, 10);
     }
-    let (put_off, at) = sim.m[A].ep.tick_put_off();
+    let (put_off, at) = sim.m[A].ep.tick_plan();
     assert!(!put_off, "a tick put off with a send that rings nobody");
     assert!(at <= sim.now() + Duration::from_millis(10));
     sim.m[A].peer().scheduled.clear_then(|| ());
     for _ in 0..3 {
         timers_alone(&mut sim, A, 10);
     }
-    assert!(sim.m[A].ep.tick_put_off().0, "nothing left for the tick");
+    assert!(sim.m[A].ep.tick_plan().0, "nothing left for the tick");
 }
 
 /// `remove_peer` while a reconnect is scheduled (the Pulsar interleaving): the link breaks,
