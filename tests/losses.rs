@@ -283,6 +283,39 @@ fn an_expired_message_is_reported_to_on_undelivered() {
     a.shutdown(SHUTDOWN).expect("a shuts down");
 }
 
+/// Messages sent one after another to a peer that stays down each expire when their ttl
+/// passes, however quiet the node is between them. With heartbeats and redials a minute
+/// and more apart nothing else wakes the node, and the sends after the first ring nobody
+/// (the peer stays scheduled while it is away): the housekeeping tick must not be put off
+/// while such a send may come.
+#[test]
+fn messages_to_a_peer_that_stays_down_expire_one_after_another() {
+    let held = HeldAddr::new();
+    let reports: Reports = Arc::default();
+    let r = reports.clone();
+    let a = Node::builder("a")
+        .cluster("t-losses-expired-quiet")
+        .peer("b", held.addr())
+        .heartbeat(Duration::from_secs(120), Duration::from_secs(600))
+        .reconnect_backoff(Duration::from_secs(120), Duration::from_secs(120))
+        .on_undelivered(move |peer, msgs| r.lock().expect("reports").push((peer.to_owned(), msgs)))
+        .start()
+        .expect("a starts");
+    let ttl = SendOptions::new().ttl(Duration::from_millis(20));
+    for i in 0..3u64 {
+        a.send_with("b", payload(i, 100), ttl).expect("queued");
+        wait_until_or(
+            PATIENCE,
+            || reported(&reports).len() as u64 == i + 1,
+            || format!("message {i} expired and reported:\n{}", a.stats()),
+        );
+    }
+    let s = peer_stats(&a, "b");
+    assert_eq!((s.accepted, s.expired, s.queued), (3, 3, 0));
+    assert_eq!(s.available, s.window, "permits back");
+    a.shutdown(SHUTDOWN).expect("a shuts down");
+}
+
 /// `connected_only` fails a send or a request at once with `NotConnected` (the payload
 /// handed back, nothing queued) while the peer has no established connection; once it is
 /// connected, they go through.
