@@ -17,7 +17,7 @@
 //! from `/proc/self/task/*/status`, with the involuntary ones apart).
 //!
 //! ```text
-//! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--idle S] [--raw]
+//! cargo run --release --example msg_cost -- [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--idle S [--stagger]] [--raw]
 //! valgrind --tool=callgrind target/release/examples/msg_cost --block --count 20000
 //! ```
 //!
@@ -99,6 +99,7 @@ struct Mode {
     bound: bool,
     fresh: bool,
     lent: bool,
+    stagger: bool,
 }
 
 fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box<dyn Error>> {
@@ -112,6 +113,7 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
         bound,
         fresh: own_payloads,
         lent,
+        stagger,
     } = mode;
     let received = Arc::new(Counts::new(senders));
     let counter = received.clone();
@@ -222,6 +224,16 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
         sent as f64 / tasks.max(1) as f64
     );
     if let Some(quiet) = quiet {
+        if stagger && senders > 1 {
+            // One more message from each source, spread over a second: the links fall
+            // quiet out of step, as in a cluster whose members stopped at different times.
+            let gap = Duration::from_secs(1) / senders as u32;
+            for (i, s) in sources.iter().enumerate() {
+                s.send("sink", Bytes::from(vec![i as u8]))?;
+                thread::sleep(gap);
+            }
+            wait_for(&received, 2 * senders as u64 + sent)?;
+        }
         println!("{}", idle_report(quiet));
     }
     // The report's line last: scripts read it with `tail -1`.
@@ -385,7 +397,7 @@ fn report(n: u64, started: Instant, cpu: Option<Duration>) -> String {
 }
 
 const USAGE: &str = "\
-usage: msg_cost [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--idle S] [--raw]
+usage: msg_cost [--senders N] [--threads N] [--size B] [--count C] [--batch N] [--to] [--fresh] [--lent] [--slice] [--block] [--journal never|interval] [--idle S [--stagger]] [--raw]
 
 The CPU time per message of N source nodes sending to one sink node in this process.
   --senders N   source nodes (default 1)
@@ -403,6 +415,8 @@ The CPU time per message of N source nodes sending to one sink node in this proc
   --idle S      then leave the nodes connected and quiet for S seconds, and print the CPU
                 they used and their threads' context switches per second meanwhile
                 (voluntary: wake-ups; involuntary: preempted or yielding)
+  --stagger     with --idle, each source first sends one more message, the sources spread
+                over a second: their links fall quiet out of step
   --raw         the same over raw TCP connections instead of cohort
   -h, --help    this text
 ";
@@ -419,6 +433,7 @@ fn main() -> Result<(), Box<dyn Error>> {
         bound: false,
         fresh: false,
         lent: false,
+        stagger: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -442,6 +457,7 @@ fn main() -> Result<(), Box<dyn Error>> {
                 }
                 mode.idle = Some(Duration::from_secs_f64(secs));
             }
+            "--stagger" => mode.stagger = true,
             "--block" => mode.block = true,
             "--raw" => raw_tcp = true,
             "--to" => mode.bound = true,
