@@ -13,6 +13,7 @@
 #     `on_message` and `on_message_ref` beside raw TCP (rates and CPU per message), twice;
 #   - examples/msg_cost: the process's CPU time per message, 1, 4, 8 and 16 senders, 64 B and
 #     1 KiB, both handlers, `send_slice` from a reused buffer, and raw TCP, three rounds;
+#   - examples/msg_cost --idle: the CPU and wake-ups of 2 and 9 quiet nodes, three rounds;
 #   - examples/ping_pong: the round trip (min / p50 / p99 / p99.9) with the defaults, with
 #     a 50 µs spin, and with the defaults and both members journalled (fsync `Never`, then
 #     `Interval`), raw TCP beside each, with each member's spin stand-downs, three rounds.
@@ -61,8 +62,9 @@ run() {
   [ "$measure" -ge 1 ] || measure=1
   local groups='throughput_(1to1|4to1|8to1)_(64B|1KiB)/(cohort_fresh|cohort_lent_fresh|raw_tcp_fresh)$'
   local timing=(--warm-up-time 1 --measurement-time "$measure") rounds=(1 2 3) scale=1 trips=20000
+  local quiet=5
   if [ "${MANY_CORE_SMOKE:-0}" = 1 ]; then
-    timing=(--test) rounds=(1) scale=500 trips=200
+    timing=(--test) rounds=(1) scale=500 trips=200 quiet=0.5
   fi
   for round in "${rounds[@]:0:2}"; do
     "$dir/throughput" --bench "$groups" "${timing[@]}" > "$out/throughput.$round.txt" 2>&1
@@ -81,6 +83,11 @@ run() {
       # shellcheck disable=SC2086 # the case's flags are words
       echo "$round | $c | $("$dir/msg_cost" --count $count $c 2>&1 | tail -1)" >> "$out/msg_cost.txt"
     done
+    # A quiet cluster: 2 and 9 nodes left connected with nothing to send.
+    for n in 1 8; do
+      echo "$round | --senders $n --idle $quiet --stagger | $("$dir/msg_cost" --count $(( 1000000 / scale )) \
+        --senders $n --idle "$quiet" --stagger 2>&1 | grep 'then quiet')" >> "$out/idle.txt"
+    done
     # The defaults, a fixed 50 µs spin, and the defaults with each member journalled.
     for setting in default spin50 never interval; do
       local flags=()
@@ -97,6 +104,10 @@ run() {
     echo "the msg_cost runs above failed" >&2
     exit 1
   fi
+  if grep -Ev 'then quiet for' "$out/idle.txt" >&2; then
+    echo "the quiet runs above failed" >&2
+    exit 1
+  fi
   grep -h '^summary' "$out"/throughput.*.txt > "$out/summary.txt" || true
   cat "$out/machine.txt" "$out/summary.txt"
 }
@@ -104,5 +115,5 @@ run() {
 case "${1:-}" in
   prepare) prepare ;;
   run) shift; run "$@" ;;
-  *) sed -n '2,20p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,23p' "$0" >&2; exit 2 ;;
 esac
