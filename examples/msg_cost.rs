@@ -416,7 +416,7 @@ The CPU time per message of N source nodes sending to one sink node in this proc
                 they used and their threads' context switches per second meanwhile
                 (voluntary: wake-ups; involuntary: preempted or yielding)
   --stagger     with --idle, each source first sends one more message, the sources spread
-                over a second: their links fall quiet out of step
+                over a second: their links fall quiet out of step (with two or more)
   --raw         the same over raw TCP connections instead of cohort
   -h, --help    this text
 ";
@@ -473,6 +473,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     if senders > 256 {
         return Err("--senders: at most 256 (a message's first byte names its source)".into());
+    }
+    if mode.stagger && mode.idle.is_none() {
+        return Err("--stagger goes with --idle S".into());
     }
     mode.threads = mode.threads.max(1);
     if raw_tcp {

@@ -69,8 +69,9 @@ impl Default for IdleStrategy {
 /// then blocks in `poll` until a socket, a timer or a wake-up needs it. While it spins,
 /// requesters skip the wake-up call ([`Handoff::spin_begin`]). Adaptive, it spins only
 /// while the thread is lightly loaded, and tells the pool to do the same. A turn woken by
-/// a timer alone starts no spin, nor one that left the node quiet (a heartbeat, a probe
-/// or its answer read: `Endpoint::tick_put_off`), so an idle node costs no CPU for it.
+/// a timer alone starts no spin, nor one that left the node quiet (it read a heartbeat, a
+/// probe or an ack on a quiet link: `Endpoint::tick_put_off`), so an idle node costs no CPU
+/// for it.
 ///
 /// [`Handoff::spin_begin`]: crate::handoff::Handoff::spin_begin
 pub(super) struct Spin {

@@ -225,9 +225,10 @@ impl IoThread {
             self.endpoint.handle(polled_at, Input::Timeout);
             self.shared.clock.judged(polled_at);
             self.drain(now);
-            // A turn that left the node quiet (its housekeeping put off: a heartbeat, a
-            // probe or its answer read, a wake-up that asked nothing) starts no spin, as a
-            // turn woken by a timer alone: nothing is coming that a spin would catch.
+            // A turn that left the node quiet (its housekeeping put off: it read a heartbeat,
+            // a probe or an ack on a quiet link, a membership packet, or was woken for
+            // nothing) starts no spin, as a turn woken by a timer alone: nothing is coming
+            // that a spin would catch.
             if worked && !self.endpoint.tick_put_off() {
                 spin.active(now);
             }
