@@ -5,7 +5,7 @@
 //! the link and decides what its frames mean.
 
 use std::collections::VecDeque;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 
@@ -178,6 +178,11 @@ impl Link {
     /// Whether it has bytes to write.
     pub(crate) fn wants_write(&self) -> bool {
         self.unwritten() > 0
+    }
+
+    /// Whether a heartbeat is due at `now`: nothing written for `heartbeat`.
+    pub(crate) fn heartbeat_due(&self, now: Instant, heartbeat: Duration) -> bool {
+        now.saturating_duration_since(self.last_write) >= heartbeat
     }
 }
 

@@ -599,7 +599,7 @@ impl Endpoint {
                 Input::Timeout | Input::Wrote { .. } | Input::Writable(_) | Input::Datagram { .. }
             );
         let read = match &input {
-            Input::Read { link, .. } => Some(*link),
+            Input::Read { link, .. } if tick_back => Some(*link),
             _ => None,
         };
         match input {

@@ -197,10 +197,12 @@ impl Links {
             .values()
             .filter(|l| l.established)
             .map(|l| {
-                let mut beat = l.last_write + cfg.heartbeat;
-                if beat <= now {
-                    beat = now + cfg.heartbeat;
-                }
+                // A heartbeat due now was just queued by this tick's `check_liveness`.
+                let beat = if l.heartbeat_due(now, cfg.heartbeat) {
+                    now + cfg.heartbeat
+                } else {
+                    l.last_write + cfg.heartbeat
+                };
                 beat.min(l.last_read + cfg.idle_timeout)
             })
             .min()
@@ -256,7 +258,7 @@ impl Links {
             let unread = now.saturating_duration_since(link.last_read);
             if !link.paused && unread >= ctx.cfg.idle_timeout {
                 silent.push(link.id);
-            } else if now.saturating_duration_since(link.last_write) >= ctx.cfg.heartbeat {
+            } else if link.heartbeat_due(now, ctx.cfg.heartbeat) {
                 wire::encode_heartbeat(link.out.tail());
                 self.dirty.push_back(link.id);
             }
