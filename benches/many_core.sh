@@ -16,8 +16,10 @@
 #   - examples/msg_cost --idle: the CPU and wake-ups of 2 and 9 quiet nodes (the 9 with their
 #     links out of step), three rounds (about 40 s more than MIN);
 #   - examples/ping_pong: the round trip (min / p50 / p99 / p99.9) with the defaults, with
-#     a 50 µs spin, and with the defaults and both members journalled (fsync `Never`, then
-#     `Interval`), raw TCP beside each, with each member's spin stand-downs, three rounds.
+#     a 50 µs spin, with no spin (`Block`), with the defaults and round trips 200 µs apart,
+#     and with the defaults and both members journalled (fsync `Never`, then `Interval`),
+#     raw TCP beside each, with each member's spin stand-downs and driven turns, three
+#     rounds.
 # Each step's output goes to its own file in OUT; OUT/summary.txt gathers the summary lines.
 # MIN (default 6) scales the criterion measurement time to fit a lent machine's time limit.
 # MANY_CORE_SMOKE=1 runs every step once, briefly (criterion's test mode, small counts): what
@@ -90,15 +92,20 @@ run() {
       echo "$round | $c --idle $quiet | $("$dir/msg_cost" --count $(( 1000000 / scale )) $c \
         --idle "$quiet" 2>&1 | grep 'then quiet')" >> "$out/idle.txt"
     done
-    # The defaults, a fixed 50 µs spin, and the defaults with each member journalled.
-    for setting in default spin50 never interval; do
-      local flags=()
+    # The defaults, a fixed 50 µs spin, no spin at all (every send that finds the IO thread
+    # parked drives its turn), the defaults with round trips 200 µs apart (the spins have
+    # run out when each request comes: a sporadic sender's case; a quarter of the round
+    # trips), and the defaults with each member journalled.
+    for setting in default spin50 block gap200 never interval; do
+      local flags=() count=$trips
       case $setting in
         spin50) flags=(--spin-us 50) ;;
+        block) flags=(--spin-us 0) ;;
+        gap200) flags=(--gap-us 200) count=$(( trips / 4 )) ;;
         never | interval) flags=(--journal "$setting") ;;
       esac
       echo "=== round $round, $setting" >> "$out/ping_pong.txt"
-      "$dir/ping_pong" --count "$trips" --warmup $(( trips / 6 )) "${flags[@]}" \
+      "$dir/ping_pong" --count "$count" --warmup $(( count / 6 )) "${flags[@]}" \
         >> "$out/ping_pong.txt" 2>&1
     done
   done

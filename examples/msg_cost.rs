@@ -219,8 +219,9 @@ fn cohort(senders: usize, size: usize, count: u64, mode: Mode) -> Result<(), Box
     wait_for(&received, senders as u64 + sent)?;
     let line = report(sent, started, cpu);
     let tasks = sink.stats().pool.tasks_run;
+    let driven: u64 = sources.iter().map(|s| s.stats().idle.driven_turns).sum();
     println!(
-        "sink's pool: {tasks} delivery turns, {:.0} messages per turn",
+        "sink's pool: {tasks} delivery turns, {:.0} messages per turn; sources' IO turns driven by senders: {driven}",
         sent as f64 / tasks.max(1) as f64
     );
     if let Some(quiet) = quiet {

@@ -5,13 +5,17 @@
 //! frames, `TCP_NODELAY`, an echo thread) in the same run, and the ratio of the medians;
 //! then the process's CPU time per round trip of each (every thread, over the timed round
 //! trips: what a spinning idle strategy burns shows here), how often each member's
-//! adaptive spin stood down (`Stats::idle`), and the round trips split by whether both
-//! members' spins were on throughout (`on`) or not (`off`), each with its share.
+//! adaptive spin stood down and how many of its IO thread's turns its sending threads
+//! drove (`Stats::idle`), and the round trips split by whether both members' spins were on
+//! throughout (`on`) or not (`off`), each with its share.
 //!
 //! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S
-//! --journal never|interval|every]` (defaults: K = 100 000 round trips of B = 64 bytes after
-//! W = 10 000 untimed ones, the builder's defaults, no journal). `--spin-us S` sets
-//! `Builder::low_latency(S µs)` on both members (0: no spin at all). With `--journal`,
+//! --gap-us G --journal never|interval|every]` (defaults: K = 100 000 round trips of B = 64
+//! bytes after W = 10 000 untimed ones, the builder's defaults, no gap, no journal).
+//! `--spin-us S` sets `Builder::low_latency(S µs)` on both members (0: no spin at all).
+//! `--gap-us G` pauses G µs between round trips (cohort's and raw TCP's alike), as a
+//! sender of sporadic requests does: a pause longer than the spin finds every thread
+//! parked when the next request comes. With `--journal`,
 //! both members journal in fresh
 //! directories under the system temp dir with that fsync policy (`interval`: 5 ms), so the
 //! cost of the durable outbox on a round trip is read off one report.
@@ -32,7 +36,7 @@ use support::{journal_dir, journalled, process_cpu};
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: ping_pong [--count K] [--size B] [--warmup W] [--spin-us S]
-                 [--journal never|interval|every]
+                 [--gap-us G] [--journal never|interval|every]
 
 Round-trip time between two members in one process, next to raw blocking TCP.
 
@@ -41,6 +45,7 @@ Round-trip time between two members in one process, next to raw blocking TCP.
   --warmup W       untimed round trips first (default 10000)
   --spin-us S      Builder::low_latency(S µs) on both members; 0: never spin
                    (default: the builder's idle strategy)
+  --gap-us G       pause G µs between round trips (default 0), for cohort and raw TCP
   --journal P      journal both members in fresh temp directories with fsync policy P:
                    never, interval (5 ms) or every (default: no journal)
   -h, --help       this text";
@@ -51,6 +56,7 @@ struct Args {
     size: usize,
     warmup: usize,
     spin: Option<Duration>,
+    gap: Duration,
     policy: Option<FsyncPolicy>,
 }
 
@@ -61,6 +67,7 @@ fn parse() -> Result<Option<Args>, String> {
         size: 64,
         warmup: 10_000,
         spin: None,
+        gap: Duration::ZERO,
         policy: None,
     };
     let mut it = std::env::args().skip(1);
@@ -68,7 +75,14 @@ fn parse() -> Result<Option<Args>, String> {
         if flag == "-h" || flag == "--help" {
             return Ok(None);
         }
-        let known = ["--count", "--size", "--warmup", "--spin-us", "--journal"];
+        let known = [
+            "--count",
+            "--size",
+            "--warmup",
+            "--spin-us",
+            "--gap-us",
+            "--journal",
+        ];
         if !known.contains(&flag.as_str()) {
             return Err(format!("unknown argument {flag:?}"));
         }
@@ -89,6 +103,7 @@ fn parse() -> Result<Option<Args>, String> {
             "--count" => a.count = n.max(1) as usize,
             "--size" => a.size = n as usize,
             "--warmup" => a.warmup = n as usize,
+            "--gap-us" => a.gap = Duration::from_micros(n),
             _ => a.spin = Some(Duration::from_micros(n)),
         }
     }
@@ -134,6 +149,7 @@ fn main() -> ExitCode {
 
 fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     let (count, size, warmup, spin, policy) = (a.count, a.size, a.warmup, a.spin, a.policy);
+    let gap = a.gap;
     // The IO thread and idle delivery threads spin this long after work before they block
     // (Builder::low_latency; 0 = block at once); the builder's default if not given.
     let tune = |b: Builder| match spin {
@@ -173,6 +189,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         if i == warmup {
             cpu = process_cpu();
         }
+        pause(gap);
         let before = [ping.idle_stats(), pong.idle_stats()];
         let sent = Instant::now();
         ping.send("pong", payload.clone())?;
@@ -200,11 +217,13 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         .map(|n| {
             let i = n.stats().idle;
             format!(
-                "{} stood down {} times ({} for load, {} for contended cores)",
+                "{} stood down {} times ({} for load, {} for contended cores), \
+                 {} turns driven by senders",
                 n.name(),
                 i.stood_down_loaded + i.stood_down_contended,
                 i.stood_down_loaded,
-                i.stood_down_contended
+                i.stood_down_contended,
+                i.driven_turns
             )
         })
         .collect();
@@ -216,9 +235,16 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         }
     }
 
-    let (raw, raw_cpu) = raw_tcp_rtts(size, warmup, count)?;
+    let (raw, raw_cpu) = raw_tcp_rtts(size, warmup, count, gap)?;
     let journal = policy.map_or("no journal".to_owned(), |p| format!("journal {p:?}"));
-    println!("{count} round trips of {size} B (after {warmup} warm-up, {journal}), RTT in µs:");
+    let paced = if gap.is_zero() {
+        String::new()
+    } else {
+        format!(", {} µs apart", gap.as_micros())
+    };
+    println!(
+        "{count} round trips of {size} B (after {warmup} warm-up, {journal}{paced}), RTT in µs:"
+    );
     println!(
         "{:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
         "", "min", "p50", "p99", "p99.9", "max", "mean"
@@ -277,8 +303,21 @@ fn print_row(label: &str, rtts: &mut [Duration]) -> f64 {
 /// Raw TCP's round trips, and the process's CPU time per round trip over them.
 type RawRun = (Vec<Duration>, Option<Duration>);
 
-/// The baseline: the same ping-pong over one blocking loopback TCP connection.
-fn raw_tcp_rtts(size: usize, warmup: usize, count: usize) -> Result<RawRun, Box<dyn Error>> {
+/// Waits `gap` before the next round trip (none when zero). A sleep: the wait is not timed,
+/// and a sender of sporadic requests sleeps between them.
+fn pause(gap: Duration) {
+    if !gap.is_zero() {
+        std::thread::sleep(gap);
+    }
+}
+
+/// The baseline: the same ping-pong over one blocking loopback TCP connection, `gap` apart.
+fn raw_tcp_rtts(
+    size: usize,
+    warmup: usize,
+    count: usize,
+    gap: Duration,
+) -> Result<RawRun, Box<dyn Error>> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
@@ -307,6 +346,7 @@ fn raw_tcp_rtts(size: usize, warmup: usize, count: usize) -> Result<RawRun, Box<
         if i == warmup {
             cpu = process_cpu();
         }
+        pause(gap);
         let sent = Instant::now();
         s.write_all(&frame)?;
         s.read_exact(&mut reply)?;

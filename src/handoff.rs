@@ -21,10 +21,18 @@
 //!   [`spin_end`](Handoff::spin_end)) the doorbell makes no call at all: the spinning
 //!   thread sees the pending wake-up at its next turn.
 //!
+//! - While the IO thread blocks in its poll ([`park`](Handoff::park) to
+//!   [`unpark`](Handoff::unpark)), the doorbell first asks the waker to run the IO
+//!   thread's turn on the requester's own thread ([`Wake::drive`]): the requester takes
+//!   the IO thread's state if nobody holds it, and the turn takes the wake-up and the
+//!   lists as the IO thread's would. A send then leaves on the sending thread, with no
+//!   wake-up of another thread on its way (see `net/io.rs`, "Driven turns"). Where the
+//!   waker declines, the doorbell wakes the IO thread as before.
+//!
 //! Invariants (loom model: `loom-tests/tests/handoff.rs`): a request pushed to a list is
-//! taken by a turn of the IO thread that a wake-up or a spin started — never stranded —
-//! and the IO thread is woken at most once per [`take_wake`](Handoff::take_wake) that
-//! finds a wake-up pending.
+//! taken by a turn of the IO thread that a wake-up or a spin started, or by a turn a
+//! requester drove — never stranded — and the IO thread is woken at most once per
+//! [`take_wake`](Handoff::take_wake) that finds a wake-up pending.
 //!
 //! Public so that the loom models check this code rather than a copy; it is not meant for
 //! applications.
@@ -32,13 +40,23 @@
 use std::time::Instant;
 
 use crate::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use crate::sync::{wait_until, Condvar, Mutex};
+use crate::sync::{wait_until, Condvar, Mutex, MutexGuard};
 
 /// Wakes the thread that takes a [`Handoff`]'s lists: the IO thread's mio `Waker` (a
 /// model's stand-in under loom).
 pub trait Wake: Send + Sync {
     /// Makes the IO thread's next (or current) poll return.
     fn wake(&self) -> std::io::Result<()>;
+
+    /// The IO thread is parked: runs one turn of it on the calling thread if that may be
+    /// done now (nobody holds its state, and the waker's own rules allow it). Returns
+    /// whether a turn ran: one that took the pending wake-up
+    /// ([`take_wake`](Handoff::take_wake)) and then every list, so every request pushed
+    /// before the call. `false` (the default) leaves the wake-up to [`wake`](Wake::wake).
+    /// Never blocks: a turn that cannot start at once does not run.
+    fn drive(&self) -> bool {
+        false
+    }
 }
 
 impl Wake for mio::Waker {
@@ -111,13 +129,16 @@ const PENDING: u8 = 1;
 /// [`Handoff::doorbell`]: the IO thread spins (polls without blocking) and looks at
 /// [`PENDING`] at every turn, so a requester need not wake it.
 const SPINNING: u8 = 2;
+/// [`Handoff::doorbell`]: the IO thread blocks in its poll, its state free for a requester
+/// to drive a turn ([`Wake::drive`]).
+const PARKED: u8 = 4;
 
 /// The IO thread's request lists (peers with new messages, peers whose credit should go
 /// back now) and its doorbell.
 pub struct Handoff {
     waker: Box<dyn Wake>,
-    /// [`PENDING`] and [`SPINNING`], in one word so that every change to either is a
-    /// read-modify-write in one modification order: a requester's `ring` and the IO
+    /// [`PENDING`], [`SPINNING`] and [`PARKED`], in one word so that every change to any
+    /// is a read-modify-write in one modification order: a requester's `ring` and the IO
     /// thread's `spin_end` cannot both miss the other (which two flags would need SeqCst
     /// for, a fence loom does not model).
     doorbell: AtomicU8,
@@ -150,6 +171,17 @@ impl Handoff {
     /// Wakes the IO thread unless a wake-up is already pending or the IO thread spins.
     /// Call after pushing the request (a list push, a command, the journal writer's marks).
     pub fn ring(&self) {
+        self.ring_and(true);
+    }
+
+    /// [`ring`](Handoff::ring), but never a driven turn: for what only the IO thread's own
+    /// turn does (the journal writer's marks, a test's clock moved forward: timeouts to
+    /// judge).
+    pub fn ring_io(&self) {
+        self.ring_and(false);
+    }
+
+    fn ring_and(&self, drive: bool) {
         // AcqRel: our push happens-before the IO thread's take of the lists that follows a
         // `take_wake` reading this value. (The lists' lock already orders it: the doorbell's
         // read-modify-writes are totally ordered, so a take whose lock came before our
@@ -158,10 +190,50 @@ impl Handoff {
         // PENDING. The model passes with Relaxed.)
         let was = self.doorbell.fetch_or(PENDING, Ordering::AcqRel);
         if was & (PENDING | SPINNING) == 0 {
+            // A driven turn takes the wake-up we just set, after our push: it takes our
+            // request. One that does not run leaves it to the IO thread, woken here. A
+            // requester that rings while a driven turn runs either finds our PENDING (the
+            // turn's `take_wake` comes after its push: the turn takes it) or finds it
+            // taken, fails to drive (the state is held) and wakes the IO thread.
+            if drive && was & PARKED != 0 && self.waker.drive() {
+                return;
+            }
             if let Err(e) = self.waker.wake() {
                 log::error!("cannot wake the IO thread: {e}");
             }
         }
+    }
+
+    /// Wakes the IO thread's poll now, whatever the doorbell says: a driven turn left it
+    /// work (see [`Wake::drive`]).
+    pub fn wake_now(&self) -> std::io::Result<()> {
+        self.waker.wake()
+    }
+
+    /// Whether the IO thread blocks in its poll now with no wake-up pending, so that a
+    /// request would ask for a driven turn (a test waits for it before a send it means to
+    /// see driven).
+    #[cfg(cohort_internals)]
+    pub fn is_parked(&self) -> bool {
+        // Relaxed: a test's hint, read on its own.
+        self.doorbell.load(Ordering::Relaxed) & (PARKED | PENDING | SPINNING) == PARKED
+    }
+
+    /// The IO thread is about to block in its poll, its state free for a requester to
+    /// drive a turn (the caller lets go of it right after).
+    pub fn park(&self) {
+        // Relaxed: a requester that reads PARKED takes the IO thread's state through its
+        // lock (`Wake::drive`), which orders everything the IO thread did before; one that
+        // misses it wakes the thread, a call driving would have saved.
+        self.doorbell.fetch_or(PARKED, Ordering::Relaxed);
+    }
+
+    /// The IO thread's poll returned: requesters wake it again (it takes its state back
+    /// right after, waiting for a driven turn that holds it to end).
+    pub fn unpark(&self) {
+        // Relaxed: as `park`: a requester that still reads PARKED finds the state held, or
+        // drives a turn before the IO thread takes it back; either is right.
+        self.doorbell.fetch_and(!PARKED, Ordering::Relaxed);
     }
 
     /// The IO thread: whether a wake-up was requested since the last call (and clears it).
@@ -215,6 +287,108 @@ impl Handoff {
     /// The IO thread: the peers whose credit should go back now.
     pub fn take_credit_flush(&self) -> Vec<usize> {
         std::mem::take(&mut *self.credit_flush.lock())
+    }
+}
+
+/// Where the IO thread keeps its state (`T`: `net::IoCore`): in its loop's hands while it
+/// turns, free while it blocks in its poll ([`Held::park`]), when a requester whose
+/// doorbell finds it parked may take it for one turn of its own ([`Parking::drive`], what
+/// [`Wake::drive`] calls). Empty before the IO thread puts its state in
+/// ([`hold`](Parking::hold)) and once it has taken it out to stop ([`Held::take`]).
+///
+/// A driven turn and the IO thread's own never overlap (the lock), and a driven turn runs
+/// only between [`Held::park`]'s letting go and its taking back: the IO thread's loop never
+/// finds its state changed under it in the middle of a turn. Loom model:
+/// `loom-tests/tests/handoff.rs`, the `driven_*` models.
+#[derive(Debug)]
+pub struct Parking<T> {
+    slot: Mutex<Slot<T>>,
+}
+
+#[derive(Debug)]
+struct Slot<T> {
+    state: Option<T>,
+    /// The IO thread blocks in its poll (set and cleared under the lock, by [`Held::park`]).
+    parked: bool,
+}
+
+impl<T> Default for Parking<T> {
+    fn default() -> Self {
+        Parking::new()
+    }
+}
+
+impl<T> Parking<T> {
+    /// Empty.
+    pub fn new() -> Parking<T> {
+        Parking {
+            slot: Mutex::new(Slot {
+                state: None,
+                parked: false,
+            }),
+        }
+    }
+
+    /// The IO thread, as it starts: puts `state` in and holds it.
+    pub fn hold(&self, state: T) -> Held<'_, T> {
+        let mut slot = self.slot.lock();
+        slot.state = Some(state);
+        slot.parked = false;
+        Held {
+            parking: self,
+            slot: Some(slot),
+        }
+    }
+
+    /// A requester: runs `turn` on the state if the IO thread is parked and nobody else
+    /// holds the state now; returns what `turn` returned, or `false` where it did not run.
+    /// Never blocks.
+    pub fn drive(&self, turn: impl FnOnce(&mut T) -> bool) -> bool {
+        let Some(mut slot) = self.slot.try_lock() else {
+            return false; // the IO thread's (back from its poll), or another's turn
+        };
+        if !slot.parked {
+            return false;
+        }
+        slot.state.as_mut().is_some_and(turn)
+    }
+}
+
+/// The IO thread's hold on its state ([`Parking::hold`]).
+#[derive(Debug)]
+pub struct Held<'a, T> {
+    parking: &'a Parking<T>,
+    /// `None` only inside [`park`](Held::park).
+    slot: Option<MutexGuard<'a, Slot<T>>>,
+}
+
+impl<T> Held<'_, T> {
+    /// The state, while it is in (`None` once taken out).
+    pub fn state(&mut self) -> Option<&mut T> {
+        self.slot.as_mut().and_then(|s| s.state.as_mut())
+    }
+
+    /// Blocks in `poll` with the state free for requesters' turns: marks it parked, and
+    /// the doorbell ([`Handoff::park`]), lets it go, polls, then takes it back, waiting for
+    /// a driven turn that holds it to end.
+    pub fn park<R>(&mut self, handoff: &Handoff, poll: impl FnOnce() -> R) -> R {
+        if let Some(slot) = self.slot.as_mut() {
+            slot.parked = true;
+        }
+        handoff.park();
+        drop(self.slot.take());
+        let polled = poll();
+        handoff.unpark();
+        let mut slot = self.parking.slot.lock();
+        slot.parked = false;
+        self.slot = Some(slot);
+        polled
+    }
+
+    /// The IO thread, as it stops: takes the state out, so that no requester drives a turn
+    /// of a stopped node.
+    pub fn take(mut self) -> Option<T> {
+        self.slot.as_mut().and_then(|s| s.state.take())
     }
 }
 

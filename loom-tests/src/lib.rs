@@ -16,7 +16,7 @@
 //! | `member_queue.rs` | `deliver::MemberQueue`, with a plain and a journalling sink |
 //! | `oob_queue.rs` | `deliver::OobQueue` |
 //! | `pool.rs` | `deliver::TaskQueue`, `deliver::Pool` |
-//! | `handoff.rs` | `handoff::{Handoff, Scheduled, SpinGate}`, `peer::Outbox` |
+//! | `handoff.rs` | `handoff::{Handoff, Scheduled, SpinGate, Parking}`, `peer::Outbox` |
 //! | `recv_credit.rs` | `flow::RecvCredit`, `deliver::PeerCreditSink`, `handoff::Handoff` |
 //! | `progress.rs` | `deliver::Progress` |
 //! | `window.rs` | `flow::SendWindow` |

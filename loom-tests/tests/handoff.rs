@@ -28,6 +28,15 @@
 //! runs and single messages in one order, handing each run's buffer back
 //! (`Outbox::recycle`) while senders open new runs.
 //!
+//! The `driven_*` models run the IO thread's loop as it blocks (`IdleStrategy::Block`): each
+//! poll parks it through the shipping `Parking` (`Held::park`: the state let go, the
+//! doorbell's PARKED bit set), and a requester whose doorbell finds it parked drives the
+//! turn itself through `Parking::drive`, as `net::Doorbell` does, or wakes it where the state
+//! is held (the IO thread back from its poll, another requester's turn). Nothing is stranded
+//! either way, every message is published once in each sender's order, and every `wake` call
+//! is answered by one turn of the IO thread's own that finds it pending (driven turns come on
+//! top, with no call).
+//!
 //! The `spinning_*` models run the IO thread's spin (`loom_tests::io_loop_spinning`, on the
 //! shipping `SpinGate`):
 //! senders whose doorbell finds it spinning make no `wake` call, and nothing is stranded
@@ -38,12 +47,12 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use cohort::internals::flow::{cost, Permit};
-use cohort::internals::handoff::{Handoff, Scheduled};
+use cohort::internals::handoff::{Handoff, Parking, Scheduled, Wake};
 use cohort::internals::peer::{self, Outbox, Queued, Return};
 use cohort::internals::wire;
 use loom::thread;
-use loom_tests::{io_loop, io_loop_spinning, ModelWaker, Requesters};
-use std::sync::Arc;
+use loom_tests::{io_loop, io_loop_spinning, ModelWaker, Polled, Requesters};
+use std::sync::{Arc, OnceLock, Weak};
 
 /// The parts of `PeerShared` the hand-off touches.
 struct Peer {
@@ -340,5 +349,202 @@ fn framed_and_whole_messages_one_peer() {
 fn spinning_framed_two_senders() {
     loom_tests::model("handoff/spinning_framed_two_senders", || {
         model(1, &[&[(0, 2)], &[(0, 1)]], Some(2), How::Framed);
+    });
+}
+
+/// What the IO thread's turns did, kept in its state (`Parking`'s `T`): what they published,
+/// each peer's permits held, and how many turns ran of each kind.
+struct Turns {
+    published: Vec<[u8; 2]>,
+    held: Vec<Permit>,
+    /// Turns of the IO thread's own whose `take_wake` found a wake-up pending.
+    own: usize,
+    /// Turns requesters drove.
+    driven: usize,
+}
+
+/// A node whose IO thread parks: its peers, its hand-off (whose waker is a [`Driver`]) and
+/// where the IO thread keeps its state.
+struct ParkingNode {
+    peers: Vec<Peer>,
+    handoff: Handoff,
+    parking: Arc<Parking<Turns>>,
+}
+
+/// The doorbell's waker, as `net::Doorbell`: `wake` wakes the model's poll; `drive` runs a
+/// turn on the requester's thread through the shipping `Parking::drive` (the IO thread
+/// parked, its state free): the pending wake-up taken, then the ready list, as the IO
+/// thread's turn does.
+struct Driver {
+    waker: Box<dyn Wake>,
+    parking: Arc<Parking<Turns>>,
+    /// The node, once built (the waker is built first: the node's hand-off holds it).
+    node: Arc<OnceLock<Weak<ParkingNode>>>,
+}
+
+impl Wake for Driver {
+    fn wake(&self) -> std::io::Result<()> {
+        self.waker.wake()
+    }
+
+    fn drive(&self) -> bool {
+        let Some(node) = self.node.get().and_then(Weak::upgrade) else {
+            return false;
+        };
+        self.parking.drive(|turns| {
+            node.handoff.take_wake();
+            turns.driven += 1;
+            parked_turn(&node, turns);
+            true
+        })
+    }
+}
+
+/// A turn, the IO thread's or a driven one: publishes every peer on the ready list.
+fn parked_turn(node: &ParkingNode, turns: &mut Turns) {
+    for id in node.handoff.take_ready() {
+        publish(&node.peers[id], &mut turns.published, &mut turns.held[id]);
+    }
+}
+
+/// `senders` (as in [`model`], framed when `framed`) against an IO thread that parks at
+/// every poll, then the checks of [`model`], and: every `wake` call was answered by one of
+/// the IO thread's own turns.
+fn driven_model(peers: usize, senders: &'static [&'static [(usize, u8)]], framed: bool) {
+    let waker = ModelWaker::new();
+    let parking = Arc::new(Parking::new());
+    let slot: Arc<OnceLock<Weak<ParkingNode>>> = Arc::default();
+    let node = Arc::new(ParkingNode {
+        peers: (0..peers).map(|_| Peer::new()).collect(),
+        handoff: Handoff::new(Box::new(Driver {
+            waker: waker.waker(),
+            parking: parking.clone(),
+            node: slot.clone(),
+        })),
+        parking,
+    });
+    assert!(slot.set(Arc::downgrade(&node)).is_ok(), "set once");
+    let done = Requesters::new(senders.len(), &waker);
+    let threads: Vec<_> = senders
+        .iter()
+        .enumerate()
+        .map(|(s, sends)| {
+            let (node, done) = (node.clone(), done.clone());
+            thread::spawn(move || {
+                for &(id, count) in sends.iter() {
+                    for i in 0..count {
+                        let peer = &node.peers[id];
+                        let permit = peer
+                            .outbox
+                            .window()
+                            .try_acquire(cost(2))
+                            .expect("the window holds every message of the model");
+                        let m = [s as u8, i];
+                        if framed {
+                            assert!(peer.outbox.admit_framed(false, &m, permit), "open");
+                        } else {
+                            let m = peer::outgoing(Bytes::from(m.to_vec()), false, None, permit);
+                            peer.outbox.admit(m).expect("the outbox is open");
+                        }
+                        node.handoff.schedule(id, &peer.scheduled);
+                    }
+                }
+                done.done();
+            })
+        })
+        .collect();
+
+    // The IO thread's loop as it blocks: park through the poll, take the state back, a
+    // turn if a wake-up is pending; until a poll finds the waker stopped.
+    let mut held = node.parking.hold(Turns {
+        published: Vec::new(),
+        held: (0..peers).map(|_| Permit::none()).collect(),
+        own: 0,
+        driven: 0,
+    });
+    loop {
+        if held.park(&node.handoff, || waker.poll()) == Polled::Stopped {
+            break;
+        }
+        let turns = held.state().expect("the state is in until taken");
+        if node.handoff.take_wake() {
+            turns.own += 1;
+            parked_turn(&node, turns);
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    let turns = held.take().expect("the state is in until taken");
+
+    for (s, sends) in senders.iter().enumerate() {
+        let mine: Vec<u8> = turns
+            .published
+            .iter()
+            .filter(|m| usize::from(m[0]) == s)
+            .map(|m| m[1])
+            .collect();
+        let count: u8 = sends.iter().map(|&(_, n)| n).sum();
+        assert_eq!(
+            mine,
+            (0..count).collect::<Vec<u8>>(),
+            "sender {s}: published {mine:?} (all: {:?})",
+            turns.published
+        );
+    }
+    for ((id, p), permits) in node.peers.iter().enumerate().zip(turns.held) {
+        assert!(
+            p.outbox.is_empty(),
+            "peer {id}: a message stranded in the outbox"
+        );
+        assert!(!p.scheduled.is_set(), "peer {id}: left scheduled");
+        p.outbox.give_back(Return::Credited, permits);
+        let w = p.outbox.window();
+        assert_eq!(
+            w.available(),
+            w.capacity(),
+            "peer {id}: permits not all back"
+        );
+    }
+    assert!(
+        node.handoff.take_ready().is_empty(),
+        "a peer stranded on the ready list"
+    );
+    assert!(!node.handoff.take_wake(), "a wake-up left pending");
+    assert_eq!(
+        waker.calls(),
+        turns.own,
+        "{} wake calls for {} turns of the IO thread's own ({} driven)",
+        waker.calls(),
+        turns.own,
+        turns.driven
+    );
+}
+
+/// Two senders to one peer, the first sending twice, against an IO thread that parks: a
+/// send drives the turn where it finds the IO thread parked and its state free, wakes it
+/// where the state is held (the IO thread back from its poll, or the other sender's turn),
+/// or finds a wake-up pending whose turn takes its message.
+#[test]
+fn driven_two_senders_one_peer() {
+    loom_tests::model("handoff/driven_two_senders_one_peer", || {
+        driven_model(1, &[&[(0, 2)], &[(0, 1)]], false);
+    });
+}
+
+/// Two senders, one message each to its own peer: one's driven turn may take the other's
+/// peer too, or leave it to a turn of its own or of the IO thread.
+#[test]
+fn driven_two_peers() {
+    loom_tests::model("handoff/driven_two_peers", || {
+        driven_model(2, &[&[(0, 1)], &[(1, 1)]], false);
+    });
+}
+
+/// The framed senders against an IO thread that parks.
+#[test]
+fn driven_framed_two_senders() {
+    loom_tests::model("handoff/driven_framed_two_senders", || {
+        driven_model(1, &[&[(0, 2)], &[(0, 1)]], true);
     });
 }

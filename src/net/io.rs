@@ -6,7 +6,13 @@
 //! per turn for fairness), waking for the endpoint's timers, handing the requests of other
 //! threads (commands, peers with new messages, credit to return) to the endpoint, and doing
 //! what its events ask (open a connection, close one, submit pool tasks, report undelivered
-//! messages). Every decision about what the bytes mean is the endpoint's. It never blocks.
+//! messages). Every decision about what the bytes mean is the endpoint's. It never blocks
+//! but in its poll.
+//!
+//! Its state ([`IoCore`]: everything but the poll) lives in a [`Parking`]: the loop holds
+//! it while it turns and lets it go while it blocks in its poll, when a requester that
+//! rings finds it parked may take it for one turn of its own ([`IoCore::drive`], through
+//! the [`Doorbell`]): the requester's messages are then written on its own thread.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -26,12 +32,13 @@ use super::{
 use crate::addr::Addr;
 use crate::deliver::{Pool, ReadBuffers, Task};
 use crate::events::{DisconnectReason as Why, Event as Public, EventQueue, Pushed};
+use crate::handoff::{Parking, Wake};
 use crate::journal::{JournalWriter, WriterMarks};
 use crate::proto::{
     Endpoint, Input, LinkId, NodeCounters, Output, StoppedJournal, Target, Verdict,
 };
 use crate::sync::atomic::{AtomicBool, Ordering};
-use crate::sync::Arc;
+use crate::sync::{Arc, Weak};
 use crate::util::IdHash;
 use crate::wire::{self, Nonce};
 
@@ -48,9 +55,30 @@ const MAX_DATAGRAM: usize = crate::membership::codec::MAX_PACKET + 1;
 /// already holds.
 const ACCEPT_BUDGET: usize = 256;
 
+/// The IO thread: its poll, and its state ([`IoCore`]), which its loop holds but for the
+/// time it blocks in the poll.
 pub(crate) struct IoThread {
-    cfg: IoConfig,
     poll: Poll,
+    state: IoCore,
+    /// Where the loop keeps `state` once it runs.
+    core: Arc<CoreSlot>,
+}
+
+/// Where the IO thread's state lives: in the IO thread's hands while its loop turns, free
+/// while it blocks in its poll, when a requester may take it for a turn of its own
+/// ([`Doorbell`]); empty before the thread starts and once it has stopped.
+pub(crate) type CoreSlot = Parking<IoCore>;
+
+/// Sends that find the IO thread parked drive its turn themselves at most once in this
+/// long: what comes faster is a stream, which the IO thread, woken, takes in batches (a
+/// driven turn writes what it publishes at once, one write per turn).
+const DRIVE_GAP: Duration = Duration::from_micros(20);
+
+/// Everything the IO thread works with but its poll: the protocol, the sockets (registered
+/// through `registry`, a handle on the poll's), the hand-over to other threads.
+pub(crate) struct IoCore {
+    cfg: IoConfig,
+    registry: mio::Registry,
     listener: Listener,
     /// The membership socket (membership only).
     udp: Option<mio::net::UdpSocket>,
@@ -84,6 +112,51 @@ pub(crate) struct IoThread {
     read_buffers: Arc<ReadBuffers>,
     /// Periodic work and when it is due next.
     periodic: Option<(super::Periodic, Instant)>,
+    /// When the IO thread's poll, if it blocks, returns by itself (`None`: only for an
+    /// event or a wake-up); a driven turn that wants it back sooner wakes it.
+    parked_until: Option<Instant>,
+    /// Whether requesters may drive turns: not with a journal (its appends and their
+    /// hand-over to the writer stay on the IO thread) nor with an outbound filter (the
+    /// application's code runs on the IO thread, never inside one of its own sends).
+    drivable: bool,
+    /// When a turn last published (took scheduled peers), driven or not.
+    published_at: Option<Instant>,
+    /// Inside a driven turn.
+    driving: bool,
+    /// Messages a driven turn found undelivered, reported by the IO thread's next turn
+    /// (the hook is the application's code: never run inside one of its own sends).
+    undelivered_later: Vec<(String, Vec<crate::proto::Unacked>)>,
+    /// A driven turn panicked: the IO thread stops with it, as if the turn had been its own.
+    failed: Option<Box<dyn std::any::Any + Send>>,
+}
+
+/// The IO thread's waker ([`Wake`]): its mio `Waker`, and its state for a requester that
+/// finds it parked (see "Driven turns" in [`IoCore::drive`]).
+pub(crate) struct Doorbell {
+    waker: mio::Waker,
+    /// Weak: the IO thread owns its state; the doorbell lives in the hand-off, which the
+    /// state points to.
+    core: Weak<CoreSlot>,
+}
+
+impl Doorbell {
+    pub(crate) fn new(waker: mio::Waker, core: Weak<CoreSlot>) -> Doorbell {
+        Doorbell { waker, core }
+    }
+}
+
+impl Wake for Doorbell {
+    fn wake(&self) -> io::Result<()> {
+        self.waker.wake()
+    }
+
+    fn drive(&self) -> bool {
+        // Never waits: a state in other hands (the IO thread's, back from its poll, or
+        // another requester's turn) means the doorbell wakes the IO thread instead.
+        self.core
+            .upgrade()
+            .is_some_and(|core| core.drive(IoCore::drive))
+    }
 }
 
 fn link(token: Token) -> LinkId {
@@ -118,9 +191,11 @@ impl IoThread {
             now,
         );
         let read_buffers = Arc::clone(endpoint.read_buffers());
-        Ok(IoThread {
+        let drivable = writer.is_none() && parts.config.proto.outbound_filter.is_none();
+        let registry = parts.poll.registry().try_clone()?;
+        let core = IoCore {
             cfg: parts.config,
-            poll: parts.poll,
+            registry,
             listener: parts.listener,
             udp: parts.udp,
             shared: parts.shared,
@@ -145,38 +220,76 @@ impl IoThread {
                 let first = now + p.every;
                 (p, first)
             }),
+            parked_until: None,
+            drivable,
+            published_at: None,
+            driving: false,
+            undelivered_later: Vec::new(),
+            failed: None,
+        };
+        Ok(IoThread {
+            poll: parts.poll,
+            state: core,
+            core: parts.core,
         })
     }
 
-    /// Runs the loop until shutdown completes.
-    pub(crate) fn run(mut self) {
+    /// Runs the loop until shutdown completes. The loop holds the IO thread's state but
+    /// while it blocks in its poll; then a requester may drive a turn with it
+    /// ([`IoCore::drive`]), and the loop takes it back as its poll returns.
+    pub(crate) fn run(self) {
+        let IoThread {
+            mut poll,
+            state,
+            core,
+        } = self;
         let mut events = Events::with_capacity(1024);
+        let mut held = core.hold(state);
+        let Some(state) = held.state() else {
+            return;
+        };
         // The configured peers first (their journalled streams are restored as they are
         // added), then a word about journalled streams no configured peer claimed.
-        self.handle_requests(self.shared.clock.now());
-        self.endpoint.warn_unclaimed();
-        self.drain(self.shared.clock.now());
-        let (spin_for, adaptive) = self.cfg.idle.spin();
-        let mut spin = Spin::new(spin_for, adaptive, self.shared.clock.now());
+        let shared = Arc::clone(&state.shared);
+        state.handle_requests(shared.clock.now());
+        state.endpoint.warn_unclaimed();
+        state.drain(shared.clock.now());
+        let (spin_for, adaptive) = state.cfg.idle.spin();
+        let mut spin = Spin::new(spin_for, adaptive, shared.clock.now());
         loop {
-            let now = self.shared.clock.now();
+            let Some(state) = held.state() else {
+                return;
+            };
+            let now = shared.clock.now();
             if let Some(change) = spin.account(now) {
-                self.spin_changed(change);
+                state.spin_changed(change);
             }
             // Don't sleep with work in hand: unread input, bytes to write, connections to
             // accept.
-            let busy = !self.read_pending.is_empty() || self.accept_pending;
-            let timeout = if busy || spin.keep(now, &self.shared.handoff) {
-                Some(Duration::ZERO)
+            let busy = state.busy();
+            let (timeout, until) = if busy || spin.keep(now, &shared.handoff) {
+                (Some(Duration::ZERO), None)
             } else {
-                let due = self.periodic.as_ref().map(|p| p.1);
-                let wake = match (self.endpoint.poll_timeout(), due) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-                wake.map(|at| at.saturating_duration_since(now))
+                let until = state.wake_at();
+                (until.map(|at| at.saturating_duration_since(now)), until)
             };
-            if let Err(e) = self.poll.poll(&mut events, timeout) {
+            let polled = if timeout == Some(Duration::ZERO) {
+                poll.poll(&mut events, timeout)
+            } else {
+                // Parked: the state is free for a requester's turn until the poll returns.
+                state.parked_until = until;
+                held.park(&shared.handoff, || poll.poll(&mut events, timeout))
+            };
+            let Some(state) = held.state() else {
+                return;
+            };
+            if let Some(panic) = state.failed.take() {
+                // A driven turn panicked with the state in its hands: stop as if the turn
+                // had been ours (the node's guard closes what a panicking IO thread leaves).
+                std::panic::resume_unwind(panic);
+            }
+            state.report_undelivered_later();
+            if let Err(e) = polled {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
@@ -187,29 +300,29 @@ impl IoThread {
             // What the loop knows of its sockets is as of now: bytes that arrive later in
             // this turn are seen at the next poll, however long the turn takes (a
             // descheduled IO thread, a slow callback). Timeouts are judged as of this instant.
-            let polled_at = self.shared.clock.now();
+            let polled_at = shared.clock.now();
             spin.waited(polled_at.saturating_duration_since(now));
             for ev in events.iter() {
                 match ev.token() {
-                    LISTENER => self.accept_pending = true,
+                    LISTENER => state.accept_pending = true,
                     WAKER => {}
-                    MEMBERS => self.read_datagrams(polled_at),
+                    MEMBERS => state.read_datagrams(polled_at),
                     t => {
                         let hup = ev.is_read_closed() || ev.is_error();
                         let readable = ev.is_readable() || hup;
                         let writable = ev.is_writable() || ev.is_error();
-                        self.conn_event(link(t), readable, hup, writable);
+                        state.conn_event(link(t), readable, hup, writable);
                     }
                 }
             }
-            let now = self.shared.clock.now();
-            if self.accept_pending {
-                self.accept_all(now);
+            let now = shared.clock.now();
+            if state.accept_pending {
+                state.accept_all(now);
             }
-            let woken = self.shared.take_wake();
+            let woken = shared.take_wake();
             if woken {
-                self.journal_progress(now);
-                self.handle_requests(now);
+                state.journal_progress(now);
+                state.handle_requests(now);
             }
             let worked = !events.is_empty() || woken;
             if !worked && idle_spin {
@@ -218,26 +331,136 @@ impl IoThread {
                 let before = Instant::now();
                 std::thread::yield_now();
                 if let Some(change) = spin.yielded(before.elapsed()) {
-                    self.spin_changed(change);
+                    state.spin_changed(change);
                 }
             }
-            self.process_read_pending();
-            self.endpoint.handle(polled_at, Input::Timeout);
-            self.shared.clock.judged(polled_at);
-            self.drain(now);
+            state.process_read_pending();
+            state.endpoint.handle(polled_at, Input::Timeout);
+            shared.clock.judged(polled_at);
+            state.drain(now);
             // A turn that left the node quiet (its housekeeping put off: it read a heartbeat,
             // a probe or an ack on a quiet link, a membership packet, or was woken for
             // nothing) starts no spin, as a turn woken by a timer alone: nothing is coming
             // that a spin would catch.
-            if worked && !self.endpoint.tick_put_off() {
+            if worked && !state.endpoint.tick_put_off() {
                 spin.active(now);
             }
-            self.run_periodic(polled_at);
-            if self.endpoint.shutdown_done(self.shared.clock.now()) {
+            state.run_periodic(polled_at);
+            if state.endpoint.shutdown_done(shared.clock.now()) {
                 break;
             }
         }
-        self.finish();
+        // Taken out: a requester that finds the slot empty wakes a thread that has gone,
+        // which is harmless, and never drives a turn of a stopped node.
+        if let Some(mut state) = held.take() {
+            state.finish();
+        }
+    }
+}
+
+impl IoCore {
+    /// Unread input or connections to accept: the loop must not block.
+    fn busy(&self) -> bool {
+        !self.read_pending.is_empty() || self.accept_pending
+    }
+
+    /// When the loop's poll must return by itself: the endpoint's next timer, or the
+    /// periodic work's.
+    fn wake_at(&self) -> Option<Instant> {
+        let due = self.periodic.as_ref().map(|p| p.1);
+        match (self.endpoint.poll_timeout(), due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ---- driven turns --------------------------------------------------------------
+
+    /// A turn of the IO thread run by a requester (a sending thread, or a pool thread whose
+    /// handler sends) that rang while the IO thread was parked: it takes the wake-up and
+    /// the requests (the messages just queued among them), publishes and writes them, and
+    /// does what the endpoint asks, as the IO thread would have after waking. A message
+    /// then leaves on the thread that sent it, with no wake-up of another thread on its
+    /// way: the sending half of a request/reply crosses one thread hop less on each node.
+    /// Runs only while the IO thread blocks in its poll (its loop holds the state
+    /// otherwise), on a node without journal or outbound filter, and at most once per
+    /// [`DRIVE_GAP`] after a turn that published (what comes faster is a stream: the IO
+    /// thread, woken, takes it in batches). The application's undelivered hook is left to
+    /// the IO thread. Whatever the turn leaves for the loop (input to read, connections to
+    /// accept, a command's consequences, a timer earlier than the one the poll waits
+    /// for) wakes the IO thread. Returns whether the turn ran.
+    fn drive(&mut self) -> bool {
+        if !self.drivable {
+            return false;
+        }
+        let now = self.shared.clock.now();
+        if self
+            .published_at
+            .is_some_and(|at| now.saturating_duration_since(at) < DRIVE_GAP)
+        {
+            return false;
+        }
+        self.driving = true;
+        let turn = catch_unwind(AssertUnwindSafe(|| {
+            // Our own pending wake-up, at least: see `Handoff::ring`.
+            self.shared.take_wake();
+            let commands = self.handle_requests(now);
+            self.drain(now);
+            commands
+        }));
+        self.driving = false;
+        self.shared.spin.driven();
+        let wake_loop = match turn {
+            Ok(commands) => {
+                commands
+                    || self.busy()
+                    || !self.undelivered_later.is_empty()
+                    || match (self.wake_at(), self.parked_until) {
+                        (Some(want), Some(until)) => want < until,
+                        (Some(_), None) => true,
+                        (None, _) => false,
+                    }
+            }
+            Err(panic) => {
+                log::error!(
+                    "{}: the IO thread's turn panicked on a sending thread; the IO thread stops",
+                    self.cfg.proto.name
+                );
+                self.failed = Some(panic);
+                true
+            }
+        };
+        if wake_loop {
+            if let Err(e) = self.shared.handoff.wake_now() {
+                log::error!("cannot wake the IO thread: {e}");
+            }
+        }
+        true
+    }
+
+    /// Reports to the application's hook what driven turns found undelivered.
+    fn report_undelivered_later(&mut self) {
+        for (peer, messages) in std::mem::take(&mut self.undelivered_later) {
+            self.report_undelivered(&peer, messages);
+        }
+    }
+
+    /// Tells the application's hook, if any, of `messages` to `peer` that will never be
+    /// delivered: at once on the IO thread, at its next turn from a driven one.
+    fn report_undelivered(&mut self, peer: &str, messages: Vec<crate::proto::Unacked>) {
+        let Some(hook) = &self.undelivered else {
+            return;
+        };
+        if self.driving {
+            self.undelivered_later.push((peer.to_owned(), messages));
+            return;
+        }
+        if catch_unwind(AssertUnwindSafe(|| hook(peer, messages))).is_err() {
+            log::error!(
+                "{}: the on_undelivered hook panicked; continuing",
+                self.cfg.proto.name
+            );
+        }
     }
 
     /// The adaptive spin changed its mind: the pool follows it, and the stats count it.
@@ -282,19 +505,12 @@ impl IoThread {
                 Output::Close { link, last } => {
                     if let Some(mut c) = self.conns.remove(&link) {
                         c.write_last(&last);
-                        let _ = self.poll.registry().deregister(&mut c.stream);
+                        let _ = &self.registry.deregister(&mut c.stream);
                     }
                 }
                 Output::Resume(link) => self.mark_read_pending(link),
                 Output::Undelivered { peer, messages } => {
-                    if let Some(hook) = &self.undelivered {
-                        if catch_unwind(AssertUnwindSafe(|| hook(&peer, messages))).is_err() {
-                            log::error!(
-                                "{}: the on_undelivered hook panicked; continuing",
-                                self.cfg.proto.name
-                            );
-                        }
-                    }
+                    self.report_undelivered(&peer, messages);
                 }
                 Output::Admitted(shared) => crate::peer::admit(&self.peers_map, shared),
                 Output::JournalFailed => {}
@@ -367,10 +583,7 @@ impl IoThread {
         }
         // Budget spent: what is left raises no new edge; re-arming reports it next turn.
         if let Some(udp) = self.udp.as_mut() {
-            let _ = self
-                .poll
-                .registry()
-                .reregister(udp, MEMBERS, Interest::READABLE);
+            let _ = self.registry.reregister(udp, MEMBERS, Interest::READABLE);
         }
     }
 
@@ -444,12 +657,18 @@ impl IoThread {
         }
     }
 
-    fn handle_requests(&mut self, now: Instant) {
+    /// Hands the requests of other threads to the endpoint: commands, scheduled peers,
+    /// credit to return. Returns whether there were commands.
+    fn handle_requests(&mut self, now: Instant) -> bool {
         let commands = self.shared.commands.take();
+        let had_commands = !commands.is_empty();
         for c in commands {
             self.command(now, c);
         }
         let ready = self.shared.handoff.take_ready();
+        if !ready.is_empty() {
+            self.published_at = Some(now);
+        }
         for id in ready {
             self.endpoint.handle(now, Input::Publish(id));
         }
@@ -457,6 +676,7 @@ impl IoThread {
         for id in credit {
             self.endpoint.handle(now, Input::FlushCredit(id));
         }
+        had_commands
     }
 
     /// Hands a command to the endpoint. A command its caller waits for completes only once
@@ -575,10 +795,9 @@ impl IoThread {
                     };
                     configure(&self.cfg, &stream);
                     let token = self.new_token();
-                    if let Err(e) =
-                        self.poll
-                            .registry()
-                            .register(&mut stream, token, Interest::READABLE)
+                    if let Err(e) = self
+                        .registry
+                        .register(&mut stream, token, Interest::READABLE)
                     {
                         log::warn!(
                             "{}: cannot register connection from {from}: {e}",
@@ -644,7 +863,7 @@ impl IoThread {
         match Stream::connect(addr) {
             Ok(mut stream) => {
                 let token = self.new_token();
-                if let Err(e) = self.poll.registry().register(
+                if let Err(e) = &self.registry.register(
                     &mut stream,
                     token,
                     Interest::READABLE | Interest::WRITABLE,
@@ -871,7 +1090,7 @@ impl IoThread {
                 self.endpoint.handle(now, Input::Wrote { link: id, n });
                 let wants = self.endpoint.link_mut(id).is_some_and(|l| l.wants_write());
                 if let Some(conn) = self.conns.get_mut(&id) {
-                    if let Err(e) = conn.update_interest(self.poll.registry(), wants) {
+                    if let Err(e) = conn.update_interest(&self.registry, wants) {
                         log::warn!("{}: reregister failed: {e}", self.cfg.proto.name);
                     }
                 }

@@ -18,7 +18,7 @@ pub(crate) use clock::Clock;
 pub(crate) use conn::TlsSetup;
 pub(crate) use idle::SpinCounters;
 pub use idle::{IdleStats, IdleStrategy};
-pub(crate) use io::IoThread;
+pub(crate) use io::{CoreSlot, Doorbell, IoThread};
 pub(crate) use socket::{check_unix_path, Listener};
 
 use crate::deliver::Pool;
@@ -147,7 +147,7 @@ impl std::fmt::Debug for IoShared {
 
 impl IoShared {
     pub(crate) fn new(
-        waker: mio::Waker,
+        waker: Doorbell,
         journalled: bool,
         oob_limit: usize,
         max_requests: usize,
@@ -171,9 +171,10 @@ impl IoShared {
     }
 
     /// Wakes the IO thread unless a wake-up is already pending; call after publishing what
-    /// it should look at (the journal writer: its marks).
+    /// it should look at (the journal writer: its marks; a test: its clock moved). Never a
+    /// driven turn: what this asks for is the IO thread's own work.
     pub(crate) fn wake(&self) {
-        self.handoff.ring();
+        self.handoff.ring_io();
     }
 
     /// IO thread: whether a wake-up was requested since the last call (and clears it).
@@ -235,6 +236,9 @@ pub(crate) struct IoParts {
     /// Work the IO thread does on a period of its own (feature `metrics`: publishing the
     /// node's counters).
     pub(crate) periodic: Option<Periodic>,
+    /// Where the IO thread keeps its state (empty until it starts), which its
+    /// [`Doorbell`] lets requesters drive while the thread is parked.
+    pub(crate) core: Arc<CoreSlot>,
 }
 
 /// Something the IO thread runs every `every`, between two turns, and once more as it

@@ -27,7 +27,8 @@ use bytes::Bytes;
 use crate::addr::{Addr, ToAddr};
 use crate::deliver::{Handler, Pool};
 use crate::net::{
-    Command, Completion, IoParts, IoShared, IoThread, Listener, Outcome, PeerMap, UndeliveredHook,
+    Command, Completion, CoreSlot, Doorbell, IoParts, IoShared, IoThread, Listener, Outcome,
+    PeerMap, UndeliveredHook,
 };
 use crate::peer::{Counters, PeerShared};
 use crate::proto::NodeCounters;
@@ -221,8 +222,10 @@ impl Node {
             (None, None)
         };
         let waker = mio::Waker::new(poll.registry(), crate::net::WAKER)?;
+        // Filled by the IO thread as it is set up; its doorbell lets requesters drive it.
+        let core: Arc<CoreSlot> = Arc::new(CoreSlot::new());
         let io = Arc::new(IoShared::new(
-            waker,
+            Doorbell::new(waker, Arc::downgrade(&core)),
             journal.is_some(),
             b.effective_oob_concurrency(),
             b.max_requests,
@@ -343,6 +346,7 @@ impl Node {
             stopped: stopped.clone(),
             journal,
             periodic,
+            core,
         };
         let guard = DoneGuard(io_done.clone(), stopped.clone(), io.clone());
         let io_state = match IoThread::new(parts) {
@@ -658,6 +662,16 @@ impl Node {
         let now = self.io.clock.advance(by);
         self.io.wake();
         now
+    }
+
+    /// Not API: whether this node's IO thread blocks in its poll now with no wake-up
+    /// pending, so that a send would ask to drive its turn (see
+    /// [`IdleStats::driven_turns`]). Built only with `--cfg
+    /// cohort_internals`.
+    #[cfg(cohort_internals)]
+    #[doc(hidden)]
+    pub fn io_parked(&self) -> bool {
+        self.io.handoff.is_parked()
     }
 
     /// Not API: the latest instant, on this node's clock, that its IO thread judged its

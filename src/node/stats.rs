@@ -402,14 +402,16 @@ impl fmt::Display for Stats {
         let i = &self.idle;
         write!(
             f,
-            "\nidle: {}, stood down {} times for load, {} for contended cores",
+            "\nidle: {}, stood down {} times for load, {} for contended cores, {} turns \
+             driven by senders",
             if i.spinning {
                 "spinning after work"
             } else {
                 "blocking when idle"
             },
             i.stood_down_loaded,
-            i.stood_down_contended
+            i.stood_down_contended,
+            i.driven_turns
         )?;
         if self.events_dropped > 0 {
             write!(f, "\nevents dropped: {}", self.events_dropped)?;
@@ -522,6 +524,7 @@ mod tests {
                 spinning: false,
                 stood_down_loaded: 3,
                 stood_down_contended: 11,
+                driven_turns: 5,
             },
         }
     }
@@ -559,7 +562,8 @@ mod tests {
         assert!(table.contains("7 handler panics"), "{table}");
         assert!(
             table.contains(
-                "idle: blocking when idle, stood down 3 times for load, 11 for contended cores"
+                "idle: blocking when idle, stood down 3 times for load, 11 for contended \
+                 cores, 5 turns driven by senders"
             ),
             "{table}"
         );

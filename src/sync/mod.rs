@@ -14,7 +14,7 @@
 #[cfg(not(loom))]
 mod imp {
     pub(crate) use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
-    pub(crate) use std::sync::Arc;
+    pub(crate) use std::sync::{Arc, Weak};
 
     /// Atomics (std outside loom).
     pub(crate) mod atomic {
@@ -42,7 +42,7 @@ mod imp {
 mod imp {
     // std's `Arc` even under loom: loom's `Arc` cannot coerce to `Arc<dyn Trait>` nor be a
     // `self` receiver, and the shared state inside is loom's (atomics, locks) either way.
-    pub(crate) use std::sync::Arc;
+    pub(crate) use std::sync::{Arc, Weak};
 
     /// Atomics (loom's under `cfg(loom)`).
     pub(crate) mod atomic {

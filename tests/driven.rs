@@ -1,0 +1,218 @@
+//! Sends that find their node's IO thread parked in its poll run its turn themselves
+//! (`IdleStats::driven_turns`), over real TCP on 127.0.0.1, under `IdleStrategy::Block`
+//! (the IO thread parks whenever it is idle): the message leaves on the sending thread; a
+//! write the socket cannot take whole is finished by the IO thread; driven turns and the IO
+//! thread's own keep each sender's order, both ways at once, with mixed sizes; the
+//! application's undelivered hook still runs on the IO thread only.
+//!
+//! Each send meant to find the IO thread parked first moves the node's clock past the
+//! spacing between driven turns (`Node::advance_clock`) and waits until the thread is
+//! parked (`Node::io_parked`); the thread may still wake in between (a timer, an
+//! acknowledgement read), so the tests ask for at least one driven turn, never for all.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cohort::{Builder, Bytes, IdleStrategy, Node, SendOptions};
+use support::*;
+
+/// Sends made one at a time, each after waiting for the IO thread to park.
+const ROUNDS: u64 = 40;
+
+/// Far more than the spacing between driven turns, on the node's clock.
+const PAST_THE_GAP: Duration = Duration::from_millis(1);
+
+fn blocking(name: &str, cluster: &str) -> Builder {
+    Node::builder(name)
+        .cluster(cluster)
+        .idle_strategy(IdleStrategy::Block)
+}
+
+/// Moves `node`'s clock past the spacing between driven turns, then waits until its IO
+/// thread is parked in its poll.
+fn park(node: &Node) {
+    node.advance_clock(PAST_THE_GAP);
+    wait_until_or(
+        PATIENCE,
+        || node.io_parked(),
+        || format!("{}'s IO thread parked:\n{}", node.name(), node.stats()),
+    );
+}
+
+/// `node`'s driven turns so far.
+fn driven(node: &Node) -> u64 {
+    node.idle_stats().driven_turns
+}
+
+/// Each send finds the IO thread parked (but where a timer or an acknowledgement woke it
+/// first) and writes its message on the sending thread: every message arrives, in order,
+/// and sends drove turns, at most one each (nothing else on `a` rings its doorbell).
+#[test]
+fn a_send_that_finds_the_io_thread_parked_leaves_on_the_sending_thread() {
+    let got = OrderCheck::new();
+    let [a, b] = connected([
+        blocking("a", "t-driven-one"),
+        blocking("b", "t-driven-one").on_message(got.handler()),
+    ]);
+    let before = driven(&a);
+    for i in 0..ROUNDS {
+        park(&a);
+        a.send_slice("b", &payload(i, 64)).expect("send");
+        wait_until_or(
+            PATIENCE,
+            || got.count_from("a") == i + 1,
+            || format!("message {i} delivered:\n{}\n{}", a.stats(), b.stats()),
+        );
+    }
+    got.assert_got_exactly("b", &["a"], ROUNDS);
+    let turns = driven(&a) - before;
+    assert!(
+        (1..=ROUNDS).contains(&turns),
+        "{turns} driven turns for {ROUNDS} sends that found the IO thread parked:\n{}",
+        a.stats()
+    );
+    wait_window_whole(&a, "b");
+    shutdown_all(&[a, b]);
+}
+
+/// A message far larger than the sender's socket buffer, sent by a driven turn: the turn
+/// writes what the socket takes and leaves the rest, with the socket's writable interest
+/// armed, to the IO thread, which finishes it. Every message arrives whole.
+#[test]
+fn a_driven_write_the_socket_cannot_take_whole_is_finished_by_the_io_thread() {
+    // A tiny send buffer on loopback is slow in itself (the kernel's: about 600 ms per MiB
+    // here, raw sockets alike), so the messages are a quarter of that.
+    const LARGE: usize = 256 * 1024;
+    const COUNT: u64 = 6;
+    let got = OrderCheck::new();
+    let [a, b] = connected([
+        blocking("a", "t-driven-large").socket_buffers(Some(8 * 1024), None),
+        blocking("b", "t-driven-large").on_message(got.handler()),
+    ]);
+    let before = driven(&a);
+    for i in 0..COUNT {
+        park(&a);
+        a.send("b", payload(i, LARGE)).expect("send");
+        wait_until_or(
+            PATIENCE,
+            || got.count_from("a") == i + 1,
+            || format!("message {i} delivered:\n{}\n{}", a.stats(), b.stats()),
+        );
+    }
+    got.assert_got_exactly("b", &["a"], COUNT);
+    assert!(driven(&a) > before, "no send drove a turn:\n{}", a.stats());
+    wait_window_whole(&a, "b");
+    shutdown_all(&[a, b]);
+}
+
+/// Message `i`'s size: small ones framed by their sender, a mid-size one, and ones
+/// larger than a sender frames (queued whole), in turn.
+fn mixed(i: u64) -> usize {
+    [8, 700, 5_000, 70_000][(i % 4) as usize]
+}
+
+/// Both members stream to each other from the first instant, with mixed sizes, and each
+/// sender pauses now and then until its IO thread parks, so that its next send drives a
+/// turn while the other side's stream goes on: driven turns and the IO threads' own
+/// publish one stream each way, and every message arrives once, in order, with every
+/// permit back.
+#[test]
+fn driven_and_io_thread_turns_keep_each_senders_order_both_ways() {
+    const COUNT: u64 = 3_000;
+    let checks = [OrderCheck::new(), OrderCheck::new()];
+    let nodes = connected([
+        blocking("a", "t-driven-both").on_message(checks[0].handler()),
+        blocking("b", "t-driven-both").on_message(checks[1].handler()),
+    ]);
+    let before = nodes.each_ref().map(driven);
+    std::thread::scope(|s| {
+        for (me, to) in [(0, "b"), (1, "a")] {
+            let node = &nodes[me];
+            s.spawn(move || {
+                let sender = node.sender();
+                for i in 0..COUNT {
+                    if i % 97 == 0 {
+                        // A pause the IO thread may park in (it may not: the other
+                        // stream keeps it busy); the send after it drives a turn if so.
+                        node.advance_clock(PAST_THE_GAP);
+                        poll_until(Duration::from_millis(200), || node.io_parked());
+                    }
+                    let p = payload(i, mixed(i));
+                    if i % 2 == 0 {
+                        send_patiently(&sender, to, p);
+                    } else {
+                        sender.send_slice(to, &p).expect("send_slice");
+                    }
+                }
+            });
+        }
+    });
+    for (check, (me, from)) in checks.iter().zip([("a", "b"), ("b", "a")]) {
+        wait_until_or(
+            PATIENCE,
+            || check.count_from(from) == COUNT,
+            || format!("{me} got every message:\n{}", all_stats(&nodes)),
+        );
+        check.assert_got_exactly(me, &[from], COUNT);
+    }
+    let turns: Vec<u64> = (0..2).map(|i| driven(&nodes[i]) - before[i]).collect();
+    assert!(
+        turns.iter().sum::<u64>() > 0,
+        "no send drove a turn ({turns:?}):\n{}",
+        all_stats(&nodes)
+    );
+    wait_windows_whole(&nodes);
+    shutdown_all(&nodes);
+}
+
+/// A message that expires before it leaves, found so by a driven turn, is reported to the
+/// application's undelivered hook on the IO thread, never inside the send that drove the
+/// turn (the hook is the application's code; the sending thread may hold its locks).
+#[test]
+fn an_expiry_a_driven_turn_finds_is_reported_on_the_io_thread() {
+    let reports: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+    let r = reports.clone();
+    let [a, b] = connected([
+        blocking("a", "t-driven-hook").on_undelivered(move |_peer, msgs: Vec<Bytes>| {
+            let thread = std::thread::current().name().unwrap_or("").to_owned();
+            r.lock().expect("reports").push((thread, msgs.len()));
+        }),
+        blocking("b", "t-driven-hook"),
+    ]);
+    let before = driven(&a);
+    let mut sent = 0;
+    while sent < ROUNDS && driven(&a) == before {
+        park(&a);
+        a.send_with(
+            "b",
+            payload(sent, 64),
+            SendOptions::new().ttl(Duration::ZERO),
+        )
+        .expect("send");
+        sent += 1;
+        wait_until_or(
+            PATIENCE,
+            || {
+                reports
+                    .lock()
+                    .expect("reports")
+                    .iter()
+                    .map(|r| r.1)
+                    .sum::<usize>()
+                    == sent as usize
+            },
+            || format!("expiry {sent} reported:\n{}", a.stats()),
+        );
+    }
+    assert!(
+        driven(&a) > before,
+        "no send drove a turn in {sent} tries:\n{}",
+        a.stats()
+    );
+    for (thread, _) in reports.lock().expect("reports").iter() {
+        assert_eq!(thread, "a-io", "the undelivered hook ran on {thread:?}");
+    }
+    shutdown_all(&[a, b]);
+}
