@@ -24,15 +24,18 @@
 //! - While the IO thread blocks in its poll ([`park`](Handoff::park) to
 //!   [`unpark`](Handoff::unpark)), the doorbell first asks the waker to run the IO
 //!   thread's turn on the requester's own thread ([`Wake::drive`]): the requester takes
-//!   the IO thread's state if nobody holds it, and the turn takes the wake-up and the
-//!   lists as the IO thread's would. A send then leaves on the sending thread, with no
-//!   wake-up of another thread on its way (see `net/io.rs`, "Driven turns"). Where the
-//!   waker declines, the doorbell wakes the IO thread as before.
+//!   the IO thread's state ([`Parking`]) if nobody holds it, and the turn takes the
+//!   wake-up and the lists as the IO thread's would. A send then leaves on the sending
+//!   thread, before any other thread is woken (see `IoCore::drive` in `net/io.rs`). Where
+//!   the waker declines, the doorbell wakes the IO thread as before; a driven turn that
+//!   leaves the IO thread work wakes it after, with a wake-up left pending
+//!   ([`pend`](Handoff::pend)).
 //!
 //! Invariants (loom model: `loom-tests/tests/handoff.rs`): a request pushed to a list is
 //! taken by a turn of the IO thread that a wake-up or a spin started, or by a turn a
 //! requester drove — never stranded — and the IO thread is woken at most once per
-//! [`take_wake`](Handoff::take_wake) that finds a wake-up pending.
+//! [`take_wake`](Handoff::take_wake) that finds a wake-up pending, and once more per
+//! driven turn that wakes it after.
 //!
 //! Public so that the loom models check this code rather than a copy; it is not meant for
 //! applications.
@@ -51,9 +54,11 @@ pub trait Wake: Send + Sync {
     /// The IO thread is parked: runs one turn of it on the calling thread if that may be
     /// done now (nobody holds its state, and the waker's own rules allow it). Returns
     /// whether a turn ran: one that took the pending wake-up
-    /// ([`take_wake`](Handoff::take_wake)) and then every list, so every request pushed
-    /// before the call. `false` (the default) leaves the wake-up to [`wake`](Wake::wake).
-    /// Never blocks: a turn that cannot start at once does not run.
+    /// ([`take_wake`](Handoff::take_wake)) and then the lists, and left what it did not
+    /// take (commands) to the IO thread with a wake-up pending ([`pend`](Handoff::pend))
+    /// and the IO thread woken; so every request pushed before the call is taken.
+    /// `false` (the default) leaves the wake-up to [`wake`](Wake::wake). Never blocks: a
+    /// turn that cannot start at once does not run.
     fn drive(&self) -> bool {
         false
     }
@@ -171,17 +176,6 @@ impl Handoff {
     /// Wakes the IO thread unless a wake-up is already pending or the IO thread spins.
     /// Call after pushing the request (a list push, a command, the journal writer's marks).
     pub fn ring(&self) {
-        self.ring_and(true);
-    }
-
-    /// [`ring`](Handoff::ring), but never a driven turn: for what only the IO thread's own
-    /// turn does (the journal writer's marks, a test's clock moved forward: timeouts to
-    /// judge).
-    pub fn ring_io(&self) {
-        self.ring_and(false);
-    }
-
-    fn ring_and(&self, drive: bool) {
         // AcqRel: our push happens-before the IO thread's take of the lists that follows a
         // `take_wake` reading this value. (The lists' lock already orders it: the doorbell's
         // read-modify-writes are totally ordered, so a take whose lock came before our
@@ -195,7 +189,7 @@ impl Handoff {
             // requester that rings while a driven turn runs either finds our PENDING (the
             // turn's `take_wake` comes after its push: the turn takes it) or finds it
             // taken, fails to drive (the state is held) and wakes the IO thread.
-            if drive && was & PARKED != 0 && self.waker.drive() {
+            if was & PARKED != 0 && self.waker.drive() {
                 return;
             }
             if let Err(e) = self.waker.wake() {
@@ -204,10 +198,27 @@ impl Handoff {
         }
     }
 
-    /// Wakes the IO thread's poll now, whatever the doorbell says: a driven turn left it
-    /// work (see [`Wake::drive`]).
-    pub fn wake_now(&self) -> std::io::Result<()> {
-        self.waker.wake()
+    /// [`ring`](Handoff::ring), but for what only a turn of the IO thread's own does (the
+    /// journal writer's marks, a test's clock moved forward: timeouts to judge): never a
+    /// driven turn, and a wake-up call even where one is pending (the turn a pending
+    /// wake-up promises may be a requester's), unless the IO thread spins.
+    pub fn ring_io(&self) {
+        // AcqRel: as `ring`.
+        let was = self.doorbell.fetch_or(PENDING, Ordering::AcqRel);
+        if was & SPINNING == 0 {
+            if let Err(e) = self.waker.wake() {
+                log::error!("cannot wake the IO thread: {e}");
+            }
+        }
+    }
+
+    /// A driven turn that will wake the IO thread once it has let the state go: leaves a
+    /// wake-up pending, so that the IO thread's turn takes the requests the driven one left
+    /// (commands) and whatever came meanwhile (a requester that finds it pending neither
+    /// drives nor wakes: the wake-up that follows covers it).
+    pub fn pend(&self) {
+        // AcqRel: as `ring`.
+        self.doorbell.fetch_or(PENDING, Ordering::AcqRel);
     }
 
     /// Whether the IO thread blocks in its poll now with no wake-up pending, so that a
@@ -341,16 +352,15 @@ impl<T> Parking<T> {
     }
 
     /// A requester: runs `turn` on the state if the IO thread is parked and nobody else
-    /// holds the state now; returns what `turn` returned, or `false` where it did not run.
-    /// Never blocks.
-    pub fn drive(&self, turn: impl FnOnce(&mut T) -> bool) -> bool {
-        let Some(mut slot) = self.slot.try_lock() else {
-            return false; // the IO thread's (back from its poll), or another's turn
-        };
+    /// holds the state now; returns what `turn` returned, or `None` where it did not run.
+    /// Never blocks; the state is let go before this returns.
+    pub fn drive<R>(&self, turn: impl FnOnce(&mut T) -> R) -> Option<R> {
+        // The IO thread's (back from its poll), or another's turn: `None`.
+        let mut slot = self.slot.try_lock()?;
         if !slot.parked {
-            return false;
+            return None;
         }
-        slot.state.as_mut().is_some_and(turn)
+        slot.state.as_mut().map(turn)
     }
 }
 
@@ -482,6 +492,11 @@ impl<C> Commands<C> {
         }
         q.list.push(c);
         Ok(())
+    }
+
+    /// Whether no command waits (a driven turn leaves commands to the IO thread).
+    pub fn is_empty(&self) -> bool {
+        self.queue.lock().list.is_empty()
     }
 
     /// The IO thread: the commands pushed since the last call, in order.

@@ -169,18 +169,25 @@ fn driven_and_io_thread_turns_keep_each_senders_order_both_ways() {
 
 /// A message that expires before it leaves, found so by a driven turn, is reported to the
 /// application's undelivered hook on the IO thread, never inside the send that drove the
-/// turn (the hook is the application's code; the sending thread may hold its locks).
+/// turn (the hook is the application's code; the sending thread may hold its locks). A
+/// turn of the IO thread's own may take a send first (a timer woke it) and find it not yet
+/// expired, and send it: each message is reported or delivered.
 #[test]
 fn an_expiry_a_driven_turn_finds_is_reported_on_the_io_thread() {
     let reports: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
     let r = reports.clone();
+    let got = Counter::new();
     let [a, b] = connected([
         blocking("a", "t-driven-hook").on_undelivered(move |_peer, msgs: Vec<Bytes>| {
             let thread = std::thread::current().name().unwrap_or("").to_owned();
             r.lock().expect("reports").push((thread, msgs.len()));
         }),
-        blocking("b", "t-driven-hook"),
+        blocking("b", "t-driven-hook").on_message(got.handler()),
     ]);
+    let reported = || -> u64 {
+        let reports = reports.lock().expect("reports");
+        reports.iter().map(|r| r.1 as u64).sum()
+    };
     let before = driven(&a);
     let mut sent = 0;
     while sent < ROUNDS && driven(&a) == before {
@@ -194,16 +201,8 @@ fn an_expiry_a_driven_turn_finds_is_reported_on_the_io_thread() {
         sent += 1;
         wait_until_or(
             PATIENCE,
-            || {
-                reports
-                    .lock()
-                    .expect("reports")
-                    .iter()
-                    .map(|r| r.1)
-                    .sum::<usize>()
-                    == sent as usize
-            },
-            || format!("expiry {sent} reported:\n{}", a.stats()),
+            || reported() + got.get() == sent,
+            || format!("message {sent} reported or delivered:\n{}", a.stats()),
         );
     }
     assert!(
@@ -211,8 +210,49 @@ fn an_expiry_a_driven_turn_finds_is_reported_on_the_io_thread() {
         "no send drove a turn in {sent} tries:\n{}",
         a.stats()
     );
+    // The driven turn's `now` comes after the send's deadline: its message expired.
+    assert!(reported() > 0, "nothing reported in {sent} tries");
     for (thread, _) in reports.lock().expect("reports").iter() {
         assert_eq!(thread, "a-io", "the undelivered hook ran on {thread:?}");
     }
     shutdown_all(&[a, b]);
+}
+
+/// A command rung while the IO thread is parked is left to the IO thread's own turn, so
+/// what the command promises its caller holds: `remove_peer` returns only once the removed
+/// member's queued messages were reported to the undelivered hook (the report runs on the
+/// IO thread, which a driven turn leaves it to). Several members, each down for good (its
+/// address held, so dials to it are refused), each removed while the IO thread is parked.
+#[test]
+fn remove_peer_on_a_parked_io_thread_reports_before_it_returns() {
+    const QUEUED: u64 = 5;
+    const MEMBERS: u64 = 8;
+    let reported = Counter::new();
+    let r = reported.clone();
+    let a = blocking("a", "t-driven-remove")
+        .on_undelivered(move |_peer, msgs: Vec<Bytes>| {
+            for _ in msgs {
+                r.add();
+            }
+        })
+        .start()
+        .expect("a starts");
+    let down = HeldAddr::new();
+    for m in 0..MEMBERS {
+        let name = format!("down-{m}");
+        a.add_peer(&name, down.addr())
+            .expect("add a member that is down");
+        for i in 0..QUEUED {
+            a.send_slice(&name, &payload(i, 64)).expect("queued");
+        }
+        park(&a);
+        a.remove_peer(&name).expect("remove");
+        assert_eq!(
+            reported.get(),
+            (m + 1) * QUEUED,
+            "remove_peer of {name} returned before its report:\n{}",
+            a.stats()
+        );
+    }
+    a.shutdown(SHUTDOWN).expect("a shuts down");
 }

@@ -156,6 +156,13 @@ impl SpinCounters {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Whether the IO thread spins after work now (a driven turn then wakes it, so that
+    /// it spins for what answers the messages the turn wrote).
+    pub(super) fn is_on(&self) -> bool {
+        // Relaxed: a hint; a stale reading costs one wake-up, or one spin, more or less.
+        self.on.load(Ordering::Relaxed)
+    }
+
     /// Notes a turn that a requester drove while the IO thread was parked.
     pub(super) fn driven(&self) {
         self.driven.fetch_add(1, Ordering::Relaxed);
@@ -210,10 +217,12 @@ pub struct IdleStats {
     /// threads or processes for more than 200 µs of a window (at once, for the rest of that
     /// window; it resumes after it unless the window was a loaded one).
     pub stood_down_contended: u64,
-    /// Turns of the IO thread that a sending thread (or a pool thread whose handler sent)
-    /// ran itself, finding the IO thread blocked in its poll: its messages left without a
-    /// wake-up of the IO thread. At most one per 20 µs; a node with a journal or an
-    /// outbound filter never has one.
+    /// Turns of the IO thread that another thread ran itself (a send, a handler's reply,
+    /// a pool thread returning credit), finding the IO thread blocked in its poll: the
+    /// messages it published were written on that thread, before any other thread was
+    /// woken. Turns that publish are at least 20 µs apart (faster sends are a stream, which
+    /// the IO thread takes in batches); a node with a journal or an outbound filter never
+    /// has one.
     pub driven_turns: u64,
 }
 

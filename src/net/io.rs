@@ -123,9 +123,13 @@ pub(crate) struct IoCore {
     published_at: Option<Instant>,
     /// Inside a driven turn.
     driving: bool,
-    /// Messages a driven turn found undelivered, reported by the IO thread's next turn
-    /// (the hook is the application's code: never run inside one of its own sends).
-    undelivered_later: Vec<(String, Vec<crate::proto::Unacked>)>,
+    /// What a driven turn leaves to the IO thread's next turn, in order: what runs or
+    /// drops the application's code (undelivered messages: the hook, or the payloads'
+    /// drops; events and pool tasks: the callbacks and the inbox's waker), and changes to
+    /// the node's peer map (whose lock a sending thread may hold as it rings). Never run
+    /// inside the send that drove the turn: the sending thread may hold the application's
+    /// locks, or the map's.
+    later: Vec<Output>,
     /// A driven turn panicked: the IO thread stops with it, as if the turn had been its own.
     failed: Option<Box<dyn std::any::Any + Send>>,
 }
@@ -153,10 +157,35 @@ impl Wake for Doorbell {
     fn drive(&self) -> bool {
         // Never waits: a state in other hands (the IO thread's, back from its poll, or
         // another requester's turn) means the doorbell wakes the IO thread instead.
-        self.core
+        let Some(wake) = self
+            .core
             .upgrade()
-            .is_some_and(|core| core.drive(IoCore::drive))
+            .and_then(|core| core.drive(IoCore::drive))
+            .flatten()
+        else {
+            return false;
+        };
+        // Once the state is let go: the IO thread, woken, takes it at once.
+        if wake {
+            if let Err(e) = self.waker.wake() {
+                log::error!("cannot wake the IO thread: {e}");
+            }
+        }
+        true
     }
+}
+
+/// Whether a driven turn leaves `out` to the IO thread ([`IoCore::later`]): what runs or
+/// drops the application's code, and what changes the node's peer map.
+fn left_to_the_io_thread(out: &Output) -> bool {
+    matches!(
+        out,
+        Output::Undelivered { .. }
+            | Output::Event(_)
+            | Output::Task(_)
+            | Output::Admitted(_)
+            | Output::Forget(_)
+    )
 }
 
 fn link(token: Token) -> LinkId {
@@ -165,6 +194,8 @@ fn link(token: Token) -> LinkId {
 
 impl IoThread {
     pub(crate) fn new(parts: IoParts) -> std::io::Result<IoThread> {
+        // First: what can fail here must not leave a journal writer running.
+        let registry = parts.poll.registry().try_clone()?;
         let (shared, window) = (parts.shared.clone(), parts.config.proto.window);
         let new_peer: crate::proto::NewPeer = Box::new(move |name| shared.new_peer(name, window));
         let (writer, journal) = match parts.journal {
@@ -192,7 +223,6 @@ impl IoThread {
         );
         let read_buffers = Arc::clone(endpoint.read_buffers());
         let drivable = writer.is_none() && parts.config.proto.outbound_filter.is_none();
-        let registry = parts.poll.registry().try_clone()?;
         let core = IoCore {
             cfg: parts.config,
             registry,
@@ -224,7 +254,7 @@ impl IoThread {
             drivable,
             published_at: None,
             driving: false,
-            undelivered_later: Vec::new(),
+            later: Vec::new(),
             failed: None,
         };
         Ok(IoThread {
@@ -283,12 +313,12 @@ impl IoThread {
             let Some(state) = held.state() else {
                 return;
             };
+            state.run_later(shared.clock.now());
             if let Some(panic) = state.failed.take() {
                 // A driven turn panicked with the state in its hands: stop as if the turn
                 // had been ours (the node's guard closes what a panicking IO thread leaves).
                 std::panic::resume_unwind(panic);
             }
-            state.report_undelivered_later();
             if let Err(e) = polled {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
@@ -376,45 +406,49 @@ impl IoCore {
 
     // ---- driven turns --------------------------------------------------------------
 
-    /// A turn of the IO thread run by a requester (a sending thread, or a pool thread whose
-    /// handler sends) that rang while the IO thread was parked: it takes the wake-up and
-    /// the requests (the messages just queued among them), publishes and writes them, and
-    /// does what the endpoint asks, as the IO thread would have after waking. A message
-    /// then leaves on the thread that sent it, with no wake-up of another thread on its
-    /// way: the sending half of a request/reply crosses one thread hop less on each node.
-    /// Runs only while the IO thread blocks in its poll (its loop holds the state
-    /// otherwise), on a node without journal or outbound filter, and at most once per
-    /// [`DRIVE_GAP`] after a turn that published (what comes faster is a stream: the IO
-    /// thread, woken, takes it in batches). The application's undelivered hook is left to
-    /// the IO thread. Whatever the turn leaves for the loop (input to read, connections to
-    /// accept, a command's consequences, a timer earlier than the one the poll waits
-    /// for) wakes the IO thread. Returns whether the turn ran.
-    fn drive(&mut self) -> bool {
-        if !self.drivable {
-            return false;
+    /// A turn of the IO thread run by a requester (a sending thread, a pool thread whose
+    /// handler replies or whose deliveries return credit) that rang while the IO thread was
+    /// parked: it takes the wake-up and the lists of scheduled peers and credit to return,
+    /// publishes, and does what the endpoint asks (its writes leave on this thread). A
+    /// message then leaves on the thread that sent it, with no wake-up of another thread on
+    /// its way: the sending half of a request/reply crosses one thread hop less on each
+    /// node. Runs only while the IO thread blocks in its poll ([`Parking::drive`]), on a
+    /// node without journal or outbound filter, and not within [`DRIVE_GAP`] of a turn
+    /// that published (what comes faster is a stream: the IO thread, woken, takes it in
+    /// batches). It leaves to the IO thread the commands (a caller may wait for what only
+    /// the IO thread's turn completes, such as `remove_peer`'s report), reading, accepting
+    /// and the timers, and what [`later`](IoCore::later) holds. Returns `None` where it
+    /// declined, else whether the IO thread must be woken once the state is let go: for
+    /// what the turn left it (commands, input, connections, outputs held for later, a timer
+    /// earlier than the one its poll waits for: a quiet node's put-off tick, brought back
+    /// by the send), or to spin for the answers to what the turn wrote (while its idle
+    /// strategy spins after work).
+    fn drive(&mut self) -> Option<bool> {
+        if !self.drivable || self.failed.is_some() {
+            return None;
         }
         let now = self.shared.clock.now();
         if self
             .published_at
             .is_some_and(|at| now.saturating_duration_since(at) < DRIVE_GAP)
         {
-            return false;
+            return None;
         }
         self.driving = true;
         let turn = catch_unwind(AssertUnwindSafe(|| {
             // Our own pending wake-up, at least: see `Handoff::ring`.
             self.shared.take_wake();
-            let commands = self.handle_requests(now);
+            self.take_lists(now);
             self.drain(now);
-            commands
         }));
         self.driving = false;
         self.shared.spin.driven();
-        let wake_loop = match turn {
-            Ok(commands) => {
-                commands
+        let wake = match turn {
+            Ok(()) => {
+                !self.shared.commands.is_empty()
                     || self.busy()
-                    || !self.undelivered_later.is_empty()
+                    || !self.later.is_empty()
+                    || self.shared.spin.is_on()
                     || match (self.wake_at(), self.parked_until) {
                         (Some(want), Some(until)) => want < until,
                         (Some(_), None) => true,
@@ -430,36 +464,16 @@ impl IoCore {
                 true
             }
         };
-        if wake_loop {
-            if let Err(e) = self.shared.handoff.wake_now() {
-                log::error!("cannot wake the IO thread: {e}");
-            }
+        if wake {
+            self.shared.handoff.pend();
         }
-        true
+        Some(wake)
     }
 
-    /// Reports to the application's hook what driven turns found undelivered.
-    fn report_undelivered_later(&mut self) {
-        for (peer, messages) in std::mem::take(&mut self.undelivered_later) {
-            self.report_undelivered(&peer, messages);
-        }
-    }
-
-    /// Tells the application's hook, if any, of `messages` to `peer` that will never be
-    /// delivered: at once on the IO thread, at its next turn from a driven one.
-    fn report_undelivered(&mut self, peer: &str, messages: Vec<crate::proto::Unacked>) {
-        let Some(hook) = &self.undelivered else {
-            return;
-        };
-        if self.driving {
-            self.undelivered_later.push((peer.to_owned(), messages));
-            return;
-        }
-        if catch_unwind(AssertUnwindSafe(|| hook(peer, messages))).is_err() {
-            log::error!(
-                "{}: the on_undelivered hook panicked; continuing",
-                self.cfg.proto.name
-            );
+    /// Does what driven turns left for the IO thread ([`later`](IoCore::later)), in order.
+    fn run_later(&mut self, now: Instant) {
+        for out in std::mem::take(&mut self.later) {
+            self.output(now, out);
         }
     }
 
@@ -473,54 +487,68 @@ impl IoCore {
     /// ([`Endpoint::poll`]): pool tasks and events, journal batches and syncs, writes.
     fn drain(&mut self, now: Instant) {
         while let Some(out) = self.endpoint.poll(now) {
-            match out {
-                Output::Task(t) => self.submit(t),
-                Output::Journal((n, records)) => {
-                    // A small batch may be appended here, with nothing queued ahead of it
-                    // and the writer idle: its bytes are released at once, with no
-                    // hand-over to the writer thread and back.
-                    if self.writer.as_ref().is_some_and(|w| w.submit(n, records)) {
-                        self.journal_progress(now);
-                    }
-                }
-                Output::JournalSync(n) => {
-                    let Some(done) = self.sync_asked.pop_front() else {
-                        continue;
-                    };
-                    // After a journal failure (`None`) the caller is never told the sync
-                    // succeeded: it sees the node stop (`Error::Closed`).
-                    if let (Some(n), Some(writer)) = (n, &self.writer) {
-                        writer.sync(n);
-                        self.syncs.push((n, done));
-                        self.complete_syncs();
-                        self.journal_progress(now);
-                    } else {
-                        done.abandon();
-                    }
-                }
-                Output::Transmit(id) => self.write_link(id, now),
-                Output::Dial { target, name, addr } => {
-                    self.dial(now, target, name.as_deref(), &addr)
-                }
-                Output::Close { link, last } => {
-                    if let Some(mut c) = self.conns.remove(&link) {
-                        c.write_last(&last);
-                        let _ = &self.registry.deregister(&mut c.stream);
-                    }
-                }
-                Output::Resume(link) => self.mark_read_pending(link),
-                Output::Undelivered { peer, messages } => {
-                    self.report_undelivered(&peer, messages);
-                }
-                Output::Admitted(shared) => crate::peer::admit(&self.peers_map, shared),
-                Output::JournalFailed => {}
-                Output::Event(event) => self.tell(event),
-                Output::Forget(shared) => {
-                    crate::peer::forget(&self.peers_map, &shared);
-                }
-                Output::Datagram { to, packet } => self.send_datagram(to, &packet),
-                Output::Resolve { name, host } => self.resolve(name, host),
+            if self.driving && left_to_the_io_thread(&out) {
+                self.later.push(out);
+            } else {
+                self.output(now, out);
             }
+        }
+    }
+
+    /// Does what one of the endpoint's outputs asks.
+    fn output(&mut self, now: Instant, out: Output) {
+        match out {
+            Output::Task(t) => self.submit(t),
+            Output::Journal((n, records)) => {
+                // A small batch may be appended here, with nothing queued ahead of it
+                // and the writer idle: its bytes are released at once, with no
+                // hand-over to the writer thread and back.
+                if self.writer.as_ref().is_some_and(|w| w.submit(n, records)) {
+                    self.journal_progress(now);
+                }
+            }
+            Output::JournalSync(n) => {
+                let Some(done) = self.sync_asked.pop_front() else {
+                    return;
+                };
+                // After a journal failure (`None`) the caller is never told the sync
+                // succeeded: it sees the node stop (`Error::Closed`).
+                if let (Some(n), Some(writer)) = (n, &self.writer) {
+                    writer.sync(n);
+                    self.syncs.push((n, done));
+                    self.complete_syncs();
+                    self.journal_progress(now);
+                } else {
+                    done.abandon();
+                }
+            }
+            Output::Transmit(id) => self.write_link(id, now),
+            Output::Dial { target, name, addr } => self.dial(now, target, name.as_deref(), &addr),
+            Output::Close { link, last } => {
+                if let Some(mut c) = self.conns.remove(&link) {
+                    c.write_last(&last);
+                    let _ = &self.registry.deregister(&mut c.stream);
+                }
+            }
+            Output::Resume(link) => self.mark_read_pending(link),
+            Output::Undelivered { peer, messages } => {
+                if let Some(hook) = &self.undelivered {
+                    if catch_unwind(AssertUnwindSafe(|| hook(&peer, messages))).is_err() {
+                        log::error!(
+                            "{}: the on_undelivered hook panicked; continuing",
+                            self.cfg.proto.name
+                        );
+                    }
+                }
+            }
+            Output::Admitted(shared) => crate::peer::admit(&self.peers_map, shared),
+            Output::JournalFailed => {}
+            Output::Event(event) => self.tell(event),
+            Output::Forget(shared) => {
+                crate::peer::forget(&self.peers_map, &shared);
+            }
+            Output::Datagram { to, packet } => self.send_datagram(to, &packet),
+            Output::Resolve { name, host } => self.resolve(name, host),
         }
     }
 
@@ -659,12 +687,16 @@ impl IoCore {
 
     /// Hands the requests of other threads to the endpoint: commands, scheduled peers,
     /// credit to return. Returns whether there were commands.
-    fn handle_requests(&mut self, now: Instant) -> bool {
+    fn handle_requests(&mut self, now: Instant) {
         let commands = self.shared.commands.take();
-        let had_commands = !commands.is_empty();
         for c in commands {
             self.command(now, c);
         }
+        self.take_lists(now);
+    }
+
+    /// Hands the scheduled peers and the credit to return to the endpoint.
+    fn take_lists(&mut self, now: Instant) {
         let ready = self.shared.handoff.take_ready();
         if !ready.is_empty() {
             self.published_at = Some(now);
@@ -676,7 +708,6 @@ impl IoCore {
         for id in credit {
             self.endpoint.handle(now, Input::FlushCredit(id));
         }
-        had_commands
     }
 
     /// Hands a command to the endpoint. A command its caller waits for completes only once
