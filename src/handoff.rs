@@ -26,16 +26,16 @@
 //!   thread's turn on the requester's own thread ([`Wake::drive`]): the requester takes
 //!   the IO thread's state ([`Parking`]) if nobody holds it, and the turn takes the
 //!   wake-up and the lists as the IO thread's would. A send then leaves on the sending
-//!   thread, before any other thread is woken (see `IoCore::drive` in `net/io.rs`). Where
+//!   thread, with no hand-off to the IO thread (see `IoCore::drive` in `net/io.rs`). Where
 //!   the waker declines, the doorbell wakes the IO thread as before; a driven turn that
 //!   leaves the IO thread work wakes it after, with a wake-up left pending
 //!   ([`pend`](Handoff::pend)).
 //!
 //! Invariants (loom model: `loom-tests/tests/handoff.rs`): a request pushed to a list is
 //! taken by a turn of the IO thread that a wake-up or a spin started, or by a turn a
-//! requester drove — never stranded — and the IO thread is woken at most once per
-//! [`take_wake`](Handoff::take_wake) that finds a wake-up pending, and once more per
-//! driven turn that wakes it after.
+//! requester drove — never stranded — and a requester's ring wakes the IO thread at most
+//! once per [`take_wake`](Handoff::take_wake) that finds a wake-up pending; a driven turn
+//! that wakes it after, and [`ring_io`](Handoff::ring_io), may add a call each.
 //!
 //! Public so that the loom models check this code rather than a copy; it is not meant for
 //! applications.
@@ -173,9 +173,21 @@ impl Handoff {
         }
     }
 
-    /// Wakes the IO thread unless a wake-up is already pending or the IO thread spins.
-    /// Call after pushing the request (a list push, a command, the journal writer's marks).
+    /// Wakes the IO thread unless a wake-up is already pending or the IO thread spins;
+    /// where the IO thread is parked, the waker may drive its turn here instead
+    /// ([`Wake::drive`]). Call after pushing the request (a list push) and letting go of
+    /// its lock.
     pub fn ring(&self) {
+        self.ring_with(may_drive());
+    }
+
+    /// [`ring`](Handoff::ring), but never a driven turn: for a request only the IO thread's
+    /// own turn takes (a command).
+    pub fn ring_undriven(&self) {
+        self.ring_with(false);
+    }
+
+    fn ring_with(&self, drive: bool) {
         // AcqRel: our push happens-before the IO thread's take of the lists that follows a
         // `take_wake` reading this value. (The lists' lock already orders it: the doorbell's
         // read-modify-writes are totally ordered, so a take whose lock came before our
@@ -185,11 +197,12 @@ impl Handoff {
         let was = self.doorbell.fetch_or(PENDING, Ordering::AcqRel);
         if was & (PENDING | SPINNING) == 0 {
             // A driven turn takes the wake-up we just set, after our push: it takes our
-            // request. One that does not run leaves it to the IO thread, woken here. A
-            // requester that rings while a driven turn runs either finds our PENDING (the
-            // turn's `take_wake` comes after its push: the turn takes it) or finds it
-            // taken, fails to drive (the state is held) and wakes the IO thread.
-            if was & PARKED != 0 && self.waker.drive() {
+            // request, or leaves it (a command) to the IO thread with a wake-up pending and
+            // the thread woken. One that does not run leaves it to the IO thread, woken
+            // here. A requester that rings while a driven turn runs either finds our
+            // PENDING (the turn's `take_wake` comes after its push: the turn takes it) or
+            // finds it taken, fails to drive (the state is held) and wakes the IO thread.
+            if drive && was & PARKED != 0 && self.waker.drive() {
                 return;
             }
             if let Err(e) = self.waker.wake() {
@@ -299,6 +312,33 @@ impl Handoff {
     pub fn take_credit_flush(&self) -> Vec<usize> {
         std::mem::take(&mut *self.credit_flush.lock())
     }
+}
+
+std::thread_local! {
+    /// Set while this thread holds a lock that a driven turn, or the application's code
+    /// it may run, could take (the peer map's, in a look-up): its rings wake the IO thread
+    /// instead of driving a turn ([`undriven`]).
+    static UNDRIVEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with this thread's rings never driving a turn of the IO thread: for code that
+/// holds a lock a driven turn could take (parking_lot's locks are not reentrant).
+pub fn undriven<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let was = self.0;
+            let _ = UNDRIVEN.try_with(|u| u.set(was));
+        }
+    }
+    let _restore = Restore(UNDRIVEN.try_with(|u| u.replace(true)).unwrap_or(false));
+    f()
+}
+
+/// Whether this thread's rings may drive a turn (not inside [`undriven`]; a thread whose
+/// thread-locals are gone does not).
+fn may_drive() -> bool {
+    UNDRIVEN.try_with(|u| !u.get()).unwrap_or(false)
 }
 
 /// Where the IO thread keeps its state (`T`: `net::IoCore`): in its loop's hands while it
@@ -525,7 +565,8 @@ impl<C: Abandon> Commands<C> {
     /// thread has stopped, abandoned at once.
     pub fn send(&self, c: C, handoff: &Handoff) {
         match self.push(c) {
-            Ok(()) => handoff.ring(),
+            // Never driven: a driven turn leaves commands to the IO thread.
+            Ok(()) => handoff.ring_undriven(),
             Err(c) => c.abandon(),
         }
     }

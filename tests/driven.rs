@@ -3,7 +3,8 @@
 //! (the IO thread parks whenever it is idle): the message leaves on the sending thread; a
 //! write the socket cannot take whole is finished by the IO thread; driven turns and the IO
 //! thread's own keep each sender's order, both ways at once, with mixed sizes; the
-//! application's undelivered hook still runs on the IO thread only.
+//! application's undelivered hook still runs on the IO thread only; commands and sends
+//! that ring under the peer map's lock never drive a turn.
 //!
 //! Each send meant to find the IO thread parked first moves the node's clock past the
 //! spacing between driven turns (`Node::advance_clock`) and waits until the thread is
@@ -74,6 +75,47 @@ fn a_send_that_finds_the_io_thread_parked_leaves_on_the_sending_thread() {
         a.stats()
     );
     wait_window_whole(&a, "b");
+    shutdown_all(&[a, b]);
+}
+
+/// A send by name that finds its peer in the node's map (the first on its thread) rings
+/// under the map's read lock: that ring never drives a turn (what the turn drops or runs
+/// could take the lock again, and parking_lot's locks are not reentrant); the thread's
+/// next send, which finds the peer remembered, may. Each on a fresh thread.
+#[test]
+fn a_send_that_rings_under_the_peer_maps_lock_never_drives() {
+    let got = OrderCheck::new();
+    let [a, b] = connected([
+        blocking("a", "t-driven-map"),
+        blocking("b", "t-driven-map").on_message(got.handler()),
+    ]);
+    let delivered = |n: u64| {
+        wait_until_or(
+            PATIENCE,
+            || got.count_from("a") == n,
+            || format!("{n} messages delivered:\n{}\n{}", a.stats(), b.stats()),
+        )
+    };
+    let (mut under_lock, mut remembered) = (0, 0);
+    for i in 0..ROUNDS / 2 {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                park(&a);
+                let before = driven(&a);
+                a.send_slice("b", &payload(2 * i, 64)).expect("send");
+                under_lock += driven(&a) - before;
+                delivered(2 * i + 1);
+                park(&a);
+                let before = driven(&a);
+                a.send_slice("b", &payload(2 * i + 1, 64)).expect("send");
+                remembered += driven(&a) - before;
+                delivered(2 * i + 2);
+            });
+        });
+    }
+    got.assert_got_exactly("b", &["a"], ROUNDS);
+    assert_eq!(under_lock, 0, "a send under the map's lock drove a turn");
+    assert!(remembered > 0, "no send of a remembered peer drove a turn");
     shutdown_all(&[a, b]);
 }
 

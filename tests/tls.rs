@@ -2,7 +2,8 @@
 //! members with certificates from a test CA exchange messages in order across a reconnect;
 //! a member with a certificate from another CA, a member whose certificate names another
 //! member (as acceptor and as dialler) and a plain TCP client are each refused and counted
-//! while the good members keep talking; configuration errors say what is wrong.
+//! while the good members keep talking; configuration errors say what is wrong; sends that
+//! find the IO thread parked write their records on the sending thread.
 #![cfg(feature = "tls")]
 
 mod support;
@@ -109,6 +110,54 @@ fn members_with_certificates_from_the_ca_exchange_100k_messages_in_order_across_
     assert_eq!(sb.connections.tls_failures, 0, "{sb}");
     assert_eq!(sb.peer("alpha").expect("alpha").received, N, "{sb}");
     shutdown_all(&[a, b]);
+}
+
+/// With `IdleStrategy::Block` the IO thread parks whenever it is idle, and a send that
+/// finds it parked runs its turn and writes on the sending thread (`IdleStats::
+/// driven_turns`): over TLS, the records it writes are the connection's, in order with
+/// the IO thread's own, and every message arrives whole and in order.
+#[test]
+fn sends_that_find_the_io_thread_parked_write_their_records_themselves() {
+    const ROUNDS: u64 = 30;
+    let ca = TestCa::new("driven-ca");
+    let (ca_check, cb_check) = (OrderCheck::new(), OrderCheck::new());
+    let nb = member(&ca, "b", &cb_check)
+        .idle_strategy(cohort::IdleStrategy::Block)
+        .start()
+        .expect("start b");
+    let na = member(&ca, "a", &ca_check)
+        .idle_strategy(cohort::IdleStrategy::Block)
+        .peer("b", nb.local_addr())
+        .start()
+        .expect("start a");
+    nb.add_peer("a", na.local_addr()).expect("add_peer");
+    wait_until("a and b connected over TLS", PATIENCE, || {
+        is_connected(&na, "b") && is_connected(&nb, "a")
+    });
+    let before = na.idle_stats().driven_turns;
+    for i in 0..ROUNDS {
+        // Past the spacing between driven turns, then until a's IO thread is parked.
+        na.advance_clock(Duration::from_millis(1));
+        wait_until("a's IO thread parked", PATIENCE, || na.io_parked());
+        na.send("b", payload(i, 8 + (i as usize * 97) % 3000))
+            .expect("send");
+        wait_until_or(
+            PATIENCE,
+            || cb_check.count_from("a") == i + 1,
+            || format!("message {i} delivered:\n{}", nb.stats()),
+        );
+    }
+    cb_check.assert_got_exactly("b", &["a"], ROUNDS);
+    assert!(
+        na.idle_stats().driven_turns > before,
+        "no send drove a turn:\n{}",
+        na.stats()
+    );
+    // And a stream after them, which the IO thread takes in batches.
+    stream(&na, &nb, &cb_check, ROUNDS, 2_000);
+    cb_check.assert_ok();
+    ca_check.assert_ok();
+    shutdown_all(&[na, nb]);
 }
 
 #[test]

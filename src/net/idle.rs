@@ -219,8 +219,8 @@ pub struct IdleStats {
     pub stood_down_contended: u64,
     /// Turns of the IO thread that another thread ran itself (a send, a handler's reply,
     /// a pool thread returning credit), finding the IO thread blocked in its poll: the
-    /// messages it published were written on that thread, before any other thread was
-    /// woken. Turns that publish are at least 20 µs apart (faster sends are a stream, which
+    /// messages it published were written on that thread, with no hand-off to the IO
+    /// thread. Turns that publish are at least 20 µs apart (faster sends are a stream, which
     /// the IO thread takes in batches); a node with a journal or an outbound filter never
     /// has one.
     pub driven_turns: u64,

@@ -69,9 +69,9 @@ pub(crate) struct IoThread {
 /// ([`Doorbell`]); empty before the thread starts and once it has stopped.
 pub(crate) type CoreSlot = Parking<IoCore>;
 
-/// Sends that find the IO thread parked drive its turn themselves at most once in this
-/// long: what comes faster is a stream, which the IO thread, woken, takes in batches (a
-/// driven turn writes what it publishes at once, one write per turn).
+/// A send that finds the IO thread parked drives its turn only this long after a turn
+/// that published: what comes faster is a stream, which the IO thread, woken, takes in
+/// batches (a driven turn writes what it publishes at once, one write per turn).
 const DRIVE_GAP: Duration = Duration::from_micros(20);
 
 /// Everything the IO thread works with but its poll: the protocol, the sockets (registered
@@ -135,7 +135,7 @@ pub(crate) struct IoCore {
 }
 
 /// The IO thread's waker ([`Wake`]): its mio `Waker`, and its state for a requester that
-/// finds it parked (see "Driven turns" in [`IoCore::drive`]).
+/// finds it parked ([`IoCore::drive`]).
 pub(crate) struct Doorbell {
     waker: mio::Waker,
     /// Weak: the IO thread owns its state; the doorbell lives in the hand-off, which the
@@ -410,19 +410,20 @@ impl IoCore {
     /// handler replies or whose deliveries return credit) that rang while the IO thread was
     /// parked: it takes the wake-up and the lists of scheduled peers and credit to return,
     /// publishes, and does what the endpoint asks (its writes leave on this thread). A
-    /// message then leaves on the thread that sent it, with no wake-up of another thread on
-    /// its way: the sending half of a request/reply crosses one thread hop less on each
-    /// node. Runs only while the IO thread blocks in its poll ([`Parking::drive`]), on a
-    /// node without journal or outbound filter, and not within [`DRIVE_GAP`] of a turn
-    /// that published (what comes faster is a stream: the IO thread, woken, takes it in
-    /// batches). It leaves to the IO thread the commands (a caller may wait for what only
-    /// the IO thread's turn completes, such as `remove_peer`'s report), reading, accepting
-    /// and the timers, and what [`later`](IoCore::later) holds. Returns `None` where it
-    /// declined, else whether the IO thread must be woken once the state is let go: for
-    /// what the turn left it (commands, input, connections, outputs held for later, a timer
-    /// earlier than the one its poll waits for: a quiet node's put-off tick, brought back
-    /// by the send), or to spin for the answers to what the turn wrote (while its idle
-    /// strategy spins after work).
+    /// message then leaves on the thread that sent it, with no hand-off to the IO thread:
+    /// the sending half of a request/reply crosses one thread hop less on each node. Runs
+    /// only while the IO thread blocks in its poll ([`Parking::drive`]), on a node without
+    /// journal or outbound filter, never for a command (`Handoff::ring_undriven`: a caller
+    /// may wait for what only the IO thread's turn completes, such as `remove_peer`'s
+    /// report) nor under the peer map's lock (`handoff::undriven`), and not within
+    /// [`DRIVE_GAP`] of a turn that published (what comes faster is a stream: the IO
+    /// thread, woken, takes it in batches). It leaves to the IO thread the commands it
+    /// finds, reading, accepting and the timers, and what [`later`](IoCore::later) holds.
+    /// Returns `None` where it declined, else whether the IO thread must be woken once the
+    /// state is let go: for what the turn left it (commands, input, connections, outputs
+    /// held for later, a timer earlier than the one its poll waits for: a quiet node's
+    /// put-off tick, brought back by the send), or to spin for the answers to what the turn
+    /// wrote (while its idle strategy spins after work).
     fn drive(&mut self) -> Option<bool> {
         if !self.drivable || self.failed.is_some() {
             return None;
@@ -686,7 +687,7 @@ impl IoCore {
     }
 
     /// Hands the requests of other threads to the endpoint: commands, scheduled peers,
-    /// credit to return. Returns whether there were commands.
+    /// credit to return.
     fn handle_requests(&mut self, now: Instant) {
         let commands = self.shared.commands.take();
         for c in commands {

@@ -99,7 +99,7 @@ pub(super) const NODE_COUNTERS: &[NodeCounter] = &[
     ("cohort_tls_failures_total", Unit::Count, "Connections closed for a TLS failure.", |s| Some(s.connections.tls_failures)),
     ("cohort_spin_stood_down_loaded_total", Unit::Count, "Times the adaptive idle spin stood down because the IO thread worked more than half of a 2 ms window.", |s| Some(s.idle.stood_down_loaded)),
     ("cohort_spin_stood_down_contended_total", Unit::Count, "Times the adaptive idle spin stood down because its yields gave the core to other threads for more than 200 µs of a window.", |s| Some(s.idle.stood_down_contended)),
-    ("cohort_driven_turns_total", Unit::Count, "Turns of the IO thread that another thread (a send, a reply, returned credit) ran itself, finding the IO thread parked: what they published was written before any other thread was woken.", |s| Some(s.idle.driven_turns)),
+    ("cohort_driven_turns_total", Unit::Count, "Turns of the IO thread that another thread (a send, a reply, returned credit) ran itself, finding the IO thread parked: what they published was written with no hand-off to the IO thread.", |s| Some(s.idle.driven_turns)),
     ("cohort_events_dropped_total", Unit::Count, "Membership events dropped because the event queue was full.", |s| Some(s.events_dropped)),
     ("cohort_event_panics_total", Unit::Count, "Panics of the on_event callback, caught.", |s| Some(s.event_panics)),
     ("cohort_journal_failures_total", Unit::Count, "Journal writes or syncs that failed (each stops the node).", |s| Some(s.journal_failures)),

@@ -415,6 +415,10 @@ impl Peers {
     ) -> Option<R> {
         let map = self.map.read();
         let peer = map.get(name)?;
+        // `f` queues a message and rings: under the map's lock, the ring wakes the IO
+        // thread rather than drive its turn here (what that turn drops or runs could
+        // take this lock again, or a lock the application holds).
+        let f = |peer: &Arc<PeerShared>| crate::handoff::undriven(|| f(peer));
         // Replaced when it is empty, out of date for this map, or has missed often enough.
         let replace = last.as_ref().is_none_or(|l| {
             (l.map == self.id && l.generation != self.generation()) || l.misses >= FOUND_GIVES_WAY
