@@ -172,6 +172,51 @@ fn publish(peer: &Peer, published: &mut Vec<[u8; 2]>, held: &mut Permit) {
     }
 }
 
+/// The checks of every model once its senders are done and its IO thread has stopped: each
+/// sender's messages were `published` exactly once, in its order; no outbox holds a message,
+/// no flag is left set, every permit came through with its message (`held`, each peer's,
+/// given back here); nothing is left on the ready list, no wake-up pending.
+fn check_drained(
+    senders: &[&[(usize, u8)]],
+    published: &[[u8; 2]],
+    peers: &[Peer],
+    held: Vec<Permit>,
+    handoff: &Handoff,
+) {
+    for (s, sends) in senders.iter().enumerate() {
+        let mine: Vec<u8> = published
+            .iter()
+            .filter(|m| usize::from(m[0]) == s)
+            .map(|m| m[1])
+            .collect();
+        let count: u8 = sends.iter().map(|&(_, n)| n).sum();
+        assert_eq!(
+            mine,
+            (0..count).collect::<Vec<u8>>(),
+            "sender {s}: published {mine:?} (all: {published:?})"
+        );
+    }
+    for ((id, p), permits) in peers.iter().enumerate().zip(held) {
+        assert!(
+            p.outbox.is_empty(),
+            "peer {id}: a message stranded in the outbox"
+        );
+        assert!(!p.scheduled.is_set(), "peer {id}: left scheduled");
+        p.outbox.give_back(Return::Credited, permits);
+        let w = p.outbox.window();
+        assert_eq!(
+            w.available(),
+            w.capacity(),
+            "peer {id}: permits not all back"
+        );
+    }
+    assert!(
+        handoff.take_ready().is_empty(),
+        "a peer stranded on the ready list"
+    );
+    assert!(!handoff.take_wake(), "a wake-up left pending");
+}
+
 /// Runs `senders` (each a list of `(peer, count)` sends, one thread per sender) against the
 /// IO thread's loop on the main thread (with `spins` spin episodes, if any), then checks
 /// everything. `how` says how the senders queue their messages.
@@ -218,39 +263,7 @@ fn model(peers: usize, senders: &'static [&'static [(usize, u8)]], spins: Option
         t.join().unwrap();
     }
 
-    for (s, sends) in senders.iter().enumerate() {
-        let mine: Vec<u8> = published
-            .iter()
-            .filter(|m| usize::from(m[0]) == s)
-            .map(|m| m[1])
-            .collect();
-        let count: u8 = sends.iter().map(|&(_, n)| n).sum();
-        assert_eq!(
-            mine,
-            (0..count).collect::<Vec<u8>>(),
-            "sender {s}: published {mine:?} (all: {published:?})"
-        );
-    }
-    for (id, p) in node.peers.iter().enumerate() {
-        assert!(
-            p.outbox.is_empty(),
-            "peer {id}: a message stranded in the outbox"
-        );
-        assert!(!p.scheduled.is_set(), "peer {id}: left scheduled");
-        let permits = std::mem::replace(&mut held[id], Permit::none());
-        p.outbox.give_back(Return::Credited, permits);
-        let w = p.outbox.window();
-        assert_eq!(
-            w.available(),
-            w.capacity(),
-            "peer {id}: permits not all back"
-        );
-    }
-    assert!(
-        node.handoff.take_ready().is_empty(),
-        "a peer stranded on the ready list"
-    );
-    assert!(!node.handoff.take_wake(), "a wake-up left pending");
+    check_drained(senders, &published, &node.peers, held, &node.handoff);
     if spins.is_none() {
         assert_eq!(
             waker.calls(),
@@ -497,40 +510,13 @@ fn driven_model(
     }
     let turns = held.take().expect("the state is in until taken");
 
-    for (s, sends) in senders.iter().enumerate() {
-        let mine: Vec<u8> = turns
-            .published
-            .iter()
-            .filter(|m| usize::from(m[0]) == s)
-            .map(|m| m[1])
-            .collect();
-        let count: u8 = sends.iter().map(|&(_, n)| n).sum();
-        assert_eq!(
-            mine,
-            (0..count).collect::<Vec<u8>>(),
-            "sender {s}: published {mine:?} (all: {:?})",
-            turns.published
-        );
-    }
-    for ((id, p), permits) in node.peers.iter().enumerate().zip(turns.held) {
-        assert!(
-            p.outbox.is_empty(),
-            "peer {id}: a message stranded in the outbox"
-        );
-        assert!(!p.scheduled.is_set(), "peer {id}: left scheduled");
-        p.outbox.give_back(Return::Credited, permits);
-        let w = p.outbox.window();
-        assert_eq!(
-            w.available(),
-            w.capacity(),
-            "peer {id}: permits not all back"
-        );
-    }
-    assert!(
-        node.handoff.take_ready().is_empty(),
-        "a peer stranded on the ready list"
+    check_drained(
+        senders,
+        &turns.published,
+        &node.peers,
+        turns.held,
+        &node.handoff,
     );
-    assert!(!node.handoff.take_wake(), "a wake-up left pending");
     let answered = turns.own + if wake_after { turns.driven } else { 0 };
     let calls = waker.calls();
     assert!(
