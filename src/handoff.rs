@@ -178,7 +178,7 @@ impl Handoff {
     /// ([`Wake::drive`]). Call after pushing the request (a list push) and letting go of
     /// its lock.
     pub fn ring(&self) {
-        self.ring_with(may_drive());
+        self.ring_with(true);
     }
 
     /// [`ring`](Handoff::ring), but never a driven turn: for a request only the IO thread's
@@ -202,12 +202,18 @@ impl Handoff {
             // here. A requester that rings while a driven turn runs either finds our
             // PENDING (the turn's `take_wake` comes after its push: the turn takes it) or
             // finds it taken, fails to drive (the state is held) and wakes the IO thread.
-            if drive && was & PARKED != 0 && self.waker.drive() {
+            if drive && was & PARKED != 0 && may_drive() && self.waker.drive() {
                 return;
             }
-            if let Err(e) = self.waker.wake() {
-                log::error!("cannot wake the IO thread: {e}");
-            }
+            self.wake_io();
+        }
+    }
+
+    /// Calls the waker; a failure is logged (the IO thread then sees the request at its
+    /// next timer or event).
+    fn wake_io(&self) {
+        if let Err(e) = self.waker.wake() {
+            log::error!("cannot wake the IO thread: {e}");
         }
     }
 
@@ -219,9 +225,7 @@ impl Handoff {
         // AcqRel: as `ring`.
         let was = self.doorbell.fetch_or(PENDING, Ordering::AcqRel);
         if was & SPINNING == 0 {
-            if let Err(e) = self.waker.wake() {
-                log::error!("cannot wake the IO thread: {e}");
-            }
+            self.wake_io();
         }
     }
 

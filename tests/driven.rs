@@ -42,6 +42,15 @@ fn park(node: &Node) {
     );
 }
 
+/// Waits until `got` has `n` messages from `a` (to `b`).
+fn wait_delivered(got: &OrderCheck, n: u64, a: &Node, b: &Node) {
+    wait_until_or(
+        PATIENCE,
+        || got.count_from("a") == n,
+        || format!("{n} messages delivered:\n{}\n{}", a.stats(), b.stats()),
+    );
+}
+
 /// `node`'s driven turns so far.
 fn driven(node: &Node) -> u64 {
     node.idle_stats().driven_turns
@@ -61,11 +70,7 @@ fn a_send_that_finds_the_io_thread_parked_leaves_on_the_sending_thread() {
     for i in 0..ROUNDS {
         park(&a);
         a.send_slice("b", &payload(i, 64)).expect("send");
-        wait_until_or(
-            PATIENCE,
-            || got.count_from("a") == i + 1,
-            || format!("message {i} delivered:\n{}\n{}", a.stats(), b.stats()),
-        );
+        wait_delivered(&got, i + 1, &a, &b);
     }
     got.assert_got_exactly("b", &["a"], ROUNDS);
     let turns = driven(&a) - before;
@@ -89,13 +94,7 @@ fn a_send_that_rings_under_the_peer_maps_lock_never_drives() {
         blocking("a", "t-driven-map"),
         blocking("b", "t-driven-map").on_message(got.handler()),
     ]);
-    let delivered = |n: u64| {
-        wait_until_or(
-            PATIENCE,
-            || got.count_from("a") == n,
-            || format!("{n} messages delivered:\n{}\n{}", a.stats(), b.stats()),
-        )
-    };
+    let delivered = |n: u64| wait_delivered(&got, n, &a, &b);
     let (mut under_lock, mut remembered) = (0, 0);
     for i in 0..ROUNDS / 2 {
         std::thread::scope(|s| {
@@ -137,11 +136,7 @@ fn a_driven_write_the_socket_cannot_take_whole_is_finished_by_the_io_thread() {
     for i in 0..COUNT {
         park(&a);
         a.send("b", payload(i, LARGE)).expect("send");
-        wait_until_or(
-            PATIENCE,
-            || got.count_from("a") == i + 1,
-            || format!("message {i} delivered:\n{}\n{}", a.stats(), b.stats()),
-        );
+        wait_delivered(&got, i + 1, &a, &b);
     }
     got.assert_got_exactly("b", &["a"], COUNT);
     assert!(driven(&a) > before, "no send drove a turn:\n{}", a.stats());

@@ -30,9 +30,19 @@ fn member(ca: &TestCa, name: &str, check: &Arc<OrderCheck>) -> cohort::Builder {
 
 /// Two TLS members from one CA, connected both ways.
 fn pair(ca: &TestCa, a: &str, b: &str) -> (Node, Node, Arc<OrderCheck>, Arc<OrderCheck>) {
+    pair_with(ca, a, b, |builder| builder)
+}
+
+/// [`pair`], each member's builder passed through `tune` first.
+fn pair_with(
+    ca: &TestCa,
+    a: &str,
+    b: &str,
+    tune: impl Fn(cohort::Builder) -> cohort::Builder,
+) -> (Node, Node, Arc<OrderCheck>, Arc<OrderCheck>) {
     let (ca_check, cb_check) = (OrderCheck::new(), OrderCheck::new());
-    let nb = member(ca, b, &cb_check).start().expect("start b");
-    let na = member(ca, a, &ca_check)
+    let nb = tune(member(ca, b, &cb_check)).start().expect("start b");
+    let na = tune(member(ca, a, &ca_check))
         .peer(b, nb.local_addr())
         .start()
         .expect("start a");
@@ -120,19 +130,8 @@ fn members_with_certificates_from_the_ca_exchange_100k_messages_in_order_across_
 fn sends_that_find_the_io_thread_parked_write_their_records_themselves() {
     const ROUNDS: u64 = 30;
     let ca = TestCa::new("driven-ca");
-    let (ca_check, cb_check) = (OrderCheck::new(), OrderCheck::new());
-    let nb = member(&ca, "b", &cb_check)
-        .idle_strategy(cohort::IdleStrategy::Block)
-        .start()
-        .expect("start b");
-    let na = member(&ca, "a", &ca_check)
-        .idle_strategy(cohort::IdleStrategy::Block)
-        .peer("b", nb.local_addr())
-        .start()
-        .expect("start a");
-    nb.add_peer("a", na.local_addr()).expect("add_peer");
-    wait_until("a and b connected over TLS", PATIENCE, || {
-        is_connected(&na, "b") && is_connected(&nb, "a")
+    let (na, nb, ca_check, cb_check) = pair_with(&ca, "a", "b", |builder| {
+        builder.idle_strategy(cohort::IdleStrategy::Block)
     });
     let before = na.idle_stats().driven_turns;
     for i in 0..ROUNDS {
