@@ -4,7 +4,9 @@
 //! write the socket cannot take whole is finished by the IO thread; driven turns and the IO
 //! thread's own keep each sender's order, both ways at once, with mixed sizes; the
 //! application's undelivered hook still runs on the IO thread only; commands and sends
-//! that ring under the peer map's lock never drive a turn.
+//! that ring under the peer map's lock never drive a turn; with a journal, under every
+//! fsync policy, a message a driven turn publishes reaches the peer only once its record
+//! is in the journal files.
 //!
 //! Each send meant to find the IO thread parked first moves the node's clock past the
 //! spacing between driven turns (`Node::advance_clock`) and waits until the thread is
@@ -16,7 +18,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cohort::{Builder, Bytes, IdleStrategy, Node, SendOptions};
+use cohort::{Builder, Bytes, FsyncPolicy, IdleStrategy, Node, RecordKind, SendOptions};
 use support::*;
 
 /// Sends made one at a time, each after waiting for the IO thread to park.
@@ -292,4 +294,87 @@ fn remove_peer_on_a_parked_io_thread_reports_before_it_returns() {
         );
     }
     a.shutdown(SHUTDOWN).expect("a shuts down");
+}
+
+/// A journalling node's turns are driven too: each message's record is appended by the turn
+/// that publishes it (inline, on the sending thread, under `Never` and `Interval`; by the
+/// writer thread under `EveryBatch`, whose marks wake the IO thread to write the bytes they
+/// release), and the message reaches the peer only once its record is in the journal
+/// files: the receiver's handler reads the sender's journal as each message arrives, one
+/// in flight at a time, each sent after the sender's IO thread parked. Every other message
+/// is 20 000 bytes (written from where it lies, behind the same gate).
+#[test]
+fn a_journalled_message_a_driven_turn_publishes_leaves_once_its_record_is_in_the_journal() {
+    for (policy, name) in [
+        (FsyncPolicy::Never, "never"),
+        (FsyncPolicy::Interval(Duration::from_millis(5)), "interval"),
+        (FsyncPolicy::EveryBatch, "every"),
+    ] {
+        let dir = TempDir::new(&format!("driven-journal-{name}"));
+        let journal = dir.path().to_path_buf();
+        let early: Arc<Mutex<Vec<String>>> = Arc::default();
+        let got = Counter::new();
+        let (e, g) = (early.clone(), got.clone());
+        let cluster = format!("t-driven-journal-{name}");
+        let b = receiver_b(&cluster, "127.0.0.1:0")
+            .idle_strategy(IdleStrategy::Block)
+            .on_message(move |d| {
+                let seq = d.seq().expect("reliable message");
+                match cohort::inspect_journal(&journal) {
+                    Ok(report) => {
+                        let held: u64 = report
+                            .segments
+                            .iter()
+                            .filter_map(|s| s.records.get(&RecordKind::Message))
+                            .sum();
+                        if held < seq {
+                            e.lock()
+                                .unwrap()
+                                .push(format!("message {seq} arrived with {held} in the journal"));
+                        }
+                    }
+                    Err(err) => e
+                        .lock()
+                        .unwrap()
+                        .push(format!("message {seq}: inspect: {err}")),
+                }
+                g.add();
+            })
+            .start()
+            .expect("b starts");
+        let a = journalled_a(&cluster, dir.path(), b.local_addr())
+            .idle_strategy(IdleStrategy::Block)
+            .journal_fsync(policy)
+            .start()
+            .expect("a starts");
+        wait_until("a connected", PATIENCE, || is_connected(&a, "b"));
+        let before = driven(&a);
+        // From a thread of its own: a thread remembers the peer its sends found in the
+        // last node's map for a while, and sends that look a peer up never drive.
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                for i in 1..=ROUNDS {
+                    let len = if i % 2 == 0 { 20_000 } else { 100 };
+                    park(&a);
+                    a.send_slice("b", &payload(i, len)).expect("send");
+                    wait_until_or(
+                        PATIENCE,
+                        || got.get() >= i,
+                        || format!("{name}: message {i} at b:\n{}\n{}", a.stats(), b.stats()),
+                    );
+                }
+            });
+        });
+        let turns = driven(&a) - before;
+        assert!(
+            turns > 0,
+            "{name}: no send drove a turn of the journalling node:\n{}",
+            a.stats()
+        );
+        wait_window_whole(&a, "b");
+        shutdown_all(&[a, b]);
+        let early = early.lock().unwrap();
+        assert!(early.is_empty(), "{name}: {early:?}");
+        assert_eq!(got.get(), ROUNDS, "{name}: every message once");
+    }
 }

@@ -27,6 +27,8 @@
 //! - a sync runs outside the journal's lock while the IO thread appends: the `synced` mark
 //!   it publishes covers only what was appended when it began, and what was appended while
 //!   it ran is synced by a later one;
+//! - batches handed over by turns on two threads, one after another (a requester driving
+//!   the IO thread's turn, then the IO thread), land in order;
 //! - after the writer's append fails, no batch is appended inline behind the hole (the
 //!   store checks the order); a failed sync sets `failed`, wakes the IO thread and never
 //!   moves `synced`.
@@ -489,6 +491,70 @@ fn a_failed_sync_is_reported_and_never_marked() {
             fails_and_stops(writer, &wake, &written, |m| {
                 assert_eq!(m.synced, 0, "a failed sync marked: {m:?}")
             });
+        },
+    );
+}
+
+/// The IO thread's state as the model's turns see it: the writer, and the number the next
+/// batch gets.
+type Turns = Mutex<(JournalWriter<ModelStore>, u64)>;
+
+/// One turn: takes the state (as a turn holds the IO thread's state, alone), cuts the next
+/// batch and submits it, and checks the marks it reads.
+fn turn(state: &Turns, written: &Mutex<Written>) {
+    let mut s = state.lock().unwrap();
+    let n = s.1;
+    s.1 += 1;
+    let inline = s.0.submit(n, batch(n));
+    let m = checked(&s.0, written);
+    if inline {
+        assert!(m.appended >= n, "appended inline, yet not marked: {m:?}");
+    }
+}
+
+/// Under `Never`, a requester's driven turn and the IO thread's own turn each cut a batch:
+/// they hold the IO thread's state one after the other (a mutex stands for the shipping
+/// `Parking` here, whose hand-over `handoff.rs` models), so the writer is handed batches
+/// from two threads in turn. Batch 1, whoever cuts it, is refused inline (it would roll a
+/// segment) and goes to the writer; batch 2, from the other thread, is appended inline only
+/// once batch 1 is (the store checks the order), and every mark reaches the IO thread.
+#[test]
+fn turns_on_two_threads_submit_in_order() {
+    loom_tests::model(
+        "journal_writer/turns_on_two_threads_submit_in_order",
+        || {
+            let written = Arc::new(Mutex::new(Written::default()));
+            let store = ModelStore {
+                not_inline: &[1],
+                ..ModelStore::new(FsyncPolicy::Never, &written)
+            };
+            let (writer, wake) = start(store);
+            let state: Arc<Turns> = Arc::new(Mutex::new((writer, 1)));
+            let requester = {
+                let (state, written) = (state.clone(), written.clone());
+                loom::thread::spawn(move || turn(&state, &written))
+            };
+            turn(&state, &written);
+            requester.join().unwrap();
+            loop {
+                let m = checked(&state.lock().unwrap().0, &written);
+                assert!(!m.failed);
+                if m.appended == 2 {
+                    break;
+                }
+                wake.wait();
+            }
+            let Ok(state) = Arc::try_unwrap(state) else {
+                panic!("the requester's turn has ended");
+            };
+            let (writer, _) = state.into_inner().unwrap();
+            let store = writer.stop().expect("the store back");
+            let w = store.written.lock().unwrap();
+            assert_eq!(
+                (w.appended, w.synced),
+                (2, 2),
+                "the stop appends and syncs all"
+            );
         },
     );
 }

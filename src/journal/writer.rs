@@ -29,15 +29,18 @@
 //! **Inline appends.** Under `Never` and `Interval` a round trip's batch is a few records
 //! and the writer is usually idle: handing it over would cost a wake-up of the writer and
 //! one of the IO thread, on each node, for each message. So [`submit`](JournalWriter::submit)
-//! appends a batch on the IO thread itself when that is one small write and nothing else
+//! appends a batch on the caller's thread (the IO thread, or a sending thread driving its
+//! turn while it is parked) when that is one small write and nothing else
 //! ([`Store::append_inline`]: no segment to seal or create, no sync, at most `INLINE_MAX`
 //! bytes), nothing is queued ahead of it, and the writer is not in a step under the lock
 //! (the journal's lock, taken with `try_lock`: the IO thread never waits for a segment
 //! or an fsync; under these policies the writer syncs under the lock only as it seals a
-//! segment). Everything else still goes to the writer. Order holds because the writer takes batches off the queue only while holding
-//! the journal, and only the IO thread queues them. A batch appended inline into a synced
-//! journal under `Interval` wakes the writer, which owes it a sync once the interval has
-//! passed.
+//! segment). Everything else still goes to the writer. Order holds because the writer
+//! takes batches off the queue only while holding the journal, and only the IO thread's
+//! turn queues them (its own, or one a sending thread drives while the IO thread is
+//! parked: the turns hold the IO thread's state one at a time, so they submit one after
+//! another). A batch appended inline into a synced journal under `Interval` wakes the
+//! writer, which owes it a sync once the interval has passed.
 //!
 //! Invariants (loom model: `loom-tests/tests/journal_writer.rs`, on a [`Store`] that stands
 //! in for the journal): a mark is never published before its batch is written (appended,
@@ -214,9 +217,10 @@ impl<S: Store> JournalWriter<S> {
         let s = &*self.shared;
         let mut q = s.queue.lock();
         if s.policy != FsyncPolicy::EveryBatch && q.batches.is_empty() && !q.stop {
-            // Only this thread hands batches over, so the queue stays empty: nothing can
-            // come before this batch once the journal is ours (the writer takes batches
-            // only while it holds the journal).
+            // Only the IO thread's turn hands batches over (its own, or one a requester
+            // drives: they hold its state one at a time), so the queue stays empty:
+            // nothing can come before this batch once the journal is ours (the writer
+            // takes batches only while it holds the journal).
             drop(q);
             match self.append_inline(n, &records) {
                 Some(true) => return true,

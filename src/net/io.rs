@@ -115,9 +115,8 @@ pub(crate) struct IoCore {
     /// When the IO thread's poll, if it blocks, returns by itself (`None`: only for an
     /// event or a wake-up); a driven turn that wants it back sooner wakes it.
     parked_until: Option<Instant>,
-    /// Whether requesters may drive turns: not with a journal (its appends and their
-    /// hand-over to the writer stay on the IO thread) nor with an outbound filter (the
-    /// application's code runs on the IO thread, never inside one of its own sends).
+    /// Whether requesters may drive turns: not with an outbound filter (the application's
+    /// code runs on the IO thread, never inside one of its own sends).
     drivable: bool,
     /// When a turn last published (took scheduled peers), driven or not.
     published_at: Option<Instant>,
@@ -222,7 +221,7 @@ impl IoThread {
             now,
         );
         let read_buffers = Arc::clone(endpoint.read_buffers());
-        let drivable = writer.is_none() && parts.config.proto.outbound_filter.is_none();
+        let drivable = parts.config.proto.outbound_filter.is_none();
         let core = IoCore {
             cfg: parts.config,
             registry,
@@ -413,12 +412,16 @@ impl IoCore {
     /// message then leaves on the thread that sent it, with no hand-off to the IO thread:
     /// the sending half of a request/reply crosses one thread hop less on each node. Runs
     /// only while the IO thread blocks in its poll ([`Parking::drive`]), on a node without
-    /// journal or outbound filter, never for a command (`Handoff::ring_undriven`: a caller
+    /// outbound filter, never for a command (`Handoff::ring_undriven`: a caller
     /// may wait for what only the IO thread's turn completes, such as `remove_peer`'s
     /// report) nor under the peer map's lock (`handoff::undriven`), and not within
     /// [`DRIVE_GAP`] of a turn that published (what comes faster is a stream: the IO
     /// thread, woken, takes it in batches). It leaves to the IO thread the commands it
     /// finds, reading, accepting and the timers, and what [`later`](IoCore::later) holds.
+    /// With a journal, the batch the turn cuts is appended on this thread where
+    /// [`JournalWriter::submit`] takes it inline (one small write into the page cache),
+    /// and its bytes leave at once; else it goes to the writer, whose marks wake the IO
+    /// thread (`ring_io`), which writes what they release.
     /// Returns `None` where it declined, else whether the IO thread must be woken once the
     /// state is let go: for what the turn left it (commands, input, connections, outputs
     /// held for later, a timer earlier than the one its poll waits for: a quiet node's
