@@ -6,7 +6,8 @@
 //! [`Journal::open`] hands back, per peer, the unacknowledged messages in order and the
 //! counters to resume from ([`Recovered`]).
 //!
-//! The journal is single-threaded by design: one owner (the IO thread) appends batches from
+//! The journal is single-threaded by design: one owner at a time (the journal's writer
+//! thread, or the IO thread's turn appending a small batch inline) appends batches from
 //! many peers, and group commit turns each batch into one write and at most one fsync.
 //!
 //! # Files

@@ -33,7 +33,7 @@
 //! turn while it is parked) when that is one small write and nothing else
 //! ([`Store::append_inline`]: no segment to seal or create, no sync, at most `INLINE_MAX`
 //! bytes), nothing is queued ahead of it, and the writer is not in a step under the lock
-//! (the journal's lock, taken with `try_lock`: the IO thread never waits for a segment
+//! (the journal's lock, taken with `try_lock`: a turn never waits for a segment
 //! or an fsync; under these policies the writer syncs under the lock only as it seals a
 //! segment). Everything else still goes to the writer. Order holds because the writer
 //! takes batches off the queue only while holding the journal, and only the IO thread's
@@ -143,12 +143,13 @@ struct Shared<S> {
     /// The journal. The writer holds it for each of its steps (an append, the marks it
     /// moves, the start of a sync; not the fsync itself, except under `EveryBatch` and for
     /// a segment sealed) and takes the batches waiting only while holding it; the IO
-    /// thread takes it only with `try_lock`, never waiting for a step.
-    /// Lock order: `queue` before `journal` (the writer's wait); the IO thread never holds
-    /// one while it waits for the other. `None` once the writer has stopped.
+    /// thread's turn (its own, or a driven one) takes it only with `try_lock`, never
+    /// waiting for a step.
+    /// Lock order: `queue` before `journal` (the writer's wait); a turn never holds one
+    /// while it waits for the other. `None` once the writer has stopped.
     journal: Mutex<Option<S>>,
-    /// The journal's policy: the IO thread may append a small batch itself under `Never`
-    /// and `Interval`.
+    /// The journal's policy: the IO thread's turn may append a small batch itself under
+    /// `Never` and `Interval`.
     policy: FsyncPolicy,
     appended: AtomicU64,
     synced: AtomicU64,

@@ -349,8 +349,10 @@ impl IoThread {
                 state.accept_all(now);
             }
             let woken = shared.take_wake();
+            // The journal writer's marks, at every turn: the writer's wake-up may have
+            // been taken by a requester's driven turn, and its poll returned all the same.
+            state.journal_progress(now);
             if woken {
-                state.journal_progress(now);
                 state.handle_requests(now);
             }
             let worked = !events.is_empty() || woken;
@@ -440,8 +442,11 @@ impl IoCore {
         }
         self.driving = true;
         let turn = catch_unwind(AssertUnwindSafe(|| {
-            // Our own pending wake-up, at least: see `Handoff::ring`.
+            // Our own pending wake-up, at least: see `Handoff::ring`. It may be the journal
+            // writer's too (`ring_io` leaves one pending and wakes the IO thread): its marks
+            // are read now, so what they release leaves with this turn.
             self.shared.take_wake();
+            self.journal_progress(now);
             self.take_lists(now);
             self.drain(now);
         }));

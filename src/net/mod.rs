@@ -170,9 +170,10 @@ impl IoShared {
         }
     }
 
-    /// Wakes the IO thread unless a wake-up is already pending; call after publishing what
-    /// it should look at (the journal writer: its marks; a test: its clock moved). Never a
-    /// driven turn: what this asks for is the IO thread's own work.
+    /// Leaves a wake-up pending and wakes the IO thread, even where one is pending (unless
+    /// it spins: its next poll comes anyway); call after publishing what it should look at
+    /// (the journal writer: its marks, which every turn reads; a test: its clock moved).
+    /// Never a driven turn: what this asks for is the IO thread's own work.
     pub(crate) fn wake(&self) {
         self.handoff.ring_io();
     }

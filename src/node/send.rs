@@ -408,8 +408,10 @@ impl Sender {
         /// ```
         send_slice;
 
-        /// Like [`send`](Sender::send) but never blocks: a full window hands the payload back
-        /// in [`TrySendError::Full`].
+        /// Like [`send`](Sender::send) but never waits for the window: a full window hands the
+        /// payload back in [`TrySendError::Full`]. (On a journalling node whose IO thread is
+        /// idle, the send may append its record to the journal itself: one small write into
+        /// the page cache, which the kernel can delay as it can any file write.)
         try_send;
 
         /// Like [`send`](Sender::send) but waits at most `timeout` for room in the window, then
