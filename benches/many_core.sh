@@ -17,8 +17,10 @@
 #     links out of step), three rounds (about 40 s more than MIN);
 #   - examples/ping_pong: the round trip (min / p50 / p99 / p99.9) with the defaults, with
 #     a 50 µs spin, with no spin (`Block`), with the defaults and round trips 200 µs apart,
-#     and with the defaults and both members journalled (fsync `Never`, then `Interval`),
-#     raw TCP beside each, with each member's spin stand-downs and driven turns, three
+#     with the defaults and both members journalled (fsync `Never`, then `Interval`), and
+#     journalled (`Never`) with no spin, raw TCP beside each, with each member's spin
+#     stand-downs and driven turns and where the round trips' time went (`--stages`: the
+#     request's way, the reply's send, the reply's way, per band of round-trip time), three
 #     rounds.
 # Each step's output goes to its own file in OUT; OUT/summary.txt gathers the summary lines.
 # MIN (default 6) scales the criterion measurement time to fit a lent machine's time limit.
@@ -95,17 +97,19 @@ run() {
     # The defaults, a fixed 50 µs spin, no spin at all (every send that finds the IO thread
     # parked drives its turn), the defaults with round trips 200 µs apart (the spins have
     # run out when each request comes: a sporadic sender's case; a quarter of the round
-    # trips), and the defaults with each member journalled.
-    for setting in default spin50 block gap200 never interval; do
+    # trips), the defaults with each member journalled, and a journalled pair with no spin
+    # (its sends drive turns that append the journal's batch themselves).
+    for setting in default spin50 block gap200 never interval block-never; do
       local flags=() count=$trips
       case $setting in
         spin50) flags=(--spin-us 50) ;;
         block) flags=(--spin-us 0) ;;
         gap200) flags=(--gap-us 200) count=$(( trips / 4 )) ;;
         never | interval) flags=(--journal "$setting") ;;
+        block-never) flags=(--spin-us 0 --journal never) ;;
       esac
       echo "=== round $round, $setting" >> "$out/ping_pong.txt"
-      "$dir/ping_pong" --count "$count" --warmup $(( count / 6 )) "${flags[@]}" \
+      "$dir/ping_pong" --count "$count" --warmup $(( count / 6 )) --stages "${flags[@]}" \
         >> "$out/ping_pong.txt" 2>&1
     done
   done

@@ -19,12 +19,23 @@
 //! both members journal in fresh
 //! directories under the system temp dir with that fsync policy (`interval`: 5 ms), so the
 //! cost of the durable outbox on a round trip is read off one report.
+//!
+//! `--stages` also says where the round trips' time went: each request carries its number,
+//! pong's handler notes when it was entered and when its reply's `send` returned, and
+//! ping's handler when the reply reached it, so each round trip splits into the request's
+//! way (ping's `send` until pong's handler: ping's write, pong's IO thread waking and
+//! reading, the hand-over to pong's pool), the reply's `send` in pong's handler, and the
+//! reply's way (until ping's handler: pong's write, ping's IO thread, ping's pool). It
+//! prints each part's mean for the fastest half of the round trips, the next 40 %, the
+//! next 9 % and the slowest 1 %, and how often each part was the largest in the slowest
+//! 1 %: what a slow round trip spends its time on. (A message of at least 8 bytes.)
 
 use std::error::Error;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use cohort::{Builder, Bytes, FsyncPolicy, Node};
@@ -36,7 +47,7 @@ use support::{journal_dir, journalled, process_cpu};
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: ping_pong [--count K] [--size B] [--warmup W] [--spin-us S]
-                 [--gap-us G] [--journal never|interval|every]
+                 [--gap-us G] [--journal never|interval|every] [--stages]
 
 Round-trip time between two members in one process, next to raw blocking TCP.
 
@@ -48,6 +59,8 @@ Round-trip time between two members in one process, next to raw blocking TCP.
   --gap-us G       pause G µs between round trips (default 0), for cohort and raw TCP
   --journal P      journal both members in fresh temp directories with fsync policy P:
                    never, interval (5 ms) or every (default: no journal)
+  --stages         where the round trips' time went (request's way, reply's send,
+                   reply's way), by band of round-trip time (--size at least 8)
   -h, --help       this text";
 
 /// The command line.
@@ -58,6 +71,7 @@ struct Args {
     spin: Option<Duration>,
     gap: Duration,
     policy: Option<FsyncPolicy>,
+    stages: bool,
 }
 
 /// The command line; `Ok(None)` when help was asked for.
@@ -69,11 +83,16 @@ fn parse() -> Result<Option<Args>, String> {
         spin: None,
         gap: Duration::ZERO,
         policy: None,
+        stages: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
             return Ok(None);
+        }
+        if flag == "--stages" {
+            a.stages = true;
+            continue;
         }
         let known = [
             "--count",
@@ -107,7 +126,133 @@ fn parse() -> Result<Option<Args>, String> {
             _ => a.spin = Some(Duration::from_micros(n)),
         }
     }
+    if a.stages && a.size < 8 {
+        return Err("--stages needs --size of at least 8 (each request carries its number)".into());
+    }
     Ok(Some(a))
+}
+
+/// When each round trip's request reached pong's handler and when the reply's `send` there
+/// returned: nanoseconds since `base` (0: not yet), one slot per round trip, each written
+/// once by the pool thread that delivers the request. (When the reply reached ping's
+/// handler is what that handler hands main already.)
+struct Stages {
+    base: Instant,
+    pong_in: Vec<AtomicU64>,
+    pong_out: Vec<AtomicU64>,
+}
+
+impl Stages {
+    fn new(trips: usize) -> Stages {
+        let slots = || (0..trips).map(|_| AtomicU64::new(0)).collect();
+        Stages {
+            base: Instant::now(),
+            pong_in: slots(),
+            pong_out: slots(),
+        }
+    }
+
+    /// The round trip a message is part of: its first 8 bytes.
+    fn trip(payload: &[u8]) -> Option<usize> {
+        let n: [u8; 8] = payload.get(..8)?.try_into().ok()?;
+        usize::try_from(u64::from_le_bytes(n)).ok()
+    }
+
+    /// Notes `now` in `slots` for the round trip `payload` belongs to.
+    fn note(&self, slots: &[AtomicU64], payload: &[u8], now: Instant) {
+        if let Some(slot) = Self::trip(payload).and_then(|i| slots.get(i)) {
+            // Relaxed: main reads it after the reply, which the channel orders after this.
+            slot.store(self.nanos(now), Ordering::Relaxed);
+        }
+    }
+
+    fn nanos(&self, at: Instant) -> u64 {
+        u64::try_from((at - self.base).as_nanos())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// Round trip `i`, sent at `sent` and back at `arrived`, in its three parts (request's
+    /// way, reply's send, reply's way), if pong noted its two points.
+    fn parts(&self, i: usize, sent: Instant, arrived: Instant) -> Option<[Duration; 3]> {
+        let read = |slots: &[AtomicU64]| match slots.get(i)?.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(n),
+        };
+        let points = [
+            self.nanos(sent),
+            read(&self.pong_in)?,
+            read(&self.pong_out)?,
+            self.nanos(arrived),
+        ];
+        let part = |a: u64, b: u64| Duration::from_nanos(b.saturating_sub(a));
+        Some([
+            part(points[0], points[1]),
+            part(points[1], points[2]),
+            part(points[2], points[3]),
+        ])
+    }
+}
+
+/// A round trip's time and its three parts (request's way, reply's send, reply's way).
+type Split = (Duration, [Duration; 3]);
+
+/// Prints where the round trips' time went: `trips` sorted by round-trip time, each band's
+/// mean of each part, and which part was the largest in the slowest 1 %.
+fn print_stages(trips: &mut [Split]) {
+    if trips.is_empty() {
+        return;
+    }
+    trips.sort_unstable_by_key(|t| t.0);
+    let n = trips.len();
+    let at = |q: f64| ((q * n as f64).round() as usize).min(n);
+    println!("where the time went, µs (means per band of round-trip time):");
+    println!(
+        "{:<14} {:>7} {:>9} {:>14} {:>14} {:>12}",
+        "band", "trips", "rtt", "request's way", "reply's send", "reply's way"
+    );
+    let bands = [
+        ("fastest 50%", 0.0, 0.5),
+        ("p50-p90", 0.5, 0.9),
+        ("p90-p99", 0.9, 0.99),
+        ("slowest 1%", 0.99, 1.0),
+    ];
+    for (label, from, to) in bands {
+        let band = &trips[at(from)..at(to)];
+        if band.is_empty() {
+            continue;
+        }
+        let mean = |f: &dyn Fn(&Split) -> Duration| {
+            micros(band.iter().map(f).sum::<Duration>()) / band.len() as f64
+        };
+        println!(
+            "{:<14} {:>7} {:>9.1} {:>14.1} {:>14.1} {:>12.1}",
+            label,
+            band.len(),
+            mean(&|t| t.0),
+            mean(&|t| t.1[0]),
+            mean(&|t| t.1[1]),
+            mean(&|t| t.1[2]),
+        );
+    }
+    let slowest = &trips[at(0.99)..];
+    let mut largest = [0usize; 3];
+    for (_, parts) in slowest {
+        let (i, _) = parts
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, d)| **d)
+            .expect("three parts");
+        largest[i] += 1;
+    }
+    println!(
+        "slowest 1%: the largest part was the request's way in {}, the reply's send in {}, \
+         the reply's way in {} of {}",
+        largest[0],
+        largest[1],
+        largest[2],
+        slowest.len()
+    );
 }
 
 /// The value at quantile `q` (0..=1) of `sorted`, which must not be empty.
@@ -158,12 +303,20 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     };
 
     // pong echoes through the node handle its delivery carries.
+    let stages = a.stages.then(|| Arc::new(Stages::new(warmup + count)));
+    let noted = stages.clone();
     let pong = journalled(tune(Node::builder("pong")), "ping-pong", "pong", policy)
         .cluster("ping-pong")
         .on_message(move |d| {
             let Some(node) = d.sender() else { return };
+            if let Some(s) = &noted {
+                s.note(&s.pong_in, d.payload(), Instant::now());
+            }
             if let Err(e) = node.send(d.from(), d.payload_bytes()) {
                 eprintln!("pong: reply to {} failed: {e}", d.from());
+            }
+            if let Some(s) = &noted {
+                s.note(&s.pong_out, d.payload(), Instant::now());
             }
         })
         .start()?;
@@ -180,6 +333,13 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     pong.add_peer("ping", ping.local_addr())?;
 
     let payload = Bytes::from(vec![0x5A; size]);
+    // With `--stages`, each request carries its round trip's number in its first 8 bytes.
+    let numbered = |i: usize| {
+        let mut p = vec![0x5A; size];
+        p[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        Bytes::from(p)
+    };
+    let mut parts = Vec::new();
     let mut rtts = Vec::with_capacity(count);
     // The same round trips, split by whether both members' spins were on throughout
     // (spinning as it began, no stand-down counted by its end) or not.
@@ -191,8 +351,13 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         }
         pause(gap);
         let before = [ping.idle_stats(), pong.idle_stats()];
+        let message = if stages.is_some() {
+            numbered(i)
+        } else {
+            payload.clone()
+        };
         let sent = Instant::now();
-        ping.send("pong", payload.clone())?;
+        ping.send("pong", message)?;
         let arrived = replies
             .recv_timeout(REPLY_TIMEOUT)
             .map_err(|e| format!("round trip {i}: no reply within {REPLY_TIMEOUT:?} ({e})"))?;
@@ -206,6 +371,9 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
             let rtt = arrived - sent;
             rtts.push(rtt);
             if on { &mut spun } else { &mut not_spun }.push(rtt);
+            if let Some(split) = stages.as_ref().and_then(|s| s.parts(i, sent, arrived)) {
+                parts.push((rtt, split));
+            }
         }
     }
 
@@ -271,6 +439,9 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
             let share = 100.0 * rtts.len() as f64 / count as f64;
             print_row(&format!("{on} {share:>3.0}%"), rtts);
         }
+    }
+    if stages.is_some() {
+        print_stages(&mut parts);
     }
     Ok(())
 }
