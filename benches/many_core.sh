@@ -20,8 +20,9 @@
 #     with the defaults and both members journalled (fsync `Never`, then `Interval`), and
 #     journalled (`Never`) with no spin, raw TCP beside each, with each member's spin
 #     stand-downs and driven turns and where the round trips' time went (`--stages`: the
-#     request's way, the reply's send, the reply's way, per band of round-trip time), three
-#     rounds.
+#     request's way, the reply's send, the reply's way, per band of round-trip time; its
+#     notes cost pong two clock readings per round trip, and each request is a payload of
+#     its own), three rounds.
 # Each step's output goes to its own file in OUT; OUT/summary.txt gathers the summary lines.
 # MIN (default 6) scales the criterion measurement time to fit a lent machine's time limit.
 # MANY_CORE_SMOKE=1 runs every step once, briefly (criterion's test mode, small counts): what

@@ -10,7 +10,7 @@
 //! throughout (`on`) or not (`off`), each with its share.
 //!
 //! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S
-//! --gap-us G --journal never|interval|every]` (defaults: K = 100 000 round trips of B = 64
+//! --gap-us G --journal never|interval|every --stages]` (defaults: K = 100 000 round trips of B = 64
 //! bytes after W = 10 000 untimed ones, the builder's defaults, no gap, no journal).
 //! `--spin-us S` sets `Builder::low_latency(S µs)` on both members (0: no spin at all).
 //! `--gap-us G` pauses G µs between round trips (cohort's and raw TCP's alike), as a
@@ -24,11 +24,14 @@
 //! pong's handler notes when it was entered and when its reply's `send` returned, and
 //! ping's handler when the reply reached it, so each round trip splits into the request's
 //! way (ping's `send` until pong's handler: ping's write, pong's IO thread waking and
-//! reading, the hand-over to pong's pool), the reply's `send` in pong's handler, and the
-//! reply's way (until ping's handler: pong's write, ping's IO thread, ping's pool). It
+//! reading, the hand-over to pong's pool), the reply's `send` in pong's handler (pong's
+//! write too where the send drives pong's turn), and the reply's way (until ping's
+//! handler: pong's write where its IO thread makes it, ping's IO thread, ping's pool). It
 //! prints each part's mean for the fastest half of the round trips, the next 40 %, the
 //! next 9 % and the slowest 1 %, and how often each part was the largest in the slowest
-//! 1 %: what a slow round trip spends its time on. (A message of at least 8 bytes.)
+//! 1 %: what a slow round trip spends its time on. (A message of at least 8 bytes; the
+//! notes cost pong two clock readings per round trip, and each request is a payload of its
+//! own.)
 
 use std::error::Error;
 use std::io::{Read, Write};
@@ -133,9 +136,11 @@ fn parse() -> Result<Option<Args>, String> {
 }
 
 /// When each round trip's request reached pong's handler and when the reply's `send` there
-/// returned: nanoseconds since `base` (0: not yet), one slot per round trip, each written
-/// once by the pool thread that delivers the request. (When the reply reached ping's
-/// handler is what that handler hands main already.)
+/// returned: nanoseconds since `base` (0: never), one slot per round trip, each written
+/// once by the pool thread that delivers the request, and read once pong has shut down
+/// (its pool threads joined: the reply may reach ping before pong's `send` returns, so
+/// nothing earlier orders the second note before main's read). When the reply reached
+/// ping's handler is what that handler hands main already.
 struct Stages {
     base: Instant,
     pong_in: Vec<AtomicU64>,
@@ -161,7 +166,7 @@ impl Stages {
     /// Notes `now` in `slots` for the round trip `payload` belongs to.
     fn note(&self, slots: &[AtomicU64], payload: &[u8], now: Instant) {
         if let Some(slot) = Self::trip(payload).and_then(|i| slots.get(i)) {
-            // Relaxed: main reads it after the reply, which the channel orders after this.
+            // Relaxed: read after pong's pool threads are joined.
             slot.store(self.nanos(now), Ordering::Relaxed);
         }
     }
@@ -339,7 +344,9 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         p[..8].copy_from_slice(&(i as u64).to_le_bytes());
         Bytes::from(p)
     };
-    let mut parts = Vec::new();
+    // Each timed round trip's number, time, and when it left and came back: split into its
+    // parts once pong has stopped (see `Stages`).
+    let mut timed = Vec::new();
     let mut rtts = Vec::with_capacity(count);
     // The same round trips, split by whether both members' spins were on throughout
     // (spinning as it began, no stand-down counted by its end) or not.
@@ -371,8 +378,8 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
             let rtt = arrived - sent;
             rtts.push(rtt);
             if on { &mut spun } else { &mut not_spun }.push(rtt);
-            if let Some(split) = stages.as_ref().and_then(|s| s.parts(i, sent, arrived)) {
-                parts.push((rtt, split));
+            if stages.is_some() {
+                timed.push((i, rtt, sent, arrived));
             }
         }
     }
@@ -397,6 +404,13 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         .collect();
     ping.shutdown(Duration::from_secs(5))?;
     pong.shutdown(Duration::from_secs(5))?;
+    let mut parts: Vec<Split> = stages.as_ref().map_or_else(Vec::new, |s| {
+        timed
+            .iter()
+            .filter_map(|&(i, rtt, sent, arrived)| Some((rtt, s.parts(i, sent, arrived)?)))
+            .collect()
+    });
+    let unsplit = timed.len() - parts.len();
     if policy.is_some() {
         for name in ["ping", "pong"] {
             let _ = std::fs::remove_dir_all(journal_dir("ping-pong", name));
@@ -442,6 +456,9 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     }
     if stages.is_some() {
         print_stages(&mut parts);
+        if unsplit > 0 {
+            println!("({unsplit} round trips not split: pong noted no time for them)");
+        }
     }
     Ok(())
 }

@@ -515,7 +515,8 @@ fn turn(state: &Turns, written: &Mutex<Written>) {
 /// Under `Never`, a requester's driven turn and the IO thread's own turn each cut a batch:
 /// they hold the IO thread's state one after the other (a mutex stands for the shipping
 /// `Parking` here, whose hand-over `handoff.rs` models), so the writer is handed batches
-/// from two threads in turn. Batch 1, whoever cuts it, is refused inline (it would roll a
+/// from two threads in turn. What this checks is `submit`'s side: nothing in it assumes
+/// one calling thread, given turns that do not overlap. Batch 1, whoever cuts it, is refused inline (it would roll a
 /// segment) and goes to the writer; batch 2, from the other thread, is appended inline only
 /// once batch 1 is (the store checks the order), and every mark reaches the IO thread.
 #[test]
