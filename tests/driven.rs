@@ -18,7 +18,7 @@ mod support;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cohort::{Builder, Bytes, FsyncPolicy, IdleStrategy, Node, RecordKind, SendOptions};
+use cohort::{Builder, Bytes, FsyncPolicy, IdleStrategy, Node, SendOptions};
 use support::*;
 
 /// Sends made one at a time, each after waiting for the IO thread to park.
@@ -311,35 +311,11 @@ fn a_journalled_message_a_driven_turn_publishes_leaves_once_its_record_is_in_the
         (FsyncPolicy::EveryBatch, "every"),
     ] {
         let dir = TempDir::new(&format!("driven-journal-{name}"));
-        let journal = dir.path().to_path_buf();
-        let early: Arc<Mutex<Vec<String>>> = Arc::default();
-        let got = Counter::new();
-        let (e, g) = (early.clone(), got.clone());
+        let check = RecordsFirst::new();
         let cluster = format!("t-driven-journal-{name}");
         let b = receiver_b(&cluster, "127.0.0.1:0")
             .idle_strategy(IdleStrategy::Block)
-            .on_message(move |d| {
-                let seq = d.seq().expect("reliable message");
-                match cohort::inspect_journal(&journal) {
-                    Ok(report) => {
-                        let held: u64 = report
-                            .segments
-                            .iter()
-                            .filter_map(|s| s.records.get(&RecordKind::Message))
-                            .sum();
-                        if held < seq {
-                            e.lock()
-                                .unwrap()
-                                .push(format!("message {seq} arrived with {held} in the journal"));
-                        }
-                    }
-                    Err(err) => e
-                        .lock()
-                        .unwrap()
-                        .push(format!("message {seq}: inspect: {err}")),
-                }
-                g.add();
-            })
+            .on_message(check.handler(dir.path()))
             .start()
             .expect("b starts");
         let a = journalled_a(&cluster, dir.path(), b.local_addr())
@@ -359,7 +335,7 @@ fn a_journalled_message_a_driven_turn_publishes_leaves_once_its_record_is_in_the
                     a.send_slice("b", &payload(i, len)).expect("send");
                     wait_until_or(
                         PATIENCE,
-                        || got.get() >= i,
+                        || check.got() >= i,
                         || format!("{name}: message {i} at b:\n{}\n{}", a.stats(), b.stats()),
                     );
                 }
@@ -373,8 +349,7 @@ fn a_journalled_message_a_driven_turn_publishes_leaves_once_its_record_is_in_the
         );
         wait_window_whole(&a, "b");
         shutdown_all(&[a, b]);
-        let early = early.lock().unwrap();
-        assert!(early.is_empty(), "{name}: {early:?}");
-        assert_eq!(got.get(), ROUNDS, "{name}: every message once");
+        check.assert_records_first(name);
+        assert_eq!(check.got(), ROUNDS, "{name}: every message once");
     }
 }

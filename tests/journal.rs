@@ -655,34 +655,10 @@ fn a_message_reaches_the_peer_only_once_its_record_is_in_the_journal_files() {
         (FsyncPolicy::Interval(Duration::from_millis(5)), "interval"),
     ] {
         let dir = TempDir::new(&format!("record-before-bytes-{name}"));
-        let journal = dir.path().to_path_buf();
-        let missing: Arc<Mutex<Vec<String>>> = Arc::default();
-        let got = Counter::new();
-        let (m, g) = (missing.clone(), got.clone());
+        let check = RecordsFirst::new();
         let cluster = format!("record-before-bytes-{name}");
         let b = receiver_b(&cluster, "127.0.0.1:0")
-            .on_message(move |d| {
-                let seq = d.seq().expect("reliable message");
-                let held: u64 = match cohort::inspect_journal(&journal) {
-                    Ok(report) => report
-                        .segments
-                        .iter()
-                        .filter_map(|s| s.records.get(&cohort::RecordKind::Message))
-                        .sum(),
-                    Err(e) => {
-                        m.lock()
-                            .unwrap()
-                            .push(format!("message {seq}: inspect: {e}"));
-                        return g.add();
-                    }
-                };
-                if held < seq {
-                    m.lock()
-                        .unwrap()
-                        .push(format!("message {seq} arrived with {held} in the journal"));
-                }
-                g.add();
-            })
+            .on_message(check.handler(dir.path()))
             .start()
             .expect("b starts");
         let a = journalled_a(&cluster, dir.path(), b.local_addr())
@@ -693,11 +669,10 @@ fn a_message_reaches_the_peer_only_once_its_record_is_in_the_journal_files() {
             let len = if i % 2 == 0 { 20_000 } else { 100 };
             send_patiently(&a.sender(), "b", payload(i, len));
             wait_until(format!("message {i} at b ({name})"), PATIENCE, || {
-                got.get() >= i
+                check.got() >= i
             });
         }
         shutdown_all(&[a, b]);
-        let missing = missing.lock().unwrap();
-        assert!(missing.is_empty(), "{name}: {missing:?}");
+        check.assert_records_first(name);
     }
 }

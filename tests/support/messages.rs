@@ -1,11 +1,13 @@
 //! What tests send and what their handlers do with it: numbered payloads, a handler that
-//! checks each sender's order, one that counts, and a gate a handler can be held on.
+//! checks each sender's order, one that counts, one that checks a journalling sender's
+//! records came first, and a gate a handler can be held on.
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
-use cohort::{Delivery, DeliveryRef};
+use cohort::{Delivery, DeliveryRef, RecordKind};
 
 /// A test payload: `counter` as 8 little-endian bytes, padded with a byte pattern derived
 /// from the counter to `size` bytes (at least 8).
@@ -201,5 +203,62 @@ impl Gate {
     pub(crate) fn open(&self) {
         *self.open.lock().unwrap() = true;
         self.cond.notify_all();
+    }
+}
+
+/// A receiver's check that each reliable message of a journalling sender reaches it only
+/// once the sender's journal files hold its record: its handler reads the journal at each
+/// delivery (meant for one message in flight at a time) and notes every message that came
+/// before its record, and counts the deliveries.
+#[derive(Debug, Default)]
+pub(crate) struct RecordsFirst {
+    early: Mutex<Vec<String>>,
+    got: AtomicU64,
+}
+
+impl RecordsFirst {
+    /// No delivery yet.
+    pub(crate) fn new() -> Arc<RecordsFirst> {
+        Arc::new(RecordsFirst::default())
+    }
+
+    /// The receiver's handler, reading the sender's journal in `dir`.
+    pub(crate) fn handler(
+        self: &Arc<Self>,
+        dir: &Path,
+    ) -> impl Fn(Delivery) + Send + Sync + 'static {
+        let (check, dir): (Arc<Self>, PathBuf) = (self.clone(), dir.to_path_buf());
+        move |d: Delivery| {
+            let seq = d.seq().expect("reliable message");
+            match cohort::inspect_journal(&dir) {
+                Ok(report) => {
+                    let held: u64 = report
+                        .segments
+                        .iter()
+                        .filter_map(|s| s.records.get(&RecordKind::Message))
+                        .sum();
+                    if held < seq {
+                        check.early(format!("message {seq} arrived with {held} in the journal"));
+                    }
+                }
+                Err(e) => check.early(format!("message {seq}: inspect: {e}")),
+            }
+            check.got.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn early(&self, what: String) {
+        self.early.lock().unwrap().push(what);
+    }
+
+    /// Deliveries so far.
+    pub(crate) fn got(&self) -> u64 {
+        self.got.load(Ordering::SeqCst)
+    }
+
+    /// Panics, naming `case`, if a message came before its record.
+    pub(crate) fn assert_records_first(&self, case: &str) {
+        let early = self.early.lock().unwrap();
+        assert!(early.is_empty(), "{case}: {early:?}");
     }
 }

@@ -15,7 +15,7 @@
 //! | [`addr`] | `HeldAddr`: an address kept for a member that is not up (yet, or any more) |
 //! | [`child`] | a child process running one of this binary's tests: its marked stdout lines and its stderr |
 //! | [`nodes`] | fixtures: `connected` pair or mesh, `introduce_at_once`, the receiver `b` and the journalling sender `a` of two-member tests, `fill_window`, waits for whole windows, stats |
-//! | [`messages`] | numbered test payloads, `OrderCheck` (per-sender order), `Counter`, `Gate` |
+//! | [`messages`] | numbered test payloads, `OrderCheck` (per-sender order), `Counter`, `RecordsFirst` (a journalling sender's records before its messages), `Gate` |
 //! | [`threads`] | this process's threads by name, `Watched` threads parking on a dry window, `join_within` |
 //! | [`tempdir`] | `TempDir`, removed on drop, kept when the test fails |
 //! | [`raw`] | a member driven by hand over a blocking socket, with the crate's `proto`/`wire` |
@@ -54,7 +54,7 @@ pub(crate) mod wait;
 #[allow(unused_imports)]
 pub(crate) use addr::HeldAddr;
 #[allow(unused_imports)]
-pub(crate) use messages::{counter_of, payload, Counter, Gate, OrderCheck};
+pub(crate) use messages::{counter_of, payload, Counter, Gate, OrderCheck, RecordsFirst};
 #[allow(unused_imports)]
 pub(crate) use nodes::{
     all_stats, connected, fill_window, introduce, introduce_at_once, is_connected, journalled_a,
