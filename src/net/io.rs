@@ -349,8 +349,9 @@ impl IoThread {
                 state.accept_all(now);
             }
             let woken = shared.take_wake();
-            // The journal writer's marks, at every turn: the writer's wake-up may have
-            // been taken by a requester's driven turn, and its poll returned all the same.
+            // The journal writer's marks, at every turn, woken or not (three loads): a
+            // driven turn that took the writer's wake-up has read them too, and this turn
+            // reads whatever came since.
             state.journal_progress(now);
             if woken {
                 state.handle_requests(now);
