@@ -29,7 +29,9 @@
 //! handler: pong's write where its IO thread makes it, ping's IO thread, ping's pool). It
 //! prints each part's mean for the fastest half of the round trips, the next 40 %, the
 //! next 9 % and the slowest 1 %, and how often each part was the largest in the slowest
-//! 1 %: what a slow round trip spends its time on. (A message of at least 8 bytes; the
+//! 1 %: what a slow round trip spends its time on; and raw TCP's round trips split the same
+//! way (its echo thread notes when its `read` returned and when its `write` did), each
+//! part's baseline. (A message of at least 8 bytes; the
 //! notes cost pong two clock readings per round trip, and each request is a payload of its
 //! own.)
 
@@ -204,14 +206,14 @@ type Split = (Duration, [Duration; 3]);
 
 /// Prints where the round trips' time went: `trips` sorted by round-trip time, each band's
 /// mean of each part, and which part was the largest in the slowest 1 %.
-fn print_stages(trips: &mut [Split]) {
+fn print_stages(who: &str, trips: &mut [Split]) {
     if trips.is_empty() {
         return;
     }
     trips.sort_unstable_by_key(|t| t.0);
     let n = trips.len();
     let at = |q: f64| ((q * n as f64).round() as usize).min(n);
-    println!("where the time went, µs (means per band of round-trip time):");
+    println!("{who}: where the time went, µs (means per band of round-trip time):");
     println!(
         "{:<14} {:>7} {:>9} {:>14} {:>14} {:>12}",
         "band", "trips", "rtt", "request's way", "reply's send", "reply's way"
@@ -417,7 +419,7 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         }
     }
 
-    let (raw, raw_cpu) = raw_tcp_rtts(size, warmup, count, gap)?;
+    let (raw, raw_cpu, mut raw_parts) = raw_tcp_rtts(size, warmup, count, gap, a.stages)?;
     let journal = policy.map_or("no journal".to_owned(), |p| format!("journal {p:?}"));
     let paced = if gap.is_zero() {
         String::new()
@@ -455,10 +457,11 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         }
     }
     if stages.is_some() {
-        print_stages(&mut parts);
+        print_stages("cohort", &mut parts);
         if unsplit > 0 {
             println!("({unsplit} round trips not split: pong noted no time for them)");
         }
+        print_stages("raw TCP", &mut raw_parts);
     }
     Ok(())
 }
@@ -488,8 +491,9 @@ fn print_row(label: &str, rtts: &mut [Duration]) -> f64 {
     p50
 }
 
-/// Raw TCP's round trips, and the process's CPU time per round trip over them.
-type RawRun = (Vec<Duration>, Option<Duration>);
+/// Raw TCP's round trips, the process's CPU time per round trip over them, and (with
+/// `stages`) the timed round trips split into their parts.
+type RawRun = (Vec<Duration>, Option<Duration>, Vec<Split>);
 
 /// Waits `gap` before the next round trip (none when zero). A sleep: the wait is not timed,
 /// and a sender of sporadic requests sleeps between them.
@@ -505,9 +509,14 @@ fn raw_tcp_rtts(
     warmup: usize,
     count: usize,
     gap: Duration,
+    split: bool,
 ) -> Result<RawRun, Box<dyn Error>> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let addr = listener.local_addr()?;
+    // With `split`, the echo thread notes when each request's `read` returned and when the
+    // reply's `write` did, as pong's handler does (read once the thread is joined).
+    let stages = split.then(|| Arc::new(Stages::new(warmup + count)));
+    let noted = stages.clone();
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = listener.accept()?;
         s.set_nodelay(true)?;
@@ -520,7 +529,13 @@ fn raw_tcp_rtts(
                     Err(e)
                 };
             }
+            if let Some(st) = &noted {
+                st.note(&st.pong_in, &buf[4..], Instant::now());
+            }
             s.write_all(&buf)?;
+            if let Some(st) = &noted {
+                st.note(&st.pong_out, &buf[4..], Instant::now());
+            }
         }
     });
     let mut s = TcpStream::connect(addr)?;
@@ -529,21 +544,35 @@ fn raw_tcp_rtts(
     frame.resize(4 + size, 0x5A);
     let mut reply = vec![0u8; 4 + size];
     let mut rtts = Vec::with_capacity(count);
+    let mut timed = Vec::new();
     let mut cpu = None;
     for i in 0..warmup + count {
         if i == warmup {
             cpu = process_cpu();
         }
         pause(gap);
+        if split {
+            frame[4..12].copy_from_slice(&(i as u64).to_le_bytes());
+        }
         let sent = Instant::now();
         s.write_all(&frame)?;
         s.read_exact(&mut reply)?;
+        let arrived = Instant::now();
         if i >= warmup {
-            rtts.push(sent.elapsed());
+            rtts.push(arrived - sent);
+            if split {
+                timed.push((i, arrived - sent, sent, arrived));
+            }
         }
     }
     let cpu = cpu_per_trip(cpu, count);
     drop(s);
     echo.join().map_err(|_| "raw TCP echo thread panicked")??;
-    Ok((rtts, cpu))
+    let parts = stages.map_or_else(Vec::new, |st| {
+        timed
+            .iter()
+            .filter_map(|&(i, rtt, sent, arrived)| Some((rtt, st.parts(i, sent, arrived)?)))
+            .collect()
+    });
+    Ok((rtts, cpu, parts))
 }
