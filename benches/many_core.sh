@@ -17,8 +17,9 @@
 #     links out of step), three rounds (about 40 s more than MIN);
 #   - examples/ping_pong: the round trip (min / p50 / p99 / p99.9) with the defaults, with
 #     a 50 µs spin, with no spin (`Block`), with the defaults and round trips 200 µs apart,
-#     with the defaults and both members journalled (fsync `Never`, then `Interval`), and
-#     journalled (`Never`) with no spin, raw TCP beside each, with each member's spin
+#     with the defaults and both members journalled (fsync `Never`, then `Interval`),
+#     journalled (`Never`) with no spin, and as requests and replies (`--request`) with the
+#     defaults, back to back and 200 µs apart, raw TCP beside each, with each member's spin
 #     stand-downs and driven turns and where the round trips' time went (`--stages`: the
 #     request's way, the reply's send, the reply's way, per band of round-trip time; its
 #     notes cost pong two clock readings per round trip, and each request is a payload of
@@ -98,9 +99,10 @@ run() {
     # The defaults, a fixed 50 µs spin, no spin at all (every send that finds the IO thread
     # parked drives its turn), the defaults with round trips 200 µs apart (the spins have
     # run out when each request comes: a sporadic sender's case; a quarter of the round
-    # trips), the defaults with each member journalled, and a journalled pair with no spin
-    # (its sends drive turns that append the journal's batch themselves).
-    for setting in default spin50 block gap200 never interval block-never; do
+    # trips), the defaults with each member journalled, a journalled pair with no spin
+    # (its sends drive turns that append the journal's batch themselves), and requests with
+    # their replies (the requester waits for the reply itself), back to back and sporadic.
+    for setting in default spin50 block gap200 never interval block-never request request-gap200; do
       local flags=() count=$trips
       case $setting in
         spin50) flags=(--spin-us 50) ;;
@@ -108,6 +110,8 @@ run() {
         gap200) flags=(--gap-us 200) count=$(( trips / 4 )) ;;
         never | interval) flags=(--journal "$setting") ;;
         block-never) flags=(--spin-us 0 --journal never) ;;
+        request) flags=(--request) ;;
+        request-gap200) flags=(--request --gap-us 200) count=$(( trips / 4 )) ;;
       esac
       echo "=== round $round, $setting" >> "$out/ping_pong.txt"
       "$dir/ping_pong" --count "$count" --warmup $(( count / 6 )) --stages "${flags[@]}" \

@@ -10,7 +10,7 @@
 //! throughout (`on`) or not (`off`), each with its share.
 //!
 //! `cargo run --release --example ping_pong [-- --count K --size B --warmup W --spin-us S
-//! --gap-us G --journal never|interval|every --stages]` (defaults: K = 100 000 round trips of B = 64
+//! --gap-us G --journal never|interval|every --request --stages]` (defaults: K = 100 000 round trips of B = 64
 //! bytes after W = 10 000 untimed ones, the builder's defaults, no gap, no journal).
 //! `--spin-us S` sets `Builder::low_latency(S µs)` on both members (0: no spin at all).
 //! `--gap-us G` pauses G µs between round trips (cohort's and raw TCP's alike), as a
@@ -19,6 +19,11 @@
 //! both members journal in fresh
 //! directories under the system temp dir with that fsync policy (`interval`: 5 ms), so the
 //! cost of the durable outbox on a round trip is read off one report.
+//!
+//! `--request` makes each round trip a request and its reply (`Node::request` at ping,
+//! `Delivery::reply` in pong's handler): ping's main thread waits for the reply itself,
+//! with no handler of ping's in between (the reply's way then ends when `request`
+//! returns).
 //!
 //! `--stages` also says where the round trips' time went: each request carries its number,
 //! pong's handler notes when it was entered and when its reply's `send` returned, and
@@ -52,7 +57,7 @@ use support::{journal_dir, journalled, process_cpu};
 const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 const USAGE: &str = "usage: ping_pong [--count K] [--size B] [--warmup W] [--spin-us S]
-                 [--gap-us G] [--journal never|interval|every] [--stages]
+                 [--gap-us G] [--journal never|interval|every] [--request] [--stages]
 
 Round-trip time between two members in one process, next to raw blocking TCP.
 
@@ -64,6 +69,7 @@ Round-trip time between two members in one process, next to raw blocking TCP.
   --gap-us G       pause G µs between round trips (default 0), for cohort and raw TCP
   --journal P      journal both members in fresh temp directories with fsync policy P:
                    never, interval (5 ms) or every (default: no journal)
+  --request        each round trip a request and its reply (Node::request, Delivery::reply)
   --stages         where the round trips' time went (request's way, reply's send,
                    reply's way), by band of round-trip time (--size at least 8)
   -h, --help       this text";
@@ -76,6 +82,7 @@ struct Args {
     spin: Option<Duration>,
     gap: Duration,
     policy: Option<FsyncPolicy>,
+    request: bool,
     stages: bool,
 }
 
@@ -88,6 +95,7 @@ fn parse() -> Result<Option<Args>, String> {
         spin: None,
         gap: Duration::ZERO,
         policy: None,
+        request: false,
         stages: false,
     };
     let mut it = std::env::args().skip(1);
@@ -97,6 +105,10 @@ fn parse() -> Result<Option<Args>, String> {
         }
         if flag == "--stages" {
             a.stages = true;
+            continue;
+        }
+        if flag == "--request" {
+            a.request = true;
             continue;
         }
         let known = [
@@ -309,17 +321,26 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
         None => b,
     };
 
-    // pong echoes through the node handle its delivery carries.
+    // pong echoes through the node handle its delivery carries, or replies to a request.
     let stages = a.stages.then(|| Arc::new(Stages::new(warmup + count)));
     let noted = stages.clone();
     let pong = journalled(tune(Node::builder("pong")), "ping-pong", "pong", policy)
         .cluster("ping-pong")
         .on_message(move |d| {
-            let Some(node) = d.sender() else { return };
             if let Some(s) = &noted {
                 s.note(&s.pong_in, d.payload(), Instant::now());
             }
-            if let Err(e) = node.send(d.from(), d.payload_bytes()) {
+            let sent = if d.is_request() {
+                d.reply(d.payload_bytes()).map_err(|e| e.to_string())
+            } else {
+                match d.sender() {
+                    Some(node) => node
+                        .send(d.from(), d.payload_bytes())
+                        .map_err(|e| e.to_string()),
+                    None => Err("no node handle".into()),
+                }
+            };
+            if let Err(e) = sent {
                 eprintln!("pong: reply to {} failed: {e}", d.from());
             }
             if let Some(s) = &noted {
@@ -366,10 +387,16 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
             payload.clone()
         };
         let sent = Instant::now();
-        ping.send("pong", message)?;
-        let arrived = replies
-            .recv_timeout(REPLY_TIMEOUT)
-            .map_err(|e| format!("round trip {i}: no reply within {REPLY_TIMEOUT:?} ({e})"))?;
+        let arrived = if a.request {
+            ping.request("pong", message, REPLY_TIMEOUT)
+                .map_err(|e| format!("round trip {i}: the request failed ({e})"))?;
+            Instant::now()
+        } else {
+            ping.send("pong", message)?;
+            replies
+                .recv_timeout(REPLY_TIMEOUT)
+                .map_err(|e| format!("round trip {i}: no reply within {REPLY_TIMEOUT:?} ({e})"))?
+        };
         if i >= warmup {
             let after = [ping.idle_stats(), pong.idle_stats()];
             let on = before.iter().zip(&after).all(|(b, a)| {
@@ -426,9 +453,12 @@ fn run(a: &Args) -> Result<(), Box<dyn Error>> {
     } else {
         format!(", {} µs apart", gap.as_micros())
     };
-    println!(
-        "{count} round trips of {size} B (after {warmup} warm-up, {journal}{paced}), RTT in µs:"
-    );
+    let how = if a.request {
+        "requests and replies"
+    } else {
+        "round trips"
+    };
+    println!("{count} {how} of {size} B (after {warmup} warm-up, {journal}{paced}), RTT in µs:");
     println!(
         "{:<8} {:>8} {:>8} {:>8} {:>8} {:>8} {:>8}",
         "", "min", "p50", "p99", "p99.9", "max", "mean"
