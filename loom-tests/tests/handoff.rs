@@ -444,16 +444,28 @@ fn parked_turn(node: &ParkingNode, turns: &mut Turns) {
     }
 }
 
-/// `senders` (as in [`model`], framed when `framed`) against an IO thread that parks at
-/// every poll, then the checks of [`model`], and: every `wake` call was answered by one of
-/// the IO thread's own turns (with `wake_after`, or was a driven turn's wake-up after it).
-fn driven_model(
-    peers: usize,
-    senders: &'static [&'static [(usize, u8)]],
+/// What a `driven_*` model adds to its senders (all off by default).
+#[derive(Clone, Copy, Default)]
+struct Driven {
+    /// The senders encode their messages into the outbox's runs.
     framed: bool,
+    /// Each driven turn wakes the IO thread once it has let the state go.
     wake_after: bool,
+    /// A journal writer publishes its mark and rings `ring_io` beside the senders.
     writer: bool,
-) {
+}
+
+/// `senders` (as in [`model`]) against an IO thread that parks at every poll, as `how`
+/// says, then the checks of [`model`], and: every `wake` call was answered by one of the
+/// IO thread's own turns (with `wake_after`, or was a driven turn's wake-up after it; with
+/// a `writer`, its one call may find its wake-up taken by a driven turn), and a writer's
+/// mark was read by some turn.
+fn driven_model(peers: usize, senders: &'static [&'static [(usize, u8)]], how: Driven) {
+    let Driven {
+        framed,
+        wake_after,
+        writer,
+    } = how;
     let waker = ModelWaker::new();
     let parking = Arc::new(Parking::new());
     let slot: Arc<OnceLock<Weak<ParkingNode>>> = Arc::default();
@@ -569,7 +581,7 @@ fn driven_model(
 #[test]
 fn driven_two_senders_one_peer() {
     loom_tests::model("handoff/driven_two_senders_one_peer", || {
-        driven_model(1, &[&[(0, 2)], &[(0, 1)]], false, false, false);
+        driven_model(1, &[&[(0, 2)], &[(0, 1)]], Driven::default());
     });
 }
 
@@ -580,7 +592,14 @@ fn driven_two_senders_one_peer() {
 #[test]
 fn driven_turns_that_wake_the_io_thread_after() {
     loom_tests::model("handoff/driven_turns_that_wake_the_io_thread_after", || {
-        driven_model(1, &[&[(0, 2)], &[(0, 1)]], false, true, false);
+        driven_model(
+            1,
+            &[&[(0, 2)], &[(0, 1)]],
+            Driven {
+                wake_after: true,
+                ..Driven::default()
+            },
+        );
     });
 }
 
@@ -589,7 +608,7 @@ fn driven_turns_that_wake_the_io_thread_after() {
 #[test]
 fn driven_two_peers() {
     loom_tests::model("handoff/driven_two_peers", || {
-        driven_model(2, &[&[(0, 1)], &[(1, 1)]], false, false, false);
+        driven_model(2, &[&[(0, 1)], &[(1, 1)]], Driven::default());
     });
 }
 
@@ -597,7 +616,14 @@ fn driven_two_peers() {
 #[test]
 fn driven_framed_two_senders() {
     loom_tests::model("handoff/driven_framed_two_senders", || {
-        driven_model(1, &[&[(0, 2)], &[(0, 1)]], true, false, false);
+        driven_model(
+            1,
+            &[&[(0, 2)], &[(0, 1)]],
+            Driven {
+                framed: true,
+                ..Driven::default()
+            },
+        );
     });
 }
 
@@ -613,7 +639,14 @@ fn driven_turns_and_the_journal_writers_wake_up() {
     loom_tests::model(
         "handoff/driven_turns_and_the_journal_writers_wake_up",
         || {
-            driven_model(1, &[&[(0, 1)], &[(0, 1)]], false, false, true);
+            driven_model(
+                1,
+                &[&[(0, 1)], &[(0, 1)]],
+                Driven {
+                    writer: true,
+                    ..Driven::default()
+                },
+            );
         },
     );
 }
